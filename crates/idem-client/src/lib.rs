@@ -1,0 +1,1 @@
+//! idem-client
