@@ -1,1 +1,22 @@
-//! idem-core
+//! # idem-core
+//!
+//! The pure heart of idem: no I/O, no clock, no randomness. Time (epoch
+//! milliseconds) and identifiers come in as arguments, so every rule here is
+//! tested exhaustively and deterministically.
+//!
+//! - [`json`]: strict reading of request bodies (duplicate keys, unsafe
+//!   integers and deep nesting are rejected before anything is fingerprinted).
+//! - [`fingerprint`]: RFC 8785 canonical request and its SHA-256 fingerprint.
+//! - [`key`]: the `Idempotency-Key` header (RFC 9651 sf-string or bare token).
+//! - [`config`]: operation classes, their retry and fee policy, and the
+//!   [`config::Contract`] frozen onto each task at acceptance.
+//! - [`model`]: tasks, attempts, cancellation, delivery, failure.
+//! - [`machine`]: the task state machine: every transition as one pure
+//!   function returning the new records and the events to append.
+
+pub mod config;
+pub mod fingerprint;
+pub mod json;
+pub mod key;
+pub mod machine;
+pub mod model;

@@ -1,1 +1,240 @@
-//! idem-store
+//! # idem-store
+//!
+//! The storage contract of idem and the one implementation of its operations.
+//!
+//! - [`Tx`]: the primitives a backend offers inside one database transaction
+//!   (load a task with a row lock, compare-and-set update, insert attempt,
+//!   append events, claim scan with `SKIP LOCKED` …). SQLite and PostgreSQL each
+//!   implement it once.
+//! - [`ops`]: every operation of the service (submit, claim, report, cancel,
+//!   sweep …) written once, generically over [`Tx`], as "load → pure state
+//!   machine ([`idem_core::machine`]) → write back with compare-and-set + journal".
+//! - [`Backend`]: runs one [`Op`] in one transaction (retrying on serialization
+//!   failures where the database asks for it) and answers [`Output`].
+//! - [`Store`]: the typed, cloneable handle the HTTP layer and the CLI use.
+//! - `conformance` (feature): the suite every backend must pass, unchanged.
+//!
+//! Correctness lives in the database: the scope `(tenant, operation,
+//! idempotency_key)` is a primary key, attempts are unique per `(task,
+//! generation)`, and every task write is `UPDATE … WHERE id = $1 AND version =
+//! $2 AND generation = $3` (SPEC §2.1, §2.4).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use idem_core::machine::Rejection;
+use idem_core::model::{ApiKey, Attempt, Event, Evidence, Task, Timestamp};
+use uuid::Uuid;
+
+pub mod ops;
+#[cfg(feature = "conformance")]
+pub mod conformance;
+
+pub use ops::{Op, Output};
+
+/// Errors of the storage layer. Business refusals (conflict, stale generation …)
+/// are not errors: they are part of each operation's output.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The database cannot be reached or refused the work (HTTP 503 `UNAVAILABLE`).
+    /// Nothing was written.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// A concurrent writer won a compare-and-set or the database reported a
+    /// serialization failure or deadlock; the whole transaction may be retried.
+    #[error("concurrent update, retry: {0}")]
+    Contention(String),
+    /// Stored data does not decode (a bug or manual tampering).
+    #[error("stored data is corrupt: {0}")]
+    Corrupt(String),
+    /// The migration step failed or the schema is newer than this binary.
+    #[error("migration failed: {0}")]
+    Migration(String),
+}
+
+impl StoreError {
+    /// Whether running the same transaction again may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, StoreError::Contention(_) | StoreError::Unavailable(_))
+    }
+}
+
+/// Result alias of this crate.
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// A boxed, sendable future (object-safe backends).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// An idempotency-key row (the scope → task binding, SPEC §2.1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScopeRow {
+    /// Tenant.
+    pub tenant: String,
+    /// Operation class.
+    pub operation: String,
+    /// Idempotency key.
+    pub idempotency_key: String,
+    /// Fingerprint bound to the key.
+    pub fingerprint: String,
+    /// The task.
+    pub task_id: Uuid,
+}
+
+/// The primitives of one database transaction. Every method runs inside the
+/// transaction the backend opened for the current [`Op`]; nothing is visible to
+/// others before the backend commits.
+///
+/// Times are epoch ms. All futures are `Send`.
+pub trait Tx: Send {
+    /// The clock that decides leases and backoff: the database clock for
+    /// PostgreSQL, the process clock for SQLite (single process).
+    fn now(&mut self) -> impl Future<Output = Result<Timestamp>> + Send;
+
+    /// Inserts an API key with the SHA-256 hex of its plain value.
+    fn insert_api_key(&mut self, key: &ApiKey, hash: &str) -> impl Future<Output = Result<()>> + Send;
+    /// Finds a key by the SHA-256 hex of its plain value.
+    fn api_key_by_hash(&mut self, hash: &str) -> impl Future<Output = Result<Option<ApiKey>>> + Send;
+    /// Finds a key by id.
+    fn api_key(&mut self, id: Uuid) -> impl Future<Output = Result<Option<ApiKey>>> + Send;
+    /// Sets `revoked_at` if unset; returns the key.
+    fn revoke_api_key(&mut self, id: Uuid, at: Timestamp) -> impl Future<Output = Result<Option<ApiKey>>> + Send;
+    /// All keys, oldest first.
+    fn list_api_keys(&mut self) -> impl Future<Output = Result<Vec<ApiKey>>> + Send;
+
+    /// `INSERT … ON CONFLICT DO NOTHING` of a scope row; `true` when this call inserted it.
+    fn insert_scope(&mut self, row: &ScopeRow) -> impl Future<Output = Result<bool>> + Send;
+    /// The scope row, in a new statement (new snapshot under READ COMMITTED).
+    fn scope(&mut self, tenant: &str, operation: &str, key: &str) -> impl Future<Output = Result<Option<ScopeRow>>> + Send;
+    /// Removes the scope row of a task (retention sweeper, SPEC §2.9).
+    fn delete_scope(&mut self, task_id: Uuid) -> impl Future<Output = Result<()>> + Send;
+
+    /// Inserts a new task row.
+    fn insert_task(&mut self, task: &Task) -> impl Future<Output = Result<()>> + Send;
+    /// Loads a task; `lock` takes a row lock until commit (`FOR UPDATE`).
+    fn task(&mut self, id: Uuid, lock: bool) -> impl Future<Output = Result<Option<Task>>> + Send;
+    /// Writes every column of `task` where the stored row still has `expected_version`
+    /// and `expected_generation` (compare-and-set; the fence is in the write itself).
+    ///
+    /// # Errors
+    /// [`StoreError::Contention`] when no row matched.
+    fn update_task(
+        &mut self,
+        task: &Task,
+        expected_version: i64,
+        expected_generation: i64,
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    /// Inserts a new attempt (unique per task and number, and per task and generation).
+    fn insert_attempt(&mut self, attempt: &Attempt) -> impl Future<Output = Result<()>> + Send;
+    /// Writes an attempt's mutable columns (state, lease end, usage, external txn id, report).
+    fn update_attempt(&mut self, attempt: &Attempt) -> impl Future<Output = Result<()>> + Send;
+    /// Loads an attempt without its evidence.
+    fn attempt(&mut self, id: Uuid) -> impl Future<Output = Result<Option<Attempt>>> + Send;
+    /// All attempts of a task with their evidence, by number.
+    fn attempts(&mut self, task_id: Uuid) -> impl Future<Output = Result<Vec<Attempt>>> + Send;
+    /// Appends evidence.
+    fn insert_evidence(&mut self, task_id: Uuid, attempt_id: Uuid, ev: &Evidence) -> impl Future<Output = Result<()>> + Send;
+    /// Appends events (primary key `(task_id, seq)`: a concurrent writer cannot interleave).
+    fn insert_events(&mut self, task_id: Uuid, events: &[Event]) -> impl Future<Output = Result<()>> + Send;
+    /// The event history of a task, by sequence.
+    fn events(&mut self, task_id: Uuid) -> impl Future<Output = Result<Vec<Event>>> + Send;
+
+    /// Up to `limit` claimable task ids of `tenant` in `operations`, oldest `ready_at`
+    /// first, locked for this transaction and skipping rows other transactions hold
+    /// (`FOR UPDATE SKIP LOCKED`).
+    fn claimable(
+        &mut self,
+        tenant: &str,
+        operations: &[String],
+        now: Timestamp,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<Uuid>>> + Send;
+    /// Up to `limit` `(task, attempt)` pairs whose active lease ended before `now`
+    /// (locked, skipping locked rows).
+    fn expired_leases(&mut self, now: Timestamp, limit: i64) -> impl Future<Output = Result<Vec<(Uuid, Uuid)>>> + Send;
+    /// Up to `limit` `retry_wait` task ids whose backoff has passed (locked, skip locked).
+    fn due_wakeups(&mut self, now: Timestamp, limit: i64) -> impl Future<Output = Result<Vec<Uuid>>> + Send;
+    /// Up to `limit` task ids whose scope row is past retention (locked, skip locked).
+    fn expired_scopes(&mut self, now: Timestamp, limit: i64) -> impl Future<Output = Result<Vec<Uuid>>> + Send;
+}
+
+/// A database that can run one [`Op`] as one transaction.
+pub trait Backend: Send + Sync + 'static {
+    /// Runs `op` in its own transaction and commits (or rolls back on error).
+    /// Retries [`StoreError::Contention`] a bounded number of times.
+    fn execute(&self, op: Op) -> BoxFuture<'_, Result<Output>>;
+    /// Whether the database answers (readiness).
+    fn ping(&self) -> BoxFuture<'_, Result<()>>;
+    /// `sqlite` or `postgres`.
+    fn kind(&self) -> &'static str;
+}
+
+/// Business refusal of an operation (not a storage failure).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// No such task or attempt for this tenant (SPEC §4: existence is not leaked).
+    #[error("not found")]
+    NotFound,
+    /// The state machine refused (stale generation, already reported, invalid report …).
+    #[error(transparent)]
+    Machine(#[from] Rejection),
+}
+
+/// The cloneable handle to a store.
+#[derive(Clone)]
+pub struct Store {
+    backend: Arc<dyn Backend>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("kind", &self.backend.kind()).finish()
+    }
+}
+
+impl Store {
+    /// Wraps a backend.
+    pub fn new(backend: impl Backend) -> Store {
+        Store {
+            backend: Arc::new(backend),
+        }
+    }
+
+    /// `sqlite` or `postgres`.
+    pub fn kind(&self) -> &'static str {
+        self.backend.kind()
+    }
+
+    /// Readiness probe.
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] when the database does not answer.
+    pub async fn ping(&self) -> Result<()> {
+        self.backend.ping().await
+    }
+
+    /// Runs one operation in one transaction.
+    ///
+    /// # Errors
+    /// Storage failures only; refusals are in the output.
+    pub async fn execute(&self, op: Op) -> Result<Output> {
+        self.backend.execute(op).await
+    }
+}
+
+/// SHA-256 hex of a plain API key: the only form in which keys are stored.
+pub fn hash_api_key(plain: &str) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(Sha256::digest(plain.as_bytes()))
+}
+
+/// A new random plain API key: `idem_` and 64 hex digits (256 bits from the OS RNG
+/// through UUID v4's generator, minus the 12 fixed version/variant bits).
+pub fn generate_api_key() -> String {
+    let a = Uuid::new_v4();
+    let b = Uuid::new_v4();
+    format!("idem_{}{}", a.simple(), b.simple())
+}

@@ -1,0 +1,453 @@
+//! Operation classes and the contract frozen onto each task (SPEC §5).
+//!
+//! The configuration is one TOML document (`[operations."<class>"]` tables).
+//! [`Config::from_toml`] parses and checks it; [`Config::apply_env`] applies
+//! `IDEM_OPERATIONS__<CLASS>__<SECTION>__<FIELD>` overrides (class names
+//! upper-cased with `.` and `-` written as `_`). Parsing is pure: the caller
+//! reads files and the environment.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::fingerprint::JsonPointer;
+
+/// The bundled default configuration (also shipped as `examples/idem.toml`).
+pub const DEFAULT_TOML: &str = include_str!("../../../examples/idem.toml");
+
+/// Errors from reading or checking a configuration.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The TOML did not parse or did not match the schema.
+    #[error("configuration does not parse: {0}")]
+    Parse(String),
+    /// A class's retention is shorter than its windows (SPEC §2.9).
+    #[error(
+        "operation class `{class}`: retention_ms {retention_ms} is shorter than request_retry_ms + deadline_ms + reconciliation_ms = {required_ms} (SPEC §2.9, IDEM-01)"
+    )]
+    RetentionTooShort {
+        /// The class.
+        class: String,
+        /// Its configured retention.
+        retention_ms: i64,
+        /// The minimum it must have.
+        required_ms: i64,
+    },
+    /// A value is out of its range.
+    #[error("operation class `{class}`: {message}")]
+    Invalid {
+        /// The class.
+        class: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// An `IDEM_OPERATIONS__…` variable names nothing in the configuration.
+    #[error("environment override {name}: {message}")]
+    Override {
+        /// The variable name.
+        name: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// There is no operation class at all.
+    #[error("configuration defines no operation class")]
+    Empty,
+}
+
+/// Backoff between execute attempts: `initial_ms × multiplier^(n−1)`, capped at `max_ms`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct Backoff {
+    /// First delay, ms.
+    pub initial_ms: i64,
+    /// Growth factor per attempt (≥ 1).
+    pub multiplier: f64,
+    /// Upper bound, ms.
+    pub max_ms: i64,
+}
+
+impl Backoff {
+    /// Delay in ms before execute attempt number `next` (2 → `initial_ms`).
+    pub fn delay_ms(&self, next: i64) -> i64 {
+        let exp = i32::try_from(next.saturating_sub(2).max(0)).unwrap_or(i32::MAX);
+        // Float only for the growth factor; the result is clamped to integer ms.
+        let d = (self.initial_ms as f64) * self.multiplier.powi(exp);
+        if d.is_finite() && d < self.max_ms as f64 {
+            d as i64
+        } else {
+            self.max_ms
+        }
+    }
+}
+
+/// Retry policy (SPEC §2.5; seed retry table).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct RetryPolicy {
+    /// Declared safe to repeat: transient failures and expired leases lead to a new execute attempt.
+    pub safe: bool,
+    /// Execute attempts at most.
+    pub max_attempts: i64,
+    /// Delay before each new execute attempt.
+    pub backoff: Backoff,
+    /// No new execute attempt starts later than this many ms after acceptance.
+    pub deadline_ms: i64,
+    /// Usage units the task may consume; beyond it no retry (`budget_exhausted`).
+    pub usage_budget: i64,
+}
+
+/// Lease bounds (SPEC §5).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct LeasePolicy {
+    /// Lease length when a claim gives none, ms.
+    pub default_ms: i64,
+    /// Longest lease a claim may ask for, ms.
+    pub max_ms: i64,
+}
+
+/// Shortest lease a claim may ask for, ms (SPEC §4).
+pub const MIN_LEASE_MS: i64 = 100;
+
+/// Windows of an operation class (SPEC §2.9, IDEM-01 retention).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct Windows {
+    /// How long clients may retry a request, ms.
+    pub request_retry_ms: i64,
+    /// How long an unknown outcome may take to reconcile, ms.
+    pub reconciliation_ms: i64,
+    /// How long the idempotency key is kept after the task ends, ms.
+    pub retention_ms: i64,
+}
+
+/// Fee policy, integer minor currency units (SPEC §5). After delivery the fee is the full price.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct Fees {
+    /// Price of a delivered task (the delivery's charge).
+    pub price: i64,
+    /// Fee for a cancellation confirmed before any attempt started.
+    pub cancel_before_start: i64,
+    /// Fixed part of the fee for a cancellation confirmed after an attempt started.
+    pub cancel_after_start_fixed: i64,
+    /// Price of one usage unit, added to the after-start fee.
+    pub usage_unit_price: i64,
+}
+
+impl Fees {
+    /// Fee for a cancellation confirmed after start with `usage` units consumed.
+    pub fn after_start(&self, usage: i64) -> i64 {
+        self.cancel_after_start_fixed
+            .saturating_add(usage.saturating_mul(self.usage_unit_price))
+    }
+}
+
+/// One operation class as configured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OperationClass {
+    /// JSON pointers of the material fields; empty = all params.
+    #[serde(default)]
+    pub fingerprint: Vec<JsonPointer>,
+    /// Retry policy.
+    pub retry: RetryPolicy,
+    /// Lease bounds.
+    pub lease: LeasePolicy,
+    /// Windows.
+    pub windows: Windows,
+    /// Fees.
+    pub fees: Fees,
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Operation classes by name.
+    pub operations: BTreeMap<String, OperationClass>,
+}
+
+/// The policy frozen onto a task when it is accepted (SPEC §1 "contract").
+/// Later configuration changes never alter it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Contract {
+    /// Price in minor units (= `fees.price`).
+    pub price: i64,
+    /// Retry policy.
+    pub retry: RetryPolicy,
+    /// Fees.
+    pub fees: Fees,
+    /// Lease bounds.
+    pub lease: LeasePolicy,
+    /// Windows.
+    pub windows: Windows,
+    /// Version of the configuration the contract came from (`cfg-<12 hex>`).
+    pub config_version: String,
+}
+
+impl Contract {
+    /// `request_retry + deadline + reconciliation`, the least retention (SPEC §2.9).
+    pub fn required_retention_ms(&self) -> i64 {
+        required_retention(&self.retry, &self.windows)
+    }
+}
+
+fn required_retention(retry: &RetryPolicy, windows: &Windows) -> i64 {
+    windows
+        .request_retry_ms
+        .saturating_add(retry.deadline_ms)
+        .saturating_add(windows.reconciliation_ms)
+}
+
+impl Config {
+    /// The bundled default configuration.
+    ///
+    /// # Errors
+    /// Never in practice: the bundled file is checked by a test.
+    pub fn bundled() -> Result<Config, ConfigError> {
+        Config::from_toml(DEFAULT_TOML)
+    }
+
+    /// Parses and checks a TOML configuration.
+    ///
+    /// # Errors
+    /// [`ConfigError::Parse`] on bad TOML or unknown fields; [`ConfigError::RetentionTooShort`]
+    /// and [`ConfigError::Invalid`] when a class breaks a rule.
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        config.check()?;
+        Ok(config)
+    }
+
+    /// Parses `text`, applies environment overrides, then checks the result.
+    ///
+    /// `vars` are `(name, value)` pairs; only names starting `IDEM_OPERATIONS__` are used.
+    /// A value is read as a TOML value (`200`, `true`, `1.5`, `["/a"]`), else as a string.
+    ///
+    /// # Errors
+    /// As [`Config::from_toml`], plus [`ConfigError::Override`] for a variable naming an
+    /// unknown class or field.
+    pub fn from_toml_with_env(
+        text: &str,
+        vars: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config, ConfigError> {
+        let mut doc: toml::Table =
+            toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        for (name, value) in vars {
+            let Some(path) = name.strip_prefix("IDEM_OPERATIONS__") else {
+                continue;
+            };
+            apply_override(&mut doc, &name, path, &value)?;
+        }
+        let text = toml::to_string(&doc).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        Config::from_toml(&text)
+    }
+
+    /// Checks every class (SPEC §2.9 retention rule, positive bounds).
+    ///
+    /// # Errors
+    /// The first rule broken.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        if self.operations.is_empty() {
+            return Err(ConfigError::Empty);
+        }
+        for (name, class) in &self.operations {
+            let invalid = |message: &str| ConfigError::Invalid {
+                class: name.clone(),
+                message: message.to_owned(),
+            };
+            let r = &class.retry;
+            if r.max_attempts < 1 {
+                return Err(invalid("retry.max_attempts must be at least 1"));
+            }
+            if r.backoff.initial_ms < 0 || r.backoff.max_ms < r.backoff.initial_ms {
+                return Err(invalid("retry.backoff needs 0 <= initial_ms <= max_ms"));
+            }
+            if !(r.backoff.multiplier.is_finite() && r.backoff.multiplier >= 1.0) {
+                return Err(invalid(
+                    "retry.backoff.multiplier must be a finite number >= 1",
+                ));
+            }
+            if r.deadline_ms <= 0 || r.usage_budget < 0 {
+                return Err(invalid(
+                    "retry.deadline_ms must be > 0 and usage_budget >= 0",
+                ));
+            }
+            if class.lease.default_ms < MIN_LEASE_MS || class.lease.max_ms < class.lease.default_ms
+            {
+                return Err(invalid("lease needs 100 <= default_ms <= max_ms"));
+            }
+            let f = &class.fees;
+            if f.price < 0
+                || f.cancel_before_start < 0
+                || f.cancel_after_start_fixed < 0
+                || f.usage_unit_price < 0
+            {
+                return Err(invalid("fees must not be negative"));
+            }
+            let w = &class.windows;
+            if w.request_retry_ms < 0 || w.reconciliation_ms < 0 {
+                return Err(invalid("windows must not be negative"));
+            }
+            let required_ms = required_retention(r, w);
+            if w.retention_ms < required_ms {
+                return Err(ConfigError::RetentionTooShort {
+                    class: name.clone(),
+                    retention_ms: w.retention_ms,
+                    required_ms,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The configuration version: `cfg-` and the first 12 hex digits of the SHA-256 of its
+    /// canonical JSON form. Any change of any class changes it.
+    pub fn version(&self) -> String {
+        let json = serde_json::to_vec(self).unwrap_or_default();
+        let digest = Sha256::digest(&json);
+        let hex = hex::encode(digest);
+        format!("cfg-{}", hex.get(..12).unwrap_or(&hex))
+    }
+
+    /// The contract a task of `operation` is accepted under, or `None` for an unknown class.
+    pub fn contract(&self, operation: &str) -> Option<Contract> {
+        let class = self.operations.get(operation)?;
+        Some(Contract {
+            price: class.fees.price,
+            retry: class.retry.clone(),
+            fees: class.fees.clone(),
+            lease: class.lease.clone(),
+            windows: class.windows.clone(),
+            config_version: self.version(),
+        })
+    }
+}
+
+fn normalise(name: &str) -> String {
+    name.chars()
+        .map(|c| match c {
+            '.' | '-' => '_',
+            c => c.to_ascii_uppercase(),
+        })
+        .collect()
+}
+
+fn apply_override(
+    doc: &mut toml::Table,
+    name: &str,
+    path: &str,
+    value: &str,
+) -> Result<(), ConfigError> {
+    let err = |message: &str| ConfigError::Override {
+        name: name.to_owned(),
+        message: message.to_owned(),
+    };
+    let mut parts = path.split("__");
+    let class = parts.next().ok_or_else(|| err("missing class"))?;
+    let ops = doc
+        .get_mut("operations")
+        .and_then(|v| v.as_table_mut())
+        .ok_or_else(|| err("no [operations] table"))?;
+    let class_key = ops
+        .keys()
+        .find(|k| normalise(k) == class)
+        .cloned()
+        .ok_or_else(|| err("names no configured operation class"))?;
+    let mut table = ops
+        .get_mut(&class_key)
+        .and_then(|v| v.as_table_mut())
+        .ok_or_else(|| err("class is not a table"))?;
+    let fields: Vec<String> = parts.map(|p| p.to_ascii_lowercase()).collect();
+    let (last, sections) = fields.split_last().ok_or_else(|| err("names no field"))?;
+    for section in sections {
+        table = table
+            .get_mut(section.as_str())
+            .and_then(|v| v.as_table_mut())
+            .ok_or_else(|| err("names an unknown section"))?;
+    }
+    let parsed: toml::Value = toml::from_str::<toml::Table>(&format!("v = {value}"))
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(value.to_owned()));
+    table.insert(last.clone(), parsed);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bundled_configuration_matches_spec_table() {
+        let c = Config::bundled().unwrap();
+        let p = c.contract("payment.release").unwrap();
+        assert!(!p.retry.safe);
+        assert_eq!(p.retry.max_attempts, 3);
+        assert_eq!(p.price, 100);
+        assert_eq!(p.fees.cancel_after_start_fixed, 10);
+        assert_eq!(p.lease.default_ms, 30_000);
+        assert_eq!(p.windows.retention_ms, 72 * 3_600_000);
+        let g = c.contract("generation.dispatch").unwrap();
+        assert!(g.retry.safe);
+        assert_eq!(g.retry.max_attempts, 5);
+        assert_eq!(g.price, 50);
+        assert!(c.operations["generation.dispatch"].fingerprint.is_empty());
+        assert_eq!(c.operations["payment.release"].fingerprint.len(), 3);
+    }
+
+    #[test]
+    fn retention_shorter_than_windows_is_refused() {
+        let text = DEFAULT_TOML.replace("retention_ms = 259200000", "retention_ms = 1000");
+        assert!(matches!(
+            Config::from_toml(&text),
+            Err(ConfigError::RetentionTooShort { .. })
+        ));
+    }
+
+    #[test]
+    fn env_overrides_change_fees_and_version() {
+        let base = Config::bundled().unwrap();
+        let c = Config::from_toml_with_env(
+            DEFAULT_TOML,
+            [(
+                "IDEM_OPERATIONS__PAYMENT_RELEASE__FEES__PRICE".to_owned(),
+                "250".to_owned(),
+            )],
+        )
+        .unwrap();
+        assert_eq!(c.contract("payment.release").unwrap().price, 250);
+        assert_ne!(c.version(), base.version());
+        let bad = Config::from_toml_with_env(
+            DEFAULT_TOML,
+            [(
+                "IDEM_OPERATIONS__NOPE__FEES__PRICE".to_owned(),
+                "1".to_owned(),
+            )],
+        );
+        assert!(matches!(bad, Err(ConfigError::Override { .. })));
+    }
+
+    #[test]
+    fn backoff_grows_and_caps() {
+        let b = Backoff {
+            initial_ms: 1000,
+            multiplier: 2.0,
+            max_ms: 5000,
+        };
+        assert_eq!(b.delay_ms(2), 1000);
+        assert_eq!(b.delay_ms(3), 2000);
+        assert_eq!(b.delay_ms(4), 4000);
+        assert_eq!(b.delay_ms(5), 5000);
+        assert_eq!(b.delay_ms(500), 5000);
+    }
+}

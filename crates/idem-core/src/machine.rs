@@ -1,0 +1,869 @@
+//! The task state machine (SPEC §2.4–2.10, §3; RETRY-01, CANCEL-01).
+//!
+//! Every transition is one function that takes the current records by
+//! `&mut`, the time `now` (epoch ms, chosen by the store: the database clock
+//! for PostgreSQL) and the input, changes the records in place and appends
+//! the audit events to a [`Journal`]. A store runs each function inside one
+//! transaction: it loads the rows, calls the function, and writes back every
+//! record together with the journal, with a compare-and-set on the task's
+//! version. A function that returns `Err` may still have changed the records
+//! (a stale report is kept as evidence; an expired lease is expired first):
+//! the store persists them all the same, then answers with the error.
+
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::config::{Contract, MIN_LEASE_MS};
+use crate::model::{
+    Attempt, AttemptKind, AttemptState, CancelStatus, Cancellation, Delivery, Event, Evidence,
+    Failure, FailureClass, Outcome, Task, TaskControl, TaskState, Timestamp,
+};
+
+/// Events (and evidence) produced by one transition, to be written in the
+/// same transaction as the records (SPEC §2.10).
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Journal {
+    /// New events, in order, with their sequence numbers already assigned.
+    pub events: Vec<Event>,
+    /// New evidence rows, by attempt id.
+    pub evidence: Vec<(Uuid, Evidence)>,
+}
+
+impl Journal {
+    /// Appends an event to `task`'s history: assigns the next sequence number and
+    /// touches `updated_at`.
+    pub fn record(&mut self, task: &mut Task, now: Timestamp, kind: &str, data: Value) {
+        task.control.event_seq += 1;
+        task.updated_at = now;
+        self.events.push(Event {
+            seq: task.control.event_seq,
+            kind: kind.to_owned(),
+            at: now,
+            data,
+        });
+    }
+
+    fn evidence(&mut self, attempt: &mut Attempt, ev: Evidence) {
+        attempt.evidence.push(ev.clone());
+        self.evidence.push((attempt.id, ev));
+    }
+}
+
+/// Why a transition was refused. The records may still have changed (see module docs).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Rejection {
+    /// The report or heartbeat carries a generation that no longer holds the
+    /// lease (SPEC §2.4). HTTP 409 `STALE_GENERATION`; the report is kept as evidence.
+    #[error("generation {presented} is stale; the task's current generation is {current}")]
+    StaleGeneration {
+        /// The generation the executor presented.
+        presented: i64,
+        /// The task's current generation.
+        current: i64,
+    },
+    /// The attempt already has a different outcome. HTTP 409 `ATTEMPT_ALREADY_REPORTED`.
+    #[error("attempt already reported `{existing}`; a different report is kept as evidence only")]
+    AlreadyReported {
+        /// The outcome already recorded.
+        existing: String,
+    },
+    /// The report does not fit the attempt (HTTP 400 `INVALID_REQUEST`, nothing stored).
+    #[error("{0}")]
+    InvalidReport(String),
+    /// The task has no delivery to acknowledge (HTTP 409 `NOT_DELIVERED`).
+    #[error("the task has no delivery yet")]
+    NotDelivered,
+    /// The task cannot be claimed now.
+    #[error("the task is not claimable")]
+    NotClaimable,
+}
+
+/// What the store learned about the submitting key before a claim (SPEC §2.8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Authority {
+    /// The key is active and still granted the operation class.
+    Granted,
+    /// The key was revoked or lost the grant.
+    Revoked,
+}
+
+/// Input of [`accept`].
+#[derive(Debug, Clone)]
+pub struct NewTask {
+    /// New task id (UUID v7).
+    pub id: Uuid,
+    /// Tenant.
+    pub tenant: String,
+    /// Operation class.
+    pub operation: String,
+    /// Idempotency key.
+    pub idempotency_key: String,
+    /// `sha256:<hex>` fingerprint.
+    pub fingerprint: String,
+    /// RFC 8785 canonical request.
+    pub canonical_request: String,
+    /// Params as submitted.
+    pub params: Value,
+    /// Contract frozen now.
+    pub contract: Contract,
+    /// The submitting API key.
+    pub api_key_id: Uuid,
+    /// The key's grant at acceptance (its operation list; `None` = all), for the audit.
+    pub grant: Option<Vec<String>>,
+}
+
+/// Accepts a new task: state `queued`, generation 0, event `task_submitted`
+/// carrying the fingerprint, canonical request and acceptance decision (SPEC §2.10).
+pub fn accept(new: NewTask, now: Timestamp) -> (Task, Journal) {
+    let deadline_at = now.plus_ms(new.contract.retry.deadline_ms);
+    let mut task = Task {
+        id: new.id,
+        operation: new.operation,
+        idempotency_key: new.idempotency_key,
+        fingerprint: new.fingerprint,
+        params: new.params,
+        state: TaskState::Queued,
+        generation: 0,
+        attempt_count: 0,
+        usage: 0,
+        contract: new.contract,
+        cancellation: None,
+        delivery: None,
+        failure: None,
+        created_at: now,
+        updated_at: now,
+        control: TaskControl {
+            tenant: new.tenant,
+            api_key_id: new.api_key_id,
+            canonical_request: new.canonical_request,
+            version: 0,
+            event_seq: 0,
+            execute_count: 0,
+            next_kind: Some(AttemptKind::Execute),
+            active_attempt_id: None,
+            ready_at: now,
+            deadline_at,
+            terminal_at: None,
+            key_expires_at: None,
+        },
+    };
+    let mut j = Journal::default();
+    let data = json!({
+        "idempotency_key": task.idempotency_key,
+        "fingerprint": task.fingerprint,
+        "canonical_request": task.control.canonical_request,
+        "decision": {
+            "accepted": true,
+            "api_key_id": new.api_key_id,
+            "grant": new.grant,
+            "config_version": task.contract.config_version,
+        },
+        "contract": task.contract,
+    });
+    j.record(&mut task, now, "task_submitted", data);
+    (task, j)
+}
+
+/// Whether a claim may lease `task` at `now`.
+pub fn is_claimable(task: &Task, now: Timestamp) -> bool {
+    let state_ok = match task.state {
+        TaskState::Queued | TaskState::Reconciling => true,
+        TaskState::RetryWait => true,
+        _ => false,
+    };
+    state_ok
+        && task.control.active_attempt_id.is_none()
+        && task.control.next_kind.is_some()
+        && task.control.ready_at <= now
+}
+
+/// Leases a new attempt of `task` to `executor_id` (SPEC §2.4, RETRY-01).
+///
+/// The attempt gets number `attempt_count + 1` and generation `generation + 1`.
+/// Before an execute attempt the submitting key's authority, the deadline and
+/// the attempt limit are checked; if one fails the task ends `failed` and
+/// `Ok(None)` is returned. Reconcile attempts only ask the external system, so
+/// they run even after a revocation (an unknown outcome must still be learned).
+/// `lease_ms` is clamped to the contract's bounds; `None` uses the default.
+///
+/// # Errors
+/// [`Rejection::NotClaimable`] when [`is_claimable`] is false.
+pub fn claim(
+    task: &mut Task,
+    j: &mut Journal,
+    attempt_id: Uuid,
+    executor_id: &str,
+    lease_ms: Option<i64>,
+    authority: Authority,
+    now: Timestamp,
+) -> Result<Option<Attempt>, Rejection> {
+    if !is_claimable(task, now) {
+        return Err(Rejection::NotClaimable);
+    }
+    let kind = task.control.next_kind.unwrap_or(AttemptKind::Execute);
+    if kind == AttemptKind::Execute {
+        if authority == Authority::Revoked {
+            fail(
+                task,
+                j,
+                now,
+                FailureClass::PermissionDenied,
+                "the submitting API key was revoked or lost its grant before the next attempt (SPEC §2.8)",
+            );
+            return Ok(None);
+        }
+        if now >= task.control.deadline_at {
+            fail(
+                task,
+                j,
+                now,
+                FailureClass::DeadlineExceeded,
+                "deadline passed before the next attempt",
+            );
+            return Ok(None);
+        }
+        if task.control.execute_count >= task.contract.retry.max_attempts {
+            fail(
+                task,
+                j,
+                now,
+                FailureClass::AttemptsExhausted,
+                "max attempts used",
+            );
+            return Ok(None);
+        }
+        task.control.execute_count += 1;
+        task.state = TaskState::Running;
+    } else {
+        task.state = TaskState::Reconciling;
+    }
+    let lease = &task.contract.lease;
+    let lease_ms = lease_ms
+        .unwrap_or(lease.default_ms)
+        .clamp(MIN_LEASE_MS, lease.max_ms.max(MIN_LEASE_MS));
+    task.attempt_count += 1;
+    task.generation += 1;
+    task.control.active_attempt_id = Some(attempt_id);
+    task.control.next_kind = None;
+    let attempt = Attempt {
+        id: attempt_id,
+        task_id: task.id,
+        number: task.attempt_count,
+        generation: task.generation,
+        kind,
+        state: AttemptState::Leased,
+        executor_id: executor_id.to_owned(),
+        leased_at: now,
+        lease_expires_at: now.plus_ms(lease_ms),
+        usage: 0,
+        external_txn_id: None,
+        evidence: Vec::new(),
+        lease_ms,
+        report: None,
+    };
+    let data = json!({
+        "attempt_id": attempt.id,
+        "number": attempt.number,
+        "generation": attempt.generation,
+        "kind": kind,
+        "executor_id": executor_id,
+        "lease_expires_at": attempt.lease_expires_at,
+        "retry_count": task.control.execute_count - 1,
+    });
+    j.record(task, now, "attempt_leased", data);
+    Ok(Some(attempt))
+}
+
+/// Answer to a heartbeat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeartbeatAck {
+    /// The extended lease end.
+    pub lease_expires_at: Timestamp,
+    /// Whether a cancellation is pending: the executor should stop and report `cancelled`.
+    pub cancel_requested: bool,
+}
+
+/// Checks that `generation` still holds the lease of `attempt` (SPEC §2.4). If
+/// the lease ran out by `now`, the expiry is applied first, so the caller is stale.
+fn fence(
+    task: &mut Task,
+    attempt: &mut Attempt,
+    j: &mut Journal,
+    generation: i64,
+    now: Timestamp,
+) -> Result<(), Rejection> {
+    let stale = Rejection::StaleGeneration {
+        presented: generation,
+        current: task.generation,
+    };
+    if generation != attempt.generation || generation != task.generation {
+        return Err(stale);
+    }
+    if !attempt.state.is_active() || task.control.active_attempt_id != Some(attempt.id) {
+        return Err(stale);
+    }
+    if now >= attempt.lease_expires_at {
+        expire_lease(task, attempt, j, now);
+        return Err(Rejection::StaleGeneration {
+            presented: generation,
+            current: task.generation,
+        });
+    }
+    Ok(())
+}
+
+fn add_usage(task: &mut Task, attempt: &mut Attempt, usage: Option<i64>) {
+    if let Some(u) = usage
+        && u > attempt.usage
+    {
+        task.usage = task.usage.saturating_add(u - attempt.usage);
+        attempt.usage = u;
+    }
+}
+
+/// Extends the lease of a live attempt by its lease length and records usage
+/// (the attempt's total so far; the largest value counts).
+///
+/// # Errors
+/// [`Rejection::StaleGeneration`] for an old generation or an expired lease.
+pub fn heartbeat(
+    task: &mut Task,
+    attempt: &mut Attempt,
+    j: &mut Journal,
+    generation: i64,
+    usage: Option<i64>,
+    now: Timestamp,
+) -> Result<HeartbeatAck, Rejection> {
+    fence(task, attempt, j, generation, now)?;
+    add_usage(task, attempt, usage);
+    attempt.lease_expires_at = now.plus_ms(attempt.lease_ms);
+    task.updated_at = now;
+    Ok(HeartbeatAck {
+        lease_expires_at: attempt.lease_expires_at,
+        cancel_requested: task.cancel_pending(),
+    })
+}
+
+/// A device gateway's "command acknowledged" (SPEC §2 "not promised"; CANCEL-01):
+/// the attempt becomes `acknowledged`, the task stays `running`. Idempotent.
+///
+/// # Errors
+/// [`Rejection::StaleGeneration`] for an old generation or an expired lease.
+pub fn acknowledge(
+    task: &mut Task,
+    attempt: &mut Attempt,
+    j: &mut Journal,
+    generation: i64,
+    body: Value,
+    now: Timestamp,
+) -> Result<(), Rejection> {
+    if let Err(e) = fence(task, attempt, j, generation, now) {
+        j.evidence(
+            attempt,
+            evidence(now, generation, "ack", body, "stale_generation"),
+        );
+        return Err(e);
+    }
+    if attempt.state == AttemptState::Leased {
+        attempt.state = AttemptState::Acknowledged;
+        j.evidence(attempt, evidence(now, generation, "ack", body, "applied"));
+        let data = json!({"attempt_id": attempt.id, "generation": generation});
+        j.record(task, now, "command_acknowledged", data);
+    } else {
+        j.evidence(attempt, evidence(now, generation, "ack", body, "repeat"));
+    }
+    Ok(())
+}
+
+/// An executor's report (SPEC §4 `/report`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Report {
+    /// The generation the executor holds.
+    pub generation: i64,
+    /// What happened.
+    pub outcome: Outcome,
+    /// Result document (`succeeded`, `committed`).
+    pub result: Option<Value>,
+    /// Required with `failed`.
+    pub failure_class: Option<FailureClass>,
+    /// Free text.
+    pub message: Option<String>,
+    /// The attempt's total usage so far.
+    pub usage: Option<i64>,
+    /// The external system's transaction id.
+    pub external_txn_id: Option<String>,
+    /// The raw body, kept as evidence and used to detect exact repeats.
+    pub body: Value,
+}
+
+fn evidence(
+    now: Timestamp,
+    generation: i64,
+    outcome: &str,
+    body: Value,
+    disposition: &str,
+) -> Evidence {
+    Evidence {
+        received_at: now,
+        generation,
+        outcome: outcome.to_owned(),
+        body,
+        disposition: disposition.to_owned(),
+    }
+}
+
+fn validate_report(task: &Task, attempt: &Attempt, r: &Report) -> Result<(), Rejection> {
+    let bad = |m: &str| Err(Rejection::InvalidReport(m.to_owned()));
+    let allowed = match attempt.kind {
+        AttemptKind::Execute => matches!(
+            r.outcome,
+            Outcome::Succeeded | Outcome::Failed | Outcome::Unknown | Outcome::Cancelled
+        ),
+        AttemptKind::Reconcile => matches!(
+            r.outcome,
+            Outcome::Committed | Outcome::NotCommitted | Outcome::Failed | Outcome::Unknown
+        ),
+    };
+    if !allowed {
+        return Err(Rejection::InvalidReport(format!(
+            "outcome `{}` does not apply to a `{}` attempt",
+            r.outcome, attempt.kind
+        )));
+    }
+    if r.outcome == Outcome::Failed {
+        match r.failure_class {
+            None => return bad("a `failed` report needs a `failure_class`"),
+            Some(c) if !c.is_reportable() => {
+                return bad("failure_class must be transient, invalid_input or permission_denied");
+            }
+            Some(_) => {}
+        }
+    }
+    if r.usage.is_some_and(|u| u < 0) {
+        return bad("usage must not be negative");
+    }
+    if r.outcome == Outcome::Cancelled && !task.cancel_pending() && attempt.report.is_none() {
+        // Only meaningful as the answer to a pending cancellation.
+        if task.generation == attempt.generation {
+            return bad("`cancelled` answers a pending cancellation, and none is pending");
+        }
+    }
+    Ok(())
+}
+
+/// Applies an executor's report (SPEC §2.4–2.7).
+///
+/// Order of checks: shape (400, nothing stored) → generation (stale → evidence,
+/// 409) → earlier outcome (exact repeat → evidence, Ok; different → evidence,
+/// 409) → lease expiry (expire, then stale). Then, by outcome:
+/// `succeeded`/`committed` deliver (a pending cancel becomes `too_late`);
+/// `failed` confirms a pending cancel, else decides a retry by failure class;
+/// `unknown` moves to `reconciling`; `cancelled` confirms the cancel;
+/// `not_committed` confirms a pending cancel or queues a new execute attempt.
+///
+/// # Errors
+/// [`Rejection::InvalidReport`], [`Rejection::StaleGeneration`], [`Rejection::AlreadyReported`].
+pub fn report(
+    task: &mut Task,
+    attempt: &mut Attempt,
+    j: &mut Journal,
+    r: &Report,
+    now: Timestamp,
+) -> Result<(), Rejection> {
+    validate_report(task, attempt, r)?;
+    let outcome = r.outcome.as_str();
+    if r.generation != attempt.generation || r.generation != task.generation {
+        j.evidence(
+            attempt,
+            evidence(
+                now,
+                r.generation,
+                outcome,
+                r.body.clone(),
+                "stale_generation",
+            ),
+        );
+        let data = json!({"attempt_id": attempt.id, "generation": r.generation, "outcome": outcome, "current_generation": task.generation});
+        j.record(task, now, "stale_report", data);
+        return Err(Rejection::StaleGeneration {
+            presented: r.generation,
+            current: task.generation,
+        });
+    }
+    if let Some(existing) = attempt.report.clone() {
+        let same = existing == r.body;
+        let disposition = if same { "repeat" } else { "already_reported" };
+        j.evidence(
+            attempt,
+            evidence(now, r.generation, outcome, r.body.clone(), disposition),
+        );
+        if same {
+            return Ok(());
+        }
+        let existing = existing
+            .get("outcome")
+            .and_then(Value::as_str)
+            .unwrap_or("?")
+            .to_owned();
+        let data = json!({"attempt_id": attempt.id, "outcome": outcome, "existing": existing});
+        j.record(task, now, "duplicate_report", data);
+        return Err(Rejection::AlreadyReported { existing });
+    }
+    if let Err(e) = fence(task, attempt, j, r.generation, now) {
+        j.evidence(
+            attempt,
+            evidence(
+                now,
+                r.generation,
+                outcome,
+                r.body.clone(),
+                "stale_generation",
+            ),
+        );
+        let data = json!({"attempt_id": attempt.id, "generation": r.generation, "outcome": outcome, "current_generation": task.generation});
+        j.record(task, now, "stale_report", data);
+        return Err(e);
+    }
+    add_usage(task, attempt, r.usage);
+    attempt.report = Some(r.body.clone());
+    if r.external_txn_id.is_some() {
+        attempt.external_txn_id.clone_from(&r.external_txn_id);
+    }
+    j.evidence(
+        attempt,
+        evidence(now, r.generation, outcome, r.body.clone(), "applied"),
+    );
+    task.control.active_attempt_id = None;
+    let observed = json!({
+        "attempt_id": attempt.id,
+        "generation": r.generation,
+        "kind": attempt.kind,
+        "outcome": outcome,
+        "failure_class": r.failure_class,
+        "message": r.message,
+        "usage": attempt.usage,
+        "external_txn_id": r.external_txn_id,
+    });
+    match r.outcome {
+        Outcome::Succeeded | Outcome::Committed => {
+            attempt.state = if r.outcome == Outcome::Succeeded {
+                AttemptState::Succeeded
+            } else {
+                AttemptState::Committed
+            };
+            let kind = if r.outcome == Outcome::Committed {
+                "reconciled"
+            } else {
+                "completion_observed"
+            };
+            j.record(task, now, kind, observed);
+            let result = r.result.clone().unwrap_or(Value::Null);
+            deliver(task, j, now, result, r.external_txn_id.clone());
+        }
+        Outcome::Failed => {
+            attempt.state = AttemptState::Failed;
+            j.record(task, now, "attempt_failed", observed);
+            let class = r.failure_class.unwrap_or(FailureClass::Transient);
+            let message = r.message.clone().unwrap_or_default();
+            if task.cancel_pending() {
+                confirm_cancel(task, j, now);
+            } else if attempt.kind == AttemptKind::Reconcile {
+                // Only `committed` / `not_committed` settle an unknown outcome.
+                schedule_reconcile(task, j, now, "reconcile attempt failed");
+            } else if class == FailureClass::Transient {
+                retry_after_transient(task, j, now, &message);
+            } else {
+                fail(task, j, now, class, &message);
+            }
+        }
+        Outcome::Unknown => {
+            attempt.state = AttemptState::Unknown;
+            j.record(task, now, "outcome_unknown", observed);
+            schedule_reconcile(task, j, now, "executor reported an unknown outcome");
+        }
+        Outcome::Cancelled => {
+            attempt.state = AttemptState::Cancelled;
+            j.record(task, now, "attempt_cancelled", observed);
+            confirm_cancel(task, j, now);
+        }
+        Outcome::NotCommitted => {
+            attempt.state = AttemptState::NotCommitted;
+            j.record(task, now, "reconciled", observed);
+            if task.cancel_pending() {
+                confirm_cancel(task, j, now);
+            } else {
+                next_execute(
+                    task,
+                    j,
+                    now,
+                    false,
+                    "reconciliation found nothing committed",
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Expires the lease of `attempt` (the lease end passed without a report).
+///
+/// Reconcile attempt → another reconcile. Pending cancel: safe class → confirmed,
+/// non-safe → reconcile first. Otherwise safe class → retry decision as for a
+/// transient failure; non-safe → `reconciling` (SPEC §2.5: the outcome is unknown).
+pub fn expire_lease(task: &mut Task, attempt: &mut Attempt, j: &mut Journal, now: Timestamp) {
+    if !attempt.state.is_active() {
+        return;
+    }
+    attempt.state = AttemptState::Expired;
+    if task.control.active_attempt_id == Some(attempt.id) {
+        task.control.active_attempt_id = None;
+    }
+    let data = json!({
+        "attempt_id": attempt.id,
+        "generation": attempt.generation,
+        "lease_expires_at": attempt.lease_expires_at,
+    });
+    j.record(task, now, "lease_expired", data);
+    if task.state.is_terminal() {
+        return;
+    }
+    let safe = task.contract.retry.safe;
+    if attempt.kind == AttemptKind::Reconcile {
+        schedule_reconcile(task, j, now, "reconcile lease expired");
+    } else if task.cancel_pending() {
+        if safe {
+            confirm_cancel(task, j, now);
+        } else {
+            schedule_reconcile(
+                task,
+                j,
+                now,
+                "lease expired with a cancellation pending on a non-safe class",
+            );
+        }
+    } else if safe {
+        retry_after_transient(task, j, now, "lease expired without a report");
+    } else {
+        schedule_reconcile(
+            task,
+            j,
+            now,
+            "lease expired without a report on a non-safe class",
+        );
+    }
+}
+
+/// Requests cancellation (SPEC §2.7, CANCEL-01). Idempotent: a second request
+/// returns the existing record unchanged.
+///
+/// Queued or backing off (nothing running) → confirmed at once; running or
+/// reconciling → `requested`; delivered → `too_late` with the delivery's charge
+/// as fee; failed → `too_late` with fee 0.
+pub fn cancel(task: &mut Task, j: &mut Journal, now: Timestamp) -> Cancellation {
+    if let Some(c) = &task.cancellation {
+        return c.clone();
+    }
+    match task.state {
+        TaskState::Succeeded | TaskState::Failed | TaskState::Cancelled => {
+            let fee = task.delivery.as_ref().map_or(0, |d| d.charge);
+            task.cancellation = Some(Cancellation {
+                status: CancelStatus::TooLate,
+                requested_at: now,
+                confirmed_at: Some(now),
+                fee: Some(fee),
+            });
+            let data = json!({"status": "too_late", "fee": fee, "state": task.state});
+            j.record(task, now, "cancel_too_late", data);
+        }
+        TaskState::Queued | TaskState::RetryWait => {
+            task.cancellation = Some(Cancellation {
+                status: CancelStatus::Requested,
+                requested_at: now,
+                confirmed_at: None,
+                fee: None,
+            });
+            j.record(task, now, "cancel_requested", json!({}));
+            confirm_cancel(task, j, now);
+        }
+        TaskState::Running | TaskState::Reconciling => {
+            task.cancellation = Some(Cancellation {
+                status: CancelStatus::Requested,
+                requested_at: now,
+                confirmed_at: None,
+                fee: None,
+            });
+            let data = json!({"active_attempt_id": task.control.active_attempt_id});
+            j.record(task, now, "cancel_requested", data);
+        }
+    }
+    task.cancellation.clone().unwrap_or(Cancellation {
+        status: CancelStatus::Requested,
+        requested_at: now,
+        confirmed_at: None,
+        fee: None,
+    })
+}
+
+/// Moves a `retry_wait` task whose backoff has passed back to `queued`.
+/// Returns whether anything changed.
+pub fn wake(task: &mut Task, j: &mut Journal, now: Timestamp) -> bool {
+    if task.state == TaskState::RetryWait && task.control.ready_at <= now {
+        task.state = TaskState::Queued;
+        j.record(task, now, "task_woken", json!({}));
+        true
+    } else {
+        false
+    }
+}
+
+/// Records the client's delivery acknowledgment (SPEC §2.6). Idempotent: the
+/// delivery record and its charge never change.
+///
+/// # Errors
+/// [`Rejection::NotDelivered`] when nothing was delivered.
+pub fn acknowledge_delivery(
+    task: &mut Task,
+    j: &mut Journal,
+    now: Timestamp,
+) -> Result<(), Rejection> {
+    let Some(d) = task.delivery.as_mut() else {
+        return Err(Rejection::NotDelivered);
+    };
+    if d.acknowledged_at.is_none() {
+        d.acknowledged_at = Some(now);
+        j.record(task, now, "delivery_acknowledged", json!({}));
+    }
+    Ok(())
+}
+
+/// Records that the retention sweeper removed the task's idempotency key (SPEC §2.9).
+pub fn release_key(task: &mut Task, j: &mut Journal, now: Timestamp) {
+    let data = json!({"idempotency_key": task.idempotency_key});
+    j.record(task, now, "key_released", data);
+}
+
+fn deliver(
+    task: &mut Task,
+    j: &mut Journal,
+    now: Timestamp,
+    result: Value,
+    external_txn_id: Option<String>,
+) {
+    let charge = task.contract.price;
+    task.delivery = Some(Delivery {
+        result,
+        external_txn_id: external_txn_id.clone(),
+        delivered_at: now,
+        acknowledged_at: None,
+        charge,
+    });
+    task.state = TaskState::Succeeded;
+    let data = json!({"charge": charge, "external_txn_id": external_txn_id});
+    j.record(task, now, "delivered", data);
+    if let Some(c) = task.cancellation.as_mut()
+        && c.status == CancelStatus::Requested
+    {
+        c.status = CancelStatus::TooLate;
+        c.confirmed_at = Some(now);
+        c.fee = Some(charge);
+        let data = json!({"status": "too_late", "fee": charge});
+        j.record(task, now, "cancel_too_late", data);
+    }
+    terminal(task, now);
+}
+
+fn confirm_cancel(task: &mut Task, j: &mut Journal, now: Timestamp) {
+    let fees = &task.contract.fees;
+    let fee = if task.control.execute_count == 0 {
+        fees.cancel_before_start
+    } else {
+        fees.after_start(task.usage)
+    };
+    let requested_at = task.cancellation.as_ref().map_or(now, |c| c.requested_at);
+    task.cancellation = Some(Cancellation {
+        status: CancelStatus::Confirmed,
+        requested_at,
+        confirmed_at: Some(now),
+        fee: Some(fee),
+    });
+    task.state = TaskState::Cancelled;
+    // Retire all execution authority (CANCEL-01).
+    task.generation += 1;
+    let data = json!({"fee": fee, "usage": task.usage, "generation": task.generation});
+    j.record(task, now, "cancel_confirmed", data);
+    terminal(task, now);
+}
+
+fn fail(task: &mut Task, j: &mut Journal, now: Timestamp, class: FailureClass, message: &str) {
+    task.state = TaskState::Failed;
+    task.failure = Some(Failure {
+        class,
+        message: message.to_owned(),
+    });
+    let data = json!({"class": class, "message": message});
+    j.record(task, now, "task_failed", data);
+    terminal(task, now);
+}
+
+fn terminal(task: &mut Task, now: Timestamp) {
+    task.control.terminal_at = Some(now);
+    task.control.key_expires_at = Some(now.plus_ms(task.contract.windows.retention_ms));
+    task.control.next_kind = None;
+    task.control.active_attempt_id = None;
+}
+
+fn schedule_reconcile(task: &mut Task, j: &mut Journal, now: Timestamp, reason: &str) {
+    let first = task.state != TaskState::Reconciling;
+    task.state = TaskState::Reconciling;
+    task.control.next_kind = Some(AttemptKind::Reconcile);
+    task.control.ready_at = if first {
+        now
+    } else {
+        now.plus_ms(task.contract.retry.backoff.initial_ms)
+    };
+    let data = json!({"reason": reason, "ready_at": task.control.ready_at});
+    j.record(task, now, "reconciliation_required", data);
+}
+
+fn retry_after_transient(task: &mut Task, j: &mut Journal, now: Timestamp, message: &str) {
+    if !task.contract.retry.safe {
+        fail(task, j, now, FailureClass::Transient, message);
+        return;
+    }
+    next_execute(task, j, now, true, message);
+}
+
+/// Decides whether another execute attempt may start: attempts, deadline, budget
+/// (SPEC §2.5). `backoff` waits in `retry_wait`; otherwise the task is queued at once.
+fn next_execute(task: &mut Task, j: &mut Journal, now: Timestamp, backoff: bool, reason: &str) {
+    let retry = &task.contract.retry;
+    if task.control.execute_count >= retry.max_attempts {
+        fail(task, j, now, FailureClass::AttemptsExhausted, reason);
+    } else if now >= task.control.deadline_at {
+        fail(task, j, now, FailureClass::DeadlineExceeded, reason);
+    } else if task.usage > retry.usage_budget {
+        fail(task, j, now, FailureClass::BudgetExhausted, reason);
+    } else if backoff {
+        let delay = retry.backoff.delay_ms(task.control.execute_count + 1);
+        task.state = TaskState::RetryWait;
+        task.control.next_kind = Some(AttemptKind::Execute);
+        task.control.ready_at = now.plus_ms(delay);
+        let data =
+            json!({"reason": reason, "backoff_ms": delay, "ready_at": task.control.ready_at});
+        j.record(task, now, "retry_scheduled", data);
+    } else {
+        task.state = TaskState::Queued;
+        task.control.next_kind = Some(AttemptKind::Execute);
+        task.control.ready_at = now;
+        j.record(
+            task,
+            now,
+            "retry_scheduled",
+            json!({"reason": reason, "backoff_ms": 0}),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests;

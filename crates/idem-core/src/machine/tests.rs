@@ -1,0 +1,632 @@
+//! Every (task state, event) pair of the state machine, legal and illegal,
+//! on a safe and a non-safe class, plus the scenarios of SPEC §2.4–2.7.
+
+use serde_json::json;
+use uuid::Uuid;
+
+use super::*;
+use crate::config::Config;
+
+const T0: Timestamp = Timestamp(1_000_000);
+
+fn contract(class: &str) -> Contract {
+    Config::bundled().unwrap().contract(class).unwrap()
+}
+
+fn new_task(class: &str) -> (Task, Journal) {
+    accept(
+        NewTask {
+            id: Uuid::from_u128(1),
+            tenant: "acme".into(),
+            operation: class.into(),
+            idempotency_key: "k1".into(),
+            fingerprint: "sha256:00".into(),
+            canonical_request: "{}".into(),
+            params: json!({"amount": 100}),
+            contract: contract(class),
+            api_key_id: Uuid::from_u128(9),
+            grant: None,
+        },
+        T0,
+    )
+}
+
+fn rep(generation: i64, outcome: Outcome) -> Report {
+    let failure_class = (outcome == Outcome::Failed).then_some(FailureClass::Transient);
+    Report {
+        generation,
+        outcome,
+        result: Some(json!({"ok": true})),
+        failure_class,
+        message: None,
+        usage: Some(3),
+        external_txn_id: Some("tx-1".into()),
+        body: json!({"generation": generation, "outcome": outcome.as_str()}),
+    }
+}
+
+fn claim_now(t: &mut Task, j: &mut Journal, n: u128, now: Timestamp) -> Attempt {
+    claim(
+        t,
+        j,
+        Uuid::from_u128(100 + n),
+        "ex",
+        Some(1_000),
+        Authority::Granted,
+        now,
+    )
+    .unwrap()
+    .unwrap()
+}
+
+/// Builds a task in `state` (with its latest attempt) through legal transitions only.
+fn in_state(state: TaskState, class: &str) -> (Task, Option<Attempt>) {
+    let (mut t, mut j) = new_task(class);
+    let now = T0;
+    let a = match state {
+        TaskState::Queued => None,
+        TaskState::Running => Some(claim_now(&mut t, &mut j, 1, now)),
+        TaskState::RetryWait => {
+            let mut a = claim_now(&mut t, &mut j, 1, now);
+            report(&mut t, &mut a, &mut j, &rep(1, Outcome::Failed), now).unwrap();
+            assert_eq!(
+                t.state,
+                TaskState::RetryWait,
+                "RetryWait needs a safe class"
+            );
+            Some(a)
+        }
+        TaskState::Reconciling => {
+            let mut a = claim_now(&mut t, &mut j, 1, now);
+            report(&mut t, &mut a, &mut j, &rep(1, Outcome::Unknown), now).unwrap();
+            Some(a)
+        }
+        TaskState::Succeeded => {
+            let mut a = claim_now(&mut t, &mut j, 1, now);
+            report(&mut t, &mut a, &mut j, &rep(1, Outcome::Succeeded), now).unwrap();
+            Some(a)
+        }
+        TaskState::Failed => {
+            let mut a = claim_now(&mut t, &mut j, 1, now);
+            let mut r = rep(1, Outcome::Failed);
+            r.failure_class = Some(FailureClass::InvalidInput);
+            report(&mut t, &mut a, &mut j, &r, now).unwrap();
+            Some(a)
+        }
+        TaskState::Cancelled => {
+            cancel(&mut t, &mut j, now);
+            None
+        }
+    };
+    assert_eq!(t.state, state);
+    (t, a)
+}
+
+/// One event applied to a task in some state; the answer is summarised as
+/// `<new state>` or `<new state>!<error kind>`.
+fn apply(state: TaskState, class: &str, event: &str) -> String {
+    let (mut t, a) = in_state(state, class);
+    let mut j = Journal::default();
+    // Far enough in the future that every backoff has passed, but before the deadline.
+    let later = T0.plus_ms(600_000);
+    let now = T0.plus_ms(10);
+    let mut a = a.unwrap_or_else(|| Attempt {
+        id: Uuid::from_u128(999),
+        task_id: t.id,
+        number: 0,
+        generation: 0,
+        kind: AttemptKind::Execute,
+        state: AttemptState::Expired,
+        executor_id: "none".into(),
+        leased_at: T0,
+        lease_expires_at: T0,
+        usage: 0,
+        external_txn_id: None,
+        evidence: vec![],
+        lease_ms: 1000,
+        report: None,
+    });
+    let g = t.generation;
+    let res: Result<(), Rejection> = match event {
+        "claim" => claim(
+            &mut t,
+            &mut j,
+            Uuid::from_u128(500),
+            "ex2",
+            None,
+            Authority::Granted,
+            later,
+        )
+        .map(|_| ()),
+        "claim_revoked" => claim(
+            &mut t,
+            &mut j,
+            Uuid::from_u128(500),
+            "ex2",
+            None,
+            Authority::Revoked,
+            later,
+        )
+        .map(|_| ()),
+        "heartbeat" => heartbeat(&mut t, &mut a, &mut j, g, Some(1), now).map(|_| ()),
+        "ack" => acknowledge(&mut t, &mut a, &mut j, g, json!({}), now),
+        "expire" => {
+            expire_lease(&mut t, &mut a, &mut j, later);
+            Ok(())
+        }
+        "cancel" => {
+            cancel(&mut t, &mut j, now);
+            Ok(())
+        }
+        "wake" => {
+            wake(&mut t, &mut j, later);
+            Ok(())
+        }
+        "delivery_ack" => acknowledge_delivery(&mut t, &mut j, now),
+        other => {
+            let outcome: Outcome = other.strip_prefix("report_").unwrap().parse().unwrap();
+            let mut r = rep(g, outcome);
+            if outcome == Outcome::Cancelled {
+                r.result = None;
+            }
+            report(&mut t, &mut a, &mut j, &r, now)
+        }
+    };
+    // Invariants after every single step.
+    if let Some(active) = t.control.active_attempt_id {
+        assert!(!t.state.is_terminal(), "terminal task holds a lease");
+        let _ = active;
+    }
+    assert_eq!(t.control.event_seq as usize >= j.events.len(), true);
+    assert!(
+        !(t.delivery.is_some() && t.state == TaskState::Cancelled),
+        "delivered and cancelled"
+    );
+    match res {
+        Ok(()) => t.state.as_str().to_owned(),
+        Err(e) => {
+            let kind = match e {
+                Rejection::StaleGeneration { .. } => "stale",
+                Rejection::AlreadyReported { .. } => "already_reported",
+                Rejection::InvalidReport(_) => "invalid",
+                Rejection::NotDelivered => "not_delivered",
+                Rejection::NotClaimable => "not_claimable",
+            };
+            format!("{}!{kind}", t.state)
+        }
+    }
+}
+
+const EVENTS: &[&str] = &[
+    "claim",
+    "claim_revoked",
+    "heartbeat",
+    "ack",
+    "report_succeeded",
+    "report_failed",
+    "report_unknown",
+    "report_cancelled",
+    "report_committed",
+    "report_not_committed",
+    "expire",
+    "cancel",
+    "wake",
+    "delivery_ack",
+];
+
+/// The full table for the safe class `generation.dispatch`. Columns follow `EVENTS`.
+/// Reports and heartbeats go to the task's newest attempt with the task's current
+/// generation: in `retry_wait`, `reconciling` and the terminal states that attempt
+/// already has an outcome, so an exact repeat answers Ok and another outcome
+/// `already_reported` (SPEC §4 "Details").
+const SAFE: &[(&str, &[&str])] = &[
+    (
+        "queued",
+        &[
+            "running",
+            "failed",
+            "queued!stale",
+            "queued!stale",
+            "queued!stale",
+            "queued!stale",
+            "queued!stale",
+            "queued!invalid",
+            "queued!invalid",
+            "queued!invalid",
+            "queued",
+            "cancelled",
+            "queued",
+            "queued!not_delivered",
+        ],
+    ),
+    (
+        "running",
+        &[
+            "running!not_claimable",
+            "running!not_claimable",
+            "running",
+            "running",
+            "succeeded",
+            "retry_wait",
+            "reconciling",
+            "running!invalid",
+            "running!invalid",
+            "running!invalid",
+            "retry_wait",
+            "running",
+            "running",
+            "running!not_delivered",
+        ],
+    ),
+    (
+        "retry_wait",
+        &[
+            "running",
+            "failed",
+            "retry_wait!stale",
+            "retry_wait!stale",
+            "retry_wait!already_reported",
+            "retry_wait",
+            "retry_wait!already_reported",
+            "retry_wait!already_reported",
+            "retry_wait!invalid",
+            "retry_wait!invalid",
+            "retry_wait",
+            "cancelled",
+            "queued",
+            "retry_wait!not_delivered",
+        ],
+    ),
+    (
+        "reconciling",
+        &[
+            "reconciling",
+            "reconciling",
+            "reconciling!stale",
+            "reconciling!stale",
+            "reconciling!already_reported",
+            "reconciling!already_reported",
+            "reconciling",
+            "reconciling!already_reported",
+            "reconciling!invalid",
+            "reconciling!invalid",
+            "reconciling",
+            "reconciling",
+            "reconciling",
+            "reconciling!not_delivered",
+        ],
+    ),
+    (
+        "succeeded",
+        &[
+            "succeeded!not_claimable",
+            "succeeded!not_claimable",
+            "succeeded!stale",
+            "succeeded!stale",
+            "succeeded",
+            "succeeded!already_reported",
+            "succeeded!already_reported",
+            "succeeded!already_reported",
+            "succeeded!invalid",
+            "succeeded!invalid",
+            "succeeded",
+            "succeeded",
+            "succeeded",
+            "succeeded",
+        ],
+    ),
+    (
+        "failed",
+        &[
+            "failed!not_claimable",
+            "failed!not_claimable",
+            "failed!stale",
+            "failed!stale",
+            "failed!already_reported",
+            "failed",
+            "failed!already_reported",
+            "failed!already_reported",
+            "failed!invalid",
+            "failed!invalid",
+            "failed",
+            "failed",
+            "failed",
+            "failed!not_delivered",
+        ],
+    ),
+    (
+        "cancelled",
+        &[
+            "cancelled!not_claimable",
+            "cancelled!not_claimable",
+            "cancelled!stale",
+            "cancelled!stale",
+            "cancelled!stale",
+            "cancelled!stale",
+            "cancelled!stale",
+            "cancelled!stale",
+            "cancelled!invalid",
+            "cancelled!invalid",
+            "cancelled",
+            "cancelled",
+            "cancelled",
+            "cancelled!not_delivered",
+        ],
+    ),
+];
+
+#[test]
+fn every_state_event_pair_on_the_safe_class() {
+    check_table("generation.dispatch", SAFE);
+}
+
+/// The non-safe class `payment.release` differs where a retry or expiry decides.
+#[test]
+fn every_state_event_pair_on_the_non_safe_class() {
+    let mut table: Vec<(&str, Vec<&str>)> =
+        SAFE.iter().map(|(s, row)| (*s, row.to_vec())).collect();
+    for (state, row) in &mut table {
+        if *state == "running" {
+            row[5] = "failed"; // transient on a non-safe class ends the task
+            row[10] = "reconciling"; // expired lease: outcome unknown
+        }
+    }
+    // retry_wait cannot be reached on a non-safe class.
+    table.retain(|(s, _)| *s != "retry_wait");
+    let table: Vec<(&str, &[&str])> = table.iter().map(|(s, r)| (*s, r.as_slice())).collect();
+    check_table("payment.release", &table);
+}
+
+fn check_table(class: &str, table: &[(&str, &[&str])]) {
+    let mut mismatches = Vec::new();
+    for (state, row) in table {
+        assert_eq!(row.len(), EVENTS.len());
+        let st: TaskState = state.parse().unwrap();
+        for (event, expected) in EVENTS.iter().zip(row.iter()) {
+            let got = apply(st, class, event);
+            if &got != expected {
+                mismatches.push(format!(
+                    "{class} {state} + {event}: expected {expected}, got {got}"
+                ));
+            }
+        }
+    }
+    assert!(mismatches.is_empty(), "\n{}", mismatches.join("\n"));
+}
+
+#[test]
+fn generations_strictly_increase_and_stale_reports_are_evidence() {
+    let (mut t, mut j) = new_task("generation.dispatch");
+    let mut a1 = claim_now(&mut t, &mut j, 1, T0);
+    assert_eq!(
+        (a1.number, a1.generation, a1.kind),
+        (1, 1, AttemptKind::Execute)
+    );
+    expire_lease(&mut t, &mut a1, &mut j, T0.plus_ms(1_000));
+    assert_eq!(t.state, TaskState::RetryWait);
+    let ready = t.control.ready_at;
+    assert!(
+        claim(
+            &mut t,
+            &mut j,
+            Uuid::from_u128(2),
+            "ex",
+            None,
+            Authority::Granted,
+            T0.plus_ms(1_001)
+        )
+        .is_err()
+    );
+    let mut a2 = claim_now(&mut t, &mut j, 2, ready);
+    assert_eq!((a2.number, a2.generation), (2, 2));
+    let before = t.clone();
+    let err = report(&mut t, &mut a1, &mut j, &rep(1, Outcome::Succeeded), ready).unwrap_err();
+    assert_eq!(
+        err,
+        Rejection::StaleGeneration {
+            presented: 1,
+            current: 2
+        }
+    );
+    assert_eq!(t.state, before.state);
+    assert_eq!(t.delivery, None);
+    assert_eq!(a1.evidence.last().unwrap().disposition, "stale_generation");
+    report(&mut t, &mut a2, &mut j, &rep(2, Outcome::Succeeded), ready).unwrap();
+    assert_eq!(t.delivery.as_ref().unwrap().charge, t.contract.price);
+}
+
+#[test]
+fn non_safe_reconciliation_paths() {
+    // committed → delivered, no further execute attempt.
+    let (mut t, mut j) = new_task("payment.release");
+    let mut a1 = claim_now(&mut t, &mut j, 1, T0);
+    expire_lease(&mut t, &mut a1, &mut j, T0.plus_ms(2_000));
+    assert_eq!(t.state, TaskState::Reconciling);
+    let mut r = claim_now(&mut t, &mut j, 2, T0.plus_ms(2_000));
+    assert_eq!(r.kind, AttemptKind::Reconcile);
+    report(
+        &mut t,
+        &mut r,
+        &mut j,
+        &rep(2, Outcome::Committed),
+        T0.plus_ms(2_001),
+    )
+    .unwrap();
+    assert_eq!(t.state, TaskState::Succeeded);
+    assert_eq!(t.control.execute_count, 1);
+    // not_committed → a new execute attempt with a higher generation.
+    let (mut t, mut j) = new_task("payment.release");
+    let mut a1 = claim_now(&mut t, &mut j, 1, T0);
+    report(&mut t, &mut a1, &mut j, &rep(1, Outcome::Unknown), T0).unwrap();
+    let mut r = claim_now(&mut t, &mut j, 2, T0);
+    report(&mut t, &mut r, &mut j, &rep(2, Outcome::NotCommitted), T0).unwrap();
+    assert_eq!(t.state, TaskState::Queued);
+    let a3 = claim_now(&mut t, &mut j, 3, T0);
+    assert_eq!((a3.kind, a3.generation), (AttemptKind::Execute, 3));
+    // A failed reconcile attempt leads to another reconcile, never to execute.
+    let (mut t, mut j) = new_task("payment.release");
+    let mut a1 = claim_now(&mut t, &mut j, 1, T0);
+    report(&mut t, &mut a1, &mut j, &rep(1, Outcome::Unknown), T0).unwrap();
+    let mut r = claim_now(&mut t, &mut j, 2, T0);
+    report(&mut t, &mut r, &mut j, &rep(2, Outcome::Failed), T0).unwrap();
+    assert_eq!(t.state, TaskState::Reconciling);
+    assert_eq!(t.control.next_kind, Some(AttemptKind::Reconcile));
+}
+
+#[test]
+fn retry_limits_attempts_deadline_budget() {
+    let (mut t, mut j) = new_task("generation.dispatch");
+    let mut now = T0;
+    for n in 1..=5u128 {
+        now = now.plus_ms(60_000);
+        let mut a = claim_now(&mut t, &mut j, n, now);
+        let r = rep(a.generation, Outcome::Failed);
+        report(&mut t, &mut a, &mut j, &r, now).unwrap();
+    }
+    assert_eq!(
+        t.failure.as_ref().unwrap().class,
+        FailureClass::AttemptsExhausted
+    );
+
+    let (mut t, mut j) = new_task("generation.dispatch");
+    let mut a = claim_now(&mut t, &mut j, 1, T0);
+    let past = T0.plus_ms(t.contract.retry.deadline_ms + 1);
+    report(&mut t, &mut a, &mut j, &rep(1, Outcome::Failed), T0).unwrap();
+    assert!(
+        claim(
+            &mut t,
+            &mut j,
+            Uuid::from_u128(7),
+            "ex",
+            None,
+            Authority::Granted,
+            past
+        )
+        .unwrap()
+        .is_none()
+    );
+    assert_eq!(
+        t.failure.as_ref().unwrap().class,
+        FailureClass::DeadlineExceeded
+    );
+
+    let (mut t, mut j) = new_task("generation.dispatch");
+    let mut a = claim_now(&mut t, &mut j, 1, T0);
+    let mut r = rep(1, Outcome::Failed);
+    r.usage = Some(t.contract.retry.usage_budget + 1);
+    report(&mut t, &mut a, &mut j, &r, T0).unwrap();
+    assert_eq!(
+        t.failure.as_ref().unwrap().class,
+        FailureClass::BudgetExhausted
+    );
+}
+
+#[test]
+fn cancellation_fees_follow_the_frozen_contract() {
+    // Before start.
+    let (mut t, mut j) = new_task("payment.release");
+    let c = cancel(&mut t, &mut j, T0);
+    assert_eq!((c.status, c.fee), (CancelStatus::Confirmed, Some(0)));
+    assert_eq!(t.generation, 1);
+    assert!(!is_claimable(&t, T0.plus_ms(1_000_000)));
+    // After start: requested, then the executor confirms with usage.
+    let (mut t, mut j) = new_task("payment.release");
+    let mut a = claim_now(&mut t, &mut j, 1, T0);
+    assert_eq!(cancel(&mut t, &mut j, T0).status, CancelStatus::Requested);
+    assert!(
+        heartbeat(&mut t, &mut a, &mut j, 1, None, T0)
+            .unwrap()
+            .cancel_requested
+    );
+    let mut r = rep(1, Outcome::Cancelled);
+    r.usage = Some(7);
+    report(&mut t, &mut a, &mut j, &r, T0).unwrap();
+    let c = t.cancellation.clone().unwrap();
+    assert_eq!((c.status, c.fee), (CancelStatus::Confirmed, Some(10 + 7)));
+    assert_eq!(t.generation, 2);
+    let late = report(&mut t, &mut a, &mut j, &rep(1, Outcome::Succeeded), T0).unwrap_err();
+    assert!(matches!(late, Rejection::StaleGeneration { .. }));
+    assert_eq!(t.state, TaskState::Cancelled);
+    // Delivery wins over a pending cancel.
+    let (mut t, mut j) = new_task("payment.release");
+    let mut a = claim_now(&mut t, &mut j, 1, T0);
+    cancel(&mut t, &mut j, T0);
+    report(&mut t, &mut a, &mut j, &rep(1, Outcome::Succeeded), T0).unwrap();
+    let c = t.cancellation.clone().unwrap();
+    assert_eq!(
+        (t.state, c.status, c.fee),
+        (TaskState::Succeeded, CancelStatus::TooLate, Some(100))
+    );
+    // Cancel after delivery: too_late, fee = charge; twice → same record.
+    let first = cancel(&mut t, &mut j, T0.plus_ms(5));
+    assert_eq!(first, cancel(&mut t, &mut j, T0.plus_ms(9)));
+    // Pending cancel + expiry on the non-safe class: reconcile first.
+    let (mut t, mut j) = new_task("payment.release");
+    let mut a = claim_now(&mut t, &mut j, 1, T0);
+    cancel(&mut t, &mut j, T0);
+    expire_lease(&mut t, &mut a, &mut j, T0.plus_ms(5_000));
+    assert_eq!(t.state, TaskState::Reconciling);
+    let mut r = claim_now(&mut t, &mut j, 2, T0.plus_ms(5_000));
+    report(
+        &mut t,
+        &mut r,
+        &mut j,
+        &rep(2, Outcome::NotCommitted),
+        T0.plus_ms(5_001),
+    )
+    .unwrap();
+    assert_eq!(
+        t.cancellation.as_ref().unwrap().status,
+        CancelStatus::Confirmed
+    );
+    // Safe class: confirmed at expiry.
+    let (mut t, mut j) = new_task("generation.dispatch");
+    let mut a = claim_now(&mut t, &mut j, 1, T0);
+    cancel(&mut t, &mut j, T0);
+    expire_lease(&mut t, &mut a, &mut j, T0.plus_ms(5_000));
+    assert_eq!(t.state, TaskState::Cancelled);
+}
+
+#[test]
+fn repeated_and_conflicting_reports() {
+    let (mut t, mut j) = new_task("generation.dispatch");
+    let mut a = claim_now(&mut t, &mut j, 1, T0);
+    report(&mut t, &mut a, &mut j, &rep(1, Outcome::Succeeded), T0).unwrap();
+    let delivered = t.delivery.clone();
+    report(&mut t, &mut a, &mut j, &rep(1, Outcome::Succeeded), T0).unwrap();
+    assert_eq!(t.delivery, delivered);
+    let e = report(&mut t, &mut a, &mut j, &rep(1, Outcome::Unknown), T0).unwrap_err();
+    assert!(matches!(e, Rejection::AlreadyReported { .. }));
+    assert_eq!(a.evidence.len(), 3);
+}
+
+#[test]
+fn revoked_authority_fails_instead_of_executing() {
+    let (mut t, mut j) = new_task("generation.dispatch");
+    let got = claim(
+        &mut t,
+        &mut j,
+        Uuid::from_u128(3),
+        "ex",
+        None,
+        Authority::Revoked,
+        T0,
+    )
+    .unwrap();
+    assert!(got.is_none());
+    assert_eq!(t.failure.unwrap().class, FailureClass::PermissionDenied);
+}
+
+#[test]
+fn device_ack_does_not_complete() {
+    let (mut t, mut j) = new_task("generation.dispatch");
+    let mut a = claim_now(&mut t, &mut j, 1, T0);
+    acknowledge(&mut t, &mut a, &mut j, 1, json!({}), T0).unwrap();
+    assert_eq!(
+        (t.state, a.state),
+        (TaskState::Running, AttemptState::Acknowledged)
+    );
+    assert!(j.events.iter().any(|e| e.kind == "command_acknowledged"));
+    report(&mut t, &mut a, &mut j, &rep(1, Outcome::Succeeded), T0).unwrap();
+    assert!(j.events.iter().any(|e| e.kind == "completion_observed"));
+}

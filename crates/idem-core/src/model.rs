@@ -1,0 +1,525 @@
+//! Records: tasks, attempts, evidence, events and their states (SPEC §1, §3).
+//!
+//! A record carries two kinds of fields: the API fields of SPEC §4, which
+//! serialize as the JSON contract, and control fields (`#[serde(skip)]`)
+//! that only the store and the state machine see (tenant, compare-and-set
+//! version, next attempt kind, wake-up times).
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::config::Contract;
+
+/// A point in time as epoch milliseconds (UTC). Serialized as an RFC 3339
+/// string with millisecond precision (e.g. `2026-11-29T22:47:35.123Z`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(value_type = String, format = DateTime))]
+pub struct Timestamp(pub i64);
+
+impl Timestamp {
+    /// Epoch milliseconds.
+    pub fn ms(self) -> i64 {
+        self.0
+    }
+
+    /// This instant plus `ms` milliseconds (saturating).
+    pub fn plus_ms(self, ms: i64) -> Timestamp {
+        Timestamp(self.0.saturating_add(ms))
+    }
+
+    /// RFC 3339 rendering (UTC, milliseconds). Out-of-range instants render
+    /// as the raw millisecond count, which never happens for real clocks.
+    pub fn to_rfc3339(self) -> String {
+        let nanos = i128::from(self.0) * 1_000_000;
+        match time::OffsetDateTime::from_unix_timestamp_nanos(nanos) {
+            Ok(t) => {
+                let fmt = time::macros::format_description!(
+                    "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
+                );
+                t.format(&fmt).unwrap_or_else(|_| self.0.to_string())
+            }
+            Err(_) => self.0.to_string(),
+        }
+    }
+
+    /// Parses an RFC 3339 timestamp.
+    ///
+    /// # Errors
+    /// Returns the parse error text when `s` is not RFC 3339.
+    pub fn parse_rfc3339(s: &str) -> Result<Timestamp, String> {
+        let t = time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
+            .map_err(|e| e.to_string())?;
+        let ms = t.unix_timestamp_nanos() / 1_000_000;
+        i64::try_from(ms).map(Timestamp).map_err(|e| e.to_string())
+    }
+}
+
+impl Serialize for Timestamp {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_rfc3339())
+    }
+}
+
+impl<'de> Deserialize<'de> for Timestamp {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Timestamp::parse_rfc3339(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Declares a string-valued enum with `as_str`, `Display` and `FromStr`, so
+/// the same words appear in SQL columns, JSON and logs.
+macro_rules! word_enum {
+    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $var:ident => $s:literal),+ $(,)? }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+        #[serde(rename_all = "snake_case")]
+        pub enum $name { $($(#[$vm])* $var),+ }
+
+        impl $name {
+            /// Every variant, in declaration order.
+            pub const ALL: &'static [$name] = &[$($name::$var),+];
+
+            /// The wire and database spelling.
+            pub fn as_str(self) -> &'static str {
+                match self { $($name::$var => $s),+ }
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = UnknownWord;
+            fn from_str(s: &str) -> Result<Self, UnknownWord> {
+                match s {
+                    $($s => Ok($name::$var),)+
+                    _ => Err(UnknownWord { kind: stringify!($name), word: s.to_owned() }),
+                }
+            }
+        }
+    };
+}
+
+/// A string that names no variant of the expected enum.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {kind} `{word}`")]
+pub struct UnknownWord {
+    /// The enum that was expected.
+    pub kind: &'static str,
+    /// The word received.
+    pub word: String,
+}
+
+word_enum! {
+    /// Task state (SPEC §3). `succeeded`, `failed` and `cancelled` are terminal.
+    TaskState {
+        /// Accepted, waiting for its first (or next, after `not_committed`) attempt.
+        Queued => "queued",
+        /// An execute attempt holds a lease.
+        Running => "running",
+        /// Backing off before the next execute attempt (safe classes only).
+        RetryWait => "retry_wait",
+        /// The outcome of an earlier attempt is unknown; only reconcile attempts run.
+        Reconciling => "reconciling",
+        /// Delivered (terminal).
+        Succeeded => "succeeded",
+        /// Failed with a [`FailureClass`] (terminal).
+        Failed => "failed",
+        /// Cancellation confirmed (terminal).
+        Cancelled => "cancelled",
+    }
+}
+
+impl TaskState {
+    /// Whether no transition leaves this state.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            TaskState::Succeeded | TaskState::Failed | TaskState::Cancelled
+        )
+    }
+}
+
+word_enum! {
+    /// Attempt state (SPEC §3).
+    AttemptState {
+        /// Holds a lease; reports and heartbeats with its generation are accepted.
+        Leased => "leased",
+        /// A device gateway acknowledged the command; completion not yet observed.
+        Acknowledged => "acknowledged",
+        /// Reported `succeeded`.
+        Succeeded => "succeeded",
+        /// Reported `failed`.
+        Failed => "failed",
+        /// Reported `unknown`.
+        Unknown => "unknown",
+        /// The lease ran out without a report.
+        Expired => "expired",
+        /// Reported `cancelled`, or retired by a confirmed cancellation.
+        Cancelled => "cancelled",
+        /// A reconcile attempt found the effect committed.
+        Committed => "committed",
+        /// A reconcile attempt found the effect not committed.
+        NotCommitted => "not_committed",
+    }
+}
+
+impl AttemptState {
+    /// Whether the attempt still holds execution authority.
+    pub fn is_active(self) -> bool {
+        matches!(self, AttemptState::Leased | AttemptState::Acknowledged)
+    }
+}
+
+word_enum! {
+    /// What an attempt does.
+    AttemptKind {
+        /// Perform the effect.
+        Execute => "execute",
+        /// Ask the external system whether an earlier effect happened.
+        Reconcile => "reconcile",
+    }
+}
+
+word_enum! {
+    /// What an executor reports for an attempt (SPEC §4 `/report`).
+    Outcome {
+        /// Execute attempt: the effect happened; carries the result.
+        Succeeded => "succeeded",
+        /// The attempt failed with a `failure_class`.
+        Failed => "failed",
+        /// Execute or reconcile attempt: the executor cannot tell whether the effect happened.
+        Unknown => "unknown",
+        /// Execute attempt: stopped on request of a cancellation, with usage.
+        Cancelled => "cancelled",
+        /// Reconcile attempt: the effect happened; carries the result.
+        Committed => "committed",
+        /// Reconcile attempt: the effect did not happen.
+        NotCommitted => "not_committed",
+    }
+}
+
+word_enum! {
+    /// Why a task failed (SPEC §4 `failure.class`; seed retry table, RETRY-01).
+    FailureClass {
+        /// Temporary transport or runtime failure: retried only for safe classes.
+        Transient => "transient",
+        /// Never retried automatically.
+        InvalidInput => "invalid_input",
+        /// Never retried automatically; also the result of a revoked grant (SPEC §2.8).
+        PermissionDenied => "permission_denied",
+        /// Usage exceeded the contract's usage budget.
+        BudgetExhausted => "budget_exhausted",
+        /// The contract's deadline passed before the task could finish.
+        DeadlineExceeded => "deadline_exceeded",
+        /// The contract's maximum number of execute attempts was used up.
+        AttemptsExhausted => "attempts_exhausted",
+    }
+}
+
+impl FailureClass {
+    /// Whether an executor may report this class (the others are decided by idem).
+    pub fn is_reportable(self) -> bool {
+        matches!(
+            self,
+            FailureClass::Transient | FailureClass::InvalidInput | FailureClass::PermissionDenied
+        )
+    }
+}
+
+word_enum! {
+    /// Cancellation status (SPEC §4 `cancellation.status`).
+    CancelStatus {
+        /// Recorded; the running attempt has not stopped yet.
+        Requested => "requested",
+        /// Cancellation won: the task is `cancelled`.
+        Confirmed => "confirmed",
+        /// Delivery won (or the task had already ended): nothing was cancelled.
+        TooLate => "too_late",
+    }
+}
+
+word_enum! {
+    /// The role of an API key (SPEC §4 Auth).
+    Role {
+        /// Submits, reads, cancels tasks.
+        Client => "client",
+        /// Claims attempts and reports on them.
+        Executor => "executor",
+        /// Everything a client and an executor may do, for its tenant.
+        Admin => "admin",
+    }
+}
+
+/// A cancellation record (SPEC §2.7, CANCEL-01).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Cancellation {
+    /// `requested`, `confirmed` or `too_late`.
+    pub status: CancelStatus,
+    /// When the cancel request was recorded.
+    pub requested_at: Timestamp,
+    /// When it was settled (confirmed or found too late).
+    pub confirmed_at: Option<Timestamp>,
+    /// Fee in minor currency units, by the frozen contract; `null` while pending.
+    pub fee: Option<i64>,
+}
+
+/// The recorded final outcome handed to the client (SPEC §2.6).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Delivery {
+    /// The executor's (or reconciliation's) result document.
+    pub result: Value,
+    /// The external system's transaction id, when the executor gave one.
+    pub external_txn_id: Option<String>,
+    /// When the result was recorded.
+    pub delivered_at: Timestamp,
+    /// When the client acknowledged receipt (`/delivery/ack`).
+    pub acknowledged_at: Option<Timestamp>,
+    /// Charge in minor currency units: always the contract price, charged once.
+    pub charge: i64,
+}
+
+/// Why a task failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Failure {
+    /// The failure class.
+    pub class: FailureClass,
+    /// Human-readable detail.
+    pub message: String,
+}
+
+/// Control fields of a task: seen by the store and the state machine, never
+/// serialized into the API.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct TaskControl {
+    /// The owning tenant.
+    pub tenant: String,
+    /// The API key that submitted the task (checked again before every new attempt, SPEC §2.8).
+    pub api_key_id: Uuid,
+    /// The RFC 8785 canonical request that was fingerprinted.
+    pub canonical_request: String,
+    /// Compare-and-set version: raised by every write of the task row.
+    pub version: i64,
+    /// Sequence number of the newest event.
+    pub event_seq: i64,
+    /// Execute attempts started so far (counted against `max_attempts`).
+    pub execute_count: i64,
+    /// Kind of the next attempt a claim would create.
+    pub next_kind: Option<AttemptKind>,
+    /// The attempt that currently holds the lease, if any.
+    pub active_attempt_id: Option<Uuid>,
+    /// Not claimable before this instant (backoff).
+    pub ready_at: Timestamp,
+    /// Execute attempts are not started after this instant.
+    pub deadline_at: Timestamp,
+    /// When the task became terminal.
+    pub terminal_at: Option<Timestamp>,
+    /// When its idempotency key may be removed (terminal + retention).
+    pub key_expires_at: Option<Timestamp>,
+}
+
+/// A task: the one durable logical operation a scope maps to (SPEC §4 TASK).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Task {
+    /// Task id (UUID v7).
+    pub id: Uuid,
+    /// Operation class.
+    pub operation: String,
+    /// The client's idempotency key.
+    pub idempotency_key: String,
+    /// `sha256:<64 hex>` of the canonical request.
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
+    pub fingerprint: String,
+    /// The request params as submitted.
+    pub params: Value,
+    /// Current state.
+    pub state: TaskState,
+    /// Fencing generation: the newest attempt's, or more after a confirmed cancellation.
+    pub generation: i64,
+    /// Attempts of any kind created so far.
+    pub attempt_count: i64,
+    /// Usage units consumed by all attempts.
+    pub usage: i64,
+    /// The contract frozen at acceptance.
+    pub contract: Contract,
+    /// The cancellation record, if a cancel was requested.
+    pub cancellation: Option<Cancellation>,
+    /// The delivery record, once delivered.
+    pub delivery: Option<Delivery>,
+    /// Why the task failed, if it did.
+    pub failure: Option<Failure>,
+    /// When the task was accepted.
+    pub created_at: Timestamp,
+    /// When the task row last changed.
+    pub updated_at: Timestamp,
+    /// Control fields (not part of the API).
+    #[serde(skip)]
+    #[cfg_attr(feature = "openapi", schema(ignore))]
+    pub control: TaskControl,
+}
+
+impl Task {
+    /// Whether the task has a cancellation in `requested` status.
+    pub fn cancel_pending(&self) -> bool {
+        matches!(&self.cancellation, Some(c) if c.status == CancelStatus::Requested)
+    }
+}
+
+/// A report, heartbeat or acknowledgment received for an attempt, stored even
+/// when it changes nothing (SPEC §2.4, RETRY-01: "retain late evidence").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Evidence {
+    /// When idem received it.
+    pub received_at: Timestamp,
+    /// The generation the executor claimed to hold.
+    pub generation: i64,
+    /// The reported outcome (or `ack` for a device acknowledgment).
+    pub outcome: String,
+    /// The request body as received.
+    pub body: Value,
+    /// What idem did with it: `applied`, `repeat`, `stale_generation`, `already_reported`.
+    pub disposition: String,
+}
+
+/// One try at executing or reconciling a task (SPEC §1, RETRY-01).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Attempt {
+    /// Attempt id (UUID v7); executors pass it on to providers.
+    pub id: Uuid,
+    /// The task.
+    pub task_id: Uuid,
+    /// 1-based number within the task.
+    pub number: i64,
+    /// Fencing generation, strictly increasing per task.
+    pub generation: i64,
+    /// `execute` or `reconcile`.
+    pub kind: AttemptKind,
+    /// Current state.
+    pub state: AttemptState,
+    /// The executor that claimed it.
+    pub executor_id: String,
+    /// When the lease was granted.
+    pub leased_at: Timestamp,
+    /// When the lease runs out unless extended by a heartbeat.
+    pub lease_expires_at: Timestamp,
+    /// Usage units this attempt consumed (the largest value reported).
+    pub usage: i64,
+    /// The external system's transaction id, if reported.
+    pub external_txn_id: Option<String>,
+    /// Every report received for this attempt, applied or not.
+    #[serde(default)]
+    pub evidence: Vec<Evidence>,
+    /// Lease length in ms used for heartbeat extensions (not in the API).
+    #[serde(skip)]
+    #[cfg_attr(feature = "openapi", schema(ignore))]
+    pub lease_ms: i64,
+    /// The applied report body, for detecting exact repeats (not in the API).
+    #[serde(skip)]
+    #[cfg_attr(feature = "openapi", schema(ignore))]
+    pub report: Option<Value>,
+}
+
+/// An append-only audit event (SPEC §2.10).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Event {
+    /// 1-based, gap-free sequence within the task.
+    pub seq: i64,
+    /// Event type, e.g. `task_submitted`, `attempt_leased`, `delivered`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// When it was written.
+    pub at: Timestamp,
+    /// Event details.
+    pub data: Value,
+}
+
+/// A stored API key (the plain key is never stored, only its SHA-256 hash).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ApiKey {
+    /// Key id (UUID).
+    pub id: Uuid,
+    /// Owning tenant.
+    pub tenant: String,
+    /// Role.
+    pub role: Role,
+    /// Operation classes the key is limited to; `None` means all.
+    pub operations: Option<Vec<String>>,
+    /// When it was created.
+    pub created_at: Timestamp,
+    /// When it was revoked, if it was.
+    pub revoked_at: Option<Timestamp>,
+}
+
+impl ApiKey {
+    /// Whether the key is active and granted `operation` (SPEC §2.8).
+    pub fn grants(&self, operation: &str) -> bool {
+        self.revoked_at.is_none()
+            && self
+                .operations
+                .as_ref()
+                .is_none_or(|ops| ops.iter().any(|o| o == operation))
+    }
+
+    /// Whether the key may act in `role` (admin may act as any role).
+    pub fn has_role(&self, role: Role) -> bool {
+        self.role == role || self.role == Role::Admin
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_round_trip_through_rfc3339() {
+        let t = Timestamp(1_795_000_000_123);
+        let s = t.to_rfc3339();
+        assert!(s.ends_with(".123Z"), "{s}");
+        assert_eq!(Timestamp::parse_rfc3339(&s), Ok(t));
+    }
+
+    #[test]
+    fn words_round_trip() {
+        for s in TaskState::ALL {
+            assert_eq!(s.as_str().parse::<TaskState>(), Ok(*s));
+        }
+        for s in Outcome::ALL {
+            assert_eq!(s.as_str().parse::<Outcome>(), Ok(*s));
+        }
+        assert!("nope".parse::<Outcome>().is_err());
+    }
+
+    #[test]
+    fn grants_follow_revocation_and_operation_limits() {
+        let mut k = ApiKey {
+            id: Uuid::nil(),
+            tenant: "acme".into(),
+            role: Role::Client,
+            operations: Some(vec!["payment.release".into()]),
+            created_at: Timestamp(0),
+            revoked_at: None,
+        };
+        assert!(k.grants("payment.release"));
+        assert!(!k.grants("generation.dispatch"));
+        k.revoked_at = Some(Timestamp(1));
+        assert!(!k.grants("payment.release"));
+    }
+}

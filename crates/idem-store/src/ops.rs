@@ -1,0 +1,611 @@
+//! Every operation of idem, written once over [`Tx`].
+//!
+//! Each operation is one transaction: load the rows (the task with a row
+//! lock), apply one pure transition of [`idem_core::machine`], and write back
+//! the task with a compare-and-set on `(version, generation)`, the attempt, the
+//! new evidence and the new events. A refusal that must leave evidence (a
+//! stale report) is committed and returned inside the output.
+
+use idem_core::config::Contract;
+use idem_core::machine::{self, Authority, HeartbeatAck, Journal, NewTask, Rejection, Report};
+use idem_core::model::{ApiKey, Attempt, Cancellation, Event, Role, Task, Timestamp};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::{Refusal, Result, ScopeRow, Store, StoreError, Tx, generate_api_key, hash_api_key};
+
+/// A submission that passed validation and fingerprinting (SPEC §4 `POST /v1/tasks`).
+#[derive(Debug, Clone)]
+pub struct Submission {
+    /// Tenant of the authenticated key.
+    pub tenant: String,
+    /// Operation class (known to the configuration).
+    pub operation: String,
+    /// Parsed idempotency key.
+    pub idempotency_key: String,
+    /// `sha256:<hex>` of the canonical request.
+    pub fingerprint: String,
+    /// RFC 8785 canonical request.
+    pub canonical_request: String,
+    /// Params as submitted.
+    pub params: Value,
+    /// Contract to freeze if the task is new.
+    pub contract: Contract,
+    /// Submitting key.
+    pub api_key_id: Uuid,
+    /// The key's operation list at acceptance (`None` = all).
+    pub grant: Option<Vec<String>>,
+}
+
+/// What a submission did (SPEC §2.1–2.3).
+#[derive(Debug, Clone, PartialEq)]
+pub enum SubmitOutcome {
+    /// A new task was accepted.
+    Created(Task),
+    /// Same scope and fingerprint: the original task.
+    Replayed(Task),
+    /// Same scope, different fingerprint: nothing changed.
+    Conflict {
+        /// The original task.
+        task_id: Uuid,
+    },
+}
+
+/// A claim request (SPEC §4 `POST /v1/attempts/claim`).
+#[derive(Debug, Clone)]
+pub struct ClaimRequest {
+    /// Tenant of the executor key.
+    pub tenant: String,
+    /// Operation classes to claim from (already limited to the key's grant).
+    pub operations: Vec<String>,
+    /// Executor id, recorded on the attempt.
+    pub executor_id: String,
+    /// Attempts at most.
+    pub max: i64,
+    /// Lease length; `None` = the class default.
+    pub lease_ms: Option<i64>,
+}
+
+/// A leased attempt with its task.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claimed {
+    /// The new attempt.
+    pub attempt: Attempt,
+    /// Its task after the claim.
+    pub task: Task,
+}
+
+/// What one sweep did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SweepStats {
+    /// Leases expired.
+    pub expired: usize,
+    /// `retry_wait` tasks woken.
+    pub woken: usize,
+    /// Idempotency keys removed after retention.
+    pub keys_released: usize,
+}
+
+/// One operation; each runs as one transaction.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Op {
+    /// Create an API key (the plain key is returned once).
+    CreateApiKey {
+        /// Tenant.
+        tenant: String,
+        /// Role.
+        role: Role,
+        /// Operation limit (`None` = all classes).
+        operations: Option<Vec<String>>,
+    },
+    /// Revoke an API key.
+    RevokeApiKey {
+        /// Key id.
+        id: Uuid,
+    },
+    /// List API keys.
+    ListApiKeys,
+    /// Find an active or revoked key by its plain value.
+    Authenticate {
+        /// The bearer token.
+        plain: String,
+    },
+    /// Submit a task.
+    Submit(Submission),
+    /// Read a task (`tenant: None` = any tenant, for the operator CLI).
+    GetTask {
+        /// Tenant filter.
+        tenant: Option<String>,
+        /// Task id.
+        id: Uuid,
+    },
+    /// Look a task up by scope.
+    FindTask {
+        /// Tenant.
+        tenant: String,
+        /// Operation class.
+        operation: String,
+        /// Idempotency key.
+        idempotency_key: String,
+    },
+    /// Attempts of a task with evidence.
+    ListAttempts {
+        /// Tenant filter.
+        tenant: Option<String>,
+        /// Task id.
+        task_id: Uuid,
+    },
+    /// Event history of a task.
+    ListEvents {
+        /// Tenant filter.
+        tenant: Option<String>,
+        /// Task id.
+        task_id: Uuid,
+    },
+    /// Lease attempts.
+    Claim(ClaimRequest),
+    /// Extend a lease.
+    Heartbeat {
+        /// Tenant.
+        tenant: String,
+        /// Attempt.
+        attempt_id: Uuid,
+        /// Generation held.
+        generation: i64,
+        /// Attempt usage so far.
+        usage: Option<i64>,
+    },
+    /// Device "command acknowledged".
+    Acknowledge {
+        /// Tenant.
+        tenant: String,
+        /// Attempt.
+        attempt_id: Uuid,
+        /// Generation held.
+        generation: i64,
+        /// Raw body (evidence).
+        body: Value,
+    },
+    /// Report an outcome.
+    Report {
+        /// Tenant.
+        tenant: String,
+        /// Attempt.
+        attempt_id: Uuid,
+        /// The report.
+        report: Report,
+    },
+    /// Request cancellation.
+    Cancel {
+        /// Tenant.
+        tenant: String,
+        /// Task.
+        task_id: Uuid,
+    },
+    /// Acknowledge delivery.
+    AcknowledgeDelivery {
+        /// Tenant.
+        tenant: String,
+        /// Task.
+        task_id: Uuid,
+    },
+    /// Expire leases, wake backoffs, remove keys past retention (at most `limit` each).
+    Sweep {
+        /// Batch size per kind.
+        limit: i64,
+    },
+}
+
+impl Op {
+    /// Whether the operation may write (SQLite sends these to its one writer).
+    pub fn writes(&self) -> bool {
+        !matches!(
+            self,
+            Op::ListApiKeys
+                | Op::Authenticate { .. }
+                | Op::GetTask { .. }
+                | Op::FindTask { .. }
+                | Op::ListAttempts { .. }
+                | Op::ListEvents { .. }
+        )
+    }
+}
+
+/// The answer of an [`Op`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Output {
+    /// `CreateApiKey`.
+    NewApiKey {
+        /// Stored record.
+        key: ApiKey,
+        /// The plain key (shown once, never stored).
+        plain: String,
+    },
+    /// `RevokeApiKey`, `Authenticate`.
+    ApiKey(Option<ApiKey>),
+    /// `ListApiKeys`.
+    ApiKeys(Vec<ApiKey>),
+    /// `Submit`.
+    Submitted(SubmitOutcome),
+    /// `GetTask`, `FindTask`, `Report`, `AcknowledgeDelivery`, `Acknowledge`.
+    Task(Result<Task, Refusal>),
+    /// `ListAttempts`.
+    Attempts(Result<Vec<Attempt>, Refusal>),
+    /// `ListEvents`.
+    Events(Result<Vec<Event>, Refusal>),
+    /// `Claim`.
+    Claimed(Vec<Claimed>),
+    /// `Heartbeat`.
+    Heartbeat(Result<HeartbeatAck, Refusal>),
+    /// `Cancel`.
+    Cancelled(Result<(Task, Cancellation), Refusal>),
+    /// `Sweep`.
+    Swept(SweepStats),
+}
+
+/// Runs `op` inside the open transaction `tx`.
+///
+/// # Errors
+/// Storage failures; the backend rolls back.
+pub async fn run<T: Tx>(tx: &mut T, op: &Op) -> Result<Output> {
+    Ok(match op {
+        Op::CreateApiKey { tenant, role, operations } => {
+            let now = tx.now().await?;
+            let plain = generate_api_key();
+            let key = ApiKey {
+                id: Uuid::now_v7(),
+                tenant: tenant.clone(),
+                role: *role,
+                operations: operations.clone(),
+                created_at: now,
+                revoked_at: None,
+            };
+            tx.insert_api_key(&key, &hash_api_key(&plain)).await?;
+            Output::NewApiKey { key, plain }
+        }
+        Op::RevokeApiKey { id } => {
+            let now = tx.now().await?;
+            Output::ApiKey(tx.revoke_api_key(*id, now).await?)
+        }
+        Op::ListApiKeys => Output::ApiKeys(tx.list_api_keys().await?),
+        Op::Authenticate { plain } => Output::ApiKey(tx.api_key_by_hash(&hash_api_key(plain)).await?),
+        Op::Submit(s) => Output::Submitted(submit(tx, s).await?),
+        Op::GetTask { tenant, id } => Output::Task(owned_task(tx, *id, tenant.as_deref(), false).await?),
+        Op::FindTask {
+            tenant,
+            operation,
+            idempotency_key,
+        } => {
+            let task = match tx.scope(tenant, operation, idempotency_key).await? {
+                Some(row) => owned_task(tx, row.task_id, Some(tenant), false).await?,
+                None => Err(Refusal::NotFound),
+            };
+            Output::Task(task)
+        }
+        Op::ListAttempts { tenant, task_id } => Output::Attempts(match owned_task(tx, *task_id, tenant.as_deref(), false).await? {
+            Ok(_) => Ok(tx.attempts(*task_id).await?),
+            Err(e) => Err(e),
+        }),
+        Op::ListEvents { tenant, task_id } => Output::Events(match owned_task(tx, *task_id, tenant.as_deref(), false).await? {
+            Ok(_) => Ok(tx.events(*task_id).await?),
+            Err(e) => Err(e),
+        }),
+        Op::Claim(req) => Output::Claimed(claim(tx, req).await?),
+        Op::Heartbeat {
+            tenant,
+            attempt_id,
+            generation,
+            usage,
+        } => Output::Heartbeat(
+            on_attempt(tx, tenant, *attempt_id, |task, attempt, j, now| {
+                machine::heartbeat(task, attempt, j, *generation, *usage, now)
+            })
+            .await?
+            .map(|(_, ack)| ack),
+        ),
+        Op::Acknowledge {
+            tenant,
+            attempt_id,
+            generation,
+            body,
+        } => Output::Task(
+            on_attempt(tx, tenant, *attempt_id, |task, attempt, j, now| {
+                machine::acknowledge(task, attempt, j, *generation, body.clone(), now)
+            })
+            .await?
+            .map(|(task, ())| task),
+        ),
+        Op::Report {
+            tenant,
+            attempt_id,
+            report,
+        } => Output::Task(
+            on_attempt(tx, tenant, *attempt_id, |task, attempt, j, now| {
+                machine::report(task, attempt, j, report, now)
+            })
+            .await?
+            .map(|(task, ())| task),
+        ),
+        Op::Cancel { tenant, task_id } => Output::Cancelled(
+            on_task(tx, tenant, *task_id, |task, j, now| Ok(machine::cancel(task, j, now)))
+                .await?,
+        ),
+        Op::AcknowledgeDelivery { tenant, task_id } => Output::Task(
+            on_task(tx, tenant, *task_id, |task, j, now| machine::acknowledge_delivery(task, j, now))
+                .await?
+                .map(|(task, ())| task),
+        ),
+        Op::Sweep { limit } => Output::Swept(sweep(tx, *limit).await?),
+    })
+}
+
+async fn owned_task<T: Tx>(tx: &mut T, id: Uuid, tenant: Option<&str>, lock: bool) -> Result<Result<Task, Refusal>> {
+    Ok(match tx.task(id, lock).await? {
+        Some(t) if tenant.is_none_or(|tn| tn == t.control.tenant) => Ok(t),
+        _ => Err(Refusal::NotFound),
+    })
+}
+
+/// Writes the task (compare-and-set against what was loaded) and the journal.
+async fn persist<T: Tx>(tx: &mut T, task: &Task, loaded: (i64, i64), j: &Journal) -> Result<()> {
+    tx.update_task(task, loaded.0, loaded.1).await?;
+    if !j.events.is_empty() {
+        tx.insert_events(task.id, &j.events).await?;
+    }
+    for (attempt_id, ev) in &j.evidence {
+        tx.insert_evidence(task.id, *attempt_id, ev).await?;
+    }
+    Ok(())
+}
+
+async fn submit<T: Tx>(tx: &mut T, s: &Submission) -> Result<SubmitOutcome> {
+    let now = tx.now().await?;
+    let id = Uuid::now_v7();
+    let row = ScopeRow {
+        tenant: s.tenant.clone(),
+        operation: s.operation.clone(),
+        idempotency_key: s.idempotency_key.clone(),
+        fingerprint: s.fingerprint.clone(),
+        task_id: id,
+    };
+    if tx.insert_scope(&row).await? {
+        let (task, j) = machine::accept(
+            NewTask {
+                id,
+                tenant: s.tenant.clone(),
+                operation: s.operation.clone(),
+                idempotency_key: s.idempotency_key.clone(),
+                fingerprint: s.fingerprint.clone(),
+                canonical_request: s.canonical_request.clone(),
+                params: s.params.clone(),
+                contract: s.contract.clone(),
+                api_key_id: s.api_key_id,
+                grant: s.grant.clone(),
+            },
+            now,
+        );
+        tx.insert_task(&task).await?;
+        tx.insert_events(task.id, &j.events).await?;
+        return Ok(SubmitOutcome::Created(task));
+    }
+    // Someone else holds the scope: read it in a new statement (READ COMMITTED
+    // gives it a fresh snapshot; RUST-NOTES §4.3).
+    let Some(existing) = tx.scope(&s.tenant, &s.operation, &s.idempotency_key).await? else {
+        return Err(StoreError::Contention("scope row vanished; retry".into()));
+    };
+    if existing.fingerprint != s.fingerprint {
+        return Ok(SubmitOutcome::Conflict {
+            task_id: existing.task_id,
+        });
+    }
+    match tx.task(existing.task_id, false).await? {
+        Some(task) => Ok(SubmitOutcome::Replayed(task)),
+        None => Err(StoreError::Corrupt(format!("scope row points at missing task {}", existing.task_id))),
+    }
+}
+
+async fn claim<T: Tx>(tx: &mut T, req: &ClaimRequest) -> Result<Vec<Claimed>> {
+    let now = tx.now().await?;
+    let max = req.max.max(1);
+    let ids = tx.claimable(&req.tenant, &req.operations, now, max.saturating_mul(2)).await?;
+    let mut out = Vec::new();
+    for id in ids {
+        if out.len() as i64 >= max {
+            break;
+        }
+        let Some(mut task) = tx.task(id, true).await? else {
+            continue;
+        };
+        let loaded = (task.control.version, task.generation);
+        let authority = match tx.api_key(task.control.api_key_id).await? {
+            Some(k) if k.grants(&task.operation) => Authority::Granted,
+            _ => Authority::Revoked,
+        };
+        let mut j = Journal::default();
+        match machine::claim(&mut task, &mut j, Uuid::now_v7(), &req.executor_id, req.lease_ms, authority, now) {
+            Ok(Some(attempt)) => {
+                tx.insert_attempt(&attempt).await?;
+                persist(tx, &task, loaded, &j).await?;
+                out.push(Claimed { attempt, task });
+            }
+            Ok(None) => persist(tx, &task, loaded, &j).await?,
+            Err(_) => {}
+        }
+    }
+    Ok(out)
+}
+
+/// Loads attempt and task (task locked first, then the attempt reloaded), checks
+/// the tenant, applies `f`, and persists everything unless `f` refused the input
+/// as invalid (which changes nothing).
+async fn on_attempt<T: Tx, R>(
+    tx: &mut T,
+    tenant: &str,
+    attempt_id: Uuid,
+    f: impl FnOnce(&mut Task, &mut Attempt, &mut Journal, Timestamp) -> Result<R, Rejection>,
+) -> Result<Result<(Task, R), Refusal>> {
+    let Some(a) = tx.attempt(attempt_id).await? else {
+        return Ok(Err(Refusal::NotFound));
+    };
+    let mut task = match owned_task(tx, a.task_id, Some(tenant), true).await? {
+        Ok(t) => t,
+        Err(e) => return Ok(Err(e)),
+    };
+    let Some(mut attempt) = tx.attempt(attempt_id).await? else {
+        return Ok(Err(Refusal::NotFound));
+    };
+    let now = tx.now().await?;
+    let loaded = (task.control.version, task.generation);
+    let before = attempt.clone();
+    let mut j = Journal::default();
+    let res = f(&mut task, &mut attempt, &mut j, now);
+    if let Err(Rejection::InvalidReport(_)) = res {
+        return Ok(res.map(|r| (task, r)).map_err(Refusal::from));
+    }
+    if attempt != before {
+        tx.update_attempt(&attempt).await?;
+    }
+    persist(tx, &task, loaded, &j).await?;
+    Ok(res.map(|r| (task, r)).map_err(Refusal::from))
+}
+
+async fn on_task<T: Tx, R>(
+    tx: &mut T,
+    tenant: &str,
+    task_id: Uuid,
+    f: impl FnOnce(&mut Task, &mut Journal, Timestamp) -> Result<R, Rejection>,
+) -> Result<Result<(Task, R), Refusal>> {
+    let mut task = match owned_task(tx, task_id, Some(tenant), true).await? {
+        Ok(t) => t,
+        Err(e) => return Ok(Err(e)),
+    };
+    let now = tx.now().await?;
+    let loaded = (task.control.version, task.generation);
+    let mut j = Journal::default();
+    let res = f(&mut task, &mut j, now);
+    if !j.events.is_empty() {
+        persist(tx, &task, loaded, &j).await?;
+    }
+    Ok(res.map(|r| (task, r)).map_err(Refusal::from))
+}
+
+async fn sweep<T: Tx>(tx: &mut T, limit: i64) -> Result<SweepStats> {
+    let now = tx.now().await?;
+    let mut stats = SweepStats::default();
+    for (task_id, attempt_id) in tx.expired_leases(now, limit).await? {
+        let (Some(mut task), Some(mut attempt)) = (tx.task(task_id, true).await?, tx.attempt(attempt_id).await?) else {
+            continue;
+        };
+        if !attempt.state.is_active() || attempt.lease_expires_at > now {
+            continue;
+        }
+        let loaded = (task.control.version, task.generation);
+        let mut j = Journal::default();
+        machine::expire_lease(&mut task, &mut attempt, &mut j, now);
+        tx.update_attempt(&attempt).await?;
+        persist(tx, &task, loaded, &j).await?;
+        stats.expired += 1;
+    }
+    for task_id in tx.due_wakeups(now, limit).await? {
+        let Some(mut task) = tx.task(task_id, true).await? else {
+            continue;
+        };
+        let loaded = (task.control.version, task.generation);
+        let mut j = Journal::default();
+        if machine::wake(&mut task, &mut j, now) {
+            persist(tx, &task, loaded, &j).await?;
+            stats.woken += 1;
+        }
+    }
+    for task_id in tx.expired_scopes(now, limit).await? {
+        let Some(mut task) = tx.task(task_id, true).await? else {
+            continue;
+        };
+        if !task.state.is_terminal() || task.control.key_expires_at.is_none_or(|t| t > now) {
+            continue;
+        }
+        let loaded = (task.control.version, task.generation);
+        let mut j = Journal::default();
+        tx.delete_scope(task_id).await?;
+        machine::release_key(&mut task, &mut j, now);
+        persist(tx, &task, loaded, &j).await?;
+        stats.keys_released += 1;
+    }
+    Ok(stats)
+}
+
+fn mismatch(o: &Output) -> StoreError {
+    StoreError::Corrupt(format!("backend answered with the wrong output kind: {o:?}"))
+}
+
+macro_rules! typed {
+    ($(#[$m:meta])* fn $name:ident($($arg:ident: $ty:ty),*) -> $out:ty { $op:expr } $pat:pat => $val:expr) => {
+        $(#[$m])*
+        ///
+        /// # Errors
+        /// Storage failures ([`StoreError`]); business refusals are in the value.
+        pub async fn $name(&self, $($arg: $ty),*) -> Result<$out> {
+            match self.execute($op).await? {
+                $pat => Ok($val),
+                other => Err(mismatch(&other)),
+            }
+        }
+    };
+}
+
+impl Store {
+    typed!(/// Creates an API key; returns the record and the plain key.
+        fn create_api_key(tenant: &str, role: Role, operations: Option<Vec<String>>) -> (ApiKey, String) {
+            Op::CreateApiKey { tenant: tenant.to_owned(), role, operations }
+        } Output::NewApiKey { key, plain } => (key, plain));
+    typed!(/// Revokes an API key; `None` when no such key.
+        fn revoke_api_key(id: Uuid) -> Option<ApiKey> { Op::RevokeApiKey { id } } Output::ApiKey(k) => k);
+    typed!(/// Lists API keys.
+        fn list_api_keys() -> Vec<ApiKey> { Op::ListApiKeys } Output::ApiKeys(k) => k);
+    typed!(/// Finds the key a bearer token names (revoked keys included; check `revoked_at`).
+        fn authenticate(plain: &str) -> Option<ApiKey> { Op::Authenticate { plain: plain.to_owned() } } Output::ApiKey(k) => k);
+    typed!(/// Submits a task (SPEC §2.1–2.3).
+        fn submit(s: Submission) -> SubmitOutcome { Op::Submit(s) } Output::Submitted(o) => o);
+    typed!(/// Reads a task of `tenant` (`None`: any tenant).
+        fn get_task(tenant: Option<&str>, id: Uuid) -> Result<Task, Refusal> {
+            Op::GetTask { tenant: tenant.map(str::to_owned), id }
+        } Output::Task(t) => t);
+    typed!(/// Looks a task up by scope.
+        fn find_task(tenant: &str, operation: &str, idempotency_key: &str) -> Result<Task, Refusal> {
+            Op::FindTask { tenant: tenant.to_owned(), operation: operation.to_owned(), idempotency_key: idempotency_key.to_owned() }
+        } Output::Task(t) => t);
+    typed!(/// Attempts of a task, with evidence.
+        fn list_attempts(tenant: Option<&str>, task_id: Uuid) -> Result<Vec<Attempt>, Refusal> {
+            Op::ListAttempts { tenant: tenant.map(str::to_owned), task_id }
+        } Output::Attempts(a) => a);
+    typed!(/// Event history of a task.
+        fn list_events(tenant: Option<&str>, task_id: Uuid) -> Result<Vec<Event>, Refusal> {
+            Op::ListEvents { tenant: tenant.map(str::to_owned), task_id }
+        } Output::Events(e) => e);
+    typed!(/// Leases up to `req.max` attempts.
+        fn claim(req: ClaimRequest) -> Vec<Claimed> { Op::Claim(req) } Output::Claimed(c) => c);
+    typed!(/// Extends a lease.
+        fn heartbeat(tenant: &str, attempt_id: Uuid, generation: i64, usage: Option<i64>) -> Result<HeartbeatAck, Refusal> {
+            Op::Heartbeat { tenant: tenant.to_owned(), attempt_id, generation, usage }
+        } Output::Heartbeat(h) => h);
+    typed!(/// Device acknowledgment of a command.
+        fn acknowledge(tenant: &str, attempt_id: Uuid, generation: i64, body: Value) -> Result<Task, Refusal> {
+            Op::Acknowledge { tenant: tenant.to_owned(), attempt_id, generation, body }
+        } Output::Task(t) => t);
+    typed!(/// Applies a report.
+        fn report(tenant: &str, attempt_id: Uuid, report: Report) -> Result<Task, Refusal> {
+            Op::Report { tenant: tenant.to_owned(), attempt_id, report }
+        } Output::Task(t) => t);
+    typed!(/// Requests cancellation.
+        fn cancel(tenant: &str, task_id: Uuid) -> Result<(Task, Cancellation), Refusal> {
+            Op::Cancel { tenant: tenant.to_owned(), task_id }
+        } Output::Cancelled(c) => c);
+    typed!(/// Acknowledges delivery.
+        fn acknowledge_delivery(tenant: &str, task_id: Uuid) -> Result<Task, Refusal> {
+            Op::AcknowledgeDelivery { tenant: tenant.to_owned(), task_id }
+        } Output::Task(t) => t);
+    typed!(/// One sweep: expire leases, wake backoffs, remove keys past retention.
+        fn sweep(limit: i64) -> SweepStats { Op::Sweep { limit } } Output::Swept(s) => s);
+}
