@@ -1,1 +1,215 @@
-//! idem-http
+//! # idem-http
+//!
+//! The HTTP API of SPEC §4 as an axum [`Router`]: submit with an
+//! `Idempotency-Key`, task reads, cancellation, delivery acknowledgment, the
+//! executor protocol (claim, heartbeat, ack, report), health, readiness,
+//! Prometheus metrics and the generated OpenAPI 3.1 document.
+//!
+//! Every error is an RFC 9457 problem ([`problem::Problem`]) with a stable
+//! `code`; every response carries `X-Request-Id`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{HeaderName, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use idem_core::config::Config;
+use idem_store::Store;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tokio::sync::Notify;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+mod api;
+mod auth;
+pub mod problem;
+
+pub use api::{ClaimBody, HeartbeatBody, ReportBody, SubmitBody};
+use problem::Problem;
+
+/// Request bodies above this many bytes get 413 `PAYLOAD_TOO_LARGE` (SPEC §4).
+pub const BODY_LIMIT_BYTES: usize = 1024 * 1024;
+
+/// Longest long-poll a claim may ask for, ms.
+pub const MAX_WAIT_MS: u64 = 30_000;
+
+/// Shared state of the handlers.
+#[derive(Clone)]
+pub struct AppState {
+    /// The store.
+    pub store: Store,
+    /// The configuration: operation classes and their contracts.
+    pub config: Arc<Config>,
+    /// Wakes long-polling claims when work may have appeared in this process.
+    pub work: Arc<Notify>,
+}
+
+impl AppState {
+    /// New state over `store` and `config`.
+    pub fn new(store: Store, config: Config) -> AppState {
+        AppState {
+            store,
+            config: Arc::new(config),
+            work: Arc::new(Notify::new()),
+        }
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "idem", description = "A durable coordinator for duplicate-sensitive work: idempotency keys bound to request fingerprints, leased attempts with fencing generations, retries by failure class, reconciliation of unknown outcomes, cancellation ordered against delivery."),
+    modifiers(&BearerAuth),
+    security(("bearer" = [])),
+    tags((name = "tasks", description = "Clients: submit and follow tasks"), (name = "attempts", description = "Executors: claim, heartbeat, acknowledge, report"), (name = "operations", description = "Health, readiness, metrics"))
+)]
+struct ApiDoc;
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+fn api_router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(api::submit_task, api::lookup_task))
+        .routes(routes!(api::get_task))
+        .routes(routes!(api::list_attempts))
+        .routes(routes!(api::list_events))
+        .routes(routes!(api::cancel_task))
+        .routes(routes!(api::acknowledge_delivery))
+        .routes(routes!(api::claim))
+        .routes(routes!(api::heartbeat))
+        .routes(routes!(api::acknowledge))
+        .routes(routes!(api::report))
+        .routes(routes!(api::healthz))
+        .routes(routes!(api::readyz))
+}
+
+/// The OpenAPI 3.1 document of this API.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    api_router().split_for_parts().1
+}
+
+/// Installs the global Prometheus recorder once and returns its handle.
+pub fn metrics_handle() -> Option<PrometheusHandle> {
+    static HANDLE: std::sync::OnceLock<Option<PrometheusHandle>> = std::sync::OnceLock::new();
+    HANDLE
+        .get_or_init(|| PrometheusBuilder::new().install_recorder().ok())
+        .clone()
+}
+
+/// The whole service as a router.
+pub fn router(state: AppState) -> Router {
+    let (api, doc) = api_router().split_for_parts();
+    let doc = Arc::new(doc);
+    let metrics = metrics_handle();
+    let request_id = HeaderName::from_static("x-request-id");
+    api.route(
+        "/openapi.json",
+        get(move || {
+            let doc = Arc::clone(&doc);
+            async move { axum::Json(doc.as_ref().clone()) }
+        }),
+    )
+    .route(
+        "/metrics",
+        get(move || {
+            let metrics = metrics.clone();
+            async move {
+                match metrics {
+                    Some(h) => {
+                        h.run_upkeep();
+                        ([("content-type", "text/plain; version=0.0.4")], h.render())
+                            .into_response()
+                    }
+                    None => Problem::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "UNAVAILABLE",
+                        "metrics recorder not installed",
+                    )
+                    .into_response(),
+                }
+            }
+        }),
+    )
+    .fallback(|| async { Problem::not_found() })
+    .method_not_allowed_fallback(|| async {
+        Problem::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "METHOD_NOT_ALLOWED",
+            "method not allowed on this path",
+        )
+    })
+    .with_state(state)
+    .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
+    .layer(middleware::from_fn(record_request))
+    .layer(PropagateRequestIdLayer::new(request_id.clone()))
+    .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
+}
+
+async fn record_request(req: Request, next: Next) -> Response {
+    let method = req.method().clone();
+    let path = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_else(|| "unmatched".to_owned());
+    let started = std::time::Instant::now();
+    let res = next.run(req).await;
+    let status = res.status().as_u16().to_string();
+    metrics::counter!("idem_http_requests_total", "method" => method.to_string(), "path" => path.clone(), "status" => status)
+        .increment(1);
+    metrics::histogram!("idem_http_request_seconds", "path" => path)
+        .record(started.elapsed().as_secs_f64());
+    res
+}
+
+/// Runs one sweep (lease expiry, backoff wake-ups, retention) every `every` until
+/// `shutdown` resolves. Errors are logged and retried on the next tick.
+pub async fn run_sweeper(
+    store: Store,
+    work: Arc<Notify>,
+    every: Duration,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => return,
+            _ = tick.tick() => {}
+        }
+        match store.sweep(500).await {
+            Ok(s) => {
+                if s.expired + s.woken > 0 {
+                    work.notify_waiters();
+                }
+                metrics::counter!("idem_leases_expired_total").increment(s.expired as u64);
+                metrics::counter!("idem_tasks_woken_total").increment(s.woken as u64);
+                metrics::counter!("idem_keys_released_total").increment(s.keys_released as u64);
+            }
+            Err(e) => tracing::warn!(error = %e, "sweep failed"),
+        }
+    }
+}
+
+/// Handler-facing alias.
+pub(crate) type AppResult<T> = Result<T, Problem>;
+
+/// Shared state extractor alias.
+pub(crate) type St = State<AppState>;

@@ -1,1 +1,920 @@
-//! idem-store-sqlite
+//! # idem-store-sqlite
+//!
+//! The embedded default store: one SQLite file in WAL mode with
+//! `synchronous=FULL`, one writer thread and a few reader connections.
+//!
+//! **Group commit.** Every writing [`Op`] goes to the single writer thread.
+//! The thread takes whatever is queued (up to [`MAX_BATCH`] operations),
+//! opens one `BEGIN IMMEDIATE` transaction, runs each operation inside its own
+//! `SAVEPOINT` (an operation that fails is rolled back alone), commits once,
+//! and only then answers every caller. So each acknowledged write is durable
+//! (fsync at COMMIT), while concurrent submits share one fsync. Reads run on
+//! reader connections in parallel with the writer (WAL snapshots).
+//!
+//! **Clock.** Leases and backoff are decided by this process's clock (one
+//! process owns the file); `clock_offset_ms` shifts it for tests.
+//!
+//! Pitfalls handled (RUST-NOTES §4.9): writes use `BEGIN IMMEDIATE` (a deferred
+//! read-then-write transaction fails with `SQLITE_BUSY`), `foreign_keys=ON`
+//! on every connection, short read transactions so checkpoints finish.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use idem_core::model::{
+    ApiKey, Attempt, AttemptKind, AttemptState, Event, Evidence, Role, Task, TaskControl,
+    TaskState, Timestamp,
+};
+use idem_store::{Backend, BoxFuture, Op, Output, ScopeRow, Store, StoreError, Tx, ops};
+use rusqlite::{Connection, OptionalExtension, Row, params};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::sync::{mpsc, oneshot};
+use uuid::Uuid;
+
+/// Most operations the writer commits together.
+pub const MAX_BATCH: usize = 256;
+
+/// Reader connections opened next to the writer.
+pub const READERS: usize = 4;
+
+const MIGRATIONS: &[&str] = &[include_str!("../migrations/0001_init.sql")];
+
+/// Options of the SQLite store.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SqliteOptions {
+    /// Added to the system clock, ms (tests of clock skew; 0 in production).
+    pub clock_offset_ms: i64,
+}
+
+type Reply = oneshot::Sender<Result<Output, StoreError>>;
+
+struct Job {
+    op: Op,
+    reply: Reply,
+}
+
+/// The SQLite [`Backend`].
+pub struct SqliteBackend {
+    writer: mpsc::UnboundedSender<Job>,
+    readers: Arc<Mutex<Vec<Connection>>>,
+    path: PathBuf,
+    options: SqliteOptions,
+}
+
+fn unavailable(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Unavailable(e.to_string())
+}
+
+fn db(e: rusqlite::Error) -> StoreError {
+    match e.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => {
+            StoreError::Contention(e.to_string())
+        }
+        Some(rusqlite::ErrorCode::ConstraintViolation) => StoreError::Contention(e.to_string()),
+        _ => StoreError::Unavailable(e.to_string()),
+    }
+}
+
+fn corrupt(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(e.to_string())
+}
+
+fn open_connection(path: &Path) -> Result<Connection, StoreError> {
+    let conn = Connection::open(path).map_err(unavailable)?;
+    conn.execute_batch(
+        "PRAGMA journal_mode = WAL;
+         PRAGMA synchronous = FULL;
+         PRAGMA foreign_keys = ON;
+         PRAGMA busy_timeout = 5000;",
+    )
+    .map_err(unavailable)?;
+    conn.set_prepared_statement_cache_capacity(64);
+    Ok(conn)
+}
+
+/// Applies the versioned migrations (`PRAGMA user_version`) inside `BEGIN IMMEDIATE`.
+///
+/// # Errors
+/// [`StoreError::Migration`] when a step fails or the file is newer than this binary.
+pub fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
+    let mig = |e: rusqlite::Error| StoreError::Migration(e.to_string());
+    let tx = conn
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .map_err(mig)?;
+    let current: i64 = tx
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .map_err(mig)?;
+    let known = MIGRATIONS.len() as i64;
+    if current > known {
+        return Err(StoreError::Migration(format!(
+            "database schema version {current} is newer than this binary ({known})"
+        )));
+    }
+    for (i, sql) in MIGRATIONS
+        .iter()
+        .enumerate()
+        .skip(usize::try_from(current).unwrap_or(0))
+    {
+        tx.execute_batch(sql).map_err(mig)?;
+        tx.pragma_update(None, "user_version", i as i64 + 1)
+            .map_err(mig)?;
+    }
+    tx.commit().map_err(mig)
+}
+
+/// Opens (creating if needed) the store at `path`, runs migrations and starts the writer thread.
+///
+/// # Errors
+/// [`StoreError::Unavailable`] when the file cannot be opened; [`StoreError::Migration`].
+pub fn open(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Store, StoreError> {
+    Ok(Store::new(SqliteBackend::open(path, options)?))
+}
+
+impl SqliteBackend {
+    /// See [`open`].
+    ///
+    /// # Errors
+    /// As [`open`].
+    pub fn open(
+        path: impl AsRef<Path>,
+        options: SqliteOptions,
+    ) -> Result<SqliteBackend, StoreError> {
+        let path = path.as_ref().to_path_buf();
+        if let Some(dir) = path.parent()
+            && !dir.as_os_str().is_empty()
+        {
+            std::fs::create_dir_all(dir).map_err(unavailable)?;
+        }
+        let mut writer = open_connection(&path)?;
+        migrate(&mut writer)?;
+        let mut readers = Vec::with_capacity(READERS);
+        for _ in 0..READERS {
+            let r = open_connection(&path)?;
+            r.execute_batch("PRAGMA query_only = ON;")
+                .map_err(unavailable)?;
+            readers.push(r);
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        std::thread::Builder::new()
+            .name("idem-sqlite-writer".into())
+            .spawn(move || writer_loop(writer, rx, options))
+            .map_err(unavailable)?;
+        Ok(SqliteBackend {
+            writer: tx,
+            readers: Arc::new(Mutex::new(readers)),
+            path,
+            options,
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+fn clock(options: SqliteOptions) -> Timestamp {
+    let ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0);
+    Timestamp(ms.saturating_add(options.clock_offset_ms))
+}
+
+/// The writer thread: batches queued jobs into one IMMEDIATE transaction with a
+/// savepoint per job, commits once, then answers.
+fn writer_loop(mut conn: Connection, mut rx: mpsc::UnboundedReceiver<Job>, options: SqliteOptions) {
+    let mut batch: Vec<Job> = Vec::with_capacity(MAX_BATCH);
+    while let Some(first) = rx.blocking_recv() {
+        batch.push(first);
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        run_batch(&mut conn, &mut batch, options);
+    }
+}
+
+fn run_batch(conn: &mut Connection, batch: &mut Vec<Job>, options: SqliteOptions) {
+    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+        let err = db(e);
+        for job in batch.drain(..) {
+            let _ = job.reply.send(Err(err.clone()));
+        }
+        return;
+    }
+    let mut results = Vec::with_capacity(batch.len());
+    for job in batch.iter() {
+        let res = run_in_savepoint(conn, &job.op, options);
+        results.push(res);
+    }
+    if let Err(e) = conn.execute_batch("COMMIT") {
+        let _ = conn.execute_batch("ROLLBACK");
+        let err = unavailable(format!("commit failed, nothing written: {e}"));
+        for job in batch.drain(..) {
+            let _ = job.reply.send(Err(err.clone()));
+        }
+        return;
+    }
+    for (job, res) in batch.drain(..).zip(results) {
+        let _ = job.reply.send(res);
+    }
+}
+
+fn run_in_savepoint(
+    conn: &mut Connection,
+    op: &Op,
+    options: SqliteOptions,
+) -> Result<Output, StoreError> {
+    conn.execute_batch("SAVEPOINT op").map_err(db)?;
+    let mut attempts = 0;
+    loop {
+        let res = {
+            let mut tx = SqliteTx {
+                conn: &mut *conn,
+                options,
+            };
+            futures::executor::block_on(ops::run(&mut tx, op))
+        };
+        match res {
+            Ok(out) => {
+                conn.execute_batch("RELEASE op").map_err(db)?;
+                return Ok(out);
+            }
+            Err(e) => {
+                conn.execute_batch("ROLLBACK TO op").map_err(db)?;
+                attempts += 1;
+                if matches!(e, StoreError::Contention(_)) && attempts < 3 {
+                    continue;
+                }
+                conn.execute_batch("RELEASE op").map_err(db)?;
+                return Err(e);
+            }
+        }
+    }
+}
+
+impl Backend for SqliteBackend {
+    fn execute(&self, op: Op) -> BoxFuture<'_, Result<Output, StoreError>> {
+        Box::pin(async move {
+            if op.writes() {
+                let (reply, rx) = oneshot::channel();
+                self.writer
+                    .send(Job { op, reply })
+                    .map_err(|_| unavailable("the SQLite writer thread has stopped"))?;
+                // The writer finishes the transaction even if this future is dropped
+                // (client disconnect): the commit path never depends on the caller.
+                rx.await
+                    .map_err(|_| unavailable("the SQLite writer thread has stopped"))?
+            } else {
+                let readers = Arc::clone(&self.readers);
+                let options = self.options;
+                let path = self.path.clone();
+                tokio::task::spawn_blocking(move || read(&readers, &path, &op, options))
+                    .await
+                    .map_err(unavailable)?
+            }
+        })
+    }
+
+    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async move {
+            let readers = Arc::clone(&self.readers);
+            let path = self.path.clone();
+            tokio::task::spawn_blocking(move || {
+                with_reader(&readers, &path, |c| {
+                    c.query_row("SELECT 1", [], |_| Ok(())).map_err(db)
+                })
+            })
+            .await
+            .map_err(unavailable)?
+        })
+    }
+
+    fn kind(&self) -> &'static str {
+        "sqlite"
+    }
+}
+
+fn with_reader<R>(
+    readers: &Mutex<Vec<Connection>>,
+    path: &Path,
+    f: impl FnOnce(&mut Connection) -> Result<R, StoreError>,
+) -> Result<R, StoreError> {
+    let pooled = readers
+        .lock()
+        .map_err(|_| unavailable("reader pool poisoned"))?
+        .pop();
+    let mut conn = match pooled {
+        Some(c) => c,
+        None => {
+            let c = open_connection(path)?;
+            c.execute_batch("PRAGMA query_only = ON;")
+                .map_err(unavailable)?;
+            c
+        }
+    };
+    let res = f(&mut conn);
+    if let Ok(mut pool) = readers.lock()
+        && pool.len() < READERS
+    {
+        pool.push(conn);
+    }
+    res
+}
+
+fn read(
+    readers: &Mutex<Vec<Connection>>,
+    path: &Path,
+    op: &Op,
+    options: SqliteOptions,
+) -> Result<Output, StoreError> {
+    with_reader(readers, path, |conn| {
+        conn.execute_batch("BEGIN").map_err(db)?;
+        let res = {
+            let mut tx = SqliteTx {
+                conn: &mut *conn,
+                options,
+            };
+            futures::executor::block_on(ops::run(&mut tx, op))
+        };
+        let _ = conn.execute_batch("COMMIT");
+        res
+    })
+}
+
+/// The open transaction on the writer (or a reader) connection.
+struct SqliteTx<'a> {
+    conn: &'a mut Connection,
+    options: SqliteOptions,
+}
+
+fn to_json<T: Serialize>(v: &T) -> Result<String, StoreError> {
+    serde_json::to_string(v).map_err(corrupt)
+}
+
+fn from_json<T: DeserializeOwned>(s: &str) -> rusqlite::Result<T> {
+    serde_json::from_str(s).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e))
+    })
+}
+
+fn word<T: std::str::FromStr>(s: &str) -> rusqlite::Result<T>
+where
+    T::Err: std::error::Error + Send + Sync + 'static,
+{
+    s.parse().map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e))
+    })
+}
+
+fn uuid(s: &str) -> rusqlite::Result<Uuid> {
+    Uuid::parse_str(s).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e))
+    })
+}
+
+fn opt_json<T: DeserializeOwned>(s: Option<String>) -> rusqlite::Result<Option<T>> {
+    s.as_deref().map(from_json).transpose()
+}
+
+const API_KEY_COLUMNS: &str = "id, tenant, role, operations, created_at, revoked_at";
+
+fn api_key_row(r: &Row<'_>) -> rusqlite::Result<ApiKey> {
+    Ok(ApiKey {
+        id: uuid(&r.get::<_, String>(0)?)?,
+        tenant: r.get(1)?,
+        role: word::<Role>(&r.get::<_, String>(2)?)?,
+        operations: opt_json(r.get(3)?)?,
+        created_at: Timestamp(r.get(4)?),
+        revoked_at: r.get::<_, Option<i64>>(5)?.map(Timestamp),
+    })
+}
+
+const TASK_COLUMNS: &str = "id, tenant, operation, idempotency_key, fingerprint, canonical_request, params, state, \
+     generation, version, event_seq, attempt_count, execute_count, usage, contract, cancellation, delivery, failure, \
+     api_key_id, next_kind, active_attempt_id, ready_at, deadline_at, terminal_at, key_expires_at, created_at, updated_at";
+
+fn task_row(r: &Row<'_>) -> rusqlite::Result<Task> {
+    Ok(Task {
+        id: uuid(&r.get::<_, String>(0)?)?,
+        operation: r.get(2)?,
+        idempotency_key: r.get(3)?,
+        fingerprint: r.get(4)?,
+        params: from_json(&r.get::<_, String>(6)?)?,
+        state: word::<TaskState>(&r.get::<_, String>(7)?)?,
+        generation: r.get(8)?,
+        attempt_count: r.get(11)?,
+        usage: r.get(13)?,
+        contract: from_json(&r.get::<_, String>(14)?)?,
+        cancellation: opt_json(r.get(15)?)?,
+        delivery: opt_json(r.get(16)?)?,
+        failure: opt_json(r.get(17)?)?,
+        created_at: Timestamp(r.get(25)?),
+        updated_at: Timestamp(r.get(26)?),
+        control: TaskControl {
+            tenant: r.get(1)?,
+            canonical_request: r.get(5)?,
+            version: r.get(9)?,
+            event_seq: r.get(10)?,
+            execute_count: r.get(12)?,
+            api_key_id: uuid(&r.get::<_, String>(18)?)?,
+            next_kind: r
+                .get::<_, Option<String>>(19)?
+                .as_deref()
+                .map(word::<AttemptKind>)
+                .transpose()?,
+            active_attempt_id: r
+                .get::<_, Option<String>>(20)?
+                .as_deref()
+                .map(uuid)
+                .transpose()?,
+            ready_at: Timestamp(r.get(21)?),
+            deadline_at: Timestamp(r.get(22)?),
+            terminal_at: r.get::<_, Option<i64>>(23)?.map(Timestamp),
+            key_expires_at: r.get::<_, Option<i64>>(24)?.map(Timestamp),
+        },
+    })
+}
+
+const ATTEMPT_COLUMNS: &str = "id, task_id, number, generation, kind, state, executor_id, leased_at, lease_expires_at, \
+     lease_ms, usage, external_txn_id, report";
+
+fn attempt_row(r: &Row<'_>) -> rusqlite::Result<Attempt> {
+    Ok(Attempt {
+        id: uuid(&r.get::<_, String>(0)?)?,
+        task_id: uuid(&r.get::<_, String>(1)?)?,
+        number: r.get(2)?,
+        generation: r.get(3)?,
+        kind: word::<AttemptKind>(&r.get::<_, String>(4)?)?,
+        state: word::<AttemptState>(&r.get::<_, String>(5)?)?,
+        executor_id: r.get(6)?,
+        leased_at: Timestamp(r.get(7)?),
+        lease_expires_at: Timestamp(r.get(8)?),
+        lease_ms: r.get(9)?,
+        usage: r.get(10)?,
+        external_txn_id: r.get(11)?,
+        report: opt_json(r.get(12)?)?,
+        evidence: Vec::new(),
+    })
+}
+
+fn decode(e: rusqlite::Error) -> StoreError {
+    match e {
+        rusqlite::Error::FromSqlConversionFailure(..) | rusqlite::Error::InvalidColumnType(..) => {
+            corrupt(e)
+        }
+        other => db(other),
+    }
+}
+
+impl SqliteTx<'_> {
+    fn ids(&mut self, sql: &str, params: impl rusqlite::Params) -> Result<Vec<Uuid>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(sql).map_err(db)?;
+        let rows = stmt
+            .query_map(params, |r| uuid(&r.get::<_, String>(0)?))
+            .map_err(db)?;
+        rows.collect::<rusqlite::Result<Vec<_>>>().map_err(decode)
+    }
+}
+
+impl Tx for SqliteTx<'_> {
+    async fn now(&mut self) -> Result<Timestamp, StoreError> {
+        Ok(clock(self.options))
+    }
+
+    async fn insert_api_key(&mut self, key: &ApiKey, hash: &str) -> Result<(), StoreError> {
+        let ops = key.operations.as_ref().map(to_json).transpose()?;
+        self.conn
+            .prepare_cached("INSERT INTO api_keys (id, tenant, role, operations, key_hash, created_at, revoked_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)")
+            .and_then(|mut s| {
+                s.execute(params![
+                    key.id.to_string(),
+                    key.tenant,
+                    key.role.as_str(),
+                    ops,
+                    hash,
+                    key.created_at.0,
+                    key.revoked_at.map(|t| t.0)
+                ])
+            })
+            .map_err(db)?;
+        Ok(())
+    }
+
+    async fn api_key_by_hash(&mut self, hash: &str) -> Result<Option<ApiKey>, StoreError> {
+        let sql = format!("SELECT {API_KEY_COLUMNS} FROM api_keys WHERE key_hash = ?1");
+        self.conn
+            .prepare_cached(&sql)
+            .and_then(|mut s| s.query_row([hash], api_key_row).optional())
+            .map_err(decode)
+    }
+
+    async fn api_key(&mut self, id: Uuid) -> Result<Option<ApiKey>, StoreError> {
+        let sql = format!("SELECT {API_KEY_COLUMNS} FROM api_keys WHERE id = ?1");
+        self.conn
+            .prepare_cached(&sql)
+            .and_then(|mut s| s.query_row([id.to_string()], api_key_row).optional())
+            .map_err(decode)
+    }
+
+    async fn revoke_api_key(
+        &mut self,
+        id: Uuid,
+        at: Timestamp,
+    ) -> Result<Option<ApiKey>, StoreError> {
+        self.conn
+            .prepare_cached(
+                "UPDATE api_keys SET revoked_at = ?2 WHERE id = ?1 AND revoked_at IS NULL",
+            )
+            .and_then(|mut s| s.execute(params![id.to_string(), at.0]))
+            .map_err(db)?;
+        self.api_key(id).await
+    }
+
+    async fn list_api_keys(&mut self) -> Result<Vec<ApiKey>, StoreError> {
+        let sql = format!("SELECT {API_KEY_COLUMNS} FROM api_keys ORDER BY created_at, id");
+        let mut stmt = self.conn.prepare_cached(&sql).map_err(db)?;
+        let rows = stmt.query_map([], api_key_row).map_err(db)?;
+        rows.collect::<rusqlite::Result<Vec<_>>>().map_err(decode)
+    }
+
+    async fn insert_scope(&mut self, row: &ScopeRow) -> Result<bool, StoreError> {
+        let n = self
+            .conn
+            .prepare_cached(
+                "INSERT INTO idempotency_keys (tenant, operation, idempotency_key, fingerprint, task_id) \
+                 VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT DO NOTHING",
+            )
+            .and_then(|mut s| {
+                s.execute(params![
+                    row.tenant,
+                    row.operation,
+                    row.idempotency_key,
+                    row.fingerprint,
+                    row.task_id.to_string()
+                ])
+            })
+            .map_err(db)?;
+        Ok(n == 1)
+    }
+
+    async fn scope(
+        &mut self,
+        tenant: &str,
+        operation: &str,
+        key: &str,
+    ) -> Result<Option<ScopeRow>, StoreError> {
+        self.conn
+            .prepare_cached(
+                "SELECT fingerprint, task_id FROM idempotency_keys \
+                 WHERE tenant = ?1 AND operation = ?2 AND idempotency_key = ?3",
+            )
+            .and_then(|mut s| {
+                s.query_row(params![tenant, operation, key], |r| {
+                    Ok(ScopeRow {
+                        tenant: tenant.to_owned(),
+                        operation: operation.to_owned(),
+                        idempotency_key: key.to_owned(),
+                        fingerprint: r.get(0)?,
+                        task_id: uuid(&r.get::<_, String>(1)?)?,
+                    })
+                })
+                .optional()
+            })
+            .map_err(decode)
+    }
+
+    async fn delete_scope(&mut self, task_id: Uuid) -> Result<(), StoreError> {
+        self.conn
+            .prepare_cached("DELETE FROM idempotency_keys WHERE task_id = ?1")
+            .and_then(|mut s| s.execute([task_id.to_string()]))
+            .map_err(db)?;
+        Ok(())
+    }
+
+    async fn insert_task(&mut self, t: &Task) -> Result<(), StoreError> {
+        let sql = format!(
+            "INSERT INTO tasks ({TASK_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, \
+             ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27)"
+        );
+        let values = task_values(t)?;
+        self.conn
+            .prepare_cached(&sql)
+            .and_then(|mut s| s.execute(rusqlite::params_from_iter(values.iter())))
+            .map_err(db)?;
+        Ok(())
+    }
+
+    async fn task(&mut self, id: Uuid, _lock: bool) -> Result<Option<Task>, StoreError> {
+        // The writer holds the only write transaction (BEGIN IMMEDIATE): rows are locked.
+        let sql = format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?1");
+        self.conn
+            .prepare_cached(&sql)
+            .and_then(|mut s| s.query_row([id.to_string()], task_row).optional())
+            .map_err(decode)
+    }
+
+    async fn update_task(
+        &mut self,
+        t: &Task,
+        expected_version: i64,
+        expected_generation: i64,
+    ) -> Result<(), StoreError> {
+        let values = task_values(t)?;
+        let n = self
+            .conn
+            .prepare_cached(
+                "UPDATE tasks SET state = ?8, generation = ?9, version = version + 1, event_seq = ?11, \
+                 attempt_count = ?12, execute_count = ?13, usage = ?14, cancellation = ?16, delivery = ?17, \
+                 failure = ?18, next_kind = ?20, active_attempt_id = ?21, ready_at = ?22, terminal_at = ?24, \
+                 key_expires_at = ?25, updated_at = ?27 \
+                 WHERE id = ?1 AND version = ?28 AND generation = ?29",
+            )
+            .and_then(|mut s| {
+                let mut all = values;
+                all.push(expected_version.into());
+                all.push(expected_generation.into());
+                // Parameters 2..7, 10, 15, 19, 23, 26 are the immutable columns: bound, unused.
+                s.execute(rusqlite::params_from_iter(all.iter()))
+            })
+            .map_err(db)?;
+        if n == 1 {
+            Ok(())
+        } else {
+            Err(StoreError::Contention(format!(
+                "task {} changed concurrently",
+                t.id
+            )))
+        }
+    }
+
+    async fn insert_attempt(&mut self, a: &Attempt) -> Result<(), StoreError> {
+        let sql = format!(
+            "INSERT INTO attempts ({ATTEMPT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
+        );
+        let report = a.report.as_ref().map(to_json).transpose()?;
+        self.conn
+            .prepare_cached(&sql)
+            .and_then(|mut s| {
+                s.execute(params![
+                    a.id.to_string(),
+                    a.task_id.to_string(),
+                    a.number,
+                    a.generation,
+                    a.kind.as_str(),
+                    a.state.as_str(),
+                    a.executor_id,
+                    a.leased_at.0,
+                    a.lease_expires_at.0,
+                    a.lease_ms,
+                    a.usage,
+                    a.external_txn_id,
+                    report
+                ])
+            })
+            .map_err(db)?;
+        Ok(())
+    }
+
+    async fn update_attempt(&mut self, a: &Attempt) -> Result<(), StoreError> {
+        let report = a.report.as_ref().map(to_json).transpose()?;
+        let n = self
+            .conn
+            .prepare_cached(
+                "UPDATE attempts SET state = ?3, lease_expires_at = ?4, usage = ?5, external_txn_id = ?6, report = ?7 \
+                 WHERE id = ?1 AND generation = ?2",
+            )
+            .and_then(|mut s| {
+                s.execute(params![
+                    a.id.to_string(),
+                    a.generation,
+                    a.state.as_str(),
+                    a.lease_expires_at.0,
+                    a.usage,
+                    a.external_txn_id,
+                    report
+                ])
+            })
+            .map_err(db)?;
+        if n == 1 {
+            Ok(())
+        } else {
+            Err(StoreError::Contention(format!(
+                "attempt {} changed concurrently",
+                a.id
+            )))
+        }
+    }
+
+    async fn attempt(&mut self, id: Uuid) -> Result<Option<Attempt>, StoreError> {
+        let sql = format!("SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE id = ?1");
+        self.conn
+            .prepare_cached(&sql)
+            .and_then(|mut s| s.query_row([id.to_string()], attempt_row).optional())
+            .map_err(decode)
+    }
+
+    async fn attempts(&mut self, task_id: Uuid) -> Result<Vec<Attempt>, StoreError> {
+        let sql =
+            format!("SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE task_id = ?1 ORDER BY number");
+        let mut attempts = {
+            let mut stmt = self.conn.prepare_cached(&sql).map_err(db)?;
+            let rows = stmt
+                .query_map([task_id.to_string()], attempt_row)
+                .map_err(db)?;
+            rows.collect::<rusqlite::Result<Vec<_>>>().map_err(decode)?
+        };
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT attempt_id, received_at, generation, outcome, body, disposition FROM evidence \
+                 WHERE task_id = ?1 ORDER BY id",
+            )
+            .map_err(db)?;
+        let rows = stmt
+            .query_map([task_id.to_string()], |r| {
+                Ok((
+                    uuid(&r.get::<_, String>(0)?)?,
+                    Evidence {
+                        received_at: Timestamp(r.get(1)?),
+                        generation: r.get(2)?,
+                        outcome: r.get(3)?,
+                        body: from_json(&r.get::<_, String>(4)?)?,
+                        disposition: r.get(5)?,
+                    },
+                ))
+            })
+            .map_err(db)?;
+        for row in rows {
+            let (attempt_id, ev) = row.map_err(decode)?;
+            if let Some(a) = attempts.iter_mut().find(|a| a.id == attempt_id) {
+                a.evidence.push(ev);
+            }
+        }
+        Ok(attempts)
+    }
+
+    async fn insert_evidence(
+        &mut self,
+        task_id: Uuid,
+        attempt_id: Uuid,
+        ev: &Evidence,
+    ) -> Result<(), StoreError> {
+        let body = to_json(&ev.body)?;
+        self.conn
+            .prepare_cached(
+                "INSERT INTO evidence (task_id, attempt_id, received_at, generation, outcome, body, disposition) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            )
+            .and_then(|mut s| {
+                s.execute(params![
+                    task_id.to_string(),
+                    attempt_id.to_string(),
+                    ev.received_at.0,
+                    ev.generation,
+                    ev.outcome,
+                    body,
+                    ev.disposition
+                ])
+            })
+            .map_err(db)?;
+        Ok(())
+    }
+
+    async fn insert_events(&mut self, task_id: Uuid, events: &[Event]) -> Result<(), StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "INSERT INTO events (task_id, seq, type, at, data) VALUES (?1, ?2, ?3, ?4, ?5)",
+            )
+            .map_err(db)?;
+        let id = task_id.to_string();
+        for e in events {
+            let data = to_json(&e.data)?;
+            stmt.execute(params![id, e.seq, e.kind, e.at.0, data])
+                .map_err(db)?;
+        }
+        Ok(())
+    }
+
+    async fn events(&mut self, task_id: Uuid) -> Result<Vec<Event>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT seq, type, at, data FROM events WHERE task_id = ?1 ORDER BY seq",
+            )
+            .map_err(db)?;
+        let rows = stmt
+            .query_map([task_id.to_string()], |r| {
+                Ok(Event {
+                    seq: r.get(0)?,
+                    kind: r.get(1)?,
+                    at: Timestamp(r.get(2)?),
+                    data: from_json(&r.get::<_, String>(3)?)?,
+                })
+            })
+            .map_err(db)?;
+        rows.collect::<rusqlite::Result<Vec<_>>>().map_err(decode)
+    }
+
+    async fn claimable(
+        &mut self,
+        tenant: &str,
+        operations: &[String],
+        now: Timestamp,
+        limit: i64,
+    ) -> Result<Vec<Uuid>, StoreError> {
+        let ops = to_json(&operations)?;
+        self.ids(
+            "SELECT id FROM tasks WHERE tenant = ?1 AND operation IN (SELECT value FROM json_each(?2)) \
+             AND active_attempt_id IS NULL AND state IN ('queued', 'retry_wait', 'reconciling') AND ready_at <= ?3 \
+             ORDER BY ready_at, id LIMIT ?4",
+            params![tenant, ops, now.0, limit],
+        )
+    }
+
+    async fn expired_leases(
+        &mut self,
+        now: Timestamp,
+        limit: i64,
+    ) -> Result<Vec<(Uuid, Uuid)>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT task_id, id FROM attempts WHERE state IN ('leased', 'acknowledged') AND lease_expires_at <= ?1 \
+                 ORDER BY lease_expires_at LIMIT ?2",
+            )
+            .map_err(db)?;
+        let rows = stmt
+            .query_map(params![now.0, limit], |r| {
+                Ok((
+                    uuid(&r.get::<_, String>(0)?)?,
+                    uuid(&r.get::<_, String>(1)?)?,
+                ))
+            })
+            .map_err(db)?;
+        rows.collect::<rusqlite::Result<Vec<_>>>().map_err(decode)
+    }
+
+    async fn due_wakeups(&mut self, now: Timestamp, limit: i64) -> Result<Vec<Uuid>, StoreError> {
+        self.ids(
+            "SELECT id FROM tasks WHERE state = 'retry_wait' AND ready_at <= ?1 ORDER BY ready_at LIMIT ?2",
+            params![now.0, limit],
+        )
+    }
+
+    async fn expired_scopes(
+        &mut self,
+        now: Timestamp,
+        limit: i64,
+    ) -> Result<Vec<Uuid>, StoreError> {
+        self.ids(
+            "SELECT t.id FROM tasks t JOIN idempotency_keys k ON k.task_id = t.id \
+             WHERE t.key_expires_at IS NOT NULL AND t.key_expires_at <= ?1 ORDER BY t.key_expires_at LIMIT ?2",
+            params![now.0, limit],
+        )
+    }
+}
+
+/// Every task column in [`TASK_COLUMNS`] order, as SQL values.
+fn task_values(t: &Task) -> Result<Vec<rusqlite::types::Value>, StoreError> {
+    use rusqlite::types::Value as V;
+    let text = |s: &str| V::Text(s.to_owned());
+    let opt_text = |s: Option<String>| s.map_or(V::Null, V::Text);
+    let opt_int = |i: Option<i64>| i.map_or(V::Null, V::Integer);
+    let c = &t.control;
+    Ok(vec![
+        V::Text(t.id.to_string()),
+        text(&c.tenant),
+        text(&t.operation),
+        text(&t.idempotency_key),
+        text(&t.fingerprint),
+        text(&c.canonical_request),
+        V::Text(to_json(&t.params)?),
+        text(t.state.as_str()),
+        V::Integer(t.generation),
+        V::Integer(c.version),
+        V::Integer(c.event_seq),
+        V::Integer(t.attempt_count),
+        V::Integer(c.execute_count),
+        V::Integer(t.usage),
+        V::Text(to_json(&t.contract)?),
+        opt_text(t.cancellation.as_ref().map(to_json).transpose()?),
+        opt_text(t.delivery.as_ref().map(to_json).transpose()?),
+        opt_text(t.failure.as_ref().map(to_json).transpose()?),
+        V::Text(c.api_key_id.to_string()),
+        opt_text(c.next_kind.map(|k| k.as_str().to_owned())),
+        opt_text(c.active_attempt_id.map(|id| id.to_string())),
+        V::Integer(c.ready_at.0),
+        V::Integer(c.deadline_at.0),
+        opt_int(c.terminal_at.map(|t| t.0)),
+        opt_int(c.key_expires_at.map(|t| t.0)),
+        V::Integer(t.created_at.0),
+        V::Integer(t.updated_at.0),
+    ])
+}

@@ -220,8 +220,17 @@ impl Store {
     ///
     /// # Errors
     /// Storage failures only; refusals are in the output.
+    /// Writing operations run on their own task, so the transaction reaches its
+    /// commit (or rollback) even when the caller is dropped, e.g. because the
+    /// HTTP client disconnected (SPEC §7).
     pub async fn execute(&self, op: Op) -> Result<Output> {
-        self.backend.execute(op).await
+        if !op.writes() {
+            return self.backend.execute(op).await;
+        }
+        let backend = Arc::clone(&self.backend);
+        tokio::spawn(async move { backend.execute(op).await })
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("store task failed: {e}")))?
     }
 }
 

@@ -1,1 +1,337 @@
-fn main() {}
+//! `idem`: the one binary (SPEC §6): `serve`, `keys`, `task`, `migrate`, `gc`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Parser, Subcommand};
+use idem_core::config::Config;
+use idem_core::model::Role;
+use idem_store::Store;
+use uuid::Uuid;
+
+/// The default store: an embedded SQLite file (SPEC §5).
+const DEFAULT_STORE: &str = "sqlite://./idem-data/idem.db";
+
+#[derive(Parser)]
+#[command(
+    name = "idem",
+    version,
+    about = "A durable coordinator for duplicate-sensitive work"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Args, Clone)]
+struct StoreArgs {
+    /// `sqlite://PATH` or `postgres://user@host:port/db`.
+    #[arg(long, env = "IDEM_STORE", default_value = DEFAULT_STORE, global = true)]
+    store: String,
+    /// Shift this process's clock by this many ms (testing clock skew only).
+    #[arg(
+        long,
+        env = "IDEM_CLOCK_OFFSET_MS",
+        default_value_t = 0,
+        hide = true,
+        allow_hyphen_values = true,
+        global = true
+    )]
+    clock_offset_ms: i64,
+    /// PostgreSQL pool size (connections per instance).
+    #[arg(long, env = "IDEM_PG_POOL_SIZE", default_value_t = 16, global = true)]
+    pg_pool_size: usize,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the HTTP service.
+    Serve {
+        /// Address to listen on (port 0 picks a free port; the address is logged).
+        #[arg(long, env = "IDEM_LISTEN", default_value = "127.0.0.1:8787")]
+        listen: SocketAddr,
+        /// TOML configuration of operation classes; default: the bundled one.
+        #[arg(long, env = "IDEM_CONFIG")]
+        config: Option<PathBuf>,
+        /// How often leases are expired, backoffs woken and keys removed, ms.
+        #[arg(long, env = "IDEM_SWEEP_INTERVAL_MS", default_value_t = 200)]
+        sweep_interval_ms: u64,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Manage API keys (store-level).
+    Keys {
+        #[command(subcommand)]
+        command: KeysCommand,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Inspect a task (store-level, any tenant).
+    Task {
+        #[command(subcommand)]
+        command: TaskCommand,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Apply database migrations and exit.
+    Migrate {
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// One sweep: expire leases, wake backoffs, remove keys past retention.
+    Gc {
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Print the OpenAPI document.
+    Openapi,
+}
+
+#[derive(Subcommand)]
+enum KeysCommand {
+    /// Create a key; prints the plain key (once) and nothing else on stdout.
+    Create {
+        /// Tenant the key belongs to.
+        #[arg(long)]
+        tenant: String,
+        /// `client`, `executor` or `admin`.
+        #[arg(long)]
+        role: String,
+        /// Comma-separated operation classes the key is limited to (default: all).
+        #[arg(long, value_delimiter = ',')]
+        operations: Option<Vec<String>>,
+    },
+    /// Revoke a key by id.
+    Revoke {
+        /// Key id.
+        id: Uuid,
+    },
+    /// One line per key: id, tenant, role, operations, created, revoked.
+    List,
+}
+
+#[derive(Subcommand)]
+enum TaskCommand {
+    /// The task as JSON.
+    Show {
+        /// Task id.
+        id: Uuid,
+    },
+    /// The event history as JSON.
+    Events {
+        /// Task id.
+        id: Uuid,
+    },
+    /// Attempts with evidence as JSON.
+    Attempts {
+        /// Task id.
+        id: Uuid,
+    },
+}
+
+async fn open_store(args: &StoreArgs) -> Result<Store> {
+    if let Some(path) = args.store.strip_prefix("sqlite://") {
+        let options = idem_store_sqlite::SqliteOptions {
+            clock_offset_ms: args.clock_offset_ms,
+        };
+        let path = path.to_owned();
+        return tokio::task::spawn_blocking(move || idem_store_sqlite::open(path, options))
+            .await?
+            .context("opening the SQLite store");
+    }
+    if args.store.starts_with("postgres://") || args.store.starts_with("postgresql://") {
+        let options = idem_store_postgres::PgOptions::default().with_max_size(args.pg_pool_size);
+        return idem_store_postgres::connect(&args.store, options)
+            .await
+            .context("connecting to PostgreSQL");
+    }
+    bail!(
+        "--store must start with sqlite:// or postgres://, got `{}`",
+        args.store
+    )
+}
+
+fn load_config(path: Option<&PathBuf>) -> Result<Config> {
+    let vars = std::env::vars().filter(|(k, _)| k.starts_with("IDEM_OPERATIONS__"));
+    let config = match path {
+        Some(p) => {
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            Config::from_toml_with_env(&text, vars)?
+        }
+        None => {
+            tracing::info!(
+                "no --config / IDEM_CONFIG given: using the bundled configuration (examples/idem.toml)"
+            );
+            Config::from_toml_with_env(idem_core::config::DEFAULT_TOML, vars)?
+        }
+    };
+    Ok(config)
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        {
+            s.recv().await;
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}
+
+fn print_json(v: &impl serde::Serialize) -> Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+async fn serve(
+    listen: SocketAddr,
+    config: Option<PathBuf>,
+    sweep_ms: u64,
+    store_args: StoreArgs,
+) -> Result<()> {
+    let config = load_config(config.as_ref())?;
+    let store = open_store(&store_args).await?;
+    let version = config.version();
+    let state = idem_http::AppState::new(store.clone(), config);
+    let work = state.work.clone();
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("binding {listen}"))?;
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, store = store.kind(), config_version = %version, "idem listening on http://{addr}");
+    println!("idem listening on http://{addr}");
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let sweeper = tokio::spawn(idem_http::run_sweeper(
+        store,
+        work,
+        Duration::from_millis(sweep_ms.max(10)),
+        async move {
+            let mut rx = stop_rx;
+            let _ = rx.wait_for(|stop| *stop).await;
+        },
+    ));
+    axum::serve(listener, idem_http::router(state))
+        .with_graceful_shutdown(shutdown_signal())
+        .await?;
+    let _ = stop_tx.send(true);
+    let _ = sweeper.await;
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve {
+            listen,
+            config,
+            sweep_interval_ms,
+            store,
+        } => serve(listen, config, sweep_interval_ms, store).await,
+        Command::Keys { command, store } => {
+            let store = open_store(&store).await?;
+            match command {
+                KeysCommand::Create {
+                    tenant,
+                    role,
+                    operations,
+                } => {
+                    let role: Role = role
+                        .parse()
+                        .map_err(|e| anyhow::anyhow!("{e}: use client, executor or admin"))?;
+                    if tenant.trim().is_empty() {
+                        bail!("--tenant must not be empty");
+                    }
+                    let (key, plain) = store.create_api_key(&tenant, role, operations).await?;
+                    eprintln!(
+                        "created API key {} for tenant {} (role {}); the plain key is shown once",
+                        key.id, key.tenant, key.role
+                    );
+                    println!("{plain}");
+                }
+                KeysCommand::Revoke { id } => match store.revoke_api_key(id).await? {
+                    Some(k) => eprintln!("revoked {}", k.id),
+                    None => bail!("no API key {id}"),
+                },
+                KeysCommand::List => {
+                    for k in store.list_api_keys().await? {
+                        let ops = k.operations.map_or_else(|| "*".to_owned(), |o| o.join(","));
+                        let revoked = k
+                            .revoked_at
+                            .map_or_else(|| "-".to_owned(), |t| t.to_rfc3339());
+                        println!(
+                            "{}\t{}\t{}\t{}\t{}\t{}",
+                            k.id,
+                            k.tenant,
+                            k.role,
+                            ops,
+                            k.created_at.to_rfc3339(),
+                            revoked
+                        );
+                    }
+                }
+            }
+            Ok(())
+        }
+        Command::Task { command, store } => {
+            let store = open_store(&store).await?;
+            match command {
+                TaskCommand::Show { id } => print_json(
+                    &store
+                        .get_task(None, id)
+                        .await?
+                        .map_err(|_| anyhow::anyhow!("no task {id}"))?,
+                ),
+                TaskCommand::Events { id } => print_json(
+                    &store
+                        .list_events(None, id)
+                        .await?
+                        .map_err(|_| anyhow::anyhow!("no task {id}"))?,
+                ),
+                TaskCommand::Attempts { id } => print_json(
+                    &store
+                        .list_attempts(None, id)
+                        .await?
+                        .map_err(|_| anyhow::anyhow!("no task {id}"))?,
+                ),
+            }
+        }
+        Command::Migrate { store } => {
+            let s = open_store(&store).await?;
+            eprintln!("migrations applied ({})", s.kind());
+            Ok(())
+        }
+        Command::Gc { store } => {
+            let s = open_store(&store).await?;
+            let stats = s.sweep(10_000).await?;
+            println!(
+                "expired {} leases, woke {} tasks, released {} idempotency keys",
+                stats.expired, stats.woken, stats.keys_released
+            );
+            Ok(())
+        }
+        Command::Openapi => {
+            println!("{}", serde_json::to_string_pretty(&idem_http::openapi())?);
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,656 @@
+//! Handlers of SPEC §4, each documented for the OpenAPI document.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use idem_core::config::MIN_LEASE_MS;
+use idem_core::fingerprint::canonical_request;
+use idem_core::key::parse_header_values;
+use idem_core::machine::Report;
+use idem_core::model::{
+    Attempt, AttemptKind, Cancellation, Event, FailureClass, Outcome, Role, Task, Timestamp,
+};
+use idem_store::ops::{ClaimRequest, Submission, SubmitOutcome};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::{IntoParams, ToSchema};
+use uuid::Uuid;
+
+use crate::auth::Caller;
+use crate::problem::Problem;
+use crate::{AppResult, BODY_LIMIT_BYTES, MAX_WAIT_MS, St};
+
+/// `POST /v1/tasks` body.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct SubmitBody {
+    /// Operation class, e.g. `payment.release`.
+    pub operation: String,
+    /// Request params (a JSON object); the class's material fields are fingerprinted.
+    #[schema(value_type = Object)]
+    pub params: Value,
+}
+
+/// Submit response metadata.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Meta {
+    /// The request id (also in `X-Request-Id`).
+    pub request_id: String,
+    /// The idempotency key as parsed.
+    pub idempotency_key: String,
+    /// Whether this answer is a replay of an earlier acceptance.
+    pub replayed: bool,
+}
+
+/// Submit response.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SubmitResponse {
+    /// The task.
+    pub task: Task,
+    /// Metadata.
+    pub meta: Meta,
+}
+
+/// `{"task": TASK}`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TaskEnvelope {
+    /// The task.
+    pub task: Task,
+}
+
+/// `{"attempts": [...]}`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AttemptsEnvelope {
+    /// Attempts by number, each with its evidence.
+    pub attempts: Vec<Attempt>,
+}
+
+/// `{"events": [...]}`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EventsEnvelope {
+    /// Events by sequence number.
+    pub events: Vec<Event>,
+}
+
+/// Cancel response.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CancelResponse {
+    /// The task after the request.
+    pub task: Task,
+    /// The cancellation record (also in `task.cancellation`).
+    pub cancellation: Cancellation,
+}
+
+/// Scope lookup query.
+#[derive(Debug, Deserialize, IntoParams)]
+pub struct LookupQuery {
+    /// Operation class.
+    pub operation: Option<String>,
+    /// Idempotency key.
+    pub idempotency_key: Option<String>,
+}
+
+/// `POST /v1/attempts/claim` body.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct ClaimBody {
+    /// Executor id recorded on the attempt (1–200 characters).
+    pub executor_id: String,
+    /// Operation classes to claim from; default: every class the key is granted.
+    #[serde(default)]
+    pub operations: Option<Vec<String>>,
+    /// Attempts at most (1–100, default 1).
+    #[serde(default)]
+    pub max: Option<i64>,
+    /// Lease length, ms: 100 ms to the class maximum; default: the class default.
+    #[serde(default)]
+    pub lease_ms: Option<i64>,
+    /// Long-poll: wait up to this many ms for work (0–30000, default 0).
+    #[serde(default)]
+    pub wait_ms: Option<u64>,
+}
+
+/// One leased attempt.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ClaimedAttempt {
+    /// Attempt id: pass it (or the task id) to the provider as its idempotency key.
+    pub id: Uuid,
+    /// Task id.
+    pub task_id: Uuid,
+    /// Attempt number.
+    pub number: i64,
+    /// Fencing generation: send it with every heartbeat and report.
+    pub generation: i64,
+    /// `execute` or `reconcile`.
+    pub kind: AttemptKind,
+    /// Lease end.
+    pub lease_expires_at: Timestamp,
+    /// Operation class.
+    pub operation: String,
+    /// Task params.
+    #[schema(value_type = Object)]
+    pub params: Value,
+    /// The client's idempotency key.
+    pub idempotency_key: String,
+}
+
+/// Claim response.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ClaimResponse {
+    /// Leased attempts (empty when nothing is due).
+    pub attempts: Vec<ClaimedAttempt>,
+}
+
+/// Heartbeat body.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct HeartbeatBody {
+    /// The generation the executor holds.
+    pub generation: i64,
+    /// The attempt's total usage so far.
+    #[serde(default)]
+    pub usage: Option<i64>,
+}
+
+/// Heartbeat response.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct HeartbeatResponse {
+    /// The extended lease end.
+    pub lease_expires_at: Timestamp,
+    /// A cancellation is pending: stop and report `cancelled` with usage.
+    pub cancel_requested: bool,
+}
+
+/// Device acknowledgment body.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct AckBody {
+    /// The generation the executor holds.
+    pub generation: i64,
+}
+
+/// Report body.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct ReportBody {
+    /// The generation the executor holds.
+    pub generation: i64,
+    /// `succeeded`, `failed`, `unknown`, `cancelled`, `committed`, `not_committed`.
+    pub outcome: Outcome,
+    /// Result document (`succeeded`, `committed`).
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub result: Option<Value>,
+    /// Required with `failed`: `transient`, `invalid_input`, `permission_denied`.
+    #[serde(default)]
+    pub failure_class: Option<FailureClass>,
+    /// Free text.
+    #[serde(default)]
+    pub message: Option<String>,
+    /// The attempt's total usage (integer units).
+    #[serde(default)]
+    pub usage: Option<i64>,
+    /// The external system's transaction id.
+    #[serde(default)]
+    pub external_txn_id: Option<String>,
+}
+
+/// Liveness / readiness answer.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Health {
+    /// `ok`.
+    pub status: String,
+    /// `sqlite` or `postgres` (readiness only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub store: Option<String>,
+}
+
+/// Reads a JSON body strictly (duplicate keys, unsafe integers, depth > 64 → 400)
+/// and decodes it into `T`.
+fn strict_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> AppResult<(Value, T)> {
+    let bytes = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            Problem::too_large(BODY_LIMIT_BYTES)
+        } else {
+            Problem::invalid(e.body_text())
+        }
+    })?;
+    let value =
+        idem_core::json::parse_strict(&bytes).map_err(|e| Problem::invalid(e.to_string()))?;
+    let typed = serde_json::from_value(value.clone())
+        .map_err(|e| Problem::invalid(format!("body: {e}")))?;
+    Ok((value, typed))
+}
+
+fn path_id(raw: &str) -> AppResult<Uuid> {
+    Uuid::parse_str(raw).map_err(|_| Problem::not_found())
+}
+
+fn request_id(headers: &HeaderMap) -> String {
+    headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// Submit a task with an `Idempotency-Key` (SPEC §2.1–2.3, IDEM-01).
+#[utoipa::path(post, path = "/v1/tasks", tag = "tasks",
+    params(("Idempotency-Key" = String, Header, description = "RFC 9651 sf-string (\"abc\") or bare token; 1–255 visible ASCII")),
+    request_body = SubmitBody,
+    responses(
+        (status = 201, description = "Accepted, or a replay (`Idempotent-Replayed: true`)", body = SubmitResponse),
+        (status = 400, description = "IDEMPOTENCY_KEY_MISSING, IDEMPOTENCY_KEY_INVALID, INVALID_REQUEST", body = Problem, content_type = "application/problem+json"),
+        (status = 401, body = Problem, content_type = "application/problem+json"),
+        (status = 403, body = Problem, content_type = "application/problem+json"),
+        (status = 413, body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "IDEMPOTENCY_CONFLICT: same scope, different fingerprint", body = Problem, content_type = "application/problem+json"),
+        (status = 503, body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn submit_task(
+    State(st): St,
+    caller: Caller,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> AppResult<Response> {
+    let res = submit_inner(&st, &caller, &headers, body).await;
+    let outcome = match &res {
+        Ok((_, true)) => "replayed",
+        Ok((_, false)) => "created",
+        Err(p) if p.code == "IDEMPOTENCY_CONFLICT" => "conflict",
+        Err(p) if p.status == 503 || p.status == 500 => "error",
+        Err(_) => "invalid",
+    };
+    metrics::counter!("idem_submits_total", "outcome" => outcome).increment(1);
+    res.map(|(r, _)| r)
+}
+
+async fn submit_inner(
+    st: &crate::AppState,
+    caller: &Caller,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> AppResult<(Response, bool)> {
+    caller.require(Role::Client)?;
+    let key = parse_header_values(
+        headers
+            .get_all("idempotency-key")
+            .iter()
+            .map(HeaderValue::as_bytes),
+    )
+    .map_err(|e| Problem::new(StatusCode::BAD_REQUEST, e.problem_code(), e.to_string()))?;
+    let (_, body): (Value, SubmitBody) = strict_body(body)?;
+    let Some(class) = st.config.operations.get(&body.operation) else {
+        return Err(Problem::invalid(format!(
+            "unknown operation `{}`",
+            body.operation
+        )));
+    };
+    if !body.params.is_object() {
+        return Err(Problem::invalid("`params` must be a JSON object"));
+    }
+    caller.require_grant(&body.operation)?;
+    let canonical = canonical_request(&body.operation, &body.params, &class.fingerprint)
+        .map_err(|e| Problem::invalid(e.to_string()))?;
+    let contract = st
+        .config
+        .contract(&body.operation)
+        .ok_or_else(|| Problem::invalid("unknown operation"))?;
+    let outcome = st
+        .store
+        .submit(Submission {
+            tenant: caller.0.tenant.clone(),
+            operation: body.operation.clone(),
+            idempotency_key: key.as_str().to_owned(),
+            fingerprint: canonical.fingerprint.to_string(),
+            canonical_request: canonical.canonical,
+            params: body.params,
+            contract,
+            api_key_id: caller.0.id,
+            grant: caller.0.operations.clone(),
+        })
+        .await?;
+    let (task, replayed) = match outcome {
+        SubmitOutcome::Created(t) => {
+            st.work.notify_waiters();
+            (t, false)
+        }
+        SubmitOutcome::Replayed(t) => (t, true),
+        SubmitOutcome::Conflict { task_id } => {
+            let mut p = Problem::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "IDEMPOTENCY_CONFLICT",
+                format!(
+                    "this Idempotency-Key is bound to task {task_id} with a different request fingerprint; nothing was changed"
+                ),
+            );
+            p.task_id = Some(task_id);
+            return Err(p);
+        }
+    };
+    let location = format!("/v1/tasks/{}", task.id);
+    let body = SubmitResponse {
+        meta: Meta {
+            request_id: request_id(headers),
+            idempotency_key: key.as_str().to_owned(),
+            replayed,
+        },
+        task,
+    };
+    let mut res = (StatusCode::CREATED, Json(body)).into_response();
+    if let Ok(v) = HeaderValue::from_str(&location) {
+        res.headers_mut().insert(header::LOCATION, v);
+    }
+    if replayed {
+        res.headers_mut()
+            .insert("idempotent-replayed", HeaderValue::from_static("true"));
+    }
+    Ok((res, replayed))
+}
+
+/// Look a task up by scope after a timeout.
+#[utoipa::path(get, path = "/v1/tasks", tag = "tasks", params(LookupQuery),
+    responses((status = 200, body = TaskEnvelope), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")))]
+pub async fn lookup_task(
+    State(st): St,
+    caller: Caller,
+    q: Result<Query<LookupQuery>, QueryRejection>,
+) -> AppResult<Json<TaskEnvelope>> {
+    caller.require(Role::Client)?;
+    let Query(q) = q.map_err(|e| Problem::invalid(e.body_text()))?;
+    let (Some(operation), Some(key)) = (q.operation, q.idempotency_key) else {
+        return Err(Problem::invalid(
+            "both `operation` and `idempotency_key` are required",
+        ));
+    };
+    let key = idem_core::key::IdempotencyKey::parse_header(key.as_bytes())
+        .map_err(|e| Problem::new(StatusCode::BAD_REQUEST, e.problem_code(), e.to_string()))?;
+    let task = st
+        .store
+        .find_task(&caller.0.tenant, &operation, key.as_str())
+        .await??;
+    Ok(Json(TaskEnvelope { task }))
+}
+
+/// Read a task.
+#[utoipa::path(get, path = "/v1/tasks/{id}", tag = "tasks", params(("id" = String, Path, description = "task id")),
+    responses((status = 200, body = TaskEnvelope), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")))]
+pub async fn get_task(
+    State(st): St,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> AppResult<Json<TaskEnvelope>> {
+    caller.require(Role::Client)?;
+    let task = st
+        .store
+        .get_task(Some(&caller.0.tenant), path_id(&id)?)
+        .await??;
+    Ok(Json(TaskEnvelope { task }))
+}
+
+/// Attempts of a task with their evidence.
+#[utoipa::path(get, path = "/v1/tasks/{id}/attempts", tag = "tasks", params(("id" = String, Path, description = "task id")),
+    responses((status = 200, body = AttemptsEnvelope), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")))]
+pub async fn list_attempts(
+    State(st): St,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> AppResult<Json<AttemptsEnvelope>> {
+    caller.require(Role::Client)?;
+    let attempts = st
+        .store
+        .list_attempts(Some(&caller.0.tenant), path_id(&id)?)
+        .await??;
+    Ok(Json(AttemptsEnvelope { attempts }))
+}
+
+/// The append-only event history of a task.
+#[utoipa::path(get, path = "/v1/tasks/{id}/events", tag = "tasks", params(("id" = String, Path, description = "task id")),
+    responses((status = 200, body = EventsEnvelope), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")))]
+pub async fn list_events(
+    State(st): St,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> AppResult<Json<EventsEnvelope>> {
+    caller.require(Role::Client)?;
+    let events = st
+        .store
+        .list_events(Some(&caller.0.tenant), path_id(&id)?)
+        .await??;
+    Ok(Json(EventsEnvelope { events }))
+}
+
+/// Request cancellation (SPEC §2.7, CANCEL-01): 202 when recorded and pending, 200 when settled.
+#[utoipa::path(post, path = "/v1/tasks/{id}/cancel", tag = "tasks", params(("id" = String, Path, description = "task id")),
+    responses((status = 200, description = "confirmed or too_late", body = CancelResponse), (status = 202, description = "requested", body = CancelResponse), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")))]
+pub async fn cancel_task(
+    State(st): St,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> AppResult<Response> {
+    caller.require(Role::Client)?;
+    let (task, cancellation) = st.store.cancel(&caller.0.tenant, path_id(&id)?).await??;
+    let status = if cancellation.status == idem_core::model::CancelStatus::Requested {
+        StatusCode::ACCEPTED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(CancelResponse { task, cancellation })).into_response())
+}
+
+/// Acknowledge receipt of the delivery (idempotent; never charges again).
+#[utoipa::path(post, path = "/v1/tasks/{id}/delivery/ack", tag = "tasks", params(("id" = String, Path, description = "task id")),
+    responses((status = 200, body = TaskEnvelope), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 409, description = "NOT_DELIVERED", body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")))]
+pub async fn acknowledge_delivery(
+    State(st): St,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> AppResult<Json<TaskEnvelope>> {
+    caller.require(Role::Client)?;
+    let task = st
+        .store
+        .acknowledge_delivery(&caller.0.tenant, path_id(&id)?)
+        .await??;
+    Ok(Json(TaskEnvelope { task }))
+}
+
+/// Lease attempts (executors). Never leases one attempt twice; optional long-poll.
+#[utoipa::path(post, path = "/v1/attempts/claim", tag = "attempts", request_body = ClaimBody,
+    responses((status = 200, body = ClaimResponse), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 413, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")))]
+pub async fn claim(
+    State(st): St,
+    caller: Caller,
+    body: Result<Bytes, BytesRejection>,
+) -> AppResult<Json<ClaimResponse>> {
+    caller.require(Role::Executor)?;
+    let (_, body): (Value, ClaimBody) = strict_body(body)?;
+    if body.executor_id.is_empty() || body.executor_id.len() > 200 {
+        return Err(Problem::invalid("`executor_id` must be 1–200 characters"));
+    }
+    let operations: Vec<String> = match body.operations {
+        Some(ops) => {
+            if ops.is_empty() {
+                return Err(Problem::invalid("`operations` must not be empty"));
+            }
+            for op in &ops {
+                if !st.config.operations.contains_key(op) {
+                    return Err(Problem::invalid(format!("unknown operation `{op}`")));
+                }
+                caller.require_grant(op)?;
+            }
+            ops
+        }
+        None => st
+            .config
+            .operations
+            .keys()
+            .filter(|op| caller.0.grants(op))
+            .cloned()
+            .collect(),
+    };
+    let max = body.max.unwrap_or(1);
+    if !(1..=100).contains(&max) {
+        return Err(Problem::invalid("`max` must be 1–100"));
+    }
+    if let Some(lease) = body.lease_ms {
+        let limit = operations
+            .iter()
+            .filter_map(|op| st.config.operations.get(op))
+            .map(|c| c.lease.max_ms)
+            .min()
+            .unwrap_or(MIN_LEASE_MS);
+        if lease < MIN_LEASE_MS || lease > limit {
+            return Err(Problem::invalid(format!(
+                "`lease_ms` must be {MIN_LEASE_MS}–{limit}"
+            )));
+        }
+    }
+    let wait_ms = body.wait_ms.unwrap_or(0);
+    if wait_ms > MAX_WAIT_MS {
+        return Err(Problem::invalid(format!(
+            "`wait_ms` must be 0–{MAX_WAIT_MS}"
+        )));
+    }
+    let req = ClaimRequest {
+        tenant: caller.0.tenant.clone(),
+        operations,
+        executor_id: body.executor_id,
+        max,
+        lease_ms: body.lease_ms,
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
+    loop {
+        let notified = st.work.notified();
+        let claimed = if req.operations.is_empty() {
+            Vec::new()
+        } else {
+            st.store.claim(req.clone()).await?
+        };
+        if !claimed.is_empty() || tokio::time::Instant::now() >= deadline {
+            metrics::counter!("idem_attempts_leased_total").increment(claimed.len() as u64);
+            let attempts = claimed
+                .into_iter()
+                .map(|c| ClaimedAttempt {
+                    id: c.attempt.id,
+                    task_id: c.task.id,
+                    number: c.attempt.number,
+                    generation: c.attempt.generation,
+                    kind: c.attempt.kind,
+                    lease_expires_at: c.attempt.lease_expires_at,
+                    operation: c.task.operation,
+                    params: c.task.params,
+                    idempotency_key: c.task.idempotency_key,
+                })
+                .collect();
+            return Ok(Json(ClaimResponse { attempts }));
+        }
+        // Other instances' work is not notified here: poll at least every 100 ms.
+        let nap = deadline.min(tokio::time::Instant::now() + Duration::from_millis(100));
+        let _ = tokio::time::timeout_at(nap, notified).await;
+    }
+}
+
+/// Extend a lease; learn whether a cancellation is pending.
+#[utoipa::path(post, path = "/v1/attempts/{id}/heartbeat", tag = "attempts", params(("id" = String, Path, description = "attempt id")), request_body = HeartbeatBody,
+    responses((status = 200, body = HeartbeatResponse), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 409, description = "STALE_GENERATION", body = Problem, content_type = "application/problem+json"), (status = 413, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")))]
+pub async fn heartbeat(
+    State(st): St,
+    caller: Caller,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> AppResult<Json<HeartbeatResponse>> {
+    caller.require(Role::Executor)?;
+    let attempt_id = path_id(&id)?;
+    let (_, body): (Value, HeartbeatBody) = strict_body(body)?;
+    if body.usage.is_some_and(|u| u < 0) {
+        return Err(Problem::invalid("usage must not be negative"));
+    }
+    let ack = st
+        .store
+        .heartbeat(&caller.0.tenant, attempt_id, body.generation, body.usage)
+        .await??;
+    Ok(Json(HeartbeatResponse {
+        lease_expires_at: ack.lease_expires_at,
+        cancel_requested: ack.cancel_requested,
+    }))
+}
+
+/// Device gateway: the command was acknowledged (not completed). The task stays `running`.
+#[utoipa::path(post, path = "/v1/attempts/{id}/ack", tag = "attempts", params(("id" = String, Path, description = "attempt id")), request_body = AckBody,
+    responses((status = 200, body = TaskEnvelope), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 409, description = "STALE_GENERATION", body = Problem, content_type = "application/problem+json"), (status = 413, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")))]
+pub async fn acknowledge(
+    State(st): St,
+    caller: Caller,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> AppResult<Json<TaskEnvelope>> {
+    caller.require(Role::Executor)?;
+    let attempt_id = path_id(&id)?;
+    let (raw, body): (Value, AckBody) = strict_body(body)?;
+    let task = st
+        .store
+        .acknowledge(&caller.0.tenant, attempt_id, body.generation, raw)
+        .await??;
+    Ok(Json(TaskEnvelope { task }))
+}
+
+/// Report an attempt's outcome. Stale generations are kept as evidence and answered 409.
+#[utoipa::path(post, path = "/v1/attempts/{id}/report", tag = "attempts", params(("id" = String, Path, description = "attempt id")), request_body = ReportBody,
+    responses((status = 200, body = TaskEnvelope), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 409, description = "STALE_GENERATION or ATTEMPT_ALREADY_REPORTED", body = Problem, content_type = "application/problem+json"), (status = 413, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")))]
+pub async fn report(
+    State(st): St,
+    caller: Caller,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> AppResult<Json<TaskEnvelope>> {
+    caller.require(Role::Executor)?;
+    let attempt_id = path_id(&id)?;
+    let (raw, body): (Value, ReportBody) = strict_body(body)?;
+    let report = Report {
+        generation: body.generation,
+        outcome: body.outcome,
+        result: body.result,
+        failure_class: body.failure_class,
+        message: body.message,
+        usage: body.usage,
+        external_txn_id: body.external_txn_id,
+        body: raw,
+    };
+    let res = st
+        .store
+        .report(&caller.0.tenant, attempt_id, report)
+        .await?;
+    let label = match &res {
+        Ok(_) => "applied",
+        Err(idem_store::Refusal::Machine(idem_core::machine::Rejection::StaleGeneration {
+            ..
+        })) => "stale",
+        Err(_) => "refused",
+    };
+    metrics::counter!("idem_reports_total", "result" => label).increment(1);
+    let task = res?;
+    if !task.state.is_terminal() {
+        st.work.notify_waiters();
+    }
+    Ok(Json(TaskEnvelope { task }))
+}
+
+/// Liveness.
+#[utoipa::path(get, path = "/healthz", tag = "operations", security(()), responses((status = 200, body = Health)))]
+pub async fn healthz() -> Json<Health> {
+    Json(Health {
+        status: "ok".into(),
+        store: None,
+    })
+}
+
+/// Readiness: the store answers.
+#[utoipa::path(get, path = "/readyz", tag = "operations", security(()), responses((status = 200, body = Health), (status = 503, body = Problem, content_type = "application/problem+json")))]
+pub async fn readyz(State(st): St) -> AppResult<Json<Health>> {
+    st.store.ping().await?;
+    Ok(Json(Health {
+        status: "ok".into(),
+        store: Some(st.store.kind().into()),
+    }))
+}

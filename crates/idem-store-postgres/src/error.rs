@@ -1,0 +1,53 @@
+//! Mapping of driver and pool errors to [`StoreError`].
+
+use std::error::Error as _;
+
+use idem_store::StoreError;
+use tokio_postgres::error::SqlState;
+
+/// Maps a tokio-postgres error to a [`StoreError`]:
+///
+/// - serialization failure (`40001`), deadlock (`40P01`) and unique violation
+///   (`23505`, a concurrent writer got there first) → [`StoreError::Contention`]
+///   (the whole transaction is run again);
+/// - data exceptions (`22…`), other integrity violations (`23…`, including the
+///   append-only triggers) and raised exceptions (`P0…`) → [`StoreError::Corrupt`];
+/// - everything else (connection lost, timeouts, admin shutdown, resources,
+///   no error code at all) → [`StoreError::Unavailable`] (HTTP 503).
+pub fn map_pg_error(e: tokio_postgres::Error) -> StoreError {
+    let Some(db) = e.as_db_error() else {
+        let mut msg = e.to_string();
+        let mut src = e.source();
+        while let Some(s) = src {
+            msg.push_str(": ");
+            msg.push_str(&s.to_string());
+            src = s.source();
+        }
+        return StoreError::Unavailable(msg);
+    };
+    let code = db.code();
+    let msg = format!("{} {}: {}", db.severity(), code.code(), db.message());
+    if *code == SqlState::T_R_SERIALIZATION_FAILURE
+        || *code == SqlState::T_R_DEADLOCK_DETECTED
+        || *code == SqlState::UNIQUE_VIOLATION
+    {
+        return StoreError::Contention(msg);
+    }
+    match code.code().get(..2) {
+        Some("22" | "23" | "P0") => StoreError::Corrupt(msg),
+        _ => StoreError::Unavailable(msg),
+    }
+}
+
+/// A pool failure (no connection within the timeout, cannot connect …).
+pub(crate) fn pool_error(e: deadpool_postgres::PoolError) -> StoreError {
+    match e {
+        deadpool_postgres::PoolError::Backend(e) => map_pg_error(e),
+        other => StoreError::Unavailable(format!("connection pool: {other}")),
+    }
+}
+
+/// A stored value that does not decode.
+pub(crate) fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(format!("{what}: {e}"))
+}

@@ -1,0 +1,747 @@
+//! [`Tx`] over one PostgreSQL transaction.
+
+use std::collections::HashMap;
+use std::sync::LazyLock;
+
+use deadpool_postgres::Transaction;
+use idem_core::model::{
+    ApiKey, Attempt, AttemptKind, AttemptState, Event, Evidence, Role, Task, TaskControl,
+    TaskState, Timestamp,
+};
+use idem_store::{Result, ScopeRow, StoreError, Tx};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio_postgres::Row;
+use tokio_postgres::types::{FromSql, ToSql};
+use uuid::Uuid;
+
+use crate::error::{corrupt, map_pg_error};
+
+type Param<'a> = &'a (dyn ToSql + Sync);
+
+/// One open READ COMMITTED transaction; implements [`Tx`]. Every statement is
+/// prepared once per connection (`prepare_cached`).
+pub struct PgTx<'a> {
+    tx: Transaction<'a>,
+}
+
+impl std::fmt::Debug for PgTx<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgTx").finish_non_exhaustive()
+    }
+}
+
+impl<'a> PgTx<'a> {
+    /// Wraps an open transaction.
+    pub fn new(tx: Transaction<'a>) -> PgTx<'a> {
+        PgTx { tx }
+    }
+
+    /// The transaction, to commit or roll back.
+    pub fn into_inner(self) -> Transaction<'a> {
+        self.tx
+    }
+
+    async fn query(&self, sql: &str, params: &[Param<'_>]) -> Result<Vec<Row>> {
+        let stmt = self.tx.prepare_cached(sql).await.map_err(map_pg_error)?;
+        self.tx.query(&stmt, params).await.map_err(map_pg_error)
+    }
+
+    async fn query_opt(&self, sql: &str, params: &[Param<'_>]) -> Result<Option<Row>> {
+        let stmt = self.tx.prepare_cached(sql).await.map_err(map_pg_error)?;
+        self.tx.query_opt(&stmt, params).await.map_err(map_pg_error)
+    }
+
+    async fn exec(&self, sql: &str, params: &[Param<'_>]) -> Result<u64> {
+        let stmt = self.tx.prepare_cached(sql).await.map_err(map_pg_error)?;
+        self.tx.execute(&stmt, params).await.map_err(map_pg_error)
+    }
+}
+
+// ---------------------------------------------------------------- decoding
+
+fn get<'r, T: FromSql<'r>>(row: &'r Row, col: &str) -> Result<T> {
+    row.try_get(col).map_err(|e| corrupt(col, e))
+}
+
+fn word<T: std::str::FromStr>(row: &Row, col: &str) -> Result<T>
+where
+    T::Err: std::fmt::Display,
+{
+    let s: &str = get(row, col)?;
+    s.parse().map_err(|e| corrupt(col, e))
+}
+
+fn opt_word<T: std::str::FromStr>(row: &Row, col: &str) -> Result<Option<T>>
+where
+    T::Err: std::fmt::Display,
+{
+    let s: Option<&str> = get(row, col)?;
+    s.map(|s| s.parse().map_err(|e| corrupt(col, e)))
+        .transpose()
+}
+
+fn json<T: DeserializeOwned>(row: &Row, col: &str) -> Result<T> {
+    let s: &str = get(row, col)?;
+    serde_json::from_str(s).map_err(|e| corrupt(col, e))
+}
+
+fn opt_json<T: DeserializeOwned>(row: &Row, col: &str) -> Result<Option<T>> {
+    let s: Option<&str> = get(row, col)?;
+    s.map(|s| serde_json::from_str(s).map_err(|e| corrupt(col, e)))
+        .transpose()
+}
+
+fn ts(row: &Row, col: &str) -> Result<Timestamp> {
+    get::<i64>(row, col).map(Timestamp)
+}
+
+fn opt_ts(row: &Row, col: &str) -> Result<Option<Timestamp>> {
+    Ok(get::<Option<i64>>(row, col)?.map(Timestamp))
+}
+
+fn to_json<T: Serialize + ?Sized>(what: &str, v: &T) -> Result<String> {
+    serde_json::to_string(v).map_err(|e| corrupt(what, e))
+}
+
+fn opt_to_json<T: Serialize>(what: &str, v: Option<&T>) -> Result<Option<String>> {
+    v.map(|v| to_json(what, v)).transpose()
+}
+
+// ---------------------------------------------------------------- api keys
+
+const KEY_COLS: &str = "id, tenant, role, operations, created_at, revoked_at";
+
+fn api_key_from_row(row: &Row) -> Result<ApiKey> {
+    Ok(ApiKey {
+        id: get(row, "id")?,
+        tenant: get(row, "tenant")?,
+        role: word::<Role>(row, "role")?,
+        operations: opt_json(row, "operations")?,
+        created_at: ts(row, "created_at")?,
+        revoked_at: opt_ts(row, "revoked_at")?,
+    })
+}
+
+// ---------------------------------------------------------------- tasks
+
+/// Task columns in the order of [`TaskValues::params`]; `version` is at index 9.
+const TASK_COLUMNS: [&str; 27] = [
+    "id",
+    "tenant",
+    "operation",
+    "idempotency_key",
+    "fingerprint",
+    "canonical_request",
+    "params",
+    "state",
+    "generation",
+    "version",
+    "event_seq",
+    "attempt_count",
+    "execute_count",
+    "usage",
+    "contract",
+    "cancellation",
+    "delivery",
+    "failure",
+    "api_key_id",
+    "next_kind",
+    "active_attempt_id",
+    "ready_at",
+    "deadline_at",
+    "terminal_at",
+    "key_expires_at",
+    "created_at",
+    "updated_at",
+];
+const VERSION_INDEX: usize = 9;
+
+static TASK_SELECT: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {} FROM tasks WHERE id = $1",
+        TASK_COLUMNS.join(", ")
+    )
+});
+static TASK_SELECT_LOCK: LazyLock<String> =
+    LazyLock::new(|| format!("{} FOR UPDATE", *TASK_SELECT));
+static TASK_INSERT: LazyLock<String> = LazyLock::new(|| {
+    let params: Vec<String> = (1..=TASK_COLUMNS.len()).map(|i| format!("${i}")).collect();
+    format!(
+        "INSERT INTO tasks ({}) VALUES ({})",
+        TASK_COLUMNS.join(", "),
+        params.join(", ")
+    )
+});
+/// `UPDATE tasks SET <every column but id and version> = $2…$26, version = version + 1
+/// WHERE id = $1 AND version = $27 AND generation = $28`.
+static TASK_UPDATE: LazyLock<String> = LazyLock::new(|| {
+    let mut sets = Vec::new();
+    let mut n = 1;
+    for (i, col) in TASK_COLUMNS.iter().enumerate() {
+        if i == VERSION_INDEX {
+            continue;
+        }
+        if i > 0 {
+            sets.push(format!("{col} = ${n}"));
+        }
+        n += 1;
+    }
+    sets.push("version = version + 1".to_owned());
+    format!(
+        "UPDATE tasks SET {} WHERE id = $1 AND version = ${} AND generation = ${}",
+        sets.join(", "),
+        n,
+        n + 1
+    )
+});
+
+/// Owned encodings of a task's non-scalar columns.
+struct TaskValues<'t> {
+    task: &'t Task,
+    params: String,
+    state: &'static str,
+    contract: String,
+    cancellation: Option<String>,
+    delivery: Option<String>,
+    failure: Option<String>,
+    next_kind: Option<&'static str>,
+    ready_at: i64,
+    deadline_at: i64,
+    terminal_at: Option<i64>,
+    key_expires_at: Option<i64>,
+    created_at: i64,
+    updated_at: i64,
+}
+
+impl<'t> TaskValues<'t> {
+    fn new(task: &'t Task) -> Result<TaskValues<'t>> {
+        let c = &task.control;
+        Ok(TaskValues {
+            task,
+            params: to_json("params", &task.params)?,
+            state: task.state.as_str(),
+            contract: to_json("contract", &task.contract)?,
+            cancellation: opt_to_json("cancellation", task.cancellation.as_ref())?,
+            delivery: opt_to_json("delivery", task.delivery.as_ref())?,
+            failure: opt_to_json("failure", task.failure.as_ref())?,
+            next_kind: c.next_kind.map(AttemptKind::as_str),
+            ready_at: c.ready_at.ms(),
+            deadline_at: c.deadline_at.ms(),
+            terminal_at: c.terminal_at.map(Timestamp::ms),
+            key_expires_at: c.key_expires_at.map(Timestamp::ms),
+            created_at: task.created_at.ms(),
+            updated_at: task.updated_at.ms(),
+        })
+    }
+
+    /// Parameters in [`TASK_COLUMNS`] order.
+    fn params(&self) -> [Param<'_>; 27] {
+        let t = self.task;
+        let c = &t.control;
+        [
+            &t.id,
+            &c.tenant,
+            &t.operation,
+            &t.idempotency_key,
+            &t.fingerprint,
+            &c.canonical_request,
+            &self.params,
+            &self.state,
+            &t.generation,
+            &c.version,
+            &c.event_seq,
+            &t.attempt_count,
+            &c.execute_count,
+            &t.usage,
+            &self.contract,
+            &self.cancellation,
+            &self.delivery,
+            &self.failure,
+            &c.api_key_id,
+            &self.next_kind,
+            &c.active_attempt_id,
+            &self.ready_at,
+            &self.deadline_at,
+            &self.terminal_at,
+            &self.key_expires_at,
+            &self.created_at,
+            &self.updated_at,
+        ]
+    }
+}
+
+fn task_from_row(row: &Row) -> Result<Task> {
+    Ok(Task {
+        id: get(row, "id")?,
+        operation: get(row, "operation")?,
+        idempotency_key: get(row, "idempotency_key")?,
+        fingerprint: get(row, "fingerprint")?,
+        params: json(row, "params")?,
+        state: word::<TaskState>(row, "state")?,
+        generation: get(row, "generation")?,
+        attempt_count: get(row, "attempt_count")?,
+        usage: get(row, "usage")?,
+        contract: json(row, "contract")?,
+        cancellation: opt_json(row, "cancellation")?,
+        delivery: opt_json(row, "delivery")?,
+        failure: opt_json(row, "failure")?,
+        created_at: ts(row, "created_at")?,
+        updated_at: ts(row, "updated_at")?,
+        control: TaskControl {
+            tenant: get(row, "tenant")?,
+            api_key_id: get(row, "api_key_id")?,
+            canonical_request: get(row, "canonical_request")?,
+            version: get(row, "version")?,
+            event_seq: get(row, "event_seq")?,
+            execute_count: get(row, "execute_count")?,
+            next_kind: opt_word::<AttemptKind>(row, "next_kind")?,
+            active_attempt_id: get(row, "active_attempt_id")?,
+            ready_at: ts(row, "ready_at")?,
+            deadline_at: ts(row, "deadline_at")?,
+            terminal_at: opt_ts(row, "terminal_at")?,
+            key_expires_at: opt_ts(row, "key_expires_at")?,
+        },
+    })
+}
+
+// ---------------------------------------------------------------- attempts
+
+const ATTEMPT_COLS: &str = "id, task_id, number, generation, kind, state, executor_id, leased_at, \
+     lease_expires_at, lease_ms, usage, external_txn_id, report";
+
+fn attempt_from_row(row: &Row) -> Result<Attempt> {
+    Ok(Attempt {
+        id: get(row, "id")?,
+        task_id: get(row, "task_id")?,
+        number: get(row, "number")?,
+        generation: get(row, "generation")?,
+        kind: word::<AttemptKind>(row, "kind")?,
+        state: word::<AttemptState>(row, "state")?,
+        executor_id: get(row, "executor_id")?,
+        leased_at: ts(row, "leased_at")?,
+        lease_expires_at: ts(row, "lease_expires_at")?,
+        usage: get(row, "usage")?,
+        external_txn_id: get(row, "external_txn_id")?,
+        evidence: Vec::new(),
+        lease_ms: get(row, "lease_ms")?,
+        report: opt_json(row, "report")?,
+    })
+}
+
+fn evidence_from_row(row: &Row) -> Result<Evidence> {
+    Ok(Evidence {
+        received_at: ts(row, "received_at")?,
+        generation: get(row, "generation")?,
+        outcome: get(row, "outcome")?,
+        body: json(row, "body")?,
+        disposition: get(row, "disposition")?,
+    })
+}
+
+// ---------------------------------------------------------------- Tx
+
+impl Tx for PgTx<'_> {
+    /// The database clock (`clock_timestamp()`, not the transaction start), so
+    /// every instance decides leases, backoff and retention on one clock.
+    async fn now(&mut self) -> Result<Timestamp> {
+        let rows = self
+            .query(
+                "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now",
+                &[],
+            )
+            .await?;
+        let row = rows.first().ok_or_else(|| corrupt("now", "no row"))?;
+        ts(row, "now")
+    }
+
+    async fn insert_api_key(&mut self, key: &ApiKey, hash: &str) -> Result<()> {
+        let operations = opt_to_json("operations", key.operations.as_ref())?;
+        let role = key.role.as_str();
+        let created_at = key.created_at.ms();
+        let revoked_at = key.revoked_at.map(Timestamp::ms);
+        self.exec(
+            "INSERT INTO api_keys (id, tenant, role, operations, key_hash, created_at, revoked_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            &[
+                &key.id,
+                &key.tenant,
+                &role,
+                &operations,
+                &hash,
+                &created_at,
+                &revoked_at,
+            ],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn api_key_by_hash(&mut self, hash: &str) -> Result<Option<ApiKey>> {
+        self.query_opt(
+            &format!("SELECT {KEY_COLS} FROM api_keys WHERE key_hash = $1"),
+            &[&hash],
+        )
+        .await?
+        .as_ref()
+        .map(api_key_from_row)
+        .transpose()
+    }
+
+    async fn api_key(&mut self, id: Uuid) -> Result<Option<ApiKey>> {
+        self.query_opt(
+            &format!("SELECT {KEY_COLS} FROM api_keys WHERE id = $1"),
+            &[&id],
+        )
+        .await?
+        .as_ref()
+        .map(api_key_from_row)
+        .transpose()
+    }
+
+    async fn revoke_api_key(&mut self, id: Uuid, at: Timestamp) -> Result<Option<ApiKey>> {
+        let at = at.ms();
+        self.query_opt(
+            &format!("UPDATE api_keys SET revoked_at = COALESCE(revoked_at, $2) WHERE id = $1 RETURNING {KEY_COLS}"),
+            &[&id, &at],
+        )
+        .await?
+        .as_ref()
+        .map(api_key_from_row)
+        .transpose()
+    }
+
+    async fn list_api_keys(&mut self) -> Result<Vec<ApiKey>> {
+        self.query(
+            &format!("SELECT {KEY_COLS} FROM api_keys ORDER BY created_at, id"),
+            &[],
+        )
+        .await?
+        .iter()
+        .map(api_key_from_row)
+        .collect()
+    }
+
+    async fn insert_scope(&mut self, row: &ScopeRow) -> Result<bool> {
+        // Under READ COMMITTED a conflicting, uncommitted insert makes this wait for
+        // that transaction: it then inserts (the other rolled back) or does nothing.
+        let n = self
+            .exec(
+                "INSERT INTO idempotency_keys (tenant, operation, idempotency_key, fingerprint, task_id) \
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+                &[&row.tenant, &row.operation, &row.idempotency_key, &row.fingerprint, &row.task_id],
+            )
+            .await?;
+        Ok(n == 1)
+    }
+
+    async fn scope(
+        &mut self,
+        tenant: &str,
+        operation: &str,
+        key: &str,
+    ) -> Result<Option<ScopeRow>> {
+        let Some(r) = self
+            .query_opt(
+                "SELECT tenant, operation, idempotency_key, fingerprint, task_id FROM idempotency_keys \
+                 WHERE tenant = $1 AND operation = $2 AND idempotency_key = $3",
+                &[&tenant, &operation, &key],
+            )
+            .await?
+        else {
+            return Ok(None);
+        };
+        Ok(Some(ScopeRow {
+            tenant: get(&r, "tenant")?,
+            operation: get(&r, "operation")?,
+            idempotency_key: get(&r, "idempotency_key")?,
+            fingerprint: get(&r, "fingerprint")?,
+            task_id: get(&r, "task_id")?,
+        }))
+    }
+
+    async fn delete_scope(&mut self, task_id: Uuid) -> Result<()> {
+        self.exec(
+            "DELETE FROM idempotency_keys WHERE task_id = $1",
+            &[&task_id],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn insert_task(&mut self, task: &Task) -> Result<()> {
+        let v = TaskValues::new(task)?;
+        self.exec(&TASK_INSERT, &v.params()).await?;
+        Ok(())
+    }
+
+    async fn task(&mut self, id: Uuid, lock: bool) -> Result<Option<Task>> {
+        let sql: &str = if lock {
+            &TASK_SELECT_LOCK
+        } else {
+            &TASK_SELECT
+        };
+        self.query_opt(sql, &[&id])
+            .await?
+            .as_ref()
+            .map(task_from_row)
+            .transpose()
+    }
+
+    async fn update_task(
+        &mut self,
+        task: &Task,
+        expected_version: i64,
+        expected_generation: i64,
+    ) -> Result<()> {
+        let v = TaskValues::new(task)?;
+        let all = v.params();
+        let mut params: Vec<Param<'_>> = Vec::with_capacity(all.len() + 1);
+        params.extend(
+            all.iter()
+                .enumerate()
+                .filter(|(i, _)| *i != VERSION_INDEX)
+                .map(|(_, p)| *p),
+        );
+        params.push(&expected_version);
+        params.push(&expected_generation);
+        let n = self.exec(&TASK_UPDATE, &params).await?;
+        if n == 1 {
+            Ok(())
+        } else {
+            Err(StoreError::Contention(format!(
+                "task {} changed since it was read (expected version {expected_version}, generation {expected_generation})",
+                task.id
+            )))
+        }
+    }
+
+    async fn insert_attempt(&mut self, a: &Attempt) -> Result<()> {
+        let kind = a.kind.as_str();
+        let state = a.state.as_str();
+        let leased_at = a.leased_at.ms();
+        let lease_expires_at = a.lease_expires_at.ms();
+        let report = opt_to_json("report", a.report.as_ref())?;
+        self.exec(
+            &format!("INSERT INTO attempts ({ATTEMPT_COLS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"),
+            &[
+                &a.id,
+                &a.task_id,
+                &a.number,
+                &a.generation,
+                &kind,
+                &state,
+                &a.executor_id,
+                &leased_at,
+                &lease_expires_at,
+                &a.lease_ms,
+                &a.usage,
+                &a.external_txn_id,
+                &report,
+            ],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn update_attempt(&mut self, a: &Attempt) -> Result<()> {
+        let state = a.state.as_str();
+        let lease_expires_at = a.lease_expires_at.ms();
+        let report = opt_to_json("report", a.report.as_ref())?;
+        let n = self
+            .exec(
+                "UPDATE attempts SET state = $2, lease_expires_at = $3, lease_ms = $4, usage = $5, \
+                 external_txn_id = $6, report = $7 WHERE id = $1",
+                &[
+                    &a.id,
+                    &state,
+                    &lease_expires_at,
+                    &a.lease_ms,
+                    &a.usage,
+                    &a.external_txn_id,
+                    &report,
+                ],
+            )
+            .await?;
+        if n == 1 {
+            Ok(())
+        } else {
+            Err(StoreError::Corrupt(format!("attempt {} vanished", a.id)))
+        }
+    }
+
+    async fn attempt(&mut self, id: Uuid) -> Result<Option<Attempt>> {
+        self.query_opt(
+            &format!("SELECT {ATTEMPT_COLS} FROM attempts WHERE id = $1"),
+            &[&id],
+        )
+        .await?
+        .as_ref()
+        .map(attempt_from_row)
+        .transpose()
+    }
+
+    async fn attempts(&mut self, task_id: Uuid) -> Result<Vec<Attempt>> {
+        let mut attempts = self
+            .query(
+                &format!("SELECT {ATTEMPT_COLS} FROM attempts WHERE task_id = $1 ORDER BY number"),
+                &[&task_id],
+            )
+            .await?
+            .iter()
+            .map(attempt_from_row)
+            .collect::<Result<Vec<_>>>()?;
+        let index: HashMap<Uuid, usize> = attempts
+            .iter()
+            .enumerate()
+            .map(|(i, a)| (a.id, i))
+            .collect();
+        let rows = self
+            .query(
+                "SELECT attempt_id, received_at, generation, outcome, body, disposition FROM evidence \
+                 WHERE task_id = $1 ORDER BY id",
+                &[&task_id],
+            )
+            .await?;
+        for row in &rows {
+            let attempt_id: Uuid = get(row, "attempt_id")?;
+            if let Some(a) = index.get(&attempt_id).and_then(|i| attempts.get_mut(*i)) {
+                a.evidence.push(evidence_from_row(row)?);
+            }
+        }
+        Ok(attempts)
+    }
+
+    async fn insert_evidence(
+        &mut self,
+        task_id: Uuid,
+        attempt_id: Uuid,
+        ev: &Evidence,
+    ) -> Result<()> {
+        let received_at = ev.received_at.ms();
+        let body = to_json("evidence body", &ev.body)?;
+        self.exec(
+            "INSERT INTO evidence (task_id, attempt_id, received_at, generation, outcome, body, disposition) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            &[&task_id, &attempt_id, &received_at, &ev.generation, &ev.outcome, &body, &ev.disposition],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn insert_events(&mut self, task_id: Uuid, events: &[Event]) -> Result<()> {
+        if events.is_empty() {
+            return Ok(());
+        }
+        let seqs: Vec<i64> = events.iter().map(|e| e.seq).collect();
+        let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
+        let ats: Vec<i64> = events.iter().map(|e| e.at.ms()).collect();
+        let data = events
+            .iter()
+            .map(|e| to_json("event data", &e.data))
+            .collect::<Result<Vec<String>>>()?;
+        self.exec(
+            "INSERT INTO events (task_id, seq, type, at, data) \
+             SELECT $1, s, t, a, d FROM unnest($2::bigint[], $3::text[], $4::bigint[], $5::text[]) AS u(s, t, a, d)",
+            &[&task_id, &seqs, &kinds, &ats, &data],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn events(&mut self, task_id: Uuid) -> Result<Vec<Event>> {
+        self.query(
+            "SELECT seq, type, at, data FROM events WHERE task_id = $1 ORDER BY seq",
+            &[&task_id],
+        )
+        .await?
+        .iter()
+        .map(|row| {
+            Ok(Event {
+                seq: get(row, "seq")?,
+                kind: get(row, "type")?,
+                at: ts(row, "at")?,
+                data: json(row, "data")?,
+            })
+        })
+        .collect()
+    }
+
+    async fn claimable(
+        &mut self,
+        tenant: &str,
+        operations: &[String],
+        now: Timestamp,
+        limit: i64,
+    ) -> Result<Vec<Uuid>> {
+        if operations.is_empty() || limit <= 0 {
+            return Ok(Vec::new());
+        }
+        let now = now.ms();
+        // The WHERE clause repeats the predicate of the partial index `tasks_claimable`.
+        self.query(
+            "SELECT id FROM tasks \
+             WHERE tenant = $1 AND operation = ANY($2) AND ready_at <= $3 \
+               AND active_attempt_id IS NULL AND state IN ('queued', 'retry_wait', 'reconciling') \
+               AND next_kind IS NOT NULL \
+             ORDER BY ready_at, id LIMIT $4 FOR UPDATE SKIP LOCKED",
+            &[&tenant, &operations, &now, &limit],
+        )
+        .await?
+        .iter()
+        .map(|r| get(r, "id"))
+        .collect()
+    }
+
+    async fn expired_leases(&mut self, now: Timestamp, limit: i64) -> Result<Vec<(Uuid, Uuid)>> {
+        if limit <= 0 {
+            return Ok(Vec::new());
+        }
+        let now = now.ms();
+        self.query(
+            "SELECT t.id AS task_id, a.id AS attempt_id FROM attempts a JOIN tasks t ON t.id = a.task_id \
+             WHERE a.state IN ('leased', 'acknowledged') AND a.lease_expires_at <= $1 \
+             ORDER BY a.lease_expires_at LIMIT $2 FOR UPDATE OF t SKIP LOCKED",
+            &[&now, &limit],
+        )
+        .await?
+        .iter()
+        .map(|r| Ok((get(r, "task_id")?, get(r, "attempt_id")?)))
+        .collect()
+    }
+
+    async fn due_wakeups(&mut self, now: Timestamp, limit: i64) -> Result<Vec<Uuid>> {
+        if limit <= 0 {
+            return Ok(Vec::new());
+        }
+        let now = now.ms();
+        self.query(
+            "SELECT id FROM tasks WHERE state = 'retry_wait' AND ready_at <= $1 \
+             ORDER BY ready_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+            &[&now, &limit],
+        )
+        .await?
+        .iter()
+        .map(|r| get(r, "id"))
+        .collect()
+    }
+
+    async fn expired_scopes(&mut self, now: Timestamp, limit: i64) -> Result<Vec<Uuid>> {
+        if limit <= 0 {
+            return Ok(Vec::new());
+        }
+        let now = now.ms();
+        // Only tasks that still own a scope row: `key_expires_at` stays set after
+        // the key was released.
+        self.query(
+            "SELECT t.id FROM tasks t JOIN idempotency_keys k ON k.task_id = t.id \
+             WHERE t.key_expires_at IS NOT NULL AND t.key_expires_at <= $1 \
+             ORDER BY t.key_expires_at LIMIT $2 FOR UPDATE OF t SKIP LOCKED",
+            &[&now, &limit],
+        )
+        .await?
+        .iter()
+        .map(|r| get(r, "id"))
+        .collect()
+    }
+}

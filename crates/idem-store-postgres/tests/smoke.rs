@@ -1,0 +1,308 @@
+//! End-to-end smoke test of the PostgreSQL backend against a real server
+//! (`IDEM_TEST_PG_URL`, default `postgres://postgres@127.0.0.1:5432/test`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use idem_core::config::Config;
+use idem_core::machine::Report;
+use idem_core::model::{AttemptState, Outcome, Role, TaskState};
+use idem_store::Store;
+use idem_store::ops::{ClaimRequest, Submission, SubmitOutcome};
+use idem_store_postgres::{PgOptions, connect, testing::fresh_database};
+use serde_json::json;
+use uuid::Uuid;
+
+async fn store() -> Store {
+    connect(&fresh_database().await, PgOptions::default())
+        .await
+        .unwrap()
+}
+
+fn submission(tenant: &str, key: &str, api_key_id: Uuid, fp: char) -> Submission {
+    let contract = Config::bundled()
+        .unwrap()
+        .contract("generation.dispatch")
+        .unwrap();
+    Submission {
+        tenant: tenant.into(),
+        operation: "generation.dispatch".into(),
+        idempotency_key: key.into(),
+        fingerprint: format!("sha256:{}", fp.to_string().repeat(64)),
+        canonical_request: format!("{{\"prompt\":\"{fp}\"}}"),
+        params: json!({"prompt": fp.to_string()}),
+        contract,
+        api_key_id,
+        grant: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn submit_replay_conflict_claim_report() {
+    let store = store().await;
+    assert_eq!(store.kind(), "postgres");
+    store.ping().await.unwrap();
+
+    let (key, plain) = store
+        .create_api_key("acme", Role::Admin, None)
+        .await
+        .unwrap();
+    assert_eq!(store.authenticate(&plain).await.unwrap(), Some(key.clone()));
+    assert_eq!(store.list_api_keys().await.unwrap(), vec![key.clone()]);
+
+    let SubmitOutcome::Created(task) = store
+        .submit(submission("acme", "k1", key.id, 'a'))
+        .await
+        .unwrap()
+    else {
+        panic!("expected a new task");
+    };
+    assert_eq!(task.state, TaskState::Queued);
+    let stored = store
+        .get_task(Some("acme"), task.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.params, task.params);
+    assert_eq!(stored.contract, task.contract);
+    assert_eq!(stored.control.tenant, "acme");
+    assert!(
+        store
+            .get_task(Some("other"), task.id)
+            .await
+            .unwrap()
+            .is_err()
+    );
+
+    match store
+        .submit(submission("acme", "k1", key.id, 'a'))
+        .await
+        .unwrap()
+    {
+        SubmitOutcome::Replayed(t) => assert_eq!(t.id, task.id),
+        other => panic!("expected a replay, got {other:?}"),
+    }
+    match store
+        .submit(submission("acme", "k1", key.id, 'b'))
+        .await
+        .unwrap()
+    {
+        SubmitOutcome::Conflict { task_id } => assert_eq!(task_id, task.id),
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+    assert_eq!(
+        store
+            .find_task("acme", "generation.dispatch", "k1")
+            .await
+            .unwrap()
+            .unwrap()
+            .id,
+        task.id
+    );
+
+    let claimed = store
+        .claim(ClaimRequest {
+            tenant: "acme".into(),
+            operations: vec!["generation.dispatch".into()],
+            executor_id: "ex-1".into(),
+            max: 4,
+            lease_ms: Some(10_000),
+        })
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
+    let attempt = &claimed[0].attempt;
+    assert_eq!(attempt.generation, 1);
+    assert_eq!(claimed[0].task.state, TaskState::Running);
+
+    let hb = store
+        .heartbeat("acme", attempt.id, 1, Some(3))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(hb.lease_expires_at >= attempt.lease_expires_at);
+    assert!(
+        store
+            .heartbeat("acme", attempt.id, 0, None)
+            .await
+            .unwrap()
+            .is_err()
+    );
+
+    let body = json!({"generation": 1, "outcome": "succeeded", "result": {"ok": true}, "usage": 7});
+    let report = Report {
+        generation: 1,
+        outcome: Outcome::Succeeded,
+        result: Some(json!({"ok": true})),
+        failure_class: None,
+        message: None,
+        usage: Some(7),
+        external_txn_id: Some("ext-1".into()),
+        body,
+    };
+    let done = store
+        .report("acme", attempt.id, report.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(done.state, TaskState::Succeeded);
+    let delivery = done.delivery.clone().unwrap();
+    assert_eq!(delivery.charge, done.contract.price);
+    // An exact repeat answers the same task.
+    let again = store
+        .report("acme", attempt.id, report)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(again.delivery, done.delivery);
+
+    let attempts = store
+        .list_attempts(Some("acme"), task.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(attempts.len(), 1);
+    assert_eq!(attempts[0].state, AttemptState::Succeeded);
+    assert!(
+        attempts[0].evidence.len() >= 2,
+        "{:?}",
+        attempts[0].evidence
+    );
+    let events = store
+        .list_events(Some("acme"), task.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(events.len() >= 3);
+    assert!(events.windows(2).all(|w| w[1].seq == w[0].seq + 1));
+
+    let acked = store
+        .acknowledge_delivery("acme", task.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(acked.delivery.unwrap().acknowledged_at.is_some());
+
+    // Nothing left to claim; a sweep finds nothing to do.
+    let none = store
+        .claim(ClaimRequest {
+            tenant: "acme".into(),
+            operations: vec!["generation.dispatch".into()],
+            executor_id: "ex-1".into(),
+            max: 1,
+            lease_ms: None,
+        })
+        .await
+        .unwrap();
+    assert!(none.is_empty());
+    store.sweep(100).await.unwrap();
+
+    let revoked = store.revoke_api_key(key.id).await.unwrap().unwrap();
+    assert!(revoked.revoked_at.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_identical_submits_yield_one_task() {
+    let store = store().await;
+    let (key, _) = store
+        .create_api_key("acme", Role::Client, None)
+        .await
+        .unwrap();
+    let mut handles = Vec::new();
+    for _ in 0..32 {
+        let store = store.clone();
+        handles.push(tokio::spawn(async move {
+            store.submit(submission("acme", "same", key.id, 'c')).await
+        }));
+    }
+    let mut created = 0;
+    let mut ids = std::collections::BTreeSet::new();
+    for h in handles {
+        match h.await.unwrap().unwrap() {
+            SubmitOutcome::Created(t) => {
+                created += 1;
+                ids.insert(t.id);
+            }
+            SubmitOutcome::Replayed(t) => {
+                ids.insert(t.id);
+            }
+            SubmitOutcome::Conflict { .. } => panic!("same fingerprint must not conflict"),
+        }
+    }
+    assert_eq!(created, 1);
+    assert_eq!(ids.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_claims_lease_each_task_once() {
+    let store = store().await;
+    let (key, _) = store
+        .create_api_key("acme", Role::Admin, None)
+        .await
+        .unwrap();
+    for i in 0..20 {
+        store
+            .submit(submission("acme", &format!("k{i}"), key.id, 'd'))
+            .await
+            .unwrap();
+    }
+    let mut handles = Vec::new();
+    for n in 0..8 {
+        let store = store.clone();
+        handles.push(tokio::spawn(async move {
+            let mut got = Vec::new();
+            loop {
+                let c = store
+                    .claim(ClaimRequest {
+                        tenant: "acme".into(),
+                        operations: vec!["generation.dispatch".into()],
+                        executor_id: format!("ex-{n}"),
+                        max: 2,
+                        lease_ms: None,
+                    })
+                    .await
+                    .unwrap();
+                if c.is_empty() {
+                    return got;
+                }
+                got.extend(c.into_iter().map(|c| c.task.id));
+            }
+        }));
+    }
+    let mut all = Vec::new();
+    for h in handles {
+        all.extend(h.await.unwrap());
+    }
+    let unique: std::collections::BTreeSet<_> = all.iter().collect();
+    assert_eq!(all.len(), 20);
+    assert_eq!(unique.len(), 20);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn migrations_run_once_and_are_idempotent() {
+    let url = fresh_database().await;
+    let mut handles = Vec::new();
+    for _ in 0..4 {
+        let url = url.clone();
+        handles.push(tokio::spawn(async move {
+            idem_store_postgres::migrate(&url).await
+        }));
+    }
+    let mut applied = Vec::new();
+    for h in handles {
+        applied.extend(h.await.unwrap().unwrap());
+    }
+    assert_eq!(applied, vec![1]);
+    assert!(idem_store_postgres::migrate(&url).await.unwrap().is_empty());
+    connect(&url, PgOptions::default()).await.unwrap();
+}
+
+#[tokio::test]
+async fn unreachable_database_is_unavailable() {
+    let err = connect("postgres://postgres@127.0.0.1:1/none", PgOptions::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, idem_store::StoreError::Unavailable(_)),
+        "{err:?}"
+    );
+}

@@ -1,0 +1,10 @@
+//! The store conformance suite (crates/idem-store/src/conformance.rs) on SQLite:
+//! each case gets a fresh database file in its own temporary directory.
+
+async fn fresh_store() -> idem_store::Store {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.keep().join("idem.db");
+    idem_store_sqlite::open(path, Default::default()).expect("open sqlite store")
+}
+
+idem_store::store_conformance!(fresh_store);
