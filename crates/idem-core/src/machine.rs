@@ -167,11 +167,10 @@ pub fn accept(new: NewTask, now: Timestamp) -> (Task, Journal) {
 
 /// Whether a claim may lease `task` at `now`.
 pub fn is_claimable(task: &Task, now: Timestamp) -> bool {
-    let state_ok = match task.state {
-        TaskState::Queued | TaskState::Reconciling => true,
-        TaskState::RetryWait => true,
-        _ => false,
-    };
+    let state_ok = matches!(
+        task.state,
+        TaskState::Queued | TaskState::Reconciling | TaskState::RetryWait
+    );
     state_ok
         && task.control.active_attempt_id.is_none()
         && task.control.next_kind.is_some()
@@ -738,7 +737,9 @@ pub fn acknowledge_delivery(
 }
 
 /// Records that the retention sweeper removed the task's idempotency key (SPEC §2.9).
+/// Clears `key_expires_at`, so the sweeper never looks at the task again.
 pub fn release_key(task: &mut Task, j: &mut Journal, now: Timestamp) {
+    task.control.key_expires_at = None;
     let data = json!({"idempotency_key": task.idempotency_key});
     j.record(task, now, "key_released", data);
 }

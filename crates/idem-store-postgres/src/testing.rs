@@ -2,9 +2,9 @@
 //!
 //! The server is taken from `IDEM_TEST_PG_URL` (default
 //! `postgres://postgres@127.0.0.1:5432/test`); the role needs `CREATEDB`.
-//! Databases are named `idem_t_<unix seconds>_<random>`; ones left over from
-//! runs more than an hour old are dropped on the way (best effort), so test
-//! runs do not pile up databases.
+//! Databases are named `idem_t_<unix seconds>_<random>`. Ones created more
+//! than ten minutes ago that nobody is connected to are dropped on the way
+//! (best effort), so test runs do not pile up databases.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -69,7 +69,7 @@ pub async fn fresh_database() -> String {
     with_database(&server, &name)
 }
 
-/// Drops test databases created more than an hour ago (best effort: a database
+/// Drops test databases created more than ten minutes ago (best effort: a database
 /// still in use, or being dropped by another test, is left alone).
 async fn drop_stale(client: &tokio_postgres::Client, now_secs: u64) {
     let Ok(rows) = client
@@ -89,7 +89,7 @@ async fn drop_stale(client: &tokio_postgres::Client, now_secs: u64) {
             .strip_prefix("idem_t_")
             .and_then(|rest| rest.split('_').next())
             .and_then(|s| s.parse::<u64>().ok());
-        if created.is_some_and(|c| c + 3600 < now_secs) {
+        if created.is_some_and(|c| c + 600 < now_secs) {
             let _ = client
                 .batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
                 .await;

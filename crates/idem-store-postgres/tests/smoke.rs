@@ -306,3 +306,188 @@ async fn unreachable_database_is_unavailable() {
         "{err:?}"
     );
 }
+
+async fn raw(url: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    client
+}
+
+fn claim_req(max: i64, lease_ms: Option<i64>) -> ClaimRequest {
+    ClaimRequest {
+        tenant: "acme".into(),
+        operations: vec!["generation.dispatch".into()],
+        executor_id: "ex".into(),
+        max,
+        lease_ms,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_expire_and_keys_are_released_by_the_sweeper() {
+    let url = fresh_database().await;
+    let store = connect(&url, PgOptions::default()).await.unwrap();
+    let (key, _) = store
+        .create_api_key("acme", Role::Admin, None)
+        .await
+        .unwrap();
+    let SubmitOutcome::Created(task) = store
+        .submit(submission("acme", "k", key.id, 'e'))
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    let claimed = store.claim(claim_req(1, Some(100))).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    let stats = store.sweep(10).await.unwrap();
+    assert_eq!(stats.expired, 1);
+    let t = store.get_task(None, task.id).await.unwrap().unwrap();
+    assert!(
+        matches!(t.state, TaskState::RetryWait | TaskState::Queued),
+        "{:?}",
+        t.state
+    );
+    // A stale report after expiry is kept as evidence and changes nothing.
+    let stale = Report {
+        generation: 1,
+        outcome: Outcome::Succeeded,
+        result: Some(json!({})),
+        failure_class: None,
+        message: None,
+        usage: None,
+        external_txn_id: None,
+        body: json!({"late": true}),
+    };
+    assert!(
+        store
+            .report("acme", claimed[0].attempt.id, stale)
+            .await
+            .unwrap()
+            .is_err()
+    );
+    let attempts = store.list_attempts(None, task.id).await.unwrap().unwrap();
+    assert!(
+        attempts[0]
+            .evidence
+            .iter()
+            .any(|e| e.body == json!({"late": true}))
+    );
+
+    // Cancel the task (confirmed at once: no lease), then pretend retention passed.
+    let (t, c) = store.cancel("acme", task.id).await.unwrap().unwrap();
+    assert_eq!(t.state, TaskState::Cancelled, "{c:?}");
+    let db = raw(&url).await;
+    db.execute(
+        "UPDATE tasks SET key_expires_at = 1 WHERE id = $1",
+        &[&task.id],
+    )
+    .await
+    .unwrap();
+    assert_eq!(store.sweep(10).await.unwrap().keys_released, 1);
+    assert_eq!(
+        store.sweep(10).await.unwrap().keys_released,
+        0,
+        "a released key is released once"
+    );
+    match store
+        .submit(submission("acme", "k", key.id, 'f'))
+        .await
+        .unwrap()
+    {
+        SubmitOutcome::Created(t2) => assert_ne!(t2.id, task.id),
+        other => panic!("the key should be free again: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn schema_guards_and_session_settings() {
+    let url = fresh_database().await;
+    let store = connect(&url, PgOptions::default()).await.unwrap();
+    let (key, _) = store
+        .create_api_key("acme", Role::Admin, None)
+        .await
+        .unwrap();
+    store
+        .submit(submission("acme", "k", key.id, 'g'))
+        .await
+        .unwrap();
+    let db = raw(&url).await;
+    let err = db
+        .execute("UPDATE events SET type = 'x'", &[])
+        .await
+        .unwrap_err();
+    assert!(
+        err.as_db_error().unwrap().message().contains("append-only"),
+        "{err:?}"
+    );
+    assert!(db.execute("DELETE FROM events", &[]).await.is_err());
+    let err =
+        idem_store_postgres::map_pg_error(db.execute("DELETE FROM events", &[]).await.unwrap_err());
+    assert!(matches!(err, idem_store::StoreError::Corrupt(_)), "{err:?}");
+
+    // Pool sessions carry idem's settings.
+    let backend = idem_store_postgres::PgBackend::connect(&url, PgOptions::default())
+        .await
+        .unwrap();
+    let client = backend.pool().get().await.unwrap();
+    let row = client
+        .query_one(
+            "SELECT current_setting('synchronous_commit'), current_setting('statement_timeout'), \
+             current_setting('idle_in_transaction_session_timeout')",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), "on");
+    assert_eq!(row.get::<_, String>(1), "10s");
+    assert_eq!(row.get::<_, String>(2), "10s");
+    let applied: i64 = client
+        .query_one("SELECT count(*) FROM schema_migrations", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(applied, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovers_after_connections_are_killed() {
+    let url = fresh_database().await;
+    let store = connect(&url, PgOptions::default()).await.unwrap();
+    let (key, _) = store
+        .create_api_key("acme", Role::Admin, None)
+        .await
+        .unwrap();
+    for i in 0..4 {
+        store
+            .submit(submission("acme", &format!("k{i}"), key.id, 'h'))
+            .await
+            .unwrap();
+    }
+    let db = raw(&fresh_url_server()).await;
+    let dbname = url.rsplit('/').next().unwrap().to_owned();
+    let killed: i64 = db
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+            &[&dbname],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(killed >= 1);
+    // Every later operation succeeds: dead pooled connections are discarded.
+    for i in 0..8 {
+        let r = store
+            .submit(submission("acme", &format!("k{i}"), key.id, 'h'))
+            .await;
+        assert!(r.is_ok(), "{r:?}");
+    }
+    store.ping().await.unwrap();
+}
+
+fn fresh_url_server() -> String {
+    idem_store_postgres::testing::server_url()
+}

@@ -27,9 +27,9 @@ use idem_core::machine::Rejection;
 use idem_core::model::{ApiKey, Attempt, Event, Evidence, Task, Timestamp};
 use uuid::Uuid;
 
-pub mod ops;
 #[cfg(feature = "conformance")]
 pub mod conformance;
+pub mod ops;
 
 pub use ops::{Op, Output};
 
@@ -93,20 +93,36 @@ pub trait Tx: Send {
     fn now(&mut self) -> impl Future<Output = Result<Timestamp>> + Send;
 
     /// Inserts an API key with the SHA-256 hex of its plain value.
-    fn insert_api_key(&mut self, key: &ApiKey, hash: &str) -> impl Future<Output = Result<()>> + Send;
+    fn insert_api_key(
+        &mut self,
+        key: &ApiKey,
+        hash: &str,
+    ) -> impl Future<Output = Result<()>> + Send;
     /// Finds a key by the SHA-256 hex of its plain value.
-    fn api_key_by_hash(&mut self, hash: &str) -> impl Future<Output = Result<Option<ApiKey>>> + Send;
+    fn api_key_by_hash(
+        &mut self,
+        hash: &str,
+    ) -> impl Future<Output = Result<Option<ApiKey>>> + Send;
     /// Finds a key by id.
     fn api_key(&mut self, id: Uuid) -> impl Future<Output = Result<Option<ApiKey>>> + Send;
     /// Sets `revoked_at` if unset; returns the key.
-    fn revoke_api_key(&mut self, id: Uuid, at: Timestamp) -> impl Future<Output = Result<Option<ApiKey>>> + Send;
+    fn revoke_api_key(
+        &mut self,
+        id: Uuid,
+        at: Timestamp,
+    ) -> impl Future<Output = Result<Option<ApiKey>>> + Send;
     /// All keys, oldest first.
     fn list_api_keys(&mut self) -> impl Future<Output = Result<Vec<ApiKey>>> + Send;
 
     /// `INSERT … ON CONFLICT DO NOTHING` of a scope row; `true` when this call inserted it.
     fn insert_scope(&mut self, row: &ScopeRow) -> impl Future<Output = Result<bool>> + Send;
     /// The scope row, in a new statement (new snapshot under READ COMMITTED).
-    fn scope(&mut self, tenant: &str, operation: &str, key: &str) -> impl Future<Output = Result<Option<ScopeRow>>> + Send;
+    fn scope(
+        &mut self,
+        tenant: &str,
+        operation: &str,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<ScopeRow>>> + Send;
     /// Removes the scope row of a task (retention sweeper, SPEC §2.9).
     fn delete_scope(&mut self, task_id: Uuid) -> impl Future<Output = Result<()>> + Send;
 
@@ -135,9 +151,18 @@ pub trait Tx: Send {
     /// All attempts of a task with their evidence, by number.
     fn attempts(&mut self, task_id: Uuid) -> impl Future<Output = Result<Vec<Attempt>>> + Send;
     /// Appends evidence.
-    fn insert_evidence(&mut self, task_id: Uuid, attempt_id: Uuid, ev: &Evidence) -> impl Future<Output = Result<()>> + Send;
+    fn insert_evidence(
+        &mut self,
+        task_id: Uuid,
+        attempt_id: Uuid,
+        ev: &Evidence,
+    ) -> impl Future<Output = Result<()>> + Send;
     /// Appends events (primary key `(task_id, seq)`: a concurrent writer cannot interleave).
-    fn insert_events(&mut self, task_id: Uuid, events: &[Event]) -> impl Future<Output = Result<()>> + Send;
+    fn insert_events(
+        &mut self,
+        task_id: Uuid,
+        events: &[Event],
+    ) -> impl Future<Output = Result<()>> + Send;
     /// The event history of a task, by sequence.
     fn events(&mut self, task_id: Uuid) -> impl Future<Output = Result<Vec<Event>>> + Send;
 
@@ -153,11 +178,23 @@ pub trait Tx: Send {
     ) -> impl Future<Output = Result<Vec<Uuid>>> + Send;
     /// Up to `limit` `(task, attempt)` pairs whose active lease ended before `now`
     /// (locked, skipping locked rows).
-    fn expired_leases(&mut self, now: Timestamp, limit: i64) -> impl Future<Output = Result<Vec<(Uuid, Uuid)>>> + Send;
+    fn expired_leases(
+        &mut self,
+        now: Timestamp,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<(Uuid, Uuid)>>> + Send;
     /// Up to `limit` `retry_wait` task ids whose backoff has passed (locked, skip locked).
-    fn due_wakeups(&mut self, now: Timestamp, limit: i64) -> impl Future<Output = Result<Vec<Uuid>>> + Send;
+    fn due_wakeups(
+        &mut self,
+        now: Timestamp,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<Uuid>>> + Send;
     /// Up to `limit` task ids whose scope row is past retention (locked, skip locked).
-    fn expired_scopes(&mut self, now: Timestamp, limit: i64) -> impl Future<Output = Result<Vec<Uuid>>> + Send;
+    fn expired_scopes(
+        &mut self,
+        now: Timestamp,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<Uuid>>> + Send;
 }
 
 /// A database that can run one [`Op`] as one transaction.
@@ -191,7 +228,9 @@ pub struct Store {
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store").field("kind", &self.backend.kind()).finish()
+        f.debug_struct("Store")
+            .field("kind", &self.backend.kind())
+            .finish()
     }
 }
 

@@ -251,7 +251,11 @@ pub enum Output {
 /// Storage failures; the backend rolls back.
 pub async fn run<T: Tx>(tx: &mut T, op: &Op) -> Result<Output> {
     Ok(match op {
-        Op::CreateApiKey { tenant, role, operations } => {
+        Op::CreateApiKey {
+            tenant,
+            role,
+            operations,
+        } => {
             let now = tx.now().await?;
             let plain = generate_api_key();
             let key = ApiKey {
@@ -270,9 +274,13 @@ pub async fn run<T: Tx>(tx: &mut T, op: &Op) -> Result<Output> {
             Output::ApiKey(tx.revoke_api_key(*id, now).await?)
         }
         Op::ListApiKeys => Output::ApiKeys(tx.list_api_keys().await?),
-        Op::Authenticate { plain } => Output::ApiKey(tx.api_key_by_hash(&hash_api_key(plain)).await?),
+        Op::Authenticate { plain } => {
+            Output::ApiKey(tx.api_key_by_hash(&hash_api_key(plain)).await?)
+        }
         Op::Submit(s) => Output::Submitted(submit(tx, s).await?),
-        Op::GetTask { tenant, id } => Output::Task(owned_task(tx, *id, tenant.as_deref(), false).await?),
+        Op::GetTask { tenant, id } => {
+            Output::Task(owned_task(tx, *id, tenant.as_deref(), false).await?)
+        }
         Op::FindTask {
             tenant,
             operation,
@@ -284,14 +292,18 @@ pub async fn run<T: Tx>(tx: &mut T, op: &Op) -> Result<Output> {
             };
             Output::Task(task)
         }
-        Op::ListAttempts { tenant, task_id } => Output::Attempts(match owned_task(tx, *task_id, tenant.as_deref(), false).await? {
-            Ok(_) => Ok(tx.attempts(*task_id).await?),
-            Err(e) => Err(e),
-        }),
-        Op::ListEvents { tenant, task_id } => Output::Events(match owned_task(tx, *task_id, tenant.as_deref(), false).await? {
-            Ok(_) => Ok(tx.events(*task_id).await?),
-            Err(e) => Err(e),
-        }),
+        Op::ListAttempts { tenant, task_id } => Output::Attempts(
+            match owned_task(tx, *task_id, tenant.as_deref(), false).await? {
+                Ok(_) => Ok(tx.attempts(*task_id).await?),
+                Err(e) => Err(e),
+            },
+        ),
+        Op::ListEvents { tenant, task_id } => Output::Events(
+            match owned_task(tx, *task_id, tenant.as_deref(), false).await? {
+                Ok(_) => Ok(tx.events(*task_id).await?),
+                Err(e) => Err(e),
+            },
+        ),
         Op::Claim(req) => Output::Claimed(claim(tx, req).await?),
         Op::Heartbeat {
             tenant,
@@ -329,19 +341,28 @@ pub async fn run<T: Tx>(tx: &mut T, op: &Op) -> Result<Output> {
             .map(|(task, ())| task),
         ),
         Op::Cancel { tenant, task_id } => Output::Cancelled(
-            on_task(tx, tenant, *task_id, |task, j, now| Ok(machine::cancel(task, j, now)))
-                .await?,
+            on_task(tx, tenant, *task_id, |task, j, now| {
+                Ok(machine::cancel(task, j, now))
+            })
+            .await?,
         ),
         Op::AcknowledgeDelivery { tenant, task_id } => Output::Task(
-            on_task(tx, tenant, *task_id, |task, j, now| machine::acknowledge_delivery(task, j, now))
-                .await?
-                .map(|(task, ())| task),
+            on_task(tx, tenant, *task_id, |task, j, now| {
+                machine::acknowledge_delivery(task, j, now)
+            })
+            .await?
+            .map(|(task, ())| task),
         ),
         Op::Sweep { limit } => Output::Swept(sweep(tx, *limit).await?),
     })
 }
 
-async fn owned_task<T: Tx>(tx: &mut T, id: Uuid, tenant: Option<&str>, lock: bool) -> Result<Result<Task, Refusal>> {
+async fn owned_task<T: Tx>(
+    tx: &mut T,
+    id: Uuid,
+    tenant: Option<&str>,
+    lock: bool,
+) -> Result<Result<Task, Refusal>> {
     Ok(match tx.task(id, lock).await? {
         Some(t) if tenant.is_none_or(|tn| tn == t.control.tenant) => Ok(t),
         _ => Err(Refusal::NotFound),
@@ -392,7 +413,10 @@ async fn submit<T: Tx>(tx: &mut T, s: &Submission) -> Result<SubmitOutcome> {
     }
     // Someone else holds the scope: read it in a new statement (READ COMMITTED
     // gives it a fresh snapshot; RUST-NOTES §4.3).
-    let Some(existing) = tx.scope(&s.tenant, &s.operation, &s.idempotency_key).await? else {
+    let Some(existing) = tx
+        .scope(&s.tenant, &s.operation, &s.idempotency_key)
+        .await?
+    else {
         return Err(StoreError::Contention("scope row vanished; retry".into()));
     };
     if existing.fingerprint != s.fingerprint {
@@ -402,14 +426,19 @@ async fn submit<T: Tx>(tx: &mut T, s: &Submission) -> Result<SubmitOutcome> {
     }
     match tx.task(existing.task_id, false).await? {
         Some(task) => Ok(SubmitOutcome::Replayed(task)),
-        None => Err(StoreError::Corrupt(format!("scope row points at missing task {}", existing.task_id))),
+        None => Err(StoreError::Corrupt(format!(
+            "scope row points at missing task {}",
+            existing.task_id
+        ))),
     }
 }
 
 async fn claim<T: Tx>(tx: &mut T, req: &ClaimRequest) -> Result<Vec<Claimed>> {
     let now = tx.now().await?;
     let max = req.max.max(1);
-    let ids = tx.claimable(&req.tenant, &req.operations, now, max.saturating_mul(2)).await?;
+    let ids = tx
+        .claimable(&req.tenant, &req.operations, now, max.saturating_mul(2))
+        .await?;
     let mut out = Vec::new();
     for id in ids {
         if out.len() as i64 >= max {
@@ -424,7 +453,15 @@ async fn claim<T: Tx>(tx: &mut T, req: &ClaimRequest) -> Result<Vec<Claimed>> {
             _ => Authority::Revoked,
         };
         let mut j = Journal::default();
-        match machine::claim(&mut task, &mut j, Uuid::now_v7(), &req.executor_id, req.lease_ms, authority, now) {
+        match machine::claim(
+            &mut task,
+            &mut j,
+            Uuid::now_v7(),
+            &req.executor_id,
+            req.lease_ms,
+            authority,
+            now,
+        ) {
             Ok(Some(attempt)) => {
                 tx.insert_attempt(&attempt).await?;
                 persist(tx, &task, loaded, &j).await?;
@@ -495,7 +532,9 @@ async fn sweep<T: Tx>(tx: &mut T, limit: i64) -> Result<SweepStats> {
     let now = tx.now().await?;
     let mut stats = SweepStats::default();
     for (task_id, attempt_id) in tx.expired_leases(now, limit).await? {
-        let (Some(mut task), Some(mut attempt)) = (tx.task(task_id, true).await?, tx.attempt(attempt_id).await?) else {
+        let (Some(mut task), Some(mut attempt)) =
+            (tx.task(task_id, true).await?, tx.attempt(attempt_id).await?)
+        else {
             continue;
         };
         if !attempt.state.is_active() || attempt.lease_expires_at > now {
@@ -537,7 +576,9 @@ async fn sweep<T: Tx>(tx: &mut T, limit: i64) -> Result<SweepStats> {
 }
 
 fn mismatch(o: &Output) -> StoreError {
-    StoreError::Corrupt(format!("backend answered with the wrong output kind: {o:?}"))
+    StoreError::Corrupt(format!(
+        "backend answered with the wrong output kind: {o:?}"
+    ))
 }
 
 macro_rules! typed {

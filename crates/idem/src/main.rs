@@ -87,6 +87,33 @@ enum Command {
     },
     /// Print the OpenAPI document.
     Openapi,
+    /// Submit throughput and latency over HTTP against a raw-database baseline (same run).
+    Bench {
+        /// Modes, comma-separated: new, replay, conflict, storm, mixed.
+        #[arg(long, value_delimiter = ',', default_value = "new,replay")]
+        mode: Vec<idem_harness::bench::Mode>,
+        /// Concurrent clients.
+        #[arg(long, default_value_t = 32)]
+        concurrency: usize,
+        /// Requests per mode.
+        #[arg(long, default_value_t = 5000)]
+        count: usize,
+        /// A running idem; default: an in-process server.
+        #[arg(long)]
+        url: Option<String>,
+        /// Client API key for --url.
+        #[arg(long, env = "IDEM_API_KEY")]
+        api_key: Option<String>,
+        /// Store of the in-process server (default: a temporary SQLite file).
+        #[arg(long = "bench-store")]
+        bench_store: Option<String>,
+        /// Skip the raw-database baseline.
+        #[arg(long)]
+        no_baseline: bool,
+        /// One JSON object per mode on stdout.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -327,6 +354,36 @@ async fn main() -> Result<()> {
                 "expired {} leases, woke {} tasks, released {} idempotency keys",
                 stats.expired, stats.woken, stats.keys_released
             );
+            Ok(())
+        }
+        Command::Bench {
+            mode,
+            concurrency,
+            count,
+            url,
+            api_key,
+            bench_store,
+            no_baseline,
+            json,
+        } => {
+            let results = idem_harness::bench::run(idem_harness::bench::BenchOptions {
+                modes: mode,
+                concurrency,
+                count,
+                url,
+                api_key,
+                store: bench_store,
+                no_baseline,
+                progress: !json,
+            })
+            .await?;
+            if json {
+                for r in &results {
+                    println!("{}", serde_json::to_string(r)?);
+                }
+            } else {
+                print!("{}", idem_harness::bench::render(&results));
+            }
             Ok(())
         }
         Command::Openapi => {

@@ -1,0 +1,467 @@
+//! The JSON documents of the idem HTTP API (SPEC §4), as plain serde structs.
+//!
+//! Field names are the SPEC's. Unknown fields are ignored so that a newer
+//! server can add fields; unknown enum words decode as `Other` so that a newer
+//! server can add states. Timestamps are kept as the RFC 3339 strings the
+//! server sends.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use uuid::Uuid;
+
+/// Declares a snake_case word enum with an `Other` catch-all, `as_str` and `Display`.
+macro_rules! words {
+    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $var:ident => $s:literal),+ $(,)? }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        #[serde(rename_all = "snake_case")]
+        pub enum $name {
+            $($(#[$vm])* $var,)+
+            /// A word this client version does not know (sent by a newer server).
+            #[serde(other)]
+            Other,
+        }
+
+        impl $name {
+            /// The wire spelling (`"other"` for [`Self::Other`]).
+            pub fn as_str(self) -> &'static str {
+                match self { $($name::$var => $s,)+ $name::Other => "other" }
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+words! {
+    /// Task state (SPEC §3).
+    TaskState {
+        /// Accepted, waiting for an attempt.
+        Queued => "queued",
+        /// An execute attempt holds a lease.
+        Running => "running",
+        /// Backing off before the next execute attempt.
+        RetryWait => "retry_wait",
+        /// The outcome of an earlier attempt is unknown; only reconcile attempts run.
+        Reconciling => "reconciling",
+        /// Delivered (terminal).
+        Succeeded => "succeeded",
+        /// Failed (terminal).
+        Failed => "failed",
+        /// Cancellation confirmed (terminal).
+        Cancelled => "cancelled",
+    }
+}
+
+impl TaskState {
+    /// Whether the state is terminal (`succeeded`, `failed`, `cancelled`).
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            TaskState::Succeeded | TaskState::Failed | TaskState::Cancelled
+        )
+    }
+}
+
+words! {
+    /// Attempt state (SPEC §3).
+    AttemptState {
+        /// Holds a lease.
+        Leased => "leased",
+        /// A device gateway acknowledged the command (not completed).
+        Acknowledged => "acknowledged",
+        /// Reported `succeeded`.
+        Succeeded => "succeeded",
+        /// Reported `failed`.
+        Failed => "failed",
+        /// Reported `unknown`.
+        Unknown => "unknown",
+        /// The lease ran out without a report.
+        Expired => "expired",
+        /// Reported `cancelled`, or retired by a confirmed cancellation.
+        Cancelled => "cancelled",
+        /// A reconcile attempt found the effect committed.
+        Committed => "committed",
+        /// A reconcile attempt found the effect not committed.
+        NotCommitted => "not_committed",
+    }
+}
+
+words! {
+    /// What an attempt does.
+    AttemptKind {
+        /// Perform the effect.
+        Execute => "execute",
+        /// Ask the external system whether an earlier effect happened.
+        Reconcile => "reconcile",
+    }
+}
+
+words! {
+    /// The outcome an executor reports (SPEC §4 `/report`).
+    Outcome {
+        /// Execute attempt: the effect happened.
+        Succeeded => "succeeded",
+        /// The attempt failed; needs a [`FailureClass`].
+        Failed => "failed",
+        /// The executor cannot tell whether the effect happened.
+        Unknown => "unknown",
+        /// Stopped on request of a pending cancellation.
+        Cancelled => "cancelled",
+        /// Reconcile attempt: the effect happened.
+        Committed => "committed",
+        /// Reconcile attempt: the effect did not happen.
+        NotCommitted => "not_committed",
+    }
+}
+
+words! {
+    /// Why a task or attempt failed (SPEC §4 `failure.class`).
+    FailureClass {
+        /// Temporary transport or runtime failure.
+        Transient => "transient",
+        /// Invalid input: never retried automatically.
+        InvalidInput => "invalid_input",
+        /// Permission denied: never retried automatically.
+        PermissionDenied => "permission_denied",
+        /// The usage budget was used up.
+        BudgetExhausted => "budget_exhausted",
+        /// The deadline passed.
+        DeadlineExceeded => "deadline_exceeded",
+        /// The maximum number of attempts was used up.
+        AttemptsExhausted => "attempts_exhausted",
+    }
+}
+
+words! {
+    /// Status of a cancellation (SPEC §4 `cancellation.status`).
+    CancelStatus {
+        /// Recorded; execution has not stopped yet.
+        Requested => "requested",
+        /// Cancellation won: the task is `cancelled`.
+        Confirmed => "confirmed",
+        /// Delivery won (or the task had already ended).
+        TooLate => "too_late",
+    }
+}
+
+/// The contract frozen onto a task when it was accepted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Contract {
+    /// Price of a delivery, integer minor units.
+    pub price: i64,
+    /// Retry policy as the server sent it.
+    #[serde(default)]
+    pub retry: Value,
+    /// Fee policy as the server sent it.
+    #[serde(default)]
+    pub fees: Value,
+    /// Version of the configuration the contract came from.
+    #[serde(default)]
+    pub config_version: String,
+}
+
+/// A cancellation record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cancellation {
+    /// `requested`, `confirmed` or `too_late`.
+    pub status: CancelStatus,
+    /// When the cancel request was recorded (RFC 3339).
+    pub requested_at: String,
+    /// When it was settled (RFC 3339), if it was.
+    #[serde(default)]
+    pub confirmed_at: Option<String>,
+    /// Fee in minor units; `None` while pending.
+    #[serde(default)]
+    pub fee: Option<i64>,
+}
+
+/// The recorded final outcome of a task, with its charge.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Delivery {
+    /// The result document.
+    pub result: Value,
+    /// The external system's transaction id, if the executor gave one.
+    #[serde(default)]
+    pub external_txn_id: Option<String>,
+    /// When the result was recorded (RFC 3339).
+    pub delivered_at: String,
+    /// When the client acknowledged receipt (RFC 3339), if it did.
+    #[serde(default)]
+    pub acknowledged_at: Option<String>,
+    /// Charge in minor units (the contract price, charged once).
+    pub charge: i64,
+}
+
+/// Why a task failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Failure {
+    /// The failure class.
+    pub class: FailureClass,
+    /// Human-readable detail.
+    #[serde(default)]
+    pub message: String,
+}
+
+/// A task: the one durable logical operation an idempotency scope maps to.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Task {
+    /// Task id.
+    pub id: Uuid,
+    /// Operation class, e.g. `payment.release`.
+    pub operation: String,
+    /// The idempotency key it was submitted with.
+    pub idempotency_key: String,
+    /// `sha256:<64 hex>` of the canonical request.
+    pub fingerprint: String,
+    /// The params as submitted.
+    pub params: Value,
+    /// Current state.
+    pub state: TaskState,
+    /// Fencing generation.
+    pub generation: i64,
+    /// Attempts of any kind created so far.
+    pub attempt_count: i64,
+    /// Usage units consumed by all attempts.
+    pub usage: i64,
+    /// The frozen contract.
+    pub contract: Contract,
+    /// The cancellation record, if a cancel was requested.
+    #[serde(default)]
+    pub cancellation: Option<Cancellation>,
+    /// The delivery record, once delivered.
+    #[serde(default)]
+    pub delivery: Option<Delivery>,
+    /// Why the task failed, if it did.
+    #[serde(default)]
+    pub failure: Option<Failure>,
+    /// When the task was accepted (RFC 3339).
+    pub created_at: String,
+    /// When the task last changed (RFC 3339).
+    pub updated_at: String,
+}
+
+/// A report or acknowledgment received for an attempt, kept even when it changed nothing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Evidence {
+    /// When idem received it (RFC 3339).
+    pub received_at: String,
+    /// The generation the executor presented.
+    pub generation: i64,
+    /// The reported outcome (or `ack`).
+    pub outcome: String,
+    /// The body as received.
+    pub body: Value,
+    /// What idem did with it (`applied`, `repeat`, `stale_generation`, …), when the server says.
+    #[serde(default)]
+    pub disposition: Option<String>,
+}
+
+/// One try at executing or reconciling a task, as listed by `GET /v1/tasks/{id}/attempts`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Attempt {
+    /// Attempt id.
+    pub id: Uuid,
+    /// 1-based number within the task.
+    pub number: i64,
+    /// Fencing generation.
+    pub generation: i64,
+    /// `execute` or `reconcile`.
+    pub kind: AttemptKind,
+    /// Current state.
+    pub state: AttemptState,
+    /// The executor that claimed it.
+    pub executor_id: String,
+    /// When the lease was granted (RFC 3339).
+    pub leased_at: String,
+    /// When the lease ends (RFC 3339).
+    pub lease_expires_at: String,
+    /// Usage units consumed.
+    pub usage: i64,
+    /// The external system's transaction id, if reported.
+    #[serde(default)]
+    pub external_txn_id: Option<String>,
+    /// Every report received for this attempt, applied or not.
+    #[serde(default)]
+    pub evidence: Vec<Evidence>,
+}
+
+/// One entry of a task's append-only event history.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// 1-based sequence number within the task.
+    pub seq: i64,
+    /// Event type, e.g. `task_submitted`, `delivered`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// When it was written (RFC 3339).
+    pub at: String,
+    /// Event details.
+    #[serde(default)]
+    pub data: Value,
+}
+
+/// An attempt leased to an executor by `POST /v1/attempts/claim`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClaimedAttempt {
+    /// Attempt id (pass it, or the task id, to the provider as its idempotency key).
+    pub id: Uuid,
+    /// Task id.
+    pub task_id: Uuid,
+    /// Attempt number.
+    pub number: i64,
+    /// Fencing generation: send it with every heartbeat and report.
+    pub generation: i64,
+    /// `execute` or `reconcile`.
+    pub kind: AttemptKind,
+    /// Lease end (RFC 3339).
+    pub lease_expires_at: String,
+    /// Operation class.
+    pub operation: String,
+    /// Task params.
+    pub params: Value,
+    /// The client's idempotency key.
+    pub idempotency_key: String,
+}
+
+/// Answer to a heartbeat.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeartbeatAck {
+    /// The extended lease end (RFC 3339).
+    pub lease_expires_at: String,
+    /// A cancellation is pending: stop and report `cancelled` with usage.
+    pub cancel_requested: bool,
+}
+
+/// Body of `POST /v1/attempts/{id}/report`. Build one with the constructors and
+/// the `with_*` methods.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReportBody {
+    /// The generation the executor holds.
+    pub generation: i64,
+    /// What happened.
+    pub outcome: Outcome,
+    /// Result document (`succeeded`, `committed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+    /// Required with `failed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_class: Option<FailureClass>,
+    /// Free text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The attempt's total usage so far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<i64>,
+    /// The external system's transaction id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external_txn_id: Option<String>,
+}
+
+impl ReportBody {
+    /// A report with only `generation` and `outcome`.
+    pub fn new(generation: i64, outcome: Outcome) -> ReportBody {
+        ReportBody {
+            generation,
+            outcome,
+            result: None,
+            failure_class: None,
+            message: None,
+            usage: None,
+            external_txn_id: None,
+        }
+    }
+
+    /// `succeeded` with a result (execute attempts).
+    pub fn succeeded(generation: i64, result: Value) -> ReportBody {
+        ReportBody::new(generation, Outcome::Succeeded).with_result(result)
+    }
+
+    /// `committed` with the reconciled result (reconcile attempts).
+    pub fn committed(generation: i64, result: Value) -> ReportBody {
+        ReportBody::new(generation, Outcome::Committed).with_result(result)
+    }
+
+    /// `not_committed` (reconcile attempts).
+    pub fn not_committed(generation: i64) -> ReportBody {
+        ReportBody::new(generation, Outcome::NotCommitted)
+    }
+
+    /// `failed` with its class and message.
+    pub fn failed(generation: i64, class: FailureClass, message: impl Into<String>) -> ReportBody {
+        let mut r = ReportBody::new(generation, Outcome::Failed);
+        r.failure_class = Some(class);
+        r.message = Some(message.into());
+        r
+    }
+
+    /// `unknown`: the executor cannot tell whether the effect happened.
+    pub fn unknown(generation: i64) -> ReportBody {
+        ReportBody::new(generation, Outcome::Unknown)
+    }
+
+    /// `cancelled`: stopped on request of a pending cancellation.
+    pub fn cancelled(generation: i64) -> ReportBody {
+        ReportBody::new(generation, Outcome::Cancelled)
+    }
+
+    /// Sets the result document.
+    #[must_use]
+    pub fn with_result(mut self, result: Value) -> ReportBody {
+        self.result = Some(result);
+        self
+    }
+
+    /// Sets the attempt's total usage.
+    #[must_use]
+    pub fn with_usage(mut self, usage: i64) -> ReportBody {
+        self.usage = Some(usage);
+        self
+    }
+
+    /// Sets the external transaction id.
+    #[must_use]
+    pub fn with_external_txn_id(mut self, id: impl Into<String>) -> ReportBody {
+        self.external_txn_id = Some(id.into());
+        self
+    }
+
+    /// Sets the free-text message.
+    #[must_use]
+    pub fn with_message(mut self, message: impl Into<String>) -> ReportBody {
+        self.message = Some(message.into());
+        self
+    }
+}
+
+/// An RFC 9457 problem document with idem's `code` member.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Problem {
+    /// Problem type URI.
+    #[serde(rename = "type", default)]
+    pub kind: String,
+    /// Short summary.
+    #[serde(default)]
+    pub title: String,
+    /// HTTP status.
+    #[serde(default)]
+    pub status: u16,
+    /// Explanation of this occurrence.
+    #[serde(default)]
+    pub detail: String,
+    /// Stable machine-readable code, e.g. `IDEMPOTENCY_CONFLICT`.
+    #[serde(default)]
+    pub code: String,
+    /// For `IDEMPOTENCY_CONFLICT`: the original task.
+    #[serde(default)]
+    pub task_id: Option<Uuid>,
+    /// For `STALE_GENERATION`: the task's current generation.
+    #[serde(default)]
+    pub current_generation: Option<i64>,
+}

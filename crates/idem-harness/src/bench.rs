@@ -1,0 +1,498 @@
+//! `idem bench`: submit throughput and latency over real HTTP, with the raw
+//! database baseline measured in the same run at the same concurrency.
+//!
+//! Baselines (what "writing the key row yourself" costs):
+//! - SQLite: `concurrency` threads, each with its own connection and the same
+//!   pragmas as idem (WAL, `synchronous=FULL`, `busy_timeout`), inserting the
+//!   same row shape (scope, fingerprint, task id, params) as one
+//!   `BEGIN IMMEDIATE … COMMIT` transaction per insert.
+//! - PostgreSQL: `pgbench -c <concurrency>` running
+//!   `INSERT … ON CONFLICT DO NOTHING` of the same row shape.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use serde_json::json;
+
+use crate::server;
+
+/// What a run submits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// A fresh idempotency key per request (201 created).
+    New,
+    /// Repeats of already accepted requests (201 replayed).
+    Replay,
+    /// Same key, different params (422 conflict).
+    Conflict,
+    /// Every client submits one key at once (one task, the rest replays).
+    Storm,
+    /// 70 % new, 20 % replay, 10 % conflict.
+    Mixed,
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "new" => Mode::New,
+            "replay" => Mode::Replay,
+            "conflict" => Mode::Conflict,
+            "storm" => Mode::Storm,
+            "mixed" => Mode::Mixed,
+            other => {
+                return Err(format!(
+                    "unknown mode `{other}` (new, replay, conflict, storm, mixed)"
+                ));
+            }
+        })
+    }
+}
+
+/// Options of a bench run.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// Modes to run, in order.
+    pub modes: Vec<Mode>,
+    /// Concurrent clients.
+    pub concurrency: usize,
+    /// Requests per mode.
+    pub count: usize,
+    /// A running idem (`None`: an in-process server).
+    pub url: Option<String>,
+    /// Client key for `url`.
+    pub api_key: Option<String>,
+    /// Store of the in-process server (`None`: temporary SQLite).
+    pub store: Option<String>,
+    /// Skip the baseline.
+    pub no_baseline: bool,
+    /// Show a progress bar.
+    pub progress: bool,
+}
+
+/// Figures of one mode.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModeResult {
+    /// The mode.
+    pub mode: Mode,
+    /// `sqlite` or `postgres` (or `remote`).
+    pub store: String,
+    /// Concurrent clients.
+    pub concurrency: usize,
+    /// Requests sent.
+    pub requests: usize,
+    /// Answers that were not the mode's expected status.
+    pub unexpected: u64,
+    /// Requests per second.
+    pub throughput_rps: f64,
+    /// Latency percentiles, ms.
+    pub p50_ms: f64,
+    /// 90th percentile, ms.
+    pub p90_ms: f64,
+    /// 99th percentile, ms.
+    pub p99_ms: f64,
+    /// Slowest, ms.
+    pub max_ms: f64,
+    /// Raw baseline inserts per second at the same concurrency (same run).
+    pub baseline_rps: Option<f64>,
+    /// `throughput_rps / baseline_rps`.
+    pub ratio: Option<f64>,
+    /// Answers by HTTP status.
+    pub statuses: BTreeMap<u16, u64>,
+}
+
+fn params(i: usize, salt: &str) -> serde_json::Value {
+    json!({"prompt": format!("render frame {i} {salt}"), "model": "v2", "steps": 30, "seed": i})
+}
+
+/// Runs the bench and returns one result per mode.
+///
+/// # Errors
+/// When the server cannot be started or reached, or a baseline fails.
+pub async fn run(opts: BenchOptions) -> Result<Vec<ModeResult>> {
+    if opts.concurrency == 0 || opts.count == 0 {
+        bail!("--concurrency and --count must be positive");
+    }
+    let config = idem_core::config::Config::bundled()?;
+    let (in_process, url, key, store_kind) = match &opts.url {
+        Some(url) => {
+            let key = opts
+                .api_key
+                .clone()
+                .context("--api-key is required with --url")?;
+            (None, url.clone(), key, "remote".to_owned())
+        }
+        None => {
+            let s =
+                server::start(opts.store.as_deref(), config, Duration::from_millis(200)).await?;
+            let (url, key, kind) = (
+                s.url.clone(),
+                s.client_key.clone(),
+                s.store.kind().to_owned(),
+            );
+            (Some(s), url, key, kind)
+        }
+    };
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(opts.concurrency * 2)
+        .timeout(Duration::from_secs(30))
+        .build()?;
+    let baseline = if opts.no_baseline {
+        None
+    } else {
+        match (&in_process, store_kind.as_str()) {
+            (Some(s), "sqlite") => Some(sqlite_baseline(opts.concurrency, opts.count, s).await?),
+            (_, "postgres") => Some(pg_baseline(
+                opts.concurrency,
+                opts.count,
+                opts.store.as_deref().unwrap_or_default(),
+            )?),
+            _ => None,
+        }
+    };
+    let mut results = Vec::new();
+    for (round, mode) in opts.modes.iter().enumerate() {
+        let r = run_mode(
+            &client,
+            &url,
+            &key,
+            *mode,
+            &opts,
+            round,
+            &store_kind,
+            baseline,
+        )
+        .await?;
+        results.push(r);
+    }
+    drop(in_process);
+    Ok(results)
+}
+
+struct Shared {
+    url: String,
+    key: String,
+    next: AtomicU64,
+    salt: String,
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_mode(
+    client: &reqwest::Client,
+    url: &str,
+    key: &str,
+    mode: Mode,
+    opts: &BenchOptions,
+    round: usize,
+    store_kind: &str,
+    baseline: Option<f64>,
+) -> Result<ModeResult> {
+    let salt = format!("{}-{round}", uuid::Uuid::new_v4().simple());
+    let shared = Arc::new(Shared {
+        url: format!("{url}/v1/tasks"),
+        key: key.to_owned(),
+        next: AtomicU64::new(0),
+        salt: salt.clone(),
+    });
+    // Seed keys for replay / conflict / mixed.
+    let seeds = opts.concurrency.max(16);
+    if matches!(mode, Mode::Replay | Mode::Conflict | Mode::Mixed) {
+        for i in 0..seeds {
+            let status = submit(
+                client,
+                &shared,
+                &format!("seed-{salt}-{i}"),
+                params(i, &salt),
+            )
+            .await?;
+            if status != 201 {
+                bail!("seeding failed with HTTP {status}");
+            }
+        }
+    }
+    let bar = if opts.progress {
+        let b = indicatif::ProgressBar::new(opts.count as u64);
+        b.set_style(
+            indicatif::ProgressStyle::with_template("{msg:>10} {bar:40} {pos}/{len} {per_sec}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b.set_message(format!("{mode:?}").to_lowercase());
+        b
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let started = Instant::now();
+    let mut workers = Vec::new();
+    for _ in 0..opts.concurrency {
+        let shared = Arc::clone(&shared);
+        let client = client.clone();
+        let bar = bar.clone();
+        let count = opts.count as u64;
+        workers.push(tokio::spawn(async move {
+            let mut hist = Histogram::<u64>::new_with_bounds(1, 120_000_000, 3)
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let mut statuses: BTreeMap<u16, u64> = BTreeMap::new();
+            loop {
+                let i = shared.next.fetch_add(1, Ordering::Relaxed);
+                if i >= count {
+                    break;
+                }
+                let i = i as usize;
+                let seed = i % seeds;
+                let (key, body) = match mode {
+                    Mode::New => (format!("new-{}-{i}", shared.salt), params(i, &shared.salt)),
+                    Mode::Replay => (
+                        format!("seed-{}-{seed}", shared.salt),
+                        params(seed, &shared.salt),
+                    ),
+                    Mode::Conflict => (
+                        format!("seed-{}-{seed}", shared.salt),
+                        params(seed + 1_000_000, &shared.salt),
+                    ),
+                    Mode::Storm => (format!("storm-{}", shared.salt), params(0, &shared.salt)),
+                    Mode::Mixed => match i % 10 {
+                        0..=6 => (format!("new-{}-{i}", shared.salt), params(i, &shared.salt)),
+                        7 | 8 => (
+                            format!("seed-{}-{seed}", shared.salt),
+                            params(seed, &shared.salt),
+                        ),
+                        _ => (
+                            format!("seed-{}-{seed}", shared.salt),
+                            params(seed + 1_000_000, &shared.salt),
+                        ),
+                    },
+                };
+                let t = Instant::now();
+                let status = submit(&client, &shared, &key, body).await.unwrap_or(0);
+                let us = u64::try_from(t.elapsed().as_micros())
+                    .unwrap_or(u64::MAX)
+                    .max(1);
+                let _ = hist.record(us.min(120_000_000));
+                *statuses.entry(status).or_default() += 1;
+                bar.inc(1);
+            }
+            Ok::<_, anyhow::Error>((hist, statuses))
+        }));
+    }
+    let mut hist =
+        Histogram::<u64>::new_with_bounds(1, 120_000_000, 3).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut statuses: BTreeMap<u16, u64> = BTreeMap::new();
+    for w in workers {
+        let (h, s) = w.await??;
+        hist.add(&h).map_err(|e| anyhow::anyhow!("{e}"))?;
+        for (k, v) in s {
+            *statuses.entry(k).or_default() += v;
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    bar.finish_and_clear();
+    let expected: &[u16] = match mode {
+        Mode::New | Mode::Replay | Mode::Storm => &[201],
+        Mode::Conflict => &[422],
+        Mode::Mixed => &[201, 422],
+    };
+    let unexpected = statuses
+        .iter()
+        .filter(|(s, _)| !expected.contains(s))
+        .map(|(_, n)| n)
+        .sum();
+    let ms = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
+    let throughput = opts.count as f64 / elapsed;
+    Ok(ModeResult {
+        mode,
+        store: store_kind.to_owned(),
+        concurrency: opts.concurrency,
+        requests: opts.count,
+        unexpected,
+        throughput_rps: throughput,
+        p50_ms: ms(0.5),
+        p90_ms: ms(0.9),
+        p99_ms: ms(0.99),
+        max_ms: hist.max() as f64 / 1000.0,
+        baseline_rps: baseline,
+        ratio: baseline.map(|b| throughput / b),
+        statuses,
+    })
+}
+
+async fn submit(
+    client: &reqwest::Client,
+    s: &Shared,
+    key: &str,
+    params: serde_json::Value,
+) -> Result<u16> {
+    let res = client
+        .post(&s.url)
+        .bearer_auth(&s.key)
+        .header("Idempotency-Key", format!("\"{key}\""))
+        .json(&json!({"operation": "generation.dispatch", "params": params}))
+        .send()
+        .await?;
+    let status = res.status().as_u16();
+    let _ = res.bytes().await?;
+    Ok(status)
+}
+
+/// Raw rusqlite inserts of the same row shape with idem's pragmas, one durable
+/// transaction per insert, from `concurrency` threads. Returns inserts per second.
+async fn sqlite_baseline(concurrency: usize, count: usize, s: &server::InProcess) -> Result<f64> {
+    let dir = s
+        .sqlite_path
+        .as_ref()
+        .and_then(|p| p.parent())
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_else(std::env::temp_dir);
+    let path = dir.join(format!("baseline-{}.db", uuid::Uuid::new_v4().simple()));
+    tokio::task::spawn_blocking(move || -> Result<f64> {
+        let setup = open_raw(&path)?;
+        setup.execute_batch(
+            "CREATE TABLE IF NOT EXISTS raw_keys (tenant TEXT NOT NULL, operation TEXT NOT NULL, idempotency_key TEXT NOT NULL,
+               fingerprint TEXT NOT NULL, task_id TEXT NOT NULL, params TEXT NOT NULL, created_at INTEGER NOT NULL,
+               PRIMARY KEY (tenant, operation, idempotency_key)) WITHOUT ROWID;",
+        )?;
+        drop(setup);
+        let next = Arc::new(AtomicU64::new(0));
+        let started = Instant::now();
+        let mut threads = Vec::new();
+        for _ in 0..concurrency {
+            let next = Arc::clone(&next);
+            let path = path.clone();
+            threads.push(std::thread::spawn(move || -> Result<()> {
+                let mut conn = open_raw(&path)?;
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed) as usize;
+                    if i >= count {
+                        return Ok(());
+                    }
+                    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+                    tx.execute(
+                        "INSERT INTO raw_keys VALUES ('bench', 'generation.dispatch', ?1, ?2, ?3, ?4, ?5) ON CONFLICT DO NOTHING",
+                        rusqlite::params![
+                            format!("raw-{i}"),
+                            format!("sha256:{:064x}", i),
+                            uuid::Uuid::now_v7().to_string(),
+                            params(i, "raw").to_string(),
+                            i as i64
+                        ],
+                    )?;
+                    tx.commit()?;
+                }
+            }));
+        }
+        for t in threads {
+            t.join().map_err(|_| anyhow::anyhow!("baseline thread panicked"))??;
+        }
+        let rps = count as f64 / started.elapsed().as_secs_f64();
+        let _ = std::fs::remove_file(&path);
+        Ok(rps)
+    })
+    .await?
+}
+
+fn open_raw(path: &std::path::Path) -> Result<rusqlite::Connection> {
+    let conn = rusqlite::Connection::open(path)?;
+    conn.execute_batch(
+        "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA busy_timeout = 30000;",
+    )?;
+    Ok(conn)
+}
+
+/// `pgbench` at the same client count running an equivalent
+/// `INSERT … ON CONFLICT DO NOTHING` of the same row shape. Returns tps.
+fn pg_baseline(concurrency: usize, count: usize, url: &str) -> Result<f64> {
+    let dir = tempfile::tempdir()?;
+    let script = dir.path().join("insert.sql");
+    std::fs::write(
+        &script,
+        "\\set n random(1, 2000000000)\n\
+         INSERT INTO raw_keys VALUES ('bench', 'generation.dispatch', 'raw-' || :client_id || '-' || :n || '-' || random(), \
+         'sha256:' || md5(:n::text) || md5(:client_id::text), gen_random_uuid()::text, \
+         '{\"prompt\": \"render frame\", \"model\": \"v2\", \"steps\": 30}', :n) ON CONFLICT DO NOTHING;\n",
+    )?;
+    let setup = std::process::Command::new("psql")
+        .args([url, "-q", "-c"])
+        .arg(
+            "CREATE TABLE IF NOT EXISTS raw_keys (tenant text NOT NULL, operation text NOT NULL, idempotency_key text NOT NULL, \
+             fingerprint text NOT NULL, task_id text NOT NULL, params text NOT NULL, created_at bigint NOT NULL, \
+             PRIMARY KEY (tenant, operation, idempotency_key))",
+        )
+        .status()
+        .context("running psql (install postgresql-client)")?;
+    if !setup.success() {
+        bail!("psql could not create the baseline table");
+    }
+    let per_client = count.div_ceil(concurrency).max(1);
+    let out = std::process::Command::new("pgbench")
+        .args([
+            "-n",
+            "-c",
+            &concurrency.to_string(),
+            "-j",
+            "2",
+            "-t",
+            &per_client.to_string(),
+            "-f",
+        ])
+        .arg(&script)
+        .arg(url)
+        .output()
+        .context("running pgbench")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let tps = text
+        .lines()
+        .find(|l| l.starts_with("tps = "))
+        .and_then(|l| l.trim_start_matches("tps = ").split_whitespace().next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .with_context(|| {
+            format!(
+                "pgbench output had no tps line: {text} {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })?;
+    Ok(tps)
+}
+
+/// Renders results as a table.
+pub fn render(results: &[ModeResult]) -> String {
+    let mut s = format!(
+        "{:<9} {:<8} {:>5} {:>7} {:>10} {:>8} {:>8} {:>8} {:>8} {:>10} {:>6} {:>5}\n",
+        "mode",
+        "store",
+        "conc",
+        "reqs",
+        "req/s",
+        "p50 ms",
+        "p90 ms",
+        "p99 ms",
+        "max ms",
+        "base/s",
+        "ratio",
+        "bad"
+    );
+    for r in results {
+        s.push_str(&format!(
+            "{:<9} {:<8} {:>5} {:>7} {:>10.0} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>10} {:>6} {:>5}\n",
+            format!("{:?}", r.mode).to_lowercase(),
+            r.store,
+            r.concurrency,
+            r.requests,
+            r.throughput_rps,
+            r.p50_ms,
+            r.p90_ms,
+            r.p99_ms,
+            r.max_ms,
+            r.baseline_rps
+                .map_or_else(|| "-".to_owned(), |b| format!("{b:.0}")),
+            r.ratio
+                .map_or_else(|| "-".to_owned(), |x| format!("{x:.2}")),
+            r.unexpected
+        ));
+    }
+    s
+}

@@ -1,0 +1,113 @@
+//! An idem server inside this process, on a temporary SQLite file or a
+//! PostgreSQL URL, for `idem bench` and `idem demo`.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use idem_core::config::Config;
+use idem_core::model::Role;
+use idem_store::Store;
+use tokio::sync::oneshot;
+
+/// A running in-process server. Dropping it stops the server and removes the temporary store.
+pub struct InProcess {
+    /// Base URL, e.g. `http://127.0.0.1:41234`.
+    pub url: String,
+    /// The store behind it.
+    pub store: Store,
+    /// A client key of tenant `bench`.
+    pub client_key: String,
+    /// An executor key of tenant `bench`.
+    pub executor_key: String,
+    /// Where a temporary SQLite store lives (`None` for PostgreSQL).
+    pub sqlite_path: Option<std::path::PathBuf>,
+    _dir: Option<tempfile::TempDir>,
+    stop: Option<oneshot::Sender<()>>,
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// Opens `store_url` (`sqlite://PATH`, `postgres://…`) or, when `None`, a new
+/// temporary SQLite store.
+///
+/// # Errors
+/// When the store cannot be opened.
+pub async fn open_store(
+    store_url: Option<&str>,
+) -> Result<(Store, Option<tempfile::TempDir>, Option<std::path::PathBuf>)> {
+    match store_url {
+        None => {
+            let dir = tempfile::tempdir()?;
+            let path = dir.path().join("idem.db");
+            let p = path.clone();
+            let store =
+                tokio::task::spawn_blocking(move || idem_store_sqlite::open(p, Default::default()))
+                    .await??;
+            Ok((store, Some(dir), Some(path)))
+        }
+        Some(url) if url.starts_with("sqlite://") => {
+            let path = std::path::PathBuf::from(url.trim_start_matches("sqlite://"));
+            let p = path.clone();
+            let store =
+                tokio::task::spawn_blocking(move || idem_store_sqlite::open(p, Default::default()))
+                    .await??;
+            Ok((store, None, Some(path)))
+        }
+        Some(url) => {
+            let store =
+                idem_store_postgres::connect(url, idem_store_postgres::PgOptions::default())
+                    .await
+                    .context("connecting to PostgreSQL")?;
+            Ok((store, None, None))
+        }
+    }
+}
+
+/// Starts a server with `config` on `store_url` (see [`open_store`]), with a
+/// sweeper every `sweep`.
+///
+/// # Errors
+/// When the store cannot be opened or the port bound.
+pub async fn start(store_url: Option<&str>, config: Config, sweep: Duration) -> Result<InProcess> {
+    let (store, dir, sqlite_path) = open_store(store_url).await?;
+    let (_, client_key) = store.create_api_key("bench", Role::Client, None).await?;
+    let (_, executor_key) = store.create_api_key("bench", Role::Executor, None).await?;
+    let state = idem_http::AppState::new(store.clone(), config);
+    let work = state.work.clone();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let (stop, stopped) = oneshot::channel::<()>();
+    let (sweep_stop, sweep_stopped) = oneshot::channel::<()>();
+    tokio::spawn(idem_http::run_sweeper(
+        store.clone(),
+        work,
+        sweep,
+        async move {
+            let _ = sweep_stopped.await;
+        },
+    ));
+    let app = idem_http::router(state);
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = stopped.await;
+                let _ = sweep_stop.send(());
+            })
+            .await;
+    });
+    Ok(InProcess {
+        url,
+        store,
+        client_key,
+        executor_key,
+        sqlite_path,
+        _dir: dir,
+        stop: Some(stop),
+    })
+}

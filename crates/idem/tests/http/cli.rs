@@ -1,0 +1,151 @@
+//! The `idem` command line around the service: keys and start-up checks.
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+
+use crate::support::{BIN, FAST_TOML, Server, store_url};
+
+/// SPEC §6: `idem keys create --tenant T --role R` and "store-level commands take
+/// `--store`": the flag is accepted after the subcommand, as documented.
+#[tokio::test]
+async fn keys_commands_take_store_after_the_subcommand() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = store_url(dir.path());
+    let out = Command::new(BIN)
+        .args([
+            "keys", "create", "--tenant", "acme", "--role", "client", "--store", &store,
+        ])
+        .env_remove("IDEM_STORE")
+        .output()
+        .expect("run idem");
+    assert!(
+        out.status.success(),
+        "`idem keys create ... --store URL` failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 1);
+    let list = Command::new(BIN)
+        .args(["keys", "list", "--store", &store])
+        .env_remove("IDEM_STORE")
+        .output()
+        .expect("run idem");
+    assert!(
+        list.status.success(),
+        "{}",
+        String::from_utf8_lossy(&list.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&list.stdout).lines().count(), 1);
+}
+
+#[tokio::test]
+async fn keys_list_and_revoke() {
+    let srv = Server::start().await;
+    let (id, plain) = srv.create_key(
+        "acme",
+        "executor",
+        Some("payment.release,generation.dispatch"),
+    );
+    let (ok, list, _) = srv.cli(&["keys", "list"]);
+    assert!(ok);
+    let line = list.lines().find(|l| l.starts_with(&id)).expect("listed");
+    let cols: Vec<&str> = line.split('\t').collect();
+    assert_eq!(cols.len(), 6, "{line}");
+    assert_eq!(cols[1], "acme");
+    assert_eq!(cols[2], "executor");
+    assert!(
+        cols[3].contains("payment.release") && cols[3].contains("generation.dispatch"),
+        "{line}"
+    );
+    assert!(cols[4].contains('T'), "created is a timestamp: {line}");
+    assert_eq!(cols[5], "-", "not revoked: {line}");
+    let r = srv
+        .post(
+            "/v1/attempts/claim",
+            &plain,
+            serde_json::json!({"executor_id": "e"}),
+        )
+        .await;
+    r.ok(200);
+    srv.revoke_key(&id);
+    let (_, list, _) = srv.cli(&["keys", "list"]);
+    let line = list.lines().find(|l| l.starts_with(&id)).expect("listed");
+    assert_ne!(line.split('\t').nth(5), Some("-"), "{line}");
+    let r = srv
+        .post(
+            "/v1/attempts/claim",
+            &plain,
+            serde_json::json!({"executor_id": "e"}),
+        )
+        .await;
+    r.assert_problem(401, "UNAUTHENTICATED");
+    // Revoking an unknown id fails.
+    let (ok, _, _) = srv.cli(&["keys", "revoke", &uuid::Uuid::new_v4().to_string()]);
+    assert!(!ok);
+}
+
+/// SPEC §2.9: a configuration whose retention is shorter than
+/// request_retry + deadline + reconciliation is refused at start-up.
+#[tokio::test]
+async fn serve_refuses_retention_shorter_than_the_windows() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = FAST_TOML.replace("retention_ms = 86400000", "retention_ms = 7199999");
+    assert_ne!(text, FAST_TOML);
+    let path = dir.path().join("bad.toml");
+    std::fs::write(&path, text).expect("write");
+    let mut child = Command::new(BIN)
+        .arg("serve")
+        .args(["--listen", "127.0.0.1:0", "--store", &store_url(dir.path())])
+        .arg("--config")
+        .arg(&path)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .expect("stdout")
+        .read_to_string(&mut out)
+        .expect("read stdout");
+    let status = child.wait().expect("wait");
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut err)
+        .expect("read stderr");
+    assert!(
+        !status.success(),
+        "serve started with a too-short retention; stdout {out:?}"
+    );
+    assert!(!out.contains("listening"), "stdout {out:?}");
+    assert!(err.contains("retention"), "the error names the rule: {err}");
+    // request_retry + deadline + reconciliation = 3 h exactly is enough; the environment can fix it.
+    let ok = Command::new(BIN)
+        .arg("serve")
+        .args(["--listen", "127.0.0.1:0", "--store", &store_url(dir.path())])
+        .arg("--config")
+        .arg(&path)
+        .env(
+            "IDEM_OPERATIONS__GENERATION_DISPATCH__WINDOWS__RETENTION_MS",
+            "10800000",
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn();
+    let mut ok = ok.expect("spawn");
+    let mut line = String::new();
+    {
+        use std::io::BufRead;
+        let mut r = std::io::BufReader::new(ok.stdout.take().expect("stdout"));
+        r.read_line(&mut line).expect("read");
+    }
+    let _ = ok.kill();
+    let _ = ok.wait();
+    assert!(
+        line.starts_with("idem listening on http://"),
+        "a retention equal to the windows starts: {line:?}"
+    );
+}

@@ -1,0 +1,11 @@
+//! Black-box HTTP tests of `idem serve`: every test starts its own server
+//! process over its own SQLite file and talks to it with real HTTP.
+
+// Helpers outside `#[test]` functions panic on setup failures by design.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+mod cancel;
+mod cli;
+mod executor;
+mod submit;
+mod support;

@@ -1,0 +1,593 @@
+//! A real `idem serve` child process per test, real HTTP with reqwest.
+
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::Duration;
+
+use reqwest::Method;
+use reqwest::header::HeaderMap;
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+/// The `idem` binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_idem");
+
+/// How long bounded polling loops wait at most.
+pub const POLL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A fast configuration: the bundled classes with short backoffs, so retries
+/// are quick. Windows and fees are the bundled ones.
+pub const FAST_TOML: &str = r#"
+[operations."payment.release"]
+fingerprint = ["/payee", "/amount", "/currency"]
+
+[operations."payment.release".retry]
+safe = false
+max_attempts = 3
+backoff = { initial_ms = 50, multiplier = 2.0, max_ms = 200 }
+deadline_ms = 3600000
+usage_budget = 1000
+
+[operations."payment.release".lease]
+default_ms = 30000
+max_ms = 300000
+
+[operations."payment.release".windows]
+request_retry_ms = 86400000
+reconciliation_ms = 86400000
+retention_ms = 259200000
+
+[operations."payment.release".fees]
+price = 100
+cancel_before_start = 0
+cancel_after_start_fixed = 10
+usage_unit_price = 1
+
+[operations."generation.dispatch"]
+fingerprint = []
+
+[operations."generation.dispatch".retry]
+safe = true
+max_attempts = 5
+backoff = { initial_ms = 50, multiplier = 2.0, max_ms = 200 }
+deadline_ms = 3600000
+usage_budget = 10000
+
+[operations."generation.dispatch".lease]
+default_ms = 30000
+max_ms = 300000
+
+[operations."generation.dispatch".windows]
+request_retry_ms = 3600000
+reconciliation_ms = 3600000
+retention_ms = 86400000
+
+[operations."generation.dispatch".fees]
+price = 50
+cancel_before_start = 0
+cancel_after_start_fixed = 5
+usage_unit_price = 1
+"#;
+
+/// A response read to the end.
+#[derive(Debug)]
+pub struct Resp {
+    /// Status code.
+    pub status: u16,
+    /// Headers.
+    pub headers: HeaderMap,
+    /// Body as text.
+    pub text: String,
+    /// Body as JSON (`Value::Null` when it is not JSON).
+    pub json: Value,
+}
+
+impl Resp {
+    /// A header as a string ("" when absent).
+    pub fn header(&self, name: &str) -> String {
+        self.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
+    }
+
+    /// The problem `code` member ("" when absent).
+    pub fn code(&self) -> &str {
+        self.json["code"].as_str().unwrap_or_default()
+    }
+
+    /// Asserts status, problem code, problem content type and `X-Request-Id`.
+    #[track_caller]
+    pub fn assert_problem(&self, status: u16, code: &str) {
+        assert_eq!(self.status, status, "status; body: {}", self.text);
+        assert_eq!(self.code(), code, "problem code; body: {}", self.text);
+        assert_eq!(
+            self.json["status"],
+            json!(status),
+            "problem status member: {}",
+            self.text
+        );
+        assert!(
+            self.header("content-type")
+                .starts_with("application/problem+json"),
+            "content-type {:?} of a problem",
+            self.header("content-type")
+        );
+        assert!(
+            !self.header("x-request-id").is_empty(),
+            "X-Request-Id on a problem response"
+        );
+    }
+
+    /// Asserts the status and returns the JSON body.
+    #[track_caller]
+    pub fn ok(&self, status: u16) -> &Value {
+        assert_eq!(self.status, status, "status; body: {}", self.text);
+        assert!(
+            !self.header("x-request-id").is_empty(),
+            "X-Request-Id missing"
+        );
+        &self.json
+    }
+}
+
+/// The API keys every server gets at start.
+#[derive(Debug, Clone)]
+pub struct Keys {
+    /// Client of tenant `acme`.
+    pub acme: String,
+    /// Its key id.
+    pub acme_id: String,
+    /// Client of tenant `other`.
+    pub other: String,
+    /// Executor of tenant `acme`.
+    pub exec: String,
+    /// Executor of tenant `other`.
+    pub exec_other: String,
+}
+
+/// How a server is started.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// TOML text of `--config` (none: the bundled configuration).
+    pub config: Option<String>,
+    /// Extra environment variables (e.g. `IDEM_OPERATIONS__…`).
+    pub env: Vec<(String, String)>,
+}
+
+impl Options {
+    /// The fast configuration.
+    pub fn fast() -> Options {
+        Options {
+            config: Some(FAST_TOML.to_owned()),
+            env: Vec::new(),
+        }
+    }
+
+    /// Adds an environment variable.
+    pub fn env(mut self, name: &str, value: &str) -> Options {
+        self.env.push((name.to_owned(), value.to_owned()));
+        self
+    }
+}
+
+/// One `idem serve` child process over its own database in its own temporary directory.
+pub struct Server {
+    dir: TempDir,
+    child: Option<Child>,
+    _stdout: Option<BufReader<ChildStdout>>,
+    opts: Options,
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+    /// The HTTP client.
+    pub http: reqwest::Client,
+    /// Keys created before start.
+    pub keys: Keys,
+}
+
+impl Server {
+    /// Starts a server with the bundled configuration.
+    pub async fn start() -> Server {
+        Server::start_with(Options::default()).await
+    }
+
+    /// Starts a server with the fast configuration.
+    pub async fn fast() -> Server {
+        Server::start_with(Options::fast()).await
+    }
+
+    /// Starts a server with `opts`.
+    pub async fn start_with(opts: Options) -> Server {
+        let dir = tempfile::tempdir().expect("tempdir");
+        if let Some(text) = &opts.config {
+            std::fs::write(dir.path().join("idem.toml"), text).expect("write config");
+        }
+        let store = store_url(dir.path());
+        let (acme_id, acme) = create_key_at(&store, "acme", "client", None);
+        let (_, other) = create_key_at(&store, "other", "client", None);
+        let (_, exec) = create_key_at(&store, "acme", "executor", None);
+        let (_, exec_other) = create_key_at(&store, "other", "executor", None);
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .expect("reqwest client");
+        let mut server = Server {
+            dir,
+            child: None,
+            _stdout: None,
+            opts,
+            url: String::new(),
+            http,
+            keys: Keys {
+                acme,
+                acme_id,
+                other,
+                exec,
+                exec_other,
+            },
+        };
+        server.spawn();
+        server
+    }
+
+    /// The database file.
+    pub fn db_path(&self) -> PathBuf {
+        self.dir.path().join("idem.db")
+    }
+
+    fn spawn(&mut self) {
+        let mut cmd = Command::new(BIN);
+        cmd.arg("serve")
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .arg("--store")
+            .arg(store_url(self.dir.path()))
+            .arg("--sweep-interval-ms")
+            .arg("50");
+        if self.opts.config.is_some() {
+            cmd.arg("--config").arg(self.dir.path().join("idem.toml"));
+        }
+        cmd.env_remove("IDEM_CONFIG")
+            .env_remove("IDEM_STORE")
+            .env("RUST_LOG", "warn");
+        for (k, v) in &self.opts.env {
+            cmd.env(k, v);
+        }
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("server.log"))
+            .expect("server log");
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log);
+        let mut child = cmd.spawn().expect("spawn idem serve");
+        let mut out = BufReader::new(child.stdout.take().expect("stdout piped"));
+        let mut line = String::new();
+        out.read_line(&mut line).expect("read the listening line");
+        let Some(addr) = line.trim().strip_prefix("idem listening on ") else {
+            let _ = child.kill();
+            let _ = child.wait();
+            let log =
+                std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default();
+            panic!("unexpected first stdout line {line:?}; server log:\n{log}");
+        };
+        self.url = addr.to_owned();
+        self.child = Some(child);
+        self._stdout = Some(out);
+    }
+
+    /// Kills the server with SIGKILL (no graceful shutdown).
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().expect("SIGKILL");
+            let _ = child.wait();
+        }
+        self._stdout = None;
+    }
+
+    /// Starts the server again on the same database file (new port).
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.spawn();
+    }
+
+    /// Runs the CLI against this server's store; returns (status ok, stdout, stderr).
+    pub fn cli(&self, args: &[&str]) -> (bool, String, String) {
+        cli_at(&store_url(self.dir.path()), args)
+    }
+
+    /// Creates a key; returns (id, plain key).
+    pub fn create_key(
+        &self,
+        tenant: &str,
+        role: &str,
+        operations: Option<&str>,
+    ) -> (String, String) {
+        create_key_at(&store_url(self.dir.path()), tenant, role, operations)
+    }
+
+    /// Revokes a key by id.
+    pub fn revoke_key(&self, id: &str) {
+        let (ok, _, err) = self.cli(&["keys", "revoke", id]);
+        assert!(ok, "keys revoke failed: {err}");
+    }
+
+    /// Sends a request. `key`: bearer key; `body`: JSON.
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        key: Option<&str>,
+        body: Option<Value>,
+    ) -> Resp {
+        let mut req = self.http.request(method, format!("{}{path}", self.url));
+        if let Some(k) = key {
+            req = req.bearer_auth(k);
+        }
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        send(req).await
+    }
+
+    /// `GET path` with `key`.
+    pub async fn get(&self, path: &str, key: &str) -> Resp {
+        self.call(Method::GET, path, Some(key), None).await
+    }
+
+    /// `POST path` with `key` and a JSON body.
+    pub async fn post(&self, path: &str, key: &str, body: Value) -> Resp {
+        self.call(Method::POST, path, Some(key), Some(body)).await
+    }
+
+    /// A submit request builder with the acme client key.
+    pub fn submit_req(&self, key: &str) -> reqwest::RequestBuilder {
+        self.http
+            .post(format!("{}/v1/tasks", self.url))
+            .bearer_auth(key)
+            .header("content-type", "application/json")
+    }
+
+    /// Submits `operation` with `params` under idempotency key `ikey` as `key`.
+    pub async fn submit_as(&self, key: &str, ikey: &str, operation: &str, params: Value) -> Resp {
+        let req = self
+            .submit_req(key)
+            .header("Idempotency-Key", ikey)
+            .body(json!({"operation": operation, "params": params}).to_string());
+        send(req).await
+    }
+
+    /// Submits as the acme client.
+    pub async fn submit(&self, ikey: &str, operation: &str, params: Value) -> Resp {
+        self.submit_as(&self.keys.acme, ikey, operation, params)
+            .await
+    }
+
+    /// Submits as acme and asserts a new task (201, not replayed); returns the task.
+    pub async fn new_task(&self, ikey: &str, operation: &str, params: Value) -> Value {
+        let r = self.submit(ikey, operation, params).await;
+        let v = r.ok(201);
+        assert_eq!(
+            v["meta"]["replayed"],
+            json!(false),
+            "expected a new task: {}",
+            r.text
+        );
+        v["task"].clone()
+    }
+
+    /// `GET /v1/tasks/{id}` as acme; returns the task.
+    pub async fn task(&self, id: &str) -> Value {
+        let r = self.get(&format!("/v1/tasks/{id}"), &self.keys.acme).await;
+        r.ok(200)["task"].clone()
+    }
+
+    /// Attempts of a task as acme.
+    pub async fn attempts(&self, id: &str) -> Vec<Value> {
+        let r = self
+            .get(&format!("/v1/tasks/{id}/attempts"), &self.keys.acme)
+            .await;
+        r.ok(200)["attempts"]
+            .as_array()
+            .expect("attempts array")
+            .clone()
+    }
+
+    /// Events of a task as acme.
+    pub async fn events(&self, id: &str) -> Vec<Value> {
+        let r = self
+            .get(&format!("/v1/tasks/{id}/events"), &self.keys.acme)
+            .await;
+        r.ok(200)["events"]
+            .as_array()
+            .expect("events array")
+            .clone()
+    }
+
+    /// Claims with the acme executor key and `body`.
+    pub async fn claim(&self, body: Value) -> Resp {
+        self.post("/v1/attempts/claim", &self.keys.exec, body).await
+    }
+
+    /// Claims one attempt of `operation` (optional lease); returns the attempts list.
+    pub async fn claim_op(&self, operation: &str, lease_ms: Option<i64>) -> Vec<Value> {
+        let mut body = json!({"executor_id": "ex-1", "operations": [operation], "max": 1});
+        if let Some(l) = lease_ms {
+            body["lease_ms"] = json!(l);
+        }
+        let r = self.claim(body).await;
+        r.ok(200)["attempts"]
+            .as_array()
+            .expect("attempts array")
+            .clone()
+    }
+
+    /// Claims until an attempt of `operation` is returned (bounded); returns it.
+    pub async fn claim_one(&self, operation: &str, lease_ms: Option<i64>) -> Value {
+        let deadline = tokio::time::Instant::now() + POLL_TIMEOUT;
+        loop {
+            let got = self.claim_op(operation, lease_ms).await;
+            if let Some(a) = got.into_iter().next() {
+                return a;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no attempt of {operation} became claimable within {POLL_TIMEOUT:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// Reports on attempt `id` with the acme executor key.
+    pub async fn report(&self, attempt_id: &str, body: Value) -> Resp {
+        self.post(
+            &format!("/v1/attempts/{attempt_id}/report"),
+            &self.keys.exec,
+            body,
+        )
+        .await
+    }
+
+    /// Heartbeat on attempt `id`.
+    pub async fn heartbeat(&self, attempt_id: &str, body: Value) -> Resp {
+        self.post(
+            &format!("/v1/attempts/{attempt_id}/heartbeat"),
+            &self.keys.exec,
+            body,
+        )
+        .await
+    }
+
+    /// Cancels task `id` as acme.
+    pub async fn cancel(&self, id: &str) -> Resp {
+        self.post(
+            &format!("/v1/tasks/{id}/cancel"),
+            &self.keys.acme,
+            json!({}),
+        )
+        .await
+    }
+
+    /// Polls `GET /v1/tasks/{id}` until `pred` holds (bounded); returns the task.
+    pub async fn wait_task(&self, id: &str, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        let deadline = tokio::time::Instant::now() + POLL_TIMEOUT;
+        loop {
+            let t = self.task(id).await;
+            if pred(&t) {
+                return t;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "task {id} did not reach `{what}` within {POLL_TIMEOUT:?}; last: {t}"
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// Polls until the task's state is `state`.
+    pub async fn wait_state(&self, id: &str, state: &str) -> Value {
+        self.wait_task(id, state, |t| t["state"] == json!(state))
+            .await
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Reads a response fully.
+pub async fn send(req: reqwest::RequestBuilder) -> Resp {
+    let res = req.send().await.expect("HTTP request");
+    let status = res.status().as_u16();
+    let headers = res.headers().clone();
+    let text = res.text().await.expect("response body");
+    let json = serde_json::from_str(&text).unwrap_or(Value::Null);
+    Resp {
+        status,
+        headers,
+        text,
+        json,
+    }
+}
+
+/// `sqlite://<dir>/idem.db`.
+pub fn store_url(dir: &Path) -> String {
+    format!("sqlite://{}", dir.join("idem.db").display())
+}
+
+/// Runs the CLI with `IDEM_STORE` set; returns (success, stdout, stderr).
+pub fn cli_at(store: &str, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(BIN)
+        .args(args)
+        .env("IDEM_STORE", store)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run idem");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn key_ids(store: &str) -> HashSet<String> {
+    let (ok, out, err) = cli_at(store, &["keys", "list"]);
+    assert!(ok, "keys list failed: {err}");
+    out.lines()
+        .filter_map(|l| l.split('\t').next())
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Creates a key via the CLI; returns (id, plain).
+pub fn create_key_at(
+    store: &str,
+    tenant: &str,
+    role: &str,
+    operations: Option<&str>,
+) -> (String, String) {
+    let before = key_ids(store);
+    let mut args = vec!["keys", "create", "--tenant", tenant, "--role", role];
+    if let Some(ops) = operations {
+        args.push("--operations");
+        args.push(ops);
+    }
+    let (ok, out, err) = cli_at(store, &args);
+    assert!(ok, "keys create failed: {err}");
+    let plain = out.trim().to_owned();
+    assert!(!plain.is_empty(), "keys create printed no key");
+    let after = key_ids(store);
+    let new: Vec<_> = after.difference(&before).cloned().collect();
+    assert_eq!(new.len(), 1, "exactly one new key id in `keys list`");
+    (new[0].clone(), plain)
+}
+
+/// Payment params.
+pub fn payment(amount: i64) -> Value {
+    json!({"payee": "acct-bob-4711", "amount": amount, "currency": "EUR"})
+}
+
+/// Generation params.
+pub fn generation(prompt: &str) -> Value {
+    json!({"prompt": prompt, "model": "m1", "steps": 20})
+}
+
+/// A fresh unique idempotency key.
+pub fn ikey() -> String {
+    format!("key-{}", uuid::Uuid::new_v4())
+}
+
+/// A JSON string field.
+pub fn s(v: &Value) -> String {
+    v.as_str()
+        .unwrap_or_else(|| panic!("expected a string, got {v}"))
+        .to_owned()
+}
