@@ -59,8 +59,8 @@ pub enum ClientError {
     Api {
         /// HTTP status code.
         status: u16,
-        /// The problem document.
-        problem: Problem,
+        /// The problem document (boxed: keeps `Result`s small).
+        problem: Box<Problem>,
         /// The `Retry-After` delay, if the server sent one (503 `UNAVAILABLE`).
         retry_after: Option<Duration>,
         /// The `X-Request-Id` of the answer, if any.
@@ -68,11 +68,11 @@ pub enum ClientError {
     },
     /// No answer within the time limit. The request may or may not have been
     /// applied: repeat it with the same idempotency key or look the task up.
-    #[error("request timed out: {0}")]
+    #[error("request timed out")]
     Timeout(#[source] reqwest::Error),
     /// Connection refused or reset, DNS failure, broken body … The request may
     /// or may not have been applied.
-    #[error("transport error: {0}")]
+    #[error("transport error")]
     Transport(#[source] reqwest::Error),
     /// A success status with a body that is not the expected JSON.
     #[error("unexpected answer (HTTP {status}): {message}")]
@@ -656,7 +656,7 @@ fn api_error(
         .map(Duration::from_secs);
     ClientError::Api {
         status: status.as_u16(),
-        problem,
+        problem: Box::new(problem),
         retry_after,
         request_id,
     }

@@ -593,7 +593,15 @@ fn describe_error(e: &ClientError) -> String {
         (Some(s), Some(c)) => format!("{s} {c}"),
         (Some(s), None) => format!("HTTP {s}"),
         _ if e.is_timeout() => "a timeout".into(),
-        _ => format!("a transport error ({e})"),
+        _ => {
+            let mut chain = String::from("a transport error");
+            let mut source = std::error::Error::source(e);
+            while let Some(s) = source {
+                let _ = write!(chain, ": {s}");
+                source = s.source();
+            }
+            chain
+        }
     }
 }
 
@@ -806,7 +814,7 @@ impl Demo {
             AGENT_TIMEOUT.as_millis()
         ));
         self.say(format!(
-            "The retry got {} with Idempotent-Replayed: {}: task {}, the one the first request created ({} HTTP tries in all).",
+            "The retry was answered {} with Idempotent-Replayed: {}, naming task {}, the one the first request created ({} HTTP tries in all).",
             first.status,
             first.replayed,
             short(task_id),

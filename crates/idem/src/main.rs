@@ -1,4 +1,4 @@
-//! `idem`: the one binary (SPEC §6): `serve`, `keys`, `task`, `migrate`, `gc`.
+//! `idem`: the one binary (SPEC §6): `serve`, `keys`, `task`, `migrate`, `gc`, `demo`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -87,6 +87,18 @@ enum Command {
     },
     /// Print the OpenAPI document.
     Openapi,
+    /// The seeds' payment case end to end over HTTP, as a readable report (exit 1 if a check fails).
+    Demo {
+        /// A running idem; default: an in-process server on a temporary SQLite store.
+        #[arg(long)]
+        url: Option<String>,
+        /// Client API key for --url.
+        #[arg(long, env = "IDEM_CLIENT_KEY")]
+        client_key: Option<String>,
+        /// Executor API key for --url (same tenant as the client key, no other pending work).
+        #[arg(long, env = "IDEM_EXECUTOR_KEY")]
+        executor_key: Option<String>,
+    },
     /// Submit throughput and latency over HTTP against a raw-database baseline (same run).
     Bench {
         /// Modes, comma-separated: new, replay, conflict, storm, mixed.
@@ -385,6 +397,20 @@ async fn main() -> Result<()> {
                 print!("{}", idem_harness::bench::render(&results));
             }
             Ok(())
+        }
+        Command::Demo {
+            url,
+            client_key,
+            executor_key,
+        } => {
+            let report = idem_harness::demo::run(idem_harness::demo::DemoOptions {
+                url,
+                client_key,
+                executor_key,
+                echo: true,
+            })
+            .await?;
+            idem_harness::demo::verdict(&report)
         }
         Command::Openapi => {
             println!("{}", serde_json::to_string_pretty(&idem_http::openapi())?);
