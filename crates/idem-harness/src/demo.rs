@@ -511,8 +511,12 @@ async fn forward(State(s): State<LinkState>, req: Request) -> Response {
 // ---------------------------------------------------------------------------
 
 struct Demo {
-    /// The agent (client key), through the flaky link, with a short timeout.
+    /// The agent (client key), through the flaky link, with a short timeout:
+    /// used for submissions, always with [`Client::submit_with_retry`].
     agent: Client,
+    /// The agent through the same link with a patient timeout (cancel, acknowledge,
+    /// conflicting submissions), so that a slow machine does not fail the demo.
+    agent_patient: Client,
     /// The same client key, direct (reads that must not be lost).
     reader: Client,
     /// The executors' key.
@@ -626,10 +630,13 @@ impl Demo {
             .await
             .with_context(|| format!("idem at {} is not ready", target.url))?;
         let link = FlakyLink::start(&target.url).await?;
-        let agent = Client::new(&link.url, target.client_key.clone())?.with_timeout(AGENT_TIMEOUT);
+        let agent_patient = Client::new(&link.url, target.client_key.clone())?
+            .with_timeout(Duration::from_secs(10));
+        let agent = agent_patient.clone().with_timeout(AGENT_TIMEOUT);
         let run_id = Uuid::new_v4().simple().to_string();
         Ok(Demo {
             agent,
+            agent_patient,
             reader,
             exec,
             link,
@@ -854,7 +861,7 @@ impl Demo {
 
         let again = self
             .agent
-            .submit(OPERATION, &params, &key)
+            .submit_with_retry(OPERATION, &params, &key, &policy)
             .await
             .context("the agent's later retry")?;
         let charge = again.task.delivery.as_ref().map(|d| d.charge);
@@ -871,8 +878,8 @@ impl Demo {
             charge.map_or("none".into(), |c| c.to_string()),
             txn.clone().unwrap_or_else(|| "none".into())
         ));
-        let ack1 = self.agent.ack_delivery(task_id).await;
-        let ack2 = self.agent.ack_delivery(task_id).await;
+        let ack1 = self.agent_patient.ack_delivery(task_id).await;
+        let ack2 = self.agent_patient.ack_delivery(task_id).await;
         let same_ack = match (&ack1, &ack2) {
             (Ok(x), Ok(y)) => {
                 x.delivery == y.delivery
@@ -937,9 +944,12 @@ impl Demo {
         let mut other_payee = base.clone();
         other_payee["payee"] = json!("acct-mallory");
 
-        let r1 = self.agent.submit(OPERATION, &bigger, &key).await;
-        let r1_again = self.agent.submit(OPERATION, &bigger, &key).await;
-        let r2 = self.agent.submit(OPERATION, &other_payee, &key).await;
+        let r1 = self.agent_patient.submit(OPERATION, &bigger, &key).await;
+        let r1_again = self.agent_patient.submit(OPERATION, &bigger, &key).await;
+        let r2 = self
+            .agent_patient
+            .submit(OPERATION, &other_payee, &key)
+            .await;
         let describe = |r: &Result<idem_client::Submitted, ClientError>| match r {
             Ok(s) => format!("{} (task {})", s.status, short(s.task.id)),
             Err(e) => describe_error(e),
@@ -1255,7 +1265,7 @@ impl Demo {
         let task = self.submit_new(&key, &params).await?;
         let a = self.claim("executor-1", task.id, NORMAL_LEASE_MS).await?;
         let (payout, _) = self.provider.pay(a.task_id, a.id, &a.params);
-        let cancel = self.agent.cancel(task.id).await?;
+        let cancel = self.agent_patient.cancel(task.id).await?;
         self.say(format!(
             "Task {} ({} to acct-dave): executor-1 has just paid (transaction {}) when the agent asks to cancel: {} with status `{}` (recorded, not yet decided).",
             short(task.id),
@@ -1272,7 +1282,7 @@ impl Demo {
                     .with_external_txn_id(payout.txn.clone()),
             )
             .await?;
-        let again = self.agent.cancel(task.id).await?;
+        let again = self.agent_patient.cancel(task.id).await?;
         let c = done.cancellation.clone();
         let charge = done.delivery.as_ref().map(|d| d.charge);
         self.say(format!(
@@ -1305,7 +1315,7 @@ impl Demo {
         let task = self.submit_new(&key, &params).await?;
         let a = self.claim("executor-1", task.id, NORMAL_LEASE_MS).await?;
         let hb1 = self.exec.heartbeat(a.id, a.generation, Some(3)).await?;
-        let cancel = self.agent.cancel(task.id).await?;
+        let cancel = self.agent_patient.cancel(task.id).await?;
         let hb2 = self.exec.heartbeat(a.id, a.generation, Some(4)).await?;
         self.say(format!(
             "Task {} ({} to acct-erin): executor-1 is still preparing (heartbeat: cancel requested = {}) when the agent cancels: {} `{}`. The next heartbeat says cancel requested = {}.",

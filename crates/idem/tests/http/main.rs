@@ -6,6 +6,7 @@
 
 mod cancel;
 mod cli;
+mod contract;
 mod executor;
 mod submit;
 mod support;

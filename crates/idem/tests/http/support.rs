@@ -293,6 +293,17 @@ impl Server {
         self.spawn();
     }
 
+    /// Stops the server and starts it again on the same database file with other options
+    /// (e.g. a changed configuration).
+    pub fn restart_with(&mut self, opts: Options) {
+        self.kill9();
+        if let Some(text) = &opts.config {
+            std::fs::write(self.dir.path().join("idem.toml"), text).expect("write config");
+        }
+        self.opts = opts;
+        self.spawn();
+    }
+
     /// Runs the CLI against this server's store; returns (status ok, stdout, stderr).
     pub fn cli(&self, args: &[&str]) -> (bool, String, String) {
         cli_at(&store_url(self.dir.path()), args)

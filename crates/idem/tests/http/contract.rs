@@ -1,0 +1,107 @@
+//! The contract is frozen at acceptance (SPEC §1 "contract", CANCEL-01 "the
+//! frozen acceptance and fee policy"): changing the fees in the configuration
+//! and restarting changes what new tasks are charged, never existing ones, and
+//! the config version is recorded on each task.
+
+use serde_json::json;
+
+use crate::support::{Options, Server};
+
+#[tokio::test]
+async fn fee_change_applies_to_new_tasks_only() {
+    let mut s = Server::start_with(Options::fast()).await;
+    let old = s
+        .new_task(
+            "fees-old",
+            "payment.release",
+            json!({"payee": "p", "amount": 1, "currency": "EUR"}),
+        )
+        .await;
+    let old_id = old["id"].as_str().unwrap().to_owned();
+    let old_version = old["contract"]["config_version"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(old["contract"]["price"], 100);
+
+    s.restart_with(
+        Options::fast()
+            .env("IDEM_OPERATIONS__PAYMENT_RELEASE__FEES__PRICE", "250")
+            .env(
+                "IDEM_OPERATIONS__PAYMENT_RELEASE__FEES__CANCEL_AFTER_START_FIXED",
+                "40",
+            ),
+    );
+    let new = s
+        .new_task(
+            "fees-new",
+            "payment.release",
+            json!({"payee": "p", "amount": 2, "currency": "EUR"}),
+        )
+        .await;
+    let new_id = new["id"].as_str().unwrap().to_owned();
+    assert_eq!(new["contract"]["price"], 250);
+    assert_ne!(
+        new["contract"]["config_version"].as_str().unwrap(),
+        old_version
+    );
+    // The old task still shows its frozen contract after the restart.
+    assert_eq!(s.task(&old_id).await["contract"]["price"], 100);
+
+    // Deliver both: each is charged by its own contract.
+    for (id, price) in [(&old_id, 100), (&new_id, 250)] {
+        let attempts = s.claim_op("payment.release", Some(10_000)).await;
+        assert_eq!(attempts.len(), 1);
+        let a = &attempts[0];
+        let tid = a["task_id"].as_str().unwrap().to_owned();
+        let body =
+            json!({"generation": a["generation"], "outcome": "succeeded", "result": {"ok": true}});
+        s.report(a["id"].as_str().unwrap(), body).await.ok(200);
+        let t = s.task(&tid).await;
+        let expected = if &tid == id {
+            price
+        } else if price == 100 {
+            250
+        } else {
+            100
+        };
+        assert_eq!(t["delivery"]["charge"], expected, "task {tid}");
+        assert_eq!(t["delivery"]["charge"], t["contract"]["price"]);
+    }
+    // The acceptance event records each task's config version.
+    for (id, version) in [
+        (&old_id, old_version.clone()),
+        (
+            &new_id,
+            new["contract"]["config_version"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+        ),
+    ] {
+        let events = s.events(id).await;
+        assert_eq!(events[0]["type"], "task_submitted");
+        assert_eq!(
+            events[0]["data"]["decision"]["config_version"],
+            version.as_str()
+        );
+    }
+
+    // Cancellation fees follow the frozen contract too.
+    let a = s
+        .new_task(
+            "fees-cancel-new",
+            "payment.release",
+            json!({"payee": "q", "amount": 3, "currency": "EUR"}),
+        )
+        .await;
+    let claimed = s.claim_one("payment.release", Some(10_000)).await;
+    assert_eq!(claimed["task_id"], a["id"]);
+    s.cancel(a["id"].as_str().unwrap()).await;
+    let body = json!({"generation": claimed["generation"], "outcome": "cancelled", "usage": 5});
+    s.report(claimed["id"].as_str().unwrap(), body)
+        .await
+        .ok(200);
+    let t = s.task(a["id"].as_str().unwrap()).await;
+    assert_eq!(t["cancellation"]["fee"], 40 + 5);
+}
