@@ -656,7 +656,9 @@ impl Demo {
     fn line(&mut self, s: impl Into<String>) {
         let s = s.into();
         if self.echo {
-            println!("{s}");
+            // A closed stdout (e.g. `idem demo | head`) must not end the run.
+            use std::io::Write as _;
+            let _ = writeln!(std::io::stdout().lock(), "{s}");
         }
         self.report.lines.push(s);
     }

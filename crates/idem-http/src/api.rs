@@ -364,7 +364,8 @@ pub async fn lookup_task(
             "both `operation` and `idempotency_key` are required",
         ));
     };
-    let key = idem_core::key::IdempotencyKey::parse_header(key.as_bytes())
+    // The query carries the key itself (as stored), not its header encoding.
+    let key = idem_core::key::IdempotencyKey::new(&key)
         .map_err(|e| Problem::new(StatusCode::BAD_REQUEST, e.problem_code(), e.to_string()))?;
     let task = st
         .store

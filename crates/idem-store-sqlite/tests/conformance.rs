@@ -1,5 +1,6 @@
 //! The store conformance suite (crates/idem-store/src/conformance.rs) on SQLite:
 //! each case gets a fresh database file in its own temporary directory.
+#![allow(clippy::expect_used)]
 
 async fn fresh_store() -> idem_store::Store {
     let dir = tempfile::tempdir().expect("tempdir");

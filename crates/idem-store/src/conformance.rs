@@ -105,6 +105,7 @@ macro_rules! store_conformance {
             cancel_pending_non_safe_lease_expiry_not_committed_cancels,
             cancel_pending_failed_report_confirms,
             cancel_races_claim_and_delivery,
+            cancel_pending_expiry_races_succeeded_report,
             device_acknowledge_then_completion,
             retention_releases_terminal_key_only_after_expiry,
             retention_never_releases_non_terminal_key,
@@ -2334,7 +2335,7 @@ pub async fn cancel_pending_failed_report_confirms(store: Store) {
 pub async fn cancel_races_claim_and_delivery(store: Store) {
     let c = Ctx::new(&store, "acme").await;
     let mut wins = (0, 0);
-    for round in 0..100_u32 {
+    for round in 0..200_u32 {
         let op = if round % 2 == 0 { SAFE } else { NON_SAFE };
         let contract = contract(op);
         let t = c.create(op, &contract).await;
@@ -2413,7 +2414,87 @@ pub async fn cancel_races_claim_and_delivery(store: Store) {
         }
         assert_history(&store, t.id).await;
     }
-    assert_eq!(wins.0 + wins.1, 100);
+    assert_eq!(wins.0 + wins.1, 200);
+}
+
+/// 50 rounds (safe class): a cancellation is pending and the lease runs out
+/// while the executor's `succeeded` report races the expiry sweep. Exactly one
+/// wins each round: `cancelled`/`confirmed` with no delivery (and the report
+/// is refused as stale), or `succeeded` with the cancellation `too_late`.
+pub async fn cancel_pending_expiry_races_succeeded_report(store: Store) {
+    let c = Ctx::new(&store, "acme").await;
+    let contract = contract(SAFE);
+    let mut wins = (0, 0);
+    for round in 0..50_u64 {
+        let t = c.create(SAFE, &contract).await;
+        let a = c.claim_one(SAFE, SHORT_LEASE, t.id).await;
+        let (_, cancel) = c.cancel(t.id).await;
+        assert_eq!(cancel.status, CancelStatus::Requested, "round {round}");
+        // Land around the lease end: some rounds before it, some after.
+        let nap = u64::try_from(SHORT_LEASE).unwrap_or(150) - 20 + (round % 5) * 10;
+        tokio::time::sleep(std::time::Duration::from_millis(nap)).await;
+        let barrier = Arc::new(Barrier::new(2));
+        let sweeper = {
+            let (store, barrier) = (store.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                store.sweep(SWEEP).await
+            })
+        };
+        let reporter = {
+            let (c, barrier, a) = (c.clone(), barrier.clone(), a.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                c.report(&a, succeeded(a.generation)).await
+            })
+        };
+        must(joined(sweeper.await), "sweep");
+        let reported = must(joined(reporter.await), "report");
+        let task = c
+            .wait_until(t.id, "a winner", |t| t.state.is_terminal())
+            .await;
+        let Some(cx) = &task.cancellation else {
+            panic!("round {round}: cancellation lost");
+        };
+        match task.state {
+            TaskState::Cancelled => {
+                wins.0 += 1;
+                assert!(
+                    task.delivery.is_none(),
+                    "round {round}: cancelled and delivered"
+                );
+                assert!(
+                    matches!(
+                        reported,
+                        Err(Refusal::Machine(Rejection::StaleGeneration { .. }))
+                    ),
+                    "round {round}: the losing report must be stale: {reported:?}"
+                );
+                assert_eq!(cx.status, CancelStatus::Confirmed);
+                assert_eq!(cx.fee, Some(contract.fees.after_start(task.usage)));
+                assert!(task.generation > a.generation);
+            }
+            TaskState::Succeeded => {
+                wins.1 += 1;
+                assert!(
+                    reported.is_ok(),
+                    "round {round}: delivery won, the report applied: {reported:?}"
+                );
+                let Some(d) = &task.delivery else {
+                    panic!("round {round}: delivery lost");
+                };
+                assert_eq!(d.charge, contract.price);
+                assert_eq!(cx.status, CancelStatus::TooLate);
+                assert_eq!(cx.fee, Some(d.charge));
+            }
+            other => {
+                panic!("round {round}: exactly one of cancel and delivery wins, task is {other:?}")
+            }
+        }
+        assert_history(&store, t.id).await;
+    }
+    eprintln!("cancel wins {}, delivery wins {}", wins.0, wins.1);
+    assert_eq!(wins.0 + wins.1, 50);
 }
 
 // ---------------------------------------------------------------------------

@@ -177,7 +177,7 @@ fn apply(state: TaskState, class: &str, event: &str) -> String {
         assert!(!t.state.is_terminal(), "terminal task holds a lease");
         let _ = active;
     }
-    assert_eq!(t.control.event_seq as usize >= j.events.len(), true);
+    assert!(t.control.event_seq as usize >= j.events.len());
     assert!(
         !(t.delivery.is_some() && t.state == TaskState::Cancelled),
         "delivered and cancelled"

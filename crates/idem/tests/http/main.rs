@@ -1,5 +1,6 @@
 //! Black-box HTTP tests of `idem serve`: every test starts its own server
-//! process over its own SQLite file and talks to it with real HTTP.
+//! process over its own SQLite file and talks to it with real HTTP; the
+//! `multi_pg` tests run several processes over one fresh PostgreSQL database.
 
 // Helpers outside `#[test]` functions panic on setup failures by design.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
@@ -8,5 +9,6 @@ mod cancel;
 mod cli;
 mod contract;
 mod executor;
+mod multi_pg;
 mod submit;
 mod support;

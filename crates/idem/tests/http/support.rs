@@ -17,6 +17,10 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_idem");
 /// How long bounded polling loops wait at most.
 pub const POLL_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// PostgreSQL pool size of servers started by [`Server::start_pg`] (several
+/// instances and tests share one PostgreSQL with a limited `max_connections`).
+pub const PG_POOL_SIZE: &str = "8";
+
 /// A fast configuration: the bundled classes with short backoffs, so retries
 /// are quick. Windows and fees are the bundled ones.
 pub const FAST_TOML: &str = r#"
@@ -180,6 +184,8 @@ pub struct Server {
     child: Option<Child>,
     _stdout: Option<BufReader<ChildStdout>>,
     opts: Options,
+    /// A shared store (e.g. `postgres://…`); `None`: the SQLite file in `dir`.
+    shared_store: Option<String>,
     /// `http://127.0.0.1:PORT`.
     pub url: String,
     /// The HTTP client.
@@ -219,6 +225,7 @@ impl Server {
             child: None,
             _stdout: None,
             opts,
+            shared_store: None,
             url: String::new(),
             http,
             keys: Keys {
@@ -233,6 +240,71 @@ impl Server {
         server
     }
 
+    /// Creates the standard keys ([`Keys`]) in the store at `store`.
+    pub fn create_keys(store: &str) -> Keys {
+        let (acme_id, acme) = create_key_at(store, "acme", "client", None);
+        let (_, other) = create_key_at(store, "other", "client", None);
+        let (_, exec) = create_key_at(store, "acme", "executor", None);
+        let (_, exec_other) = create_key_at(store, "other", "executor", None);
+        Keys {
+            acme,
+            acme_id,
+            other,
+            exec,
+            exec_other,
+        }
+    }
+
+    /// Starts a server with the fast configuration over a shared store
+    /// (`postgres://…`, already migrated, `keys` created in it), with the
+    /// extra environment `extra_env` (e.g. `IDEM_CLOCK_OFFSET_MS`). Several
+    /// servers started this way on one URL share one database.
+    pub async fn start_pg(store: &str, keys: &Keys, extra_env: &[(&str, &str)]) -> Server {
+        let mut opts = Options::fast().env("IDEM_PG_POOL_SIZE", PG_POOL_SIZE);
+        for (k, v) in extra_env {
+            opts = opts.env(k, v);
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        if let Some(text) = &opts.config {
+            std::fs::write(dir.path().join("idem.toml"), text).expect("write config");
+        }
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .expect("reqwest client");
+        let mut server = Server {
+            dir,
+            child: None,
+            _stdout: None,
+            opts,
+            shared_store: Some(store.to_owned()),
+            url: String::new(),
+            http,
+            keys: keys.clone(),
+        };
+        server.spawn();
+        server
+    }
+
+    /// The `--store` URL of this server.
+    pub fn store(&self) -> String {
+        self.shared_store
+            .clone()
+            .unwrap_or_else(|| store_url(self.dir.path()))
+    }
+
+    /// Whether the child process is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// The server's log (stderr) so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+    }
+
     /// The database file.
     pub fn db_path(&self) -> PathBuf {
         self.dir.path().join("idem.db")
@@ -244,7 +316,7 @@ impl Server {
             .arg("--listen")
             .arg("127.0.0.1:0")
             .arg("--store")
-            .arg(store_url(self.dir.path()))
+            .arg(self.store())
             .arg("--sweep-interval-ms")
             .arg("50");
         if self.opts.config.is_some() {
@@ -306,7 +378,7 @@ impl Server {
 
     /// Runs the CLI against this server's store; returns (status ok, stdout, stderr).
     pub fn cli(&self, args: &[&str]) -> (bool, String, String) {
-        cli_at(&store_url(self.dir.path()), args)
+        cli_at(&self.store(), args)
     }
 
     /// Creates a key; returns (id, plain key).
@@ -316,7 +388,7 @@ impl Server {
         role: &str,
         operations: Option<&str>,
     ) -> (String, String) {
-        create_key_at(&store_url(self.dir.path()), tenant, role, operations)
+        create_key_at(&self.store(), tenant, role, operations)
     }
 
     /// Revokes a key by id.
