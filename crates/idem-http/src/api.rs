@@ -237,7 +237,7 @@ fn request_id(headers: &HeaderMap) -> String {
 
 /// Submit a task with an `Idempotency-Key` (SPEC §2.1–2.3, IDEM-01).
 #[utoipa::path(post, path = "/v1/tasks", tag = "tasks",
-    params(("Idempotency-Key" = String, Header, description = "RFC 9651 sf-string (\"abc\") or bare token; 1–255 visible ASCII")),
+    params(("Idempotency-Key" = String, Header, description = "RFC 9651 sf-string (\"abc\") or bare token; 1–255 visible ASCII", pattern = "^[!-~]{1,255}$")),
     request_body = SubmitBody,
     responses(
         (status = 201, description = "Accepted, or a replay (`Idempotent-Replayed: true`)", body = SubmitResponse),

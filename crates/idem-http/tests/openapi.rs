@@ -7,7 +7,10 @@ fn committed_openapi_matches_generated() {
     let generated = serde_json::to_value(idem_http::openapi()).unwrap();
     let committed: serde_json::Value =
         serde_json::from_str(include_str!("../../../docs/openapi.json")).unwrap();
-    assert_eq!(generated, committed, "docs/openapi.json is stale: run `cargo run -- openapi > docs/openapi.json`");
+    assert_eq!(
+        generated, committed,
+        "docs/openapi.json is stale: run `cargo run -- openapi > docs/openapi.json`"
+    );
     assert!(generated["openapi"].as_str().unwrap().starts_with("3.1"));
     for path in [
         "/v1/tasks",

@@ -300,11 +300,6 @@ impl Server {
             .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
-    /// The server's log (stderr) so far.
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
-    }
-
     /// The database file.
     pub fn db_path(&self) -> PathBuf {
         self.dir.path().join("idem.db")
