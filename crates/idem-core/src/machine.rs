@@ -480,6 +480,15 @@ pub fn report(
 ) -> Result<(), Rejection> {
     validate_report(task, attempt, r)?;
     let outcome = r.outcome.as_str();
+    // An exact repeat of the applied report (its answer was lost) is answered
+    // as before, even after newer attempts exist (SPEC §4 "Details").
+    if attempt.report.as_ref() == Some(&r.body) {
+        j.evidence(
+            attempt,
+            evidence(now, r.generation, outcome, r.body.clone(), "repeat"),
+        );
+        return Ok(());
+    }
     if FENCING && (r.generation != attempt.generation || r.generation != task.generation) {
         j.evidence(
             attempt,
@@ -499,15 +508,16 @@ pub fn report(
         });
     }
     if let Some(existing) = attempt.report.clone() {
-        let same = existing == r.body;
-        let disposition = if same { "repeat" } else { "already_reported" };
         j.evidence(
             attempt,
-            evidence(now, r.generation, outcome, r.body.clone(), disposition),
+            evidence(
+                now,
+                r.generation,
+                outcome,
+                r.body.clone(),
+                "already_reported",
+            ),
         );
-        if same {
-            return Ok(());
-        }
         let existing = existing
             .get("outcome")
             .and_then(Value::as_str)
@@ -573,11 +583,12 @@ pub fn report(
             j.record(task, now, "attempt_failed", observed);
             let class = r.failure_class.unwrap_or(FailureClass::Transient);
             let message = r.message.clone().unwrap_or_default();
-            if task.cancel_pending() {
-                confirm_cancel(task, j, now);
-            } else if attempt.kind == AttemptKind::Reconcile {
-                // Only `committed` / `not_committed` settle an unknown outcome.
+            if attempt.kind == AttemptKind::Reconcile {
+                // Only `committed` / `not_committed` settle an unknown outcome,
+                // also when a cancellation is pending (SPEC §2.5, §2.7).
                 schedule_reconcile(task, j, now, "reconcile attempt failed");
+            } else if task.cancel_pending() {
+                confirm_cancel(task, j, now);
             } else if class == FailureClass::Transient {
                 retry_after_transient(task, j, now, &message);
             } else {

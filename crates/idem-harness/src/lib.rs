@@ -5,5 +5,6 @@
 //! (the seeds' payment case end to end).
 
 pub mod bench;
+pub mod chaos;
 pub mod demo;
 pub mod server;

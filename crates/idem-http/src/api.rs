@@ -223,8 +223,24 @@ fn strict_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> AppR
     Ok((value, typed))
 }
 
-fn path_id(raw: &str) -> AppResult<Uuid> {
-    Uuid::parse_str(raw).map_err(|_| Problem::not_found())
+/// A task or attempt id from the path; anything that is not a UUID (including
+/// bytes that are not UTF-8) is a 404 problem: no such resource.
+pub struct IdPath(pub Uuid);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for IdPath {
+    type Rejection = Problem;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Problem> {
+        let Path(raw) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|_| Problem::not_found())?;
+        Uuid::parse_str(&raw)
+            .map(IdPath)
+            .map_err(|_| Problem::not_found())
+    }
 }
 
 fn request_id(headers: &HeaderMap) -> String {
@@ -367,8 +383,9 @@ pub async fn lookup_task(
     // The query carries the key itself (as stored), not its header encoding.
     let key = idem_core::key::IdempotencyKey::new(&key)
         .map_err(|e| Problem::new(StatusCode::BAD_REQUEST, e.problem_code(), e.to_string()))?;
-    let task = st
-        .store
+    caller.require_grant(&operation)?;
+    let task = caller
+        .store(&st)
         .find_task(&caller.0.tenant, &operation, key.as_str())
         .await??;
     Ok(Json(TaskEnvelope { task }))
@@ -380,12 +397,12 @@ pub async fn lookup_task(
 pub async fn get_task(
     State(st): St,
     caller: Caller,
-    Path(id): Path<String>,
+    IdPath(id): IdPath,
 ) -> AppResult<Json<TaskEnvelope>> {
     caller.require(Role::Client)?;
-    let task = st
-        .store
-        .get_task(Some(&caller.0.tenant), path_id(&id)?)
+    let task = caller
+        .store(&st)
+        .get_task(Some(&caller.0.tenant), id)
         .await??;
     Ok(Json(TaskEnvelope { task }))
 }
@@ -396,12 +413,12 @@ pub async fn get_task(
 pub async fn list_attempts(
     State(st): St,
     caller: Caller,
-    Path(id): Path<String>,
+    IdPath(id): IdPath,
 ) -> AppResult<Json<AttemptsEnvelope>> {
     caller.require(Role::Client)?;
-    let attempts = st
-        .store
-        .list_attempts(Some(&caller.0.tenant), path_id(&id)?)
+    let attempts = caller
+        .store(&st)
+        .list_attempts(Some(&caller.0.tenant), id)
         .await??;
     Ok(Json(AttemptsEnvelope { attempts }))
 }
@@ -412,12 +429,12 @@ pub async fn list_attempts(
 pub async fn list_events(
     State(st): St,
     caller: Caller,
-    Path(id): Path<String>,
+    IdPath(id): IdPath,
 ) -> AppResult<Json<EventsEnvelope>> {
     caller.require(Role::Client)?;
-    let events = st
-        .store
-        .list_events(Some(&caller.0.tenant), path_id(&id)?)
+    let events = caller
+        .store(&st)
+        .list_events(Some(&caller.0.tenant), id)
         .await??;
     Ok(Json(EventsEnvelope { events }))
 }
@@ -425,13 +442,9 @@ pub async fn list_events(
 /// Request cancellation (SPEC §2.7, CANCEL-01): 202 when recorded and pending, 200 when settled.
 #[utoipa::path(post, path = "/v1/tasks/{id}/cancel", tag = "tasks", params(("id" = String, Path, description = "task id")),
     responses((status = 200, description = "confirmed or too_late", body = CancelResponse), (status = 202, description = "requested", body = CancelResponse), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")))]
-pub async fn cancel_task(
-    State(st): St,
-    caller: Caller,
-    Path(id): Path<String>,
-) -> AppResult<Response> {
+pub async fn cancel_task(State(st): St, caller: Caller, IdPath(id): IdPath) -> AppResult<Response> {
     caller.require(Role::Client)?;
-    let (task, cancellation) = st.store.cancel(&caller.0.tenant, path_id(&id)?).await??;
+    let (task, cancellation) = caller.store(&st).cancel(&caller.0.tenant, id).await??;
     let status = if cancellation.status == idem_core::model::CancelStatus::Requested {
         StatusCode::ACCEPTED
     } else {
@@ -446,12 +459,12 @@ pub async fn cancel_task(
 pub async fn acknowledge_delivery(
     State(st): St,
     caller: Caller,
-    Path(id): Path<String>,
+    IdPath(id): IdPath,
 ) -> AppResult<Json<TaskEnvelope>> {
     caller.require(Role::Client)?;
-    let task = st
-        .store
-        .acknowledge_delivery(&caller.0.tenant, path_id(&id)?)
+    let task = caller
+        .store(&st)
+        .acknowledge_delivery(&caller.0.tenant, id)
         .await??;
     Ok(Json(TaskEnvelope { task }))
 }
@@ -466,7 +479,7 @@ pub async fn claim(
 ) -> AppResult<Json<ClaimResponse>> {
     caller.require(Role::Executor)?;
     let (_, body): (Value, ClaimBody) = strict_body(body)?;
-    if body.executor_id.is_empty() || body.executor_id.len() > 200 {
+    if body.executor_id.is_empty() || body.executor_id.chars().count() > 200 {
         return Err(Problem::invalid("`executor_id` must be 1–200 characters"));
     }
     let operations: Vec<String> = match body.operations {
@@ -558,17 +571,17 @@ pub async fn claim(
 pub async fn heartbeat(
     State(st): St,
     caller: Caller,
-    Path(id): Path<String>,
+    IdPath(id): IdPath,
     body: Result<Bytes, BytesRejection>,
 ) -> AppResult<Json<HeartbeatResponse>> {
     caller.require(Role::Executor)?;
-    let attempt_id = path_id(&id)?;
+    let attempt_id = id;
     let (_, body): (Value, HeartbeatBody) = strict_body(body)?;
     if body.usage.is_some_and(|u| u < 0) {
         return Err(Problem::invalid("usage must not be negative"));
     }
-    let ack = st
-        .store
+    let ack = caller
+        .store(&st)
         .heartbeat(&caller.0.tenant, attempt_id, body.generation, body.usage)
         .await??;
     Ok(Json(HeartbeatResponse {
@@ -583,14 +596,14 @@ pub async fn heartbeat(
 pub async fn acknowledge(
     State(st): St,
     caller: Caller,
-    Path(id): Path<String>,
+    IdPath(id): IdPath,
     body: Result<Bytes, BytesRejection>,
 ) -> AppResult<Json<TaskEnvelope>> {
     caller.require(Role::Executor)?;
-    let attempt_id = path_id(&id)?;
+    let attempt_id = id;
     let (raw, body): (Value, AckBody) = strict_body(body)?;
-    let task = st
-        .store
+    let task = caller
+        .store(&st)
         .acknowledge(&caller.0.tenant, attempt_id, body.generation, raw)
         .await??;
     Ok(Json(TaskEnvelope { task }))
@@ -602,11 +615,11 @@ pub async fn acknowledge(
 pub async fn report(
     State(st): St,
     caller: Caller,
-    Path(id): Path<String>,
+    IdPath(id): IdPath,
     body: Result<Bytes, BytesRejection>,
 ) -> AppResult<Json<TaskEnvelope>> {
     caller.require(Role::Executor)?;
-    let attempt_id = path_id(&id)?;
+    let attempt_id = id;
     let (raw, body): (Value, ReportBody) = strict_body(body)?;
     let report = Report {
         generation: body.generation,
@@ -618,8 +631,8 @@ pub async fn report(
         external_txn_id: body.external_txn_id,
         body: raw,
     };
-    let res = st
-        .store
+    let res = caller
+        .store(&st)
         .report(&caller.0.tenant, attempt_id, report)
         .await?;
     let label = match &res {

@@ -24,6 +24,12 @@ impl Caller {
         }
     }
 
+    /// The store acting for this key: tasks of classes the key is not granted
+    /// are `NOT_FOUND` (existence is not leaked).
+    pub fn store(&self, st: &AppState) -> idem_store::Store {
+        st.store.granted(self.0.operations.clone())
+    }
+
     /// Requires a grant for `operation`.
     pub fn require_grant(&self, operation: &str) -> Result<(), Problem> {
         if self.0.grants(operation) {
@@ -49,14 +55,13 @@ impl FromRequestParts<AppState> for Caller {
                 "send exactly one `Authorization: Bearer <api key>` header",
             ));
         };
+        // The scheme is case-insensitive (RFC 9110 §11.1).
         let token = value
             .to_str()
             .ok()
-            .and_then(|v| {
-                v.strip_prefix("Bearer ")
-                    .or_else(|| v.strip_prefix("bearer "))
-            })
-            .map(str::trim)
+            .and_then(|v| v.trim().split_once([' ', '\t']))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token.trim())
             .filter(|t| !t.is_empty())
             .ok_or_else(|| {
                 Problem::unauthenticated("expected `Authorization: Bearer <api key>`")

@@ -142,6 +142,13 @@ impl SqliteBackend {
         options: SqliteOptions,
     ) -> Result<SqliteBackend, StoreError> {
         let path = path.as_ref().to_path_buf();
+        let name = path.to_string_lossy();
+        if name.trim().is_empty() || name == ":memory:" {
+            // Every connection would open its own empty database.
+            return Err(StoreError::Unavailable(
+                "the SQLite store needs a file path, e.g. sqlite://./idem-data/idem.db".into(),
+            ));
+        }
         if let Some(dir) = path.parent()
             && !dir.as_os_str().is_empty()
         {

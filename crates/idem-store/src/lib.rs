@@ -224,6 +224,7 @@ pub enum Refusal {
 #[derive(Clone)]
 pub struct Store {
     backend: Arc<dyn Backend>,
+    grant: Option<Arc<Vec<String>>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -239,6 +240,7 @@ impl Store {
     pub fn new(backend: impl Backend) -> Store {
         Store {
             backend: Arc::new(backend),
+            grant: None,
         }
     }
 
@@ -263,6 +265,13 @@ impl Store {
     /// commit (or rollback) even when the caller is dropped, e.g. because the
     /// HTTP client disconnected (SPEC §7).
     pub async fn execute(&self, op: Op) -> Result<Output> {
+        let op = match &self.grant {
+            Some(ops) => Op::Granted {
+                operations: ops.as_ref().clone(),
+                op: Box::new(op),
+            },
+            None => op,
+        };
         if !op.writes() {
             return self.backend.execute(op).await;
         }

@@ -195,11 +195,22 @@ pub enum Op {
         /// Batch size per kind.
         limit: i64,
     },
+    /// `op` on behalf of a key limited to `operations`: tasks and attempts of other
+    /// operation classes are [`Refusal::NotFound`] (SPEC §4: a key's grant).
+    Granted {
+        /// The classes the key may touch.
+        operations: Vec<String>,
+        /// The operation.
+        op: Box<Op>,
+    },
 }
 
 impl Op {
     /// Whether the operation may write (SQLite sends these to its one writer).
     pub fn writes(&self) -> bool {
+        if let Op::Granted { op, .. } = self {
+            return op.writes();
+        }
         !matches!(
             self,
             Op::ListApiKeys
@@ -250,7 +261,19 @@ pub enum Output {
 /// # Errors
 /// Storage failures; the backend rolls back.
 pub async fn run<T: Tx>(tx: &mut T, op: &Op) -> Result<Output> {
+    match op {
+        Op::Granted { operations, op } => run_granted(tx, op, Some(operations)).await,
+        op => run_granted(tx, op, None).await,
+    }
+}
+
+async fn run_granted<T: Tx>(tx: &mut T, op: &Op, grant: Option<&[String]>) -> Result<Output> {
+    let scope = |tenant: Option<&str>| Access {
+        tenant: tenant.map(str::to_owned),
+        grant,
+    };
     Ok(match op {
+        Op::Granted { .. } => return Err(StoreError::Corrupt("nested Op::Granted".into())),
         Op::CreateApiKey {
             tenant,
             role,
@@ -279,7 +302,7 @@ pub async fn run<T: Tx>(tx: &mut T, op: &Op) -> Result<Output> {
         }
         Op::Submit(s) => Output::Submitted(submit(tx, s).await?),
         Op::GetTask { tenant, id } => {
-            Output::Task(owned_task(tx, *id, tenant.as_deref(), false).await?)
+            Output::Task(owned_task(tx, *id, &scope(tenant.as_deref()), false).await?)
         }
         Op::FindTask {
             tenant,
@@ -287,19 +310,19 @@ pub async fn run<T: Tx>(tx: &mut T, op: &Op) -> Result<Output> {
             idempotency_key,
         } => {
             let task = match tx.scope(tenant, operation, idempotency_key).await? {
-                Some(row) => owned_task(tx, row.task_id, Some(tenant), false).await?,
+                Some(row) => owned_task(tx, row.task_id, &scope(Some(tenant)), false).await?,
                 None => Err(Refusal::NotFound),
             };
             Output::Task(task)
         }
         Op::ListAttempts { tenant, task_id } => Output::Attempts(
-            match owned_task(tx, *task_id, tenant.as_deref(), false).await? {
+            match owned_task(tx, *task_id, &scope(tenant.as_deref()), false).await? {
                 Ok(_) => Ok(tx.attempts(*task_id).await?),
                 Err(e) => Err(e),
             },
         ),
         Op::ListEvents { tenant, task_id } => Output::Events(
-            match owned_task(tx, *task_id, tenant.as_deref(), false).await? {
+            match owned_task(tx, *task_id, &scope(tenant.as_deref()), false).await? {
                 Ok(_) => Ok(tx.events(*task_id).await?),
                 Err(e) => Err(e),
             },
@@ -311,9 +334,14 @@ pub async fn run<T: Tx>(tx: &mut T, op: &Op) -> Result<Output> {
             generation,
             usage,
         } => Output::Heartbeat(
-            on_attempt(tx, tenant, *attempt_id, |task, attempt, j, now| {
-                machine::heartbeat(task, attempt, j, *generation, *usage, now)
-            })
+            on_attempt(
+                tx,
+                &scope(Some(tenant)),
+                *attempt_id,
+                |task, attempt, j, now| {
+                    machine::heartbeat(task, attempt, j, *generation, *usage, now)
+                },
+            )
             .await?
             .map(|(_, ack)| ack),
         ),
@@ -323,9 +351,14 @@ pub async fn run<T: Tx>(tx: &mut T, op: &Op) -> Result<Output> {
             generation,
             body,
         } => Output::Task(
-            on_attempt(tx, tenant, *attempt_id, |task, attempt, j, now| {
-                machine::acknowledge(task, attempt, j, *generation, body.clone(), now)
-            })
+            on_attempt(
+                tx,
+                &scope(Some(tenant)),
+                *attempt_id,
+                |task, attempt, j, now| {
+                    machine::acknowledge(task, attempt, j, *generation, body.clone(), now)
+                },
+            )
             .await?
             .map(|(task, ())| task),
         ),
@@ -334,20 +367,23 @@ pub async fn run<T: Tx>(tx: &mut T, op: &Op) -> Result<Output> {
             attempt_id,
             report,
         } => Output::Task(
-            on_attempt(tx, tenant, *attempt_id, |task, attempt, j, now| {
-                machine::report(task, attempt, j, report, now)
-            })
+            on_attempt(
+                tx,
+                &scope(Some(tenant)),
+                *attempt_id,
+                |task, attempt, j, now| machine::report(task, attempt, j, report, now),
+            )
             .await?
             .map(|(task, ())| task),
         ),
         Op::Cancel { tenant, task_id } => Output::Cancelled(
-            on_task(tx, tenant, *task_id, |task, j, now| {
+            on_task(tx, &scope(Some(tenant)), *task_id, |task, j, now| {
                 Ok(machine::cancel(task, j, now))
             })
             .await?,
         ),
         Op::AcknowledgeDelivery { tenant, task_id } => Output::Task(
-            on_task(tx, tenant, *task_id, |task, j, now| {
+            on_task(tx, &scope(Some(tenant)), *task_id, |task, j, now| {
                 machine::acknowledge_delivery(task, j, now)
             })
             .await?
@@ -357,14 +393,32 @@ pub async fn run<T: Tx>(tx: &mut T, op: &Op) -> Result<Output> {
     })
 }
 
+/// Who may see a task: its tenant (`None` = any, for the operator CLI) and,
+/// for a key limited to some operation classes, those classes.
+struct Access<'a> {
+    tenant: Option<String>,
+    grant: Option<&'a [String]>,
+}
+
+impl Access<'_> {
+    fn sees(&self, t: &Task) -> bool {
+        self.tenant
+            .as_deref()
+            .is_none_or(|tn| tn == t.control.tenant)
+            && self
+                .grant
+                .is_none_or(|ops| ops.iter().any(|o| o == &t.operation))
+    }
+}
+
 async fn owned_task<T: Tx>(
     tx: &mut T,
     id: Uuid,
-    tenant: Option<&str>,
+    access: &Access<'_>,
     lock: bool,
 ) -> Result<Result<Task, Refusal>> {
     Ok(match tx.task(id, lock).await? {
-        Some(t) if tenant.is_none_or(|tn| tn == t.control.tenant) => Ok(t),
+        Some(t) if access.sees(&t) => Ok(t),
         _ => Err(Refusal::NotFound),
     })
 }
@@ -436,39 +490,55 @@ async fn submit<T: Tx>(tx: &mut T, s: &Submission) -> Result<SubmitOutcome> {
 async fn claim<T: Tx>(tx: &mut T, req: &ClaimRequest) -> Result<Vec<Claimed>> {
     let now = tx.now().await?;
     let max = req.max.max(1);
-    let ids = tx
-        .claimable(&req.tenant, &req.operations, now, max.saturating_mul(2))
-        .await?;
     let mut out = Vec::new();
-    for id in ids {
-        if out.len() as i64 >= max {
+    // Candidates that end instead of being leased (deadline passed, key revoked,
+    // attempts used up) leave the claimable set, so scan again until `max` are
+    // leased or nothing is left; bounded so one claim stays short.
+    for _ in 0..8 {
+        let ids = tx
+            .claimable(&req.tenant, &req.operations, now, max.saturating_mul(2))
+            .await?;
+        if ids.is_empty() {
             break;
         }
-        let Some(mut task) = tx.task(id, true).await? else {
-            continue;
-        };
-        let loaded = (task.control.version, task.generation);
-        let authority = match tx.api_key(task.control.api_key_id).await? {
-            Some(k) if k.grants(&task.operation) => Authority::Granted,
-            _ => Authority::Revoked,
-        };
-        let mut j = Journal::default();
-        match machine::claim(
-            &mut task,
-            &mut j,
-            Uuid::now_v7(),
-            &req.executor_id,
-            req.lease_ms,
-            authority,
-            now,
-        ) {
-            Ok(Some(attempt)) => {
-                tx.insert_attempt(&attempt).await?;
-                persist(tx, &task, loaded, &j).await?;
-                out.push(Claimed { attempt, task });
+        let mut ended = 0;
+        for id in ids {
+            if out.len() as i64 >= max {
+                return Ok(out);
             }
-            Ok(None) => persist(tx, &task, loaded, &j).await?,
-            Err(_) => {}
+            let Some(mut task) = tx.task(id, true).await? else {
+                continue;
+            };
+            let loaded = (task.control.version, task.generation);
+            let authority = match tx.api_key(task.control.api_key_id).await? {
+                Some(k) if k.grants(&task.operation) => Authority::Granted,
+                _ => Authority::Revoked,
+            };
+            let mut j = Journal::default();
+            let attempt_id = Uuid::now_v7();
+            match machine::claim(
+                &mut task,
+                &mut j,
+                attempt_id,
+                &req.executor_id,
+                req.lease_ms,
+                authority,
+                now,
+            ) {
+                Ok(Some(attempt)) => {
+                    tx.insert_attempt(&attempt).await?;
+                    persist(tx, &task, loaded, &j).await?;
+                    out.push(Claimed { attempt, task });
+                }
+                Ok(None) => {
+                    persist(tx, &task, loaded, &j).await?;
+                    ended += 1;
+                }
+                Err(_) => {}
+            }
+        }
+        if out.len() as i64 >= max || ended == 0 {
+            break;
         }
     }
     Ok(out)
@@ -479,14 +549,14 @@ async fn claim<T: Tx>(tx: &mut T, req: &ClaimRequest) -> Result<Vec<Claimed>> {
 /// as invalid (which changes nothing).
 async fn on_attempt<T: Tx, R>(
     tx: &mut T,
-    tenant: &str,
+    access: &Access<'_>,
     attempt_id: Uuid,
     f: impl FnOnce(&mut Task, &mut Attempt, &mut Journal, Timestamp) -> Result<R, Rejection>,
 ) -> Result<Result<(Task, R), Refusal>> {
     let Some(a) = tx.attempt(attempt_id).await? else {
         return Ok(Err(Refusal::NotFound));
     };
-    let mut task = match owned_task(tx, a.task_id, Some(tenant), true).await? {
+    let mut task = match owned_task(tx, a.task_id, access, true).await? {
         Ok(t) => t,
         Err(e) => return Ok(Err(e)),
     };
@@ -510,11 +580,11 @@ async fn on_attempt<T: Tx, R>(
 
 async fn on_task<T: Tx, R>(
     tx: &mut T,
-    tenant: &str,
+    access: &Access<'_>,
     task_id: Uuid,
     f: impl FnOnce(&mut Task, &mut Journal, Timestamp) -> Result<R, Rejection>,
 ) -> Result<Result<(Task, R), Refusal>> {
-    let mut task = match owned_task(tx, task_id, Some(tenant), true).await? {
+    let mut task = match owned_task(tx, task_id, access, true).await? {
         Ok(t) => t,
         Err(e) => return Ok(Err(e)),
     };
@@ -597,6 +667,14 @@ macro_rules! typed {
 }
 
 impl Store {
+    /// This store acting for a key limited to `operations` (`None`: all classes):
+    /// every task read or change of another class answers [`Refusal::NotFound`].
+    pub fn granted(&self, operations: Option<Vec<String>>) -> Store {
+        let mut s = self.clone();
+        s.grant = operations.map(std::sync::Arc::new);
+        s
+    }
+
     typed!(/// Creates an API key; returns the record and the plain key.
         fn create_api_key(tenant: &str, role: Role, operations: Option<Vec<String>>) -> (ApiKey, String) {
             Op::CreateApiKey { tenant: tenant.to_owned(), role, operations }

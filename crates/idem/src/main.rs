@@ -1,4 +1,4 @@
-//! `idem`: the one binary (SPEC §6): `serve`, `keys`, `task`, `migrate`, `gc`, `demo`.
+//! `idem`: the one binary (SPEC §6): `serve`, `keys`, `task`, `migrate`, `gc`, `demo`, `bench`, `chaos`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -123,6 +123,29 @@ enum Command {
         #[arg(long)]
         no_baseline: bool,
         /// One JSON object per mode on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Seeded fault injection (client retries, executor crashes, stale reports, SIGKILLed
+    /// servers, terminated PostgreSQL connections), then a check of every SPEC §2 invariant
+    /// (exit 1 on a violation, naming the seed).
+    Chaos {
+        /// Seed of the fault plan: the same seed injects the same faults.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Client operations.
+        #[arg(long, default_value_t = 3000)]
+        ops: usize,
+        /// `sqlite://PATH` or `postgres://…` (a fresh database); default: a temporary SQLite file.
+        #[arg(long)]
+        store: Option<String>,
+        /// Client operations in flight at once.
+        #[arg(long, default_value_t = 128)]
+        clients: usize,
+        /// Executor claim loops.
+        #[arg(long, default_value_t = 6)]
+        executors: usize,
+        /// One JSON object on stdout (`violations`, `faults`, `invariants`, …).
         #[arg(long)]
         json: bool,
     },
@@ -411,6 +434,31 @@ async fn main() -> Result<()> {
             })
             .await?;
             idem_harness::demo::verdict(&report)
+        }
+        Command::Chaos {
+            seed,
+            ops,
+            store,
+            clients,
+            executors,
+            json,
+        } => {
+            let report = idem_harness::chaos::run(idem_harness::chaos::ChaosOptions {
+                seed,
+                ops,
+                store,
+                idem_bin: std::env::current_exe().context("locating the idem binary")?,
+                clients,
+                executors,
+                progress: !json,
+            })
+            .await?;
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                print!("{}", idem_harness::chaos::render(&report));
+            }
+            idem_harness::chaos::verdict(&report)
         }
         Command::Openapi => {
             println!("{}", serde_json::to_string_pretty(&idem_http::openapi())?);

@@ -630,3 +630,57 @@ fn device_ack_does_not_complete() {
     report(&mut t, &mut a, &mut j, &rep(1, Outcome::Succeeded), T0).unwrap();
     assert!(j.events.iter().any(|e| e.kind == "completion_observed"));
 }
+
+#[test]
+fn failed_reconcile_with_pending_cancel_keeps_reconciling() {
+    // An unknown payout must be reconciled before a cancellation can be confirmed.
+    let (mut t, mut j) = new_task("payment.release");
+    let mut a = claim_now(&mut t, &mut j, 1, T0);
+    report(&mut t, &mut a, &mut j, &rep(1, Outcome::Unknown), T0).unwrap();
+    let mut r = claim_now(&mut t, &mut j, 2, T0);
+    assert_eq!(cancel(&mut t, &mut j, T0).status, CancelStatus::Requested);
+    report(&mut t, &mut r, &mut j, &rep(2, Outcome::Failed), T0).unwrap();
+    assert_eq!(t.state, TaskState::Reconciling);
+    assert!(t.cancel_pending());
+    let mut r2 = claim_now(&mut t, &mut j, 3, T0.plus_ms(60_000));
+    assert_eq!(r2.kind, AttemptKind::Reconcile);
+    report(
+        &mut t,
+        &mut r2,
+        &mut j,
+        &rep(3, Outcome::Committed),
+        T0.plus_ms(60_000),
+    )
+    .unwrap();
+    assert_eq!(t.state, TaskState::Succeeded);
+    assert_eq!(t.cancellation.unwrap().status, CancelStatus::TooLate);
+}
+
+#[test]
+fn exact_repeat_of_an_older_attempts_report_is_answered_again() {
+    let (mut t, mut j) = new_task("generation.dispatch");
+    let mut a1 = claim_now(&mut t, &mut j, 1, T0);
+    report(&mut t, &mut a1, &mut j, &rep(1, Outcome::Failed), T0).unwrap();
+    let _a2 = claim_now(&mut t, &mut j, 2, T0.plus_ms(60_000));
+    // The same body again (the executor lost the answer): 200, as before.
+    report(
+        &mut t,
+        &mut a1,
+        &mut j,
+        &rep(1, Outcome::Failed),
+        T0.plus_ms(60_001),
+    )
+    .unwrap();
+    assert_eq!(a1.evidence.last().unwrap().disposition, "repeat");
+    // A different one is stale.
+    let e = report(
+        &mut t,
+        &mut a1,
+        &mut j,
+        &rep(1, Outcome::Succeeded),
+        T0.plus_ms(60_002),
+    )
+    .unwrap_err();
+    assert!(matches!(e, Rejection::StaleGeneration { .. }));
+    assert_eq!(t.state, TaskState::Running);
+}

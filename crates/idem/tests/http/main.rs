@@ -9,6 +9,7 @@ mod cancel;
 mod cli;
 mod contract;
 mod executor;
+mod grants;
 mod multi_pg;
 mod submit;
 mod support;

@@ -1,0 +1,588 @@
+//! The plan is a function of the seed; the checker passes honest histories
+//! (produced by idem's own state machine) and flags each kind of violation in
+//! histories broken on purpose.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use idem_core::config::Config;
+use idem_core::machine::{self, Authority, Journal, NewTask, Report};
+use idem_core::model::{self, Outcome, Timestamp};
+
+use super::*;
+
+#[test]
+fn same_seed_same_plan_other_seed_other_plan() {
+    let a = Plan::new(1, 3000, false);
+    let b = Plan::new(1, 3000, false);
+    assert_eq!(a, b);
+    assert_eq!(a.fault_counts(), b.fault_counts());
+    let c = Plan::new(2, 3000, false);
+    assert_ne!(a, c);
+    assert_ne!(a.fault_counts(), c.fault_counts());
+    let pg = Plan::new(1, 3000, true);
+    assert_eq!(pg, Plan::new(1, 3000, true));
+    assert_eq!(pg.servers, 2);
+    assert!(pg.fault_counts()["pg_terminate_backend"] >= 3);
+    assert!(!a.fault_counts().contains_key("pg_terminate_backend"));
+    // Every kind of fault is planned in a run of this size.
+    let f = a.fault_counts();
+    for kind in [
+        "client_timeout",
+        "changed_payload",
+        "retry_same_key",
+        "cancel",
+        "executor_crash_before_effect",
+        "executor_crash_after_effect",
+        "outcome_unknown_after_effect",
+        "outcome_unknown_without_effect",
+        "transient_failure",
+        "invalid_input_failure",
+        "stale_late_report",
+        "duplicate_report",
+        "reconcile_crash",
+        "reconcile_transient_failure",
+        "reconcile_unknown",
+        "reconcile_stale_late_report",
+        "server_sigkill",
+    ] {
+        assert!(
+            f.get(kind).copied().unwrap_or(0) > 0,
+            "{kind} never planned"
+        );
+    }
+    assert!(a.server_faults.windows(2).all(|w| w[0].0 <= w[1].0));
+}
+
+#[test]
+fn the_chaos_configuration_is_valid() {
+    let c = Config::from_toml(CHAOS_TOML).unwrap();
+    for class in [Class::Payment, Class::Generation] {
+        let contract = c.contract(class.operation()).unwrap();
+        assert_eq!(contract.retry.safe, class.is_safe());
+        assert!(contract.lease.max_ms >= i64::try_from(LEASE_MS).unwrap());
+    }
+}
+
+#[test]
+fn changed_requests_differ_in_material_fields_only_when_changed() {
+    for class in [Class::Payment, Class::Generation] {
+        let a = class.params(7, 0, 1);
+        let b = class.params(7, 0, 2);
+        let c = class.params(7, 3, 1);
+        assert_eq!(class.material(&a), class.material(&b));
+        assert_ne!(class.material(&a), class.material(&c));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Histories from the real state machine
+// ---------------------------------------------------------------------------
+
+const T0: Timestamp = Timestamp(1_700_000_000_000);
+
+struct Sim {
+    class: Class,
+    task: model::Task,
+    attempts: Vec<model::Attempt>,
+    events: Vec<model::Event>,
+    now: Timestamp,
+}
+
+fn convert<T: serde::de::DeserializeOwned>(v: &impl Serialize) -> T {
+    serde_json::from_value(serde_json::to_value(v).unwrap()).unwrap()
+}
+
+impl Sim {
+    fn new(class: Class, n: u128) -> Sim {
+        let config = Config::from_toml(CHAOS_TOML).unwrap();
+        let params = class.params(u32::try_from(n).unwrap(), 0, 0);
+        let (task, j) = machine::accept(
+            NewTask {
+                id: Uuid::from_u128(n),
+                tenant: "t".into(),
+                operation: class.operation().into(),
+                idempotency_key: format!("k{n}"),
+                fingerprint: format!("sha256:{n:064x}"),
+                canonical_request: "{}".into(),
+                params,
+                contract: config.contract(class.operation()).unwrap(),
+                api_key_id: Uuid::from_u128(9),
+                grant: None,
+            },
+            T0,
+        );
+        Sim {
+            class,
+            task,
+            attempts: Vec::new(),
+            events: j.events,
+            now: T0,
+        }
+    }
+
+    fn tick(&mut self, ms: i64) {
+        self.now = self.now.plus_ms(ms);
+    }
+
+    fn claim(&mut self) -> usize {
+        let mut j = Journal::default();
+        let id = Uuid::from_u128(self.task.id.as_u128() * 1000 + self.attempts.len() as u128 + 1);
+        let a = machine::claim(
+            &mut self.task,
+            &mut j,
+            id,
+            "ex",
+            Some(800),
+            Authority::Granted,
+            self.now,
+        )
+        .unwrap()
+        .unwrap();
+        self.events.extend(j.events);
+        self.attempts.push(a);
+        self.attempts.len() - 1
+    }
+
+    fn report(
+        &mut self,
+        i: usize,
+        generation: i64,
+        outcome: Outcome,
+        usage: i64,
+        txn: Option<&str>,
+    ) -> bool {
+        self.tick(10);
+        let failure_class = (outcome == Outcome::Failed).then_some(model::FailureClass::Transient);
+        let r = Report {
+            generation,
+            outcome,
+            result: txn.map(|t| json!({"txn": t})),
+            failure_class,
+            message: None,
+            usage: Some(usage),
+            external_txn_id: txn.map(str::to_owned),
+            body: json!({"generation": generation, "outcome": outcome.as_str(), "usage": usage}),
+        };
+        let mut j = Journal::default();
+        let ok =
+            machine::report(&mut self.task, &mut self.attempts[i], &mut j, &r, self.now).is_ok();
+        self.events.extend(j.events);
+        ok
+    }
+
+    fn expire(&mut self, i: usize) {
+        self.now = self.attempts[i].lease_expires_at;
+        let mut j = Journal::default();
+        machine::expire_lease(&mut self.task, &mut self.attempts[i], &mut j, self.now);
+        self.events.extend(j.events);
+    }
+
+    fn cancel(&mut self) -> CancelStatus {
+        self.tick(5);
+        let mut j = Journal::default();
+        let c = machine::cancel(&mut self.task, &mut j, self.now);
+        self.events.extend(j.events);
+        convert::<idem_client::Cancellation>(&c).status
+    }
+
+    fn wake(&mut self) {
+        self.tick(1000);
+        let mut j = Journal::default();
+        machine::wake(&mut self.task, &mut j, self.now);
+        self.events.extend(j.events);
+    }
+
+    fn record(&self) -> TaskRecord {
+        TaskRecord {
+            task: convert(&self.task),
+            attempts: self.attempts.iter().map(convert).collect(),
+            events: self.events.iter().map(convert).collect(),
+        }
+    }
+
+    fn db(&self) -> DbTask {
+        DbTask {
+            id: self.task.id,
+            operation: self.task.operation.clone(),
+            idempotency_key: self.task.idempotency_key.clone(),
+            state: self.task.state.as_str().to_owned(),
+        }
+    }
+
+    fn effect(&self, attempt: usize, txn: &str) -> (Effect, EffectRequest) {
+        (
+            Effect {
+                task_id: self.task.id,
+                attempt_id: self.attempts[attempt].id,
+                class: self.class,
+                material: self.class.material(&self.task.params),
+                txn: txn.into(),
+            },
+            EffectRequest {
+                task_id: self.task.id,
+                attempt_id: self.attempts[attempt].id,
+                moved: true,
+            },
+        )
+    }
+
+    fn created(&self) -> SubmitRecord {
+        SubmitRecord {
+            op: 0,
+            class: self.class,
+            key: self.task.idempotency_key.clone(),
+            material: self.class.material(&self.task.params),
+            answer: SubmitAnswer::Accepted {
+                task_id: self.task.id,
+                replayed: false,
+                looked_up: false,
+                material: self.class.material(&self.task.params),
+                fingerprint: self.task.fingerprint.clone(),
+                delivery: None,
+            },
+        }
+    }
+}
+
+/// Honest histories of every path the run exercises, with a matching ledger and client log.
+fn honest() -> CheckInput {
+    let mut input = CheckInput::default();
+    let mut add = |sim: &Sim, effects: Vec<(Effect, EffectRequest)>, input: &mut CheckInput| {
+        input.tasks.push(sim.record());
+        input.db_tasks.push(sim.db());
+        input.submits.push(sim.created());
+        for (e, r) in effects {
+            input.effects.push(e);
+            input.effect_requests.push(r);
+        }
+    };
+
+    // A: paid and delivered.
+    let mut a = Sim::new(Class::Payment, 1);
+    let i = a.claim();
+    assert!(a.report(i, 1, Outcome::Succeeded, 4, Some("pay-1")));
+    let eff = a.effect(i, "pay-1");
+    input.accepted_usage.insert(a.attempts[i].id, 4);
+    add(&a, vec![eff], &mut input);
+
+    // B: paid, crashed; the lease expires; reconciliation finds it committed.
+    let mut b = Sim::new(Class::Payment, 2);
+    let i = b.claim();
+    let eff = b.effect(i, "pay-2");
+    b.expire(i);
+    let r = b.claim();
+    assert!(b.report(r, 2, Outcome::Committed, 1, Some("pay-2")));
+    add(&b, vec![eff], &mut input);
+
+    // C: crashed before paying; not committed; a new execute attempt pays.
+    let mut c = Sim::new(Class::Payment, 3);
+    let i = c.claim();
+    c.expire(i);
+    let r = c.claim();
+    assert!(c.report(r, 2, Outcome::NotCommitted, 1, None));
+    let k = c.claim();
+    assert!(c.report(k, 3, Outcome::Succeeded, 2, Some("pay-3")));
+    let eff = c.effect(k, "pay-3");
+    add(&c, vec![eff], &mut input);
+
+    // D: cancelled while running; the executor obeys.
+    let mut d = Sim::new(Class::Payment, 4);
+    let i = d.claim();
+    assert_eq!(d.cancel(), CancelStatus::Requested);
+    assert!(d.report(i, 1, Outcome::Cancelled, 3, None));
+    add(&d, vec![], &mut input);
+    input.cancels.push(CancelRecord {
+        task_id: d.task.id,
+        status: CancelStatus::Requested,
+    });
+
+    // E: paid, stalled past the lease, its late report is refused; reconciled committed.
+    let mut e = Sim::new(Class::Payment, 5);
+    let i = e.claim();
+    let eff = e.effect(i, "pay-5");
+    e.tick(900);
+    assert!(!e.report(i, 1, Outcome::Succeeded, 2, Some("pay-5")));
+    let r = e.claim();
+    assert!(e.report(r, 2, Outcome::Committed, 1, Some("pay-5")));
+    add(&e, vec![eff], &mut input);
+    input.suspects.push(SuspectReport {
+        task_id: e.task.id,
+        attempt_id: e.attempts[i].id,
+        kind: SuspectKind::Late,
+        accepted: false,
+    });
+
+    // F: a safe class fails transiently, backs off and succeeds.
+    let mut f = Sim::new(Class::Generation, 6);
+    let i = f.claim();
+    assert!(f.report(i, 1, Outcome::Failed, 2, None));
+    f.wake();
+    let k = f.claim();
+    assert!(f.report(k, 2, Outcome::Succeeded, 3, Some("gen-1")));
+    let eff = f.effect(k, "gen-1");
+    add(&f, vec![eff], &mut input);
+
+    // G: cancelled while queued.
+    let mut g = Sim::new(Class::Payment, 7);
+    assert_eq!(g.cancel(), CancelStatus::Confirmed);
+    add(&g, vec![], &mut input);
+    input.cancels.push(CancelRecord {
+        task_id: g.task.id,
+        status: CancelStatus::Confirmed,
+    });
+
+    // H: unknown outcome after paying, then a cancel: delivery wins after reconciliation.
+    let mut h = Sim::new(Class::Payment, 8);
+    let i = h.claim();
+    let eff = h.effect(i, "pay-8");
+    assert!(h.report(i, 1, Outcome::Unknown, 2, None));
+    assert_eq!(h.cancel(), CancelStatus::Requested);
+    let r = h.claim();
+    assert!(h.report(r, 2, Outcome::Committed, 1, Some("pay-8")));
+    add(&h, vec![eff], &mut input);
+
+    // A replay of A and a conflicting request under A's key.
+    let mut replay = a.created();
+    if let SubmitAnswer::Accepted {
+        replayed, delivery, ..
+    } = &mut replay.answer
+    {
+        *replayed = true;
+        let d = a.record().task.delivery.unwrap();
+        *delivery = Some(DeliverySeen {
+            external_txn_id: d.external_txn_id,
+            charge: d.charge,
+            delivered_at: d.delivered_at,
+        });
+    }
+    input.submits.push(replay);
+    input.submits.push(SubmitRecord {
+        op: 1,
+        class: Class::Payment,
+        key: "k1".into(),
+        material: Class::Payment.material(&Class::Payment.params(1, 4, 0)),
+        answer: SubmitAnswer::Conflict {
+            task_id: Some(a.task.id),
+        },
+    });
+    input
+}
+
+fn violations(input: &CheckInput, inv: Invariant) -> u64 {
+    check(input)
+        .into_iter()
+        .find(|r| r.name == inv.name())
+        .unwrap()
+        .violations
+}
+
+fn task_mut(input: &mut CheckInput, n: u128) -> &mut TaskRecord {
+    input
+        .tasks
+        .iter_mut()
+        .find(|r| r.task.id == Uuid::from_u128(n))
+        .unwrap()
+}
+
+#[test]
+fn honest_histories_pass_every_invariant() {
+    let results = check(&honest());
+    for r in &results {
+        assert!(r.checked > 0, "{} checked nothing", r.name);
+        assert_eq!(r.violations, 0, "{}: {:?}", r.name, r.examples);
+    }
+}
+
+#[test]
+fn a_second_task_for_a_scope_is_caught() {
+    let mut input = honest();
+    input.db_tasks.push(DbTask {
+        id: Uuid::from_u128(99),
+        operation: "payment.release".into(),
+        idempotency_key: "k1".into(),
+        state: "queued".into(),
+    });
+    assert!(violations(&input, Invariant::OneScopeOneTask) > 0);
+
+    let mut input = honest();
+    let mut other = input.submits[0].clone();
+    if let SubmitAnswer::Accepted { task_id, .. } = &mut other.answer {
+        *task_id = Uuid::from_u128(99);
+    }
+    input.submits.push(other);
+    assert!(violations(&input, Invariant::OneScopeOneTask) > 0);
+}
+
+#[test]
+fn an_executed_conflict_is_caught() {
+    // The provider paid a changed amount.
+    let mut input = honest();
+    input.effects[0].material["amount"] = json!(999_999);
+    assert!(violations(&input, Invariant::ConflictExecutesNothing) > 0);
+    // A changed request answered as a replay.
+    let mut input = honest();
+    let last = input.submits.len() - 1;
+    input.submits[last].answer = input.submits[0].answer.clone();
+    assert!(violations(&input, Invariant::ConflictExecutesNothing) > 0);
+}
+
+#[test]
+fn a_state_change_from_an_old_generation_is_caught() {
+    // What a build without fencing does: task E's late report (generation 1,
+    // after its lease expired and reconciliation delivered) is applied.
+    let mut input = honest();
+    let rec = task_mut(&mut input, 5);
+    let old = rec.attempts[0].clone();
+    let n = rec.events.len() as i64;
+    rec.events.push(Event {
+        seq: n + 1,
+        kind: "completion_observed".into(),
+        at: "2026-01-01T00:00:00.000Z".into(),
+        data: json!({"attempt_id": old.id, "generation": 1, "outcome": "succeeded"}),
+    });
+    rec.events.push(Event {
+        seq: n + 2,
+        kind: "delivered".into(),
+        at: "2026-01-01T00:00:00.000Z".into(),
+        data: json!({"charge": 100}),
+    });
+    let ev = rec.attempts[0]
+        .evidence
+        .iter_mut()
+        .find(|e| e.disposition.as_deref() == Some("stale_generation"))
+        .unwrap();
+    ev.disposition = Some("applied".into());
+    rec.attempts[0].state = AttemptState::Succeeded;
+    assert!(violations(&input, Invariant::Fencing) > 0);
+    assert!(violations(&input, Invariant::OneDeliveryOneCharge) > 0);
+
+    // The harness saw a late report accepted.
+    let mut input = honest();
+    input.suspects[0].accepted = true;
+    assert!(violations(&input, Invariant::Fencing) > 0);
+}
+
+#[test]
+fn a_repeat_without_reconciliation_is_caught() {
+    // The machine, tampered with, starts an execute attempt right after `unknown`.
+    let mut s = Sim::new(Class::Payment, 1);
+    let i = s.claim();
+    assert!(s.report(i, 1, Outcome::Unknown, 1, None));
+    s.task.control.next_kind = Some(model::AttemptKind::Execute);
+    let k = s.claim();
+    assert!(s.report(k, 2, Outcome::Succeeded, 1, Some("pay-1")));
+    let mut input = CheckInput::default();
+    input.tasks.push(s.record());
+    input.db_tasks.push(s.db());
+    let (e, r) = s.effect(k, "pay-1");
+    input.effects.push(e);
+    input.effect_requests.push(r);
+    assert!(violations(&input, Invariant::ReconcileBeforeRepeat) > 0);
+
+    // The provider was asked to pay by two attempts of a non-safe task.
+    let mut input = honest();
+    let mut again = input.effect_requests[0].clone();
+    again.attempt_id = Uuid::from_u128(12345);
+    again.moved = false;
+    input.effect_requests.push(again);
+    assert!(violations(&input, Invariant::ReconcileBeforeRepeat) > 0);
+}
+
+#[test]
+fn a_second_delivery_or_charge_is_caught() {
+    let mut input = honest();
+    task_mut(&mut input, 1)
+        .task
+        .delivery
+        .as_mut()
+        .unwrap()
+        .charge = 200;
+    assert!(violations(&input, Invariant::OneDeliveryOneCharge) > 0);
+
+    let mut input = honest();
+    input.effect_requests[0].moved = true;
+    let mut twice = input.effect_requests[0].clone();
+    twice.moved = true;
+    input.effect_requests.push(twice);
+    assert!(violations(&input, Invariant::OneDeliveryOneCharge) > 0);
+
+    // Paid at the provider but the task failed without delivering.
+    let mut input = honest();
+    let (e, r) = {
+        let s = Sim::new(Class::Payment, 4);
+        let mut s2 = s;
+        s2.attempts.clear();
+        (
+            Effect {
+                task_id: s2.task.id,
+                attempt_id: Uuid::from_u128(4001),
+                class: Class::Payment,
+                material: Class::Payment.material(&s2.task.params),
+                txn: "pay-4".into(),
+            },
+            EffectRequest {
+                task_id: s2.task.id,
+                attempt_id: Uuid::from_u128(4001),
+                moved: true,
+            },
+        )
+    };
+    input.effects.push(e);
+    input.effect_requests.push(r);
+    assert!(violations(&input, Invariant::OneDeliveryOneCharge) > 0);
+    assert!(violations(&input, Invariant::CancelOrDeliver) > 0);
+}
+
+#[test]
+fn cancel_and_delivery_both_is_caught() {
+    let mut input = honest();
+    let delivered = task_mut(&mut input, 1).task.delivery.clone();
+    task_mut(&mut input, 4).task.delivery = delivered;
+    assert!(violations(&input, Invariant::CancelOrDeliver) > 0);
+
+    // A cancel answered `confirmed` on a task that then delivered.
+    let mut input = honest();
+    input.cancels.push(CancelRecord {
+        task_id: Uuid::from_u128(1),
+        status: CancelStatus::Confirmed,
+    });
+    assert!(violations(&input, Invariant::CancelOrDeliver) > 0);
+}
+
+#[test]
+fn lost_usage_is_caught() {
+    let mut input = honest();
+    task_mut(&mut input, 1).task.usage += 5;
+    assert!(violations(&input, Invariant::UsageKept) > 0);
+
+    let mut input = honest();
+    task_mut(&mut input, 1).attempts[0].usage = 1;
+    task_mut(&mut input, 1).task.usage = 1;
+    assert!(violations(&input, Invariant::UsageKept) > 0);
+
+    let mut input = honest();
+    task_mut(&mut input, 4)
+        .task
+        .cancellation
+        .as_mut()
+        .unwrap()
+        .fee = Some(0);
+    assert!(violations(&input, Invariant::UsageKept) > 0);
+}
+
+#[test]
+fn a_gap_in_the_history_is_caught() {
+    let mut input = honest();
+    task_mut(&mut input, 2).events.remove(1);
+    assert!(violations(&input, Invariant::Audit) > 0);
+}
+
+#[test]
+fn an_unsettled_task_is_caught() {
+    let mut s = Sim::new(Class::Payment, 1);
+    s.claim();
+    let mut input = CheckInput::default();
+    input.tasks.push(s.record());
+    input.db_tasks.push(s.db());
+    assert!(violations(&input, Invariant::Settled) > 0);
+}
