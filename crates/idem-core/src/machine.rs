@@ -490,22 +490,11 @@ pub fn report(
         return Ok(());
     }
     if FENCING && (r.generation != attempt.generation || r.generation != task.generation) {
-        j.evidence(
-            attempt,
-            evidence(
-                now,
-                r.generation,
-                outcome,
-                r.body.clone(),
-                "stale_generation",
-            ),
-        );
-        let data = json!({"attempt_id": attempt.id, "generation": r.generation, "outcome": outcome, "current_generation": task.generation});
-        j.record(task, now, "stale_report", data);
-        return Err(Rejection::StaleGeneration {
+        let e = Rejection::StaleGeneration {
             presented: r.generation,
             current: task.generation,
-        });
+        };
+        return Err(keep_stale_report(task, attempt, j, r, now, e));
     }
     if let Some(existing) = attempt.report.clone() {
         j.evidence(
@@ -528,19 +517,7 @@ pub fn report(
         return Err(Rejection::AlreadyReported { existing });
     }
     if let Err(e) = fence(task, attempt, j, r.generation, now) {
-        j.evidence(
-            attempt,
-            evidence(
-                now,
-                r.generation,
-                outcome,
-                r.body.clone(),
-                "stale_generation",
-            ),
-        );
-        let data = json!({"attempt_id": attempt.id, "generation": r.generation, "outcome": outcome, "current_generation": task.generation});
-        j.record(task, now, "stale_report", data);
-        return Err(e);
+        return Err(keep_stale_report(task, attempt, j, r, now, e));
     }
     add_usage(task, attempt, r.usage);
     attempt.report = Some(r.body.clone());
@@ -622,6 +599,32 @@ pub fn report(
         }
     }
     Ok(())
+}
+
+/// Keeps a refused report as evidence with a `stale_report` event (RETRY-01:
+/// "retain late evidence; reject state changes from an old generation").
+fn keep_stale_report(
+    task: &mut Task,
+    attempt: &mut Attempt,
+    j: &mut Journal,
+    r: &Report,
+    now: Timestamp,
+    e: Rejection,
+) -> Rejection {
+    let outcome = r.outcome.as_str();
+    j.evidence(
+        attempt,
+        evidence(
+            now,
+            r.generation,
+            outcome,
+            r.body.clone(),
+            "stale_generation",
+        ),
+    );
+    let data = json!({"attempt_id": attempt.id, "generation": r.generation, "outcome": outcome, "current_generation": task.generation});
+    j.record(task, now, "stale_report", data);
+    e
 }
 
 /// Expires the lease of `attempt` (the lease end passed without a report).
