@@ -416,7 +416,14 @@ impl Plan {
             let first_timeout_ms = rng.random_bool(0.08).then(|| rng.random_range(1..=15));
             let replays = weighted(&mut rng, &[(0u8, 55), (1, 30), (2, 15)]);
             let replay_delay_ms = rng.random_range(0..200);
-            let cancel_after_ms = rng.random_bool(0.12).then(|| rng.random_range(0..400));
+            // Half of the cancels race the first attempt, half come later.
+            let cancel_after_ms = rng.random_bool(0.12).then(|| {
+                if rng.random_bool(0.5) {
+                    rng.random_range(0..15)
+                } else {
+                    rng.random_range(15..400)
+                }
+            });
             plan_ops.push(OpPlan {
                 class,
                 key,
@@ -444,13 +451,13 @@ impl Plan {
         let lo = ops / 20;
         let hi = (ops * 9 / 10).max(lo + 1);
         let mut server_faults = Vec::new();
-        for _ in 0..(ops / 1500).max(2) {
+        for _ in 0..(ops / 400).max(3) {
             let at = rng.random_range(lo..hi);
             let server = rng.random_range(0..servers);
             server_faults.push((at, ServerFault::Kill { server }));
         }
         if postgres {
-            for _ in 0..(ops / 600).max(3) {
+            for _ in 0..(ops / 300).max(3) {
                 server_faults.push((rng.random_range(lo..hi), ServerFault::PgTerminate));
             }
         }
@@ -885,8 +892,10 @@ impl Findings {
     }
 }
 
+/// A task or attempt id as printed in findings (the full id: UUID v7 prefixes
+/// are timestamps shared by the whole run; `idem task show ID` takes it as is).
 fn short(id: Uuid) -> String {
-    id.to_string()[..8].to_owned()
+    id.to_string()
 }
 
 fn event_attempt(e: &Event) -> Option<Uuid> {
@@ -1314,11 +1323,7 @@ fn check_task(
                     execute_count += 1;
                 }
             }
-            "lease_expired" => {
-                if active.is_some() && active == aid {
-                    active = None;
-                }
-            }
+            "lease_expired" if active.is_some() && active == aid => active = None,
             "completion_observed"
             | "reconciled"
             | "attempt_failed"

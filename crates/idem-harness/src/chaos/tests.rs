@@ -247,7 +247,7 @@ impl Sim {
 /// Honest histories of every path the run exercises, with a matching ledger and client log.
 fn honest() -> CheckInput {
     let mut input = CheckInput::default();
-    let mut add = |sim: &Sim, effects: Vec<(Effect, EffectRequest)>, input: &mut CheckInput| {
+    let add = |sim: &Sim, effects: Vec<(Effect, EffectRequest)>, input: &mut CheckInput| {
         input.tasks.push(sim.record());
         input.db_tasks.push(sim.db());
         input.submits.push(sim.created());
@@ -509,9 +509,7 @@ fn a_second_delivery_or_charge_is_caught() {
     // Paid at the provider but the task failed without delivering.
     let mut input = honest();
     let (e, r) = {
-        let s = Sim::new(Class::Payment, 4);
-        let mut s2 = s;
-        s2.attempts.clear();
+        let s2 = Sim::new(Class::Payment, 4);
         (
             Effect {
                 task_id: s2.task.id,
