@@ -11,8 +11,14 @@ if ! command -v schemathesis >/dev/null 2>&1; then
   python3 -m pip install --quiet 'schemathesis>=4.3,<5'
 fi
 
-cargo build --release -p idem --quiet
-bin=./target/release/idem
+# IDEM_PROFILE=debug reuses the test build (CI); default: release.
+if [ "${IDEM_PROFILE:-release}" = debug ]; then
+  cargo build -p idem --quiet
+  bin=./target/debug/idem
+else
+  cargo build --release -p idem --quiet
+  bin=./target/release/idem
+fi
 dir=$(mktemp -d)
 store="sqlite://$dir/idem.db"
 key=$("$bin" keys create --tenant acme --role admin --store "$store" 2>/dev/null)
