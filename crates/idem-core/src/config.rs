@@ -247,6 +247,15 @@ impl Config {
                 continue;
             };
             apply_override(&mut doc, &name, path, &value)?;
+            // Name the variable when its value does not fit the schema (a typo'd
+            // field, a string for a number), instead of a line of a generated document.
+            let text = toml::to_string(&doc).map_err(|e| ConfigError::Parse(e.to_string()))?;
+            if let Err(e) = toml::from_str::<Config>(&text) {
+                return Err(ConfigError::Override {
+                    name,
+                    message: e.message().to_owned(),
+                });
+            }
         }
         let text = toml::to_string(&doc).map_err(|e| ConfigError::Parse(e.to_string()))?;
         Config::from_toml(&text)
@@ -427,6 +436,15 @@ mod tests {
         .unwrap();
         assert_eq!(c.contract("payment.release").unwrap().price, 250);
         assert_ne!(c.version(), base.version());
+        for (name, value) in [
+            ("IDEM_OPERATIONS__PAYMENT_RELEASE__FEES__PRICE", "abc"),
+            ("IDEM_OPERATIONS__PAYMENT_RELEASE__FEES__PRCE", "1"),
+        ] {
+            match Config::from_toml_with_env(DEFAULT_TOML, [(name.to_owned(), value.to_owned())]) {
+                Err(ConfigError::Override { name: n, .. }) => assert_eq!(n, name),
+                other => panic!("{name}={value}: {other:?}"),
+            }
+        }
         let bad = Config::from_toml_with_env(
             DEFAULT_TOML,
             [(

@@ -193,6 +193,19 @@ enum TaskCommand {
     },
 }
 
+/// Opens a store that must already exist: inspection commands never create a
+/// database at a mistyped path.
+async fn open_existing_store(args: &StoreArgs) -> Result<Store> {
+    if let Some(path) = args.store.strip_prefix("sqlite://")
+        && !std::path::Path::new(path).exists()
+    {
+        bail!(
+            "no idem database at {path} (check --store / IDEM_STORE; `idem migrate` or `idem serve` creates one)"
+        );
+    }
+    open_store(args).await
+}
+
 async fn open_store(args: &StoreArgs) -> Result<Store> {
     if let Some(path) = args.store.strip_prefix("sqlite://") {
         let options = idem_store_sqlite::SqliteOptions {
@@ -293,7 +306,18 @@ async fn serve(
 }
 
 #[tokio::main]
-async fn main() -> Result<()> {
+async fn main() -> std::process::ExitCode {
+    match run().await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // One readable line (with its causes), whatever RUST_BACKTRACE says.
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -311,7 +335,10 @@ async fn main() -> Result<()> {
             store,
         } => serve(listen, config, sweep_interval_ms, store).await,
         Command::Keys { command, store } => {
-            let store = open_store(&store).await?;
+            let store = match command {
+                KeysCommand::Create { .. } => open_store(&store).await?,
+                _ => open_existing_store(&store).await?,
+            };
             match command {
                 KeysCommand::Create {
                     tenant,
@@ -356,7 +383,7 @@ async fn main() -> Result<()> {
             Ok(())
         }
         Command::Task { command, store } => {
-            let store = open_store(&store).await?;
+            let store = open_existing_store(&store).await?;
             match command {
                 TaskCommand::Show { id } => print_json(
                     &store
@@ -384,7 +411,7 @@ async fn main() -> Result<()> {
             Ok(())
         }
         Command::Gc { store } => {
-            let s = open_store(&store).await?;
+            let s = open_existing_store(&store).await?;
             let stats = s.sweep(10_000).await?;
             println!(
                 "expired {} leases, woke {} tasks, released {} idempotency keys",

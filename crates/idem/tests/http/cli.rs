@@ -149,3 +149,27 @@ async fn serve_refuses_retention_shorter_than_the_windows() {
         "a retention equal to the windows starts: {line:?}"
     );
 }
+
+/// Inspection commands never create a database at a mistyped path.
+#[test]
+fn inspection_commands_refuse_a_missing_sqlite_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("missing").join("idem.db");
+    let store = format!("sqlite://{}", path.display());
+    for args in [
+        vec!["keys", "list"],
+        vec!["task", "show", "01a229bb-66a5-706b-ac34-0e114ade8e02"],
+        vec!["gc"],
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(&args)
+            .arg("--store")
+            .arg(&store)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?} succeeded");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("no idem database"), "{args:?}: {err}");
+        assert!(!path.exists(), "{args:?} created {}", path.display());
+    }
+}

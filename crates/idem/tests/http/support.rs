@@ -616,6 +616,12 @@ pub fn cli_at(store: &str, args: &[&str]) -> (bool, String, String) {
 }
 
 fn key_ids(store: &str) -> HashSet<String> {
+    // `keys list` refuses a SQLite path where no database exists yet.
+    if let Some(path) = store.strip_prefix("sqlite://")
+        && !std::path::Path::new(path).exists()
+    {
+        return HashSet::new();
+    }
     let (ok, out, err) = cli_at(store, &["keys", "list"]);
     assert!(ok, "keys list failed: {err}");
     out.lines()
