@@ -22,10 +22,13 @@
 //! - Each operation runs on its own tokio task, so a caller that drops the
 //!   future (client disconnect, HTTP timeout) never interrupts a commit.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use idem_store::ops::{Submission, SubmitOutcome};
 use idem_store::{Backend, BoxFuture, Op, Output, Result, Store, StoreError, ops};
+use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio_postgres::{IsolationLevel, NoTls};
 
 mod error;
@@ -82,6 +85,63 @@ impl PgOptions {
 pub struct PgBackend {
     pool: Pool,
     max_retries: u32,
+    /// Submits wait here for the next batch (group commit, see [`SUBMIT_BATCH`]).
+    submits: mpsc::UnboundedSender<PendingSubmit>,
+}
+
+/// Most submissions one transaction accepts together. Concurrent submits are
+/// queued and written by [`SUBMIT_LANES`] batchers: each takes what is queued
+/// (up to this many), writes all scope rows, tasks and events with one
+/// multi-row statement each, commits once (`synchronous_commit=on`) and only
+/// then answers every caller. A lone submit is a batch of one.
+pub const SUBMIT_BATCH: usize = 64;
+
+/// Batches in flight at once.
+pub const SUBMIT_LANES: usize = 4;
+
+type PendingSubmit = (Submission, oneshot::Sender<Result<SubmitOutcome>>);
+
+async fn submit_lane(
+    pool: Pool,
+    max_retries: u32,
+    queue: Arc<Mutex<mpsc::UnboundedReceiver<PendingSubmit>>>,
+) {
+    loop {
+        let mut batch: Vec<PendingSubmit> = Vec::new();
+        {
+            let mut rx = queue.lock().await;
+            let Some(first) = rx.recv().await else {
+                return;
+            };
+            batch.push(first);
+            while batch.len() < SUBMIT_BATCH {
+                match rx.try_recv() {
+                    Ok(p) => batch.push(p),
+                    Err(_) => break,
+                }
+            }
+        }
+        let subs: Vec<Submission> = batch.iter().map(|(s, _)| s.clone()).collect();
+        match PgBackend::run(pool.clone(), Op::SubmitBatch(subs), max_retries).await {
+            Ok(Output::SubmittedBatch(outcomes)) if outcomes.len() == batch.len() => {
+                for ((_, reply), outcome) in batch.into_iter().zip(outcomes) {
+                    let _ = reply.send(Ok(outcome));
+                }
+            }
+            Ok(_) => {
+                for (_, reply) in batch {
+                    let _ = reply.send(Err(StoreError::Corrupt(
+                        "submit batch answered the wrong shape".into(),
+                    )));
+                }
+            }
+            Err(e) => {
+                for (_, reply) in batch {
+                    let _ = reply.send(Err(e.clone()));
+                }
+            }
+        }
+    }
 }
 
 /// Connects to `url` (`postgres://user@host:port/db`), applies pending
@@ -150,9 +210,19 @@ impl PgBackend {
             let mut client = pool.get().await.map_err(error::pool_error)?;
             migrate::apply(&mut client).await?;
         }
+        let (submits, rx) = mpsc::unbounded_channel();
+        let queue = Arc::new(Mutex::new(rx));
+        for _ in 0..SUBMIT_LANES {
+            tokio::spawn(submit_lane(
+                pool.clone(),
+                options.max_retries,
+                Arc::clone(&queue),
+            ));
+        }
         Ok(PgBackend {
             pool,
             max_retries: options.max_retries,
+            submits,
         })
     }
 
@@ -210,8 +280,20 @@ fn backoff(n: u32) -> Duration {
 
 impl Backend for PgBackend {
     fn execute(&self, op: Op) -> BoxFuture<'_, Result<Output>> {
-        let pool = self.pool.clone();
         let max_retries = self.max_retries;
+        if let Op::Submit(sub) = op {
+            return Box::pin(async move {
+                let (reply, answer) = oneshot::channel();
+                self.submits.send((sub, reply)).map_err(|_| {
+                    StoreError::Unavailable("the submit batcher has stopped".into())
+                })?;
+                let outcome = answer.await.map_err(|_| {
+                    StoreError::Unavailable("the submit batcher has stopped".into())
+                })??;
+                Ok(Output::Submitted(outcome))
+            });
+        }
+        let pool = self.pool.clone();
         Box::pin(async move {
             // Own task: a dropped caller never cuts a transaction (or its COMMIT) short.
             tokio::spawn(PgBackend::run(pool, op, max_retries))

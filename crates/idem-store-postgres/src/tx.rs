@@ -475,6 +475,98 @@ impl Tx for PgTx<'_> {
         Ok(())
     }
 
+    async fn insert_scopes(&mut self, rows: &[ScopeRow]) -> Result<Vec<bool>> {
+        if let [row] = rows {
+            return Ok(vec![self.insert_scope(row).await?]);
+        }
+        // One statement for the whole batch, in a fixed (scope) order so that two
+        // batches touching the same scopes lock them in the same order.
+        let mut order: Vec<usize> = (0..rows.len()).collect();
+        order.sort_by(|&a, &b| {
+            let (x, y) = (&rows[a], &rows[b]);
+            (&x.tenant, &x.operation, &x.idempotency_key).cmp(&(
+                &y.tenant,
+                &y.operation,
+                &y.idempotency_key,
+            ))
+        });
+        let col = |f: fn(&ScopeRow) -> &String| {
+            order
+                .iter()
+                .map(|&i| f(&rows[i]).as_str())
+                .collect::<Vec<&str>>()
+        };
+        let tenants = col(|r| &r.tenant);
+        let operations = col(|r| &r.operation);
+        let keys = col(|r| &r.idempotency_key);
+        let fingerprints = col(|r| &r.fingerprint);
+        let ids: Vec<Uuid> = order.iter().map(|&i| rows[i].task_id).collect();
+        let won: std::collections::HashSet<Uuid> = self
+            .query(
+                "INSERT INTO idempotency_keys (tenant, operation, idempotency_key, fingerprint, task_id) \
+                 SELECT t, o, k, f, i FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::uuid[]) \
+                 WITH ORDINALITY AS u(t, o, k, f, i, n) ORDER BY n ON CONFLICT DO NOTHING RETURNING task_id",
+                &[&tenants, &operations, &keys, &fingerprints, &ids],
+            )
+            .await?
+            .iter()
+            .map(|r| get::<Uuid>(r, "task_id"))
+            .collect::<Result<_>>()?;
+        Ok(rows.iter().map(|r| won.contains(&r.task_id)).collect())
+    }
+
+    async fn insert_tasks(&mut self, tasks: &[Task]) -> Result<()> {
+        for chunk in tasks.chunks(64) {
+            let values = chunk
+                .iter()
+                .map(TaskValues::new)
+                .collect::<Result<Vec<_>>>()?;
+            let params: Vec<[Param<'_>; 27]> = values.iter().map(TaskValues::params).collect();
+            let flat: Vec<Param<'_>> = params.iter().flatten().copied().collect();
+            let n = TASK_COLUMNS.len();
+            let tuples: Vec<String> = (0..chunk.len())
+                .map(|r| {
+                    let p: Vec<String> = (1..=n).map(|c| format!("${}", r * n + c)).collect();
+                    format!("({})", p.join(", "))
+                })
+                .collect();
+            let sql = format!(
+                "INSERT INTO tasks ({}) VALUES {}",
+                TASK_COLUMNS.join(", "),
+                tuples.join(", ")
+            );
+            self.exec(&sql, &flat).await?;
+        }
+        Ok(())
+    }
+
+    async fn insert_event_batches(&mut self, batches: &[(Uuid, Vec<Event>)]) -> Result<()> {
+        let mut task_ids = Vec::new();
+        let mut seqs = Vec::new();
+        let mut kinds = Vec::new();
+        let mut ats = Vec::new();
+        let mut data = Vec::new();
+        for (task_id, events) in batches {
+            for e in events {
+                task_ids.push(*task_id);
+                seqs.push(e.seq);
+                kinds.push(e.kind.as_str());
+                ats.push(e.at.ms());
+                data.push(to_json("event data", &e.data)?);
+            }
+        }
+        if task_ids.is_empty() {
+            return Ok(());
+        }
+        self.exec(
+            "INSERT INTO events (task_id, seq, type, at, data) \
+             SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::bigint[], $5::text[])",
+            &[&task_ids, &seqs, &kinds, &ats, &data],
+        )
+        .await?;
+        Ok(())
+    }
+
     async fn task(&mut self, id: Uuid, lock: bool) -> Result<Option<Task>> {
         let sql: &str = if lock {
             &TASK_SELECT_LOCK

@@ -128,6 +128,45 @@ pub trait Tx: Send {
 
     /// Inserts a new task row.
     fn insert_task(&mut self, task: &Task) -> impl Future<Output = Result<()>> + Send;
+
+    /// Inserts several scope rows (`INSERT … ON CONFLICT DO NOTHING`); answers, per
+    /// row and in order, whether this call inserted it. Backends may override the
+    /// default (one row at a time) with one multi-row statement.
+    fn insert_scopes(
+        &mut self,
+        rows: &[ScopeRow],
+    ) -> impl Future<Output = Result<Vec<bool>>> + Send {
+        async move {
+            let mut inserted = Vec::with_capacity(rows.len());
+            for row in rows {
+                inserted.push(self.insert_scope(row).await?);
+            }
+            Ok(inserted)
+        }
+    }
+
+    /// Inserts several new task rows (default: one at a time).
+    fn insert_tasks(&mut self, tasks: &[Task]) -> impl Future<Output = Result<()>> + Send {
+        async move {
+            for task in tasks {
+                self.insert_task(task).await?;
+            }
+            Ok(())
+        }
+    }
+
+    /// Appends the events of several tasks (default: one task at a time).
+    fn insert_event_batches(
+        &mut self,
+        batches: &[(Uuid, Vec<Event>)],
+    ) -> impl Future<Output = Result<()>> + Send {
+        async move {
+            for (task_id, events) in batches {
+                self.insert_events(*task_id, events).await?;
+            }
+            Ok(())
+        }
+    }
     /// Loads a task; `lock` takes a row lock until commit (`FOR UPDATE`).
     fn task(&mut self, id: Uuid, lock: bool) -> impl Future<Output = Result<Option<Task>>> + Send;
     /// Writes every column of `task` where the stored row still has `expected_version`

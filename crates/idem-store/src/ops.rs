@@ -113,6 +113,9 @@ pub enum Op {
     },
     /// Submit a task.
     Submit(Submission),
+    /// Submit several tasks in one transaction (a backend's group commit); the
+    /// outcomes are those of submitting each in order.
+    SubmitBatch(Vec<Submission>),
     /// Read a task (`tenant: None` = any tenant, for the operator CLI).
     GetTask {
         /// Tenant filter.
@@ -240,6 +243,8 @@ pub enum Output {
     ApiKeys(Vec<ApiKey>),
     /// `Submit`.
     Submitted(SubmitOutcome),
+    /// `SubmitBatch`, in request order.
+    SubmittedBatch(Vec<SubmitOutcome>),
     /// `GetTask`, `FindTask`, `Report`, `AcknowledgeDelivery`, `Acknowledge`.
     Task(Result<Task, Refusal>),
     /// `ListAttempts`.
@@ -300,7 +305,14 @@ async fn run_granted<T: Tx>(tx: &mut T, op: &Op, grant: Option<&[String]>) -> Re
         Op::Authenticate { plain } => {
             Output::ApiKey(tx.api_key_by_hash(&hash_api_key(plain)).await?)
         }
-        Op::Submit(s) => Output::Submitted(submit(tx, s).await?),
+        Op::Submit(s) => {
+            let mut outcomes = submit_batch(tx, std::slice::from_ref(s)).await?;
+            match outcomes.pop() {
+                Some(o) => Output::Submitted(o),
+                None => return Err(StoreError::Corrupt("submit produced no outcome".into())),
+            }
+        }
+        Op::SubmitBatch(subs) => Output::SubmittedBatch(submit_batch(tx, subs).await?),
         Op::GetTask { tenant, id } => {
             Output::Task(owned_task(tx, *id, &scope(tenant.as_deref()), false).await?)
         }
@@ -435,20 +447,33 @@ async fn persist<T: Tx>(tx: &mut T, task: &Task, loaded: (i64, i64), j: &Journal
     Ok(())
 }
 
-async fn submit<T: Tx>(tx: &mut T, s: &Submission) -> Result<SubmitOutcome> {
+/// Submits `subs` in one transaction (SPEC §2.1–2.3): scope rows first, all at
+/// once (`INSERT … ON CONFLICT DO NOTHING`); the winners become tasks with their
+/// `task_submitted` events; every other submission reads the scope row in a new
+/// statement and is a replay (same fingerprint) or a conflict. Two submissions
+/// of one scope in the same batch behave as if sent one after the other.
+async fn submit_batch<T: Tx>(tx: &mut T, subs: &[Submission]) -> Result<Vec<SubmitOutcome>> {
     let now = tx.now().await?;
-    let id = Uuid::now_v7();
-    let row = ScopeRow {
-        tenant: s.tenant.clone(),
-        operation: s.operation.clone(),
-        idempotency_key: s.idempotency_key.clone(),
-        fingerprint: s.fingerprint.clone(),
-        task_id: id,
-    };
-    if tx.insert_scope(&row).await? {
+    let rows: Vec<ScopeRow> = subs
+        .iter()
+        .map(|s| ScopeRow {
+            tenant: s.tenant.clone(),
+            operation: s.operation.clone(),
+            idempotency_key: s.idempotency_key.clone(),
+            fingerprint: s.fingerprint.clone(),
+            task_id: Uuid::now_v7(),
+        })
+        .collect();
+    let inserted = tx.insert_scopes(&rows).await?;
+    let mut created: Vec<Task> = Vec::new();
+    let mut events: Vec<(Uuid, Vec<idem_core::model::Event>)> = Vec::new();
+    for ((s, row), won) in subs.iter().zip(&rows).zip(&inserted) {
+        if !won {
+            continue;
+        }
         let (task, j) = machine::accept(
             NewTask {
-                id,
+                id: row.task_id,
                 tenant: s.tenant.clone(),
                 operation: s.operation.clone(),
                 idempotency_key: s.idempotency_key.clone(),
@@ -461,30 +486,46 @@ async fn submit<T: Tx>(tx: &mut T, s: &Submission) -> Result<SubmitOutcome> {
             },
             now,
         );
-        tx.insert_task(&task).await?;
-        tx.insert_events(task.id, &j.events).await?;
-        return Ok(SubmitOutcome::Created(task));
+        events.push((task.id, j.events));
+        created.push(task);
     }
-    // Someone else holds the scope: read it in a new statement (READ COMMITTED
-    // gives it a fresh snapshot; RUST-NOTES §4.3).
-    let Some(existing) = tx
-        .scope(&s.tenant, &s.operation, &s.idempotency_key)
-        .await?
-    else {
-        return Err(StoreError::Contention("scope row vanished; retry".into()));
-    };
-    if existing.fingerprint != s.fingerprint {
-        return Ok(SubmitOutcome::Conflict {
-            task_id: existing.task_id,
-        });
+    tx.insert_tasks(&created).await?;
+    tx.insert_event_batches(&events).await?;
+    let mut outcomes = Vec::with_capacity(subs.len());
+    let mut fresh = created.into_iter();
+    for (s, won) in subs.iter().zip(&inserted) {
+        if *won {
+            let task = fresh
+                .next()
+                .ok_or_else(|| StoreError::Corrupt("batch lost a created task".into()))?;
+            outcomes.push(SubmitOutcome::Created(task));
+            continue;
+        }
+        // Someone else holds the scope: read it in a new statement (READ COMMITTED
+        // gives it a fresh snapshot; RUST-NOTES §4.3).
+        let Some(existing) = tx
+            .scope(&s.tenant, &s.operation, &s.idempotency_key)
+            .await?
+        else {
+            return Err(StoreError::Contention("scope row vanished; retry".into()));
+        };
+        if existing.fingerprint != s.fingerprint {
+            outcomes.push(SubmitOutcome::Conflict {
+                task_id: existing.task_id,
+            });
+            continue;
+        }
+        match tx.task(existing.task_id, false).await? {
+            Some(task) => outcomes.push(SubmitOutcome::Replayed(task)),
+            None => {
+                return Err(StoreError::Corrupt(format!(
+                    "scope row points at missing task {}",
+                    existing.task_id
+                )));
+            }
+        }
     }
-    match tx.task(existing.task_id, false).await? {
-        Some(task) => Ok(SubmitOutcome::Replayed(task)),
-        None => Err(StoreError::Corrupt(format!(
-            "scope row points at missing task {}",
-            existing.task_id
-        ))),
-    }
+    Ok(outcomes)
 }
 
 async fn claim<T: Tx>(tx: &mut T, req: &ClaimRequest) -> Result<Vec<Claimed>> {
