@@ -233,22 +233,31 @@ impl PgBackend {
 
     async fn run_once(pool: &Pool, op: &Op) -> Result<Output> {
         let mut client = pool.get().await.map_err(error::pool_error)?;
+        if !op.writes() {
+            // Reads run in autocommit: one round trip per statement, no BEGIN/COMMIT.
+            return ops::run(&mut PgTx::autocommit(&client), op).await;
+        }
         let tx = client
             .build_transaction()
             .isolation_level(IsolationLevel::ReadCommitted)
-            .read_only(!op.writes())
             .start()
             .await
             .map_err(map_pg_error)?;
         let mut pg = PgTx::new(tx);
-        match ops::run(&mut pg, op).await {
+        let res = ops::run(&mut pg, op).await;
+        let Some(tx) = pg.into_inner() else {
+            return Err(StoreError::Corrupt(
+                "a writing operation lost its transaction".into(),
+            ));
+        };
+        match res {
             Ok(out) => {
-                pg.into_inner().commit().await.map_err(map_pg_error)?;
+                tx.commit().await.map_err(map_pg_error)?;
                 Ok(out)
             }
             Err(e) => {
                 // Best effort: dropping the transaction rolls back as well.
-                let _ = pg.into_inner().rollback().await;
+                let _ = tx.rollback().await;
                 Err(e)
             }
         }

@@ -8,7 +8,7 @@ use idem_core::model::{
     ApiKey, Attempt, AttemptKind, AttemptState, Event, Evidence, Role, Task, TaskControl,
     TaskState, Timestamp,
 };
-use idem_store::{Result, ScopeRow, StoreError, Tx};
+use idem_store::{ExistingScope, Result, ScopeRow, StoreError, Tx};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio_postgres::Row;
@@ -19,10 +19,19 @@ use crate::error::{corrupt, map_pg_error};
 
 type Param<'a> = &'a (dyn ToSql + Sync);
 
-/// One open READ COMMITTED transaction; implements [`Tx`]. Every statement is
-/// prepared once per connection (`prepare_cached`).
+/// Where statements go: an open READ COMMITTED transaction (every writing
+/// operation), or the connection itself in autocommit for read-only operations
+/// (each statement of a READ COMMITTED transaction takes its own snapshot
+/// anyway, so this saves the BEGIN/COMMIT round trips and changes no answer).
+enum Conn<'a> {
+    Tx(Transaction<'a>),
+    Auto(&'a deadpool_postgres::Client),
+}
+
+/// One operation's connection; implements [`Tx`]. Every statement is prepared
+/// once per connection (`prepare_cached`).
 pub struct PgTx<'a> {
-    tx: Transaction<'a>,
+    conn: Conn<'a>,
 }
 
 impl std::fmt::Debug for PgTx<'_> {
@@ -34,27 +43,57 @@ impl std::fmt::Debug for PgTx<'_> {
 impl<'a> PgTx<'a> {
     /// Wraps an open transaction.
     pub fn new(tx: Transaction<'a>) -> PgTx<'a> {
-        PgTx { tx }
+        PgTx { conn: Conn::Tx(tx) }
     }
 
-    /// The transaction, to commit or roll back.
-    pub fn into_inner(self) -> Transaction<'a> {
-        self.tx
+    /// Statements in autocommit: only for operations that do not write.
+    pub fn autocommit(client: &'a deadpool_postgres::Client) -> PgTx<'a> {
+        PgTx {
+            conn: Conn::Auto(client),
+        }
+    }
+
+    /// The transaction, to commit or roll back (`None` in autocommit).
+    pub fn into_inner(self) -> Option<Transaction<'a>> {
+        match self.conn {
+            Conn::Tx(tx) => Some(tx),
+            Conn::Auto(_) => None,
+        }
+    }
+
+    async fn statement(&self, sql: &str) -> Result<tokio_postgres::Statement> {
+        match &self.conn {
+            Conn::Tx(tx) => tx.prepare_cached(sql).await,
+            Conn::Auto(c) => c.prepare_cached(sql).await,
+        }
+        .map_err(map_pg_error)
     }
 
     async fn query(&self, sql: &str, params: &[Param<'_>]) -> Result<Vec<Row>> {
-        let stmt = self.tx.prepare_cached(sql).await.map_err(map_pg_error)?;
-        self.tx.query(&stmt, params).await.map_err(map_pg_error)
+        let stmt = self.statement(sql).await?;
+        match &self.conn {
+            Conn::Tx(tx) => tx.query(&stmt, params).await,
+            Conn::Auto(c) => c.query(&stmt, params).await,
+        }
+        .map_err(map_pg_error)
     }
 
     async fn query_opt(&self, sql: &str, params: &[Param<'_>]) -> Result<Option<Row>> {
-        let stmt = self.tx.prepare_cached(sql).await.map_err(map_pg_error)?;
-        self.tx.query_opt(&stmt, params).await.map_err(map_pg_error)
+        let stmt = self.statement(sql).await?;
+        match &self.conn {
+            Conn::Tx(tx) => tx.query_opt(&stmt, params).await,
+            Conn::Auto(c) => c.query_opt(&stmt, params).await,
+        }
+        .map_err(map_pg_error)
     }
 
     async fn exec(&self, sql: &str, params: &[Param<'_>]) -> Result<u64> {
-        let stmt = self.tx.prepare_cached(sql).await.map_err(map_pg_error)?;
-        self.tx.execute(&stmt, params).await.map_err(map_pg_error)
+        let stmt = self.statement(sql).await?;
+        match &self.conn {
+            Conn::Tx(tx) => tx.execute(&stmt, params).await,
+            Conn::Auto(c) => c.execute(&stmt, params).await,
+        }
+        .map_err(map_pg_error)
     }
 }
 
@@ -513,6 +552,55 @@ impl Tx for PgTx<'_> {
             .map(|r| get::<Uuid>(r, "task_id"))
             .collect::<Result<_>>()?;
         Ok(rows.iter().map(|r| won.contains(&r.task_id)).collect())
+    }
+
+    async fn scopes_with_tasks(
+        &mut self,
+        scopes: &[(String, String, String)],
+    ) -> Result<Vec<ExistingScope>> {
+        if scopes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let tenants: Vec<&str> = scopes.iter().map(|s| s.0.as_str()).collect();
+        let operations: Vec<&str> = scopes.iter().map(|s| s.1.as_str()).collect();
+        let keys: Vec<&str> = scopes.iter().map(|s| s.2.as_str()).collect();
+        let cols: Vec<String> = TASK_COLUMNS.iter().map(|c| format!("t.{c}")).collect();
+        let sql = format!(
+            "SELECT u.n AS scope_n, k.fingerprint AS scope_fingerprint, k.task_id AS scope_task_id, \
+             t.id IS NOT NULL AS scope_has_task, {} \
+             FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS u(tn, op, ky, n) \
+             JOIN idempotency_keys k ON k.tenant = u.tn AND k.operation = u.op AND k.idempotency_key = u.ky \
+             LEFT JOIN tasks t ON t.id = k.task_id",
+            cols.join(", ")
+        );
+        let rows = self.query(&sql, &[&tenants, &operations, &keys]).await?;
+        let mut out: Vec<ExistingScope> = vec![None; scopes.len()];
+        for row in &rows {
+            let n: i64 = get(row, "scope_n")?;
+            let Some((i, (tenant, operation, key))) = usize::try_from(n - 1)
+                .ok()
+                .and_then(|i| scopes.get(i).map(|s| (i, s)))
+            else {
+                continue;
+            };
+            let scope = ScopeRow {
+                tenant: tenant.clone(),
+                operation: operation.clone(),
+                idempotency_key: key.clone(),
+                fingerprint: get(row, "scope_fingerprint")?,
+                task_id: get(row, "scope_task_id")?,
+            };
+            let has_task: bool = get(row, "scope_has_task")?;
+            let task = if has_task {
+                Some(task_from_row(row)?)
+            } else {
+                None
+            };
+            if let Some(slot) = out.get_mut(i) {
+                *slot = Some((scope, task));
+            }
+        }
+        Ok(out)
     }
 
     async fn insert_tasks(&mut self, tasks: &[Task]) -> Result<()> {

@@ -82,6 +82,10 @@ pub struct ScopeRow {
     pub task_id: Uuid,
 }
 
+/// A scope row found by [`Tx::scopes_with_tasks`] and the task it names
+/// (`None`: the scope is free).
+pub type ExistingScope = Option<(ScopeRow, Option<Task>)>;
+
 /// The primitives of one database transaction. Every method runs inside the
 /// transaction the backend opened for the current [`Op`]; nothing is visible to
 /// others before the backend commits.
@@ -142,6 +146,28 @@ pub trait Tx: Send {
                 inserted.push(self.insert_scope(row).await?);
             }
             Ok(inserted)
+        }
+    }
+
+    /// For each `(tenant, operation, key)`, its scope row and the task it names,
+    /// read in new statements (default: one scope at a time).
+    fn scopes_with_tasks(
+        &mut self,
+        scopes: &[(String, String, String)],
+    ) -> impl Future<Output = Result<Vec<ExistingScope>>> + Send {
+        async move {
+            let mut out = Vec::with_capacity(scopes.len());
+            for (tenant, operation, key) in scopes {
+                let found = match self.scope(tenant, operation, key).await? {
+                    Some(row) => {
+                        let task = self.task(row.task_id, false).await?;
+                        Some((row, task))
+                    }
+                    None => None,
+                };
+                out.push(found);
+            }
+            Ok(out)
         }
     }
 

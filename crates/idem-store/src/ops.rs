@@ -491,39 +491,47 @@ async fn submit_batch<T: Tx>(tx: &mut T, subs: &[Submission]) -> Result<Vec<Subm
     }
     tx.insert_tasks(&created).await?;
     tx.insert_event_batches(&events).await?;
-    let mut outcomes = Vec::with_capacity(subs.len());
+    // Everyone else found the scope taken: read those scopes and their tasks in
+    // new statements (READ COMMITTED gives them a fresh snapshot; RUST-NOTES §4.3).
+    let taken: Vec<(String, String, String)> = subs
+        .iter()
+        .zip(&inserted)
+        .filter(|(_, won)| !**won)
+        .map(|(s, _)| {
+            (
+                s.tenant.clone(),
+                s.operation.clone(),
+                s.idempotency_key.clone(),
+            )
+        })
+        .collect();
+    let mut existing = tx.scopes_with_tasks(&taken).await?.into_iter();
     let mut fresh = created.into_iter();
+    let mut outcomes = Vec::with_capacity(subs.len());
     for (s, won) in subs.iter().zip(&inserted) {
-        if *won {
-            let task = fresh
-                .next()
-                .ok_or_else(|| StoreError::Corrupt("batch lost a created task".into()))?;
-            outcomes.push(SubmitOutcome::Created(task));
-            continue;
-        }
-        // Someone else holds the scope: read it in a new statement (READ COMMITTED
-        // gives it a fresh snapshot; RUST-NOTES §4.3).
-        let Some(existing) = tx
-            .scope(&s.tenant, &s.operation, &s.idempotency_key)
-            .await?
-        else {
-            return Err(StoreError::Contention("scope row vanished; retry".into()));
-        };
-        if existing.fingerprint != s.fingerprint {
-            outcomes.push(SubmitOutcome::Conflict {
-                task_id: existing.task_id,
-            });
-            continue;
-        }
-        match tx.task(existing.task_id, false).await? {
-            Some(task) => outcomes.push(SubmitOutcome::Replayed(task)),
-            None => {
-                return Err(StoreError::Corrupt(format!(
-                    "scope row points at missing task {}",
-                    existing.task_id
-                )));
+        let outcome = if *won {
+            fresh.next().map(SubmitOutcome::Created)
+        } else {
+            match existing.next().flatten() {
+                None => return Err(StoreError::Contention("scope row vanished; retry".into())),
+                Some((row, _)) if row.fingerprint != s.fingerprint => {
+                    Some(SubmitOutcome::Conflict {
+                        task_id: row.task_id,
+                    })
+                }
+                Some((row, task)) => match task {
+                    Some(task) => Some(SubmitOutcome::Replayed(task)),
+                    None => {
+                        return Err(StoreError::Corrupt(format!(
+                            "scope row points at missing task {}",
+                            row.task_id
+                        )));
+                    }
+                },
             }
-        }
+        };
+        outcomes
+            .push(outcome.ok_or_else(|| StoreError::Corrupt("batch lost a created task".into()))?);
     }
     Ok(outcomes)
 }
