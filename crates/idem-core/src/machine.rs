@@ -164,7 +164,9 @@ pub fn accept(new: NewTask, now: Timestamp) -> (Task, Journal) {
             "grant": new.grant,
             "config_version": task.contract.config_version,
         },
-        "contract": task.contract,
+        // The full contract is on the task row, which never changes it; the
+        // event names its version and price.
+        "price": task.contract.price,
     });
     j.record(&mut task, now, "task_submitted", data);
     (task, j)

@@ -26,6 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use idem_core::model::ApiKey;
 use idem_store::ops::{Submission, SubmitOutcome};
 use idem_store::{Backend, BoxFuture, Op, Output, Result, Store, StoreError, ops};
 use tokio::sync::{Mutex, mpsc, oneshot};
@@ -87,6 +88,8 @@ pub struct PgBackend {
     max_retries: u32,
     /// Submits wait here for the next batch (group commit, see [`SUBMIT_BATCH`]).
     submits: mpsc::UnboundedSender<PendingSubmit>,
+    /// Authentications wait here for the next lookup (see [`AUTH_BATCH`]).
+    auths: mpsc::UnboundedSender<PendingAuth>,
 }
 
 /// Most submissions one transaction accepts together. Concurrent submits are
@@ -97,9 +100,54 @@ pub struct PgBackend {
 pub const SUBMIT_BATCH: usize = 64;
 
 /// Batches in flight at once.
-pub const SUBMIT_LANES: usize = 4;
+pub const SUBMIT_LANES: usize = 2;
 
 type PendingSubmit = (Submission, oneshot::Sender<Result<SubmitOutcome>>);
+
+/// An authentication waiting for the next lookup batch: the SHA-256 hex of the
+/// bearer token and where to answer.
+type PendingAuth = (String, oneshot::Sender<Result<Option<ApiKey>>>);
+
+/// Most authentications one lookup answers together.
+pub const AUTH_BATCH: usize = 128;
+
+/// Every request authenticates against the database (a revoked key is refused at
+/// once); concurrent lookups share one `WHERE key_hash = ANY($1)` statement.
+async fn auth_lane(pool: Pool, queue: Arc<Mutex<mpsc::UnboundedReceiver<PendingAuth>>>) {
+    loop {
+        let mut batch: Vec<PendingAuth> = Vec::new();
+        {
+            let mut rx = queue.lock().await;
+            let Some(first) = rx.recv().await else {
+                return;
+            };
+            batch.push(first);
+            while batch.len() < AUTH_BATCH {
+                match rx.try_recv() {
+                    Ok(p) => batch.push(p),
+                    Err(_) => break,
+                }
+            }
+        }
+        let hashes: Vec<String> = batch.iter().map(|(h, _)| h.clone()).collect();
+        let found = match pool.get().await.map_err(error::pool_error) {
+            Ok(client) => PgTx::autocommit(&client).api_keys_by_hashes(&hashes).await,
+            Err(e) => Err(e),
+        };
+        match found {
+            Ok(keys) => {
+                for (hash, reply) in batch {
+                    let _ = reply.send(Ok(keys.get(&hash).cloned()));
+                }
+            }
+            Err(e) => {
+                for (_, reply) in batch {
+                    let _ = reply.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+}
 
 async fn submit_lane(
     pool: Pool,
@@ -219,10 +267,16 @@ impl PgBackend {
                 Arc::clone(&queue),
             ));
         }
+        let (auths, rx) = mpsc::unbounded_channel();
+        let queue = Arc::new(Mutex::new(rx));
+        for _ in 0..2 {
+            tokio::spawn(auth_lane(pool.clone(), Arc::clone(&queue)));
+        }
         Ok(PgBackend {
             pool,
             max_retries: options.max_retries,
             submits,
+            auths,
         })
     }
 
@@ -290,6 +344,19 @@ fn backoff(n: u32) -> Duration {
 impl Backend for PgBackend {
     fn execute(&self, op: Op) -> BoxFuture<'_, Result<Output>> {
         let max_retries = self.max_retries;
+        if let Op::Authenticate { plain } = &op {
+            let hash = idem_store::hash_api_key(plain);
+            return Box::pin(async move {
+                let (reply, answer) = oneshot::channel();
+                self.auths.send((hash, reply)).map_err(|_| {
+                    StoreError::Unavailable("the authentication batcher has stopped".into())
+                })?;
+                let key = answer.await.map_err(|_| {
+                    StoreError::Unavailable("the authentication batcher has stopped".into())
+                })??;
+                Ok(Output::ApiKey(key))
+            });
+        }
         if let Op::Submit(sub) = op {
             return Box::pin(async move {
                 let (reply, answer) = oneshot::channel();

@@ -61,6 +61,20 @@ impl<'a> PgTx<'a> {
         }
     }
 
+    /// The keys whose SHA-256 hex is in `hashes`, by hash: one statement for a
+    /// whole batch of authentications.
+    pub async fn api_keys_by_hashes(&self, hashes: &[String]) -> Result<HashMap<String, ApiKey>> {
+        let rows = self
+            .query(
+                &format!("SELECT {KEY_COLS}, key_hash FROM api_keys WHERE key_hash = ANY($1)"),
+                &[&hashes],
+            )
+            .await?;
+        rows.iter()
+            .map(|r| Ok((get::<String>(r, "key_hash")?, api_key_from_row(r)?)))
+            .collect()
+    }
+
     async fn statement(&self, sql: &str) -> Result<tokio_postgres::Statement> {
         match &self.conn {
             Conn::Tx(tx) => tx.prepare_cached(sql).await,
