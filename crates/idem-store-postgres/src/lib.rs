@@ -183,9 +183,29 @@ async fn submit_lane(
                     )));
                 }
             }
-            Err(e) => {
+            Err(e) if batch.len() == 1 => {
                 for (_, reply) in batch {
                     let _ = reply.send(Err(e.clone()));
+                }
+            }
+            Err(_) => {
+                // One submission may be what failed the batch (e.g. a row over an
+                // index limit): submit each on its own so only that one fails.
+                for (sub, reply) in batch {
+                    let one =
+                        PgBackend::run(pool.clone(), Op::SubmitBatch(vec![sub]), max_retries).await;
+                    let answer = match one {
+                        Ok(Output::SubmittedBatch(mut outcomes)) if outcomes.len() == 1 => {
+                            outcomes.pop().ok_or_else(|| {
+                                StoreError::Corrupt("submit answered no outcome".into())
+                            })
+                        }
+                        Ok(_) => Err(StoreError::Corrupt(
+                            "submit batch answered the wrong shape".into(),
+                        )),
+                        Err(e) => Err(e),
+                    };
+                    let _ = reply.send(answer);
                 }
             }
         }

@@ -491,3 +491,46 @@ async fn recovers_after_connections_are_killed() {
 fn fresh_url_server() -> String {
     idem_store_postgres::testing::server_url()
 }
+
+/// Group commit must isolate faults: a submission the database refuses (here a
+/// scope over the primary-key index row limit) fails alone; the submissions
+/// batched with it still get their tasks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failing_submission_does_not_fail_its_batch() {
+    let store = store().await;
+    // Random hex does not compress below the 2704-byte index row limit.
+    let huge_tenant: String = (0..250).map(|_| Uuid::new_v4().simple().to_string()).collect();
+    let (good, _) = store
+        .create_api_key("acme", Role::Client, None)
+        .await
+        .unwrap();
+    let (bad, _) = store
+        .create_api_key(&huge_tenant, Role::Client, None)
+        .await
+        .unwrap();
+    for round in 0..5 {
+        let mut handles = Vec::new();
+        for i in 0..24 {
+            let s = store.clone();
+            let sub = if i % 8 == 0 {
+                submission(&huge_tenant, &format!("bad-{round}-{i}"), bad.id, 'b')
+            } else {
+                submission("acme", &format!("good-{round}-{i}"), good.id, 'g')
+            };
+            handles.push(tokio::spawn(
+                async move { (i % 8 == 0, s.submit(sub).await) },
+            ));
+        }
+        for h in handles {
+            let (is_bad, res) = h.await.unwrap();
+            if is_bad {
+                assert!(res.is_err(), "round {round}: the oversized scope must fail");
+            } else {
+                assert!(
+                    matches!(res, Ok(SubmitOutcome::Created(_))),
+                    "round {round}: a good submission failed with its batch: {res:?}"
+                );
+            }
+        }
+    }
+}

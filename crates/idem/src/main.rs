@@ -348,8 +348,12 @@ async fn run() -> Result<()> {
                     let role: Role = role
                         .parse()
                         .map_err(|e| anyhow::anyhow!("{e}: use client, executor or admin"))?;
-                    if tenant.trim().is_empty() {
-                        bail!("--tenant must not be empty");
+                    // Tenants are part of every scope's primary key: keep them short and printable.
+                    if tenant.is_empty()
+                        || tenant.len() > 128
+                        || !tenant.bytes().all(|b| (0x21..=0x7e).contains(&b))
+                    {
+                        bail!("--tenant must be 1–128 visible ASCII characters");
                     }
                     let (key, plain) = store.create_api_key(&tenant, role, operations).await?;
                     eprintln!(
