@@ -499,7 +499,9 @@ fn fresh_url_server() -> String {
 async fn a_failing_submission_does_not_fail_its_batch() {
     let store = store().await;
     // Random hex does not compress below the 2704-byte index row limit.
-    let huge_tenant: String = (0..250).map(|_| Uuid::new_v4().simple().to_string()).collect();
+    let huge_tenant: String = (0..250)
+        .map(|_| Uuid::new_v4().simple().to_string())
+        .collect();
     let (good, _) = store
         .create_api_key("acme", Role::Client, None)
         .await
