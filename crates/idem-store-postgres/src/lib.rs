@@ -111,24 +111,26 @@ type PendingAuth = (String, oneshot::Sender<Result<Option<ApiKey>>>);
 /// Most authentications one lookup answers together.
 pub const AUTH_BATCH: usize = 128;
 
+/// Waits for the first queued item, then takes whatever else is queued, up to
+/// `max`; `None` once the backend is gone. The lock lets several lanes share
+/// one queue without splitting a burst item by item.
+async fn next_batch<T>(queue: &Mutex<mpsc::UnboundedReceiver<T>>, max: usize) -> Option<Vec<T>> {
+    let mut rx = queue.lock().await;
+    let first = rx.recv().await?;
+    let mut batch = vec![first];
+    while batch.len() < max {
+        match rx.try_recv() {
+            Ok(item) => batch.push(item),
+            Err(_) => break,
+        }
+    }
+    Some(batch)
+}
+
 /// Every request authenticates against the database (a revoked key is refused at
 /// once); concurrent lookups share one `WHERE key_hash = ANY($1)` statement.
 async fn auth_lane(pool: Pool, queue: Arc<Mutex<mpsc::UnboundedReceiver<PendingAuth>>>) {
-    loop {
-        let mut batch: Vec<PendingAuth> = Vec::new();
-        {
-            let mut rx = queue.lock().await;
-            let Some(first) = rx.recv().await else {
-                return;
-            };
-            batch.push(first);
-            while batch.len() < AUTH_BATCH {
-                match rx.try_recv() {
-                    Ok(p) => batch.push(p),
-                    Err(_) => break,
-                }
-            }
-        }
+    while let Some(batch) = next_batch(&queue, AUTH_BATCH).await {
         let hashes: Vec<String> = batch.iter().map(|(h, _)| h.clone()).collect();
         let found = match pool.get().await.map_err(error::pool_error) {
             Ok(client) => PgTx::autocommit(&client).api_keys_by_hashes(&hashes).await,
@@ -154,21 +156,7 @@ async fn submit_lane(
     max_retries: u32,
     queue: Arc<Mutex<mpsc::UnboundedReceiver<PendingSubmit>>>,
 ) {
-    loop {
-        let mut batch: Vec<PendingSubmit> = Vec::new();
-        {
-            let mut rx = queue.lock().await;
-            let Some(first) = rx.recv().await else {
-                return;
-            };
-            batch.push(first);
-            while batch.len() < SUBMIT_BATCH {
-                match rx.try_recv() {
-                    Ok(p) => batch.push(p),
-                    Err(_) => break,
-                }
-            }
-        }
+    while let Some(batch) = next_batch(&queue, SUBMIT_BATCH).await {
         let subs: Vec<Submission> = batch.iter().map(|(s, _)| s.clone()).collect();
         match PgBackend::run(pool.clone(), Op::SubmitBatch(subs), max_retries).await {
             Ok(Output::SubmittedBatch(outcomes)) if outcomes.len() == batch.len() => {
