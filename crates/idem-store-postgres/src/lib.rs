@@ -377,13 +377,9 @@ impl Backend for PgBackend {
                 Ok(Output::Submitted(outcome))
             });
         }
-        let pool = self.pool.clone();
-        Box::pin(async move {
-            // Own task: a dropped caller never cuts a transaction (or its COMMIT) short.
-            tokio::spawn(PgBackend::run(pool, op, max_retries))
-                .await
-                .map_err(|e| StoreError::Unavailable(format!("store task failed: {e}")))?
-        })
+        // `Store::execute` already runs writing operations on their own task, so a
+        // dropped caller never cuts a transaction (or its COMMIT) short.
+        Box::pin(PgBackend::run(self.pool.clone(), op, max_retries))
     }
 
     fn ping(&self) -> BoxFuture<'_, Result<()>> {

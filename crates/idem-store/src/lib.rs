@@ -265,7 +265,9 @@ pub trait Tx: Send {
 /// A database that can run one [`Op`] as one transaction.
 pub trait Backend: Send + Sync + 'static {
     /// Runs `op` in its own transaction and commits (or rolls back on error).
-    /// Retries [`StoreError::Contention`] a bounded number of times.
+    /// Retries [`StoreError::Contention`] a bounded number of times. Callers go
+    /// through [`Store::execute`], which runs writing operations on their own
+    /// task, so a backend need not detach them again.
     fn execute(&self, op: Op) -> BoxFuture<'_, Result<Output>>;
     /// Whether the database answers (readiness).
     fn ping(&self) -> BoxFuture<'_, Result<()>>;
