@@ -204,6 +204,7 @@ async fn submit_lane(
 /// migrations and returns the store.
 ///
 /// # Errors
+/// [`StoreError::Config`] when `url` does not parse,
 /// [`StoreError::Unavailable`] when the database cannot be reached,
 /// [`StoreError::Migration`] when the schema cannot be brought up to date.
 pub async fn connect(url: &str, options: PgOptions) -> Result<Store> {
@@ -214,7 +215,7 @@ pub async fn connect(url: &str, options: PgOptions) -> Result<Store> {
 fn session_config(url: &str, options: &PgOptions) -> Result<tokio_postgres::Config> {
     let mut cfg: tokio_postgres::Config = url
         .parse()
-        .map_err(|e| StoreError::Unavailable(format!("invalid PostgreSQL URL: {e}")))?;
+        .map_err(|e| StoreError::Config(format!("invalid PostgreSQL URL: {e}")))?;
     let ours = format!(
         "-c synchronous_commit=on -c statement_timeout={} -c idle_in_transaction_session_timeout={}",
         options.statement_timeout.as_millis(),

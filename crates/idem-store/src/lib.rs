@@ -52,6 +52,10 @@ pub enum StoreError {
     /// The migration step failed or the schema is newer than this binary.
     #[error("migration failed: {0}")]
     Migration(String),
+    /// The store's address or options are invalid (e.g. a malformed
+    /// PostgreSQL URL); trying again cannot help.
+    #[error("invalid store configuration: {0}")]
+    Config(String),
 }
 
 impl StoreError {

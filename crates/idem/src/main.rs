@@ -58,6 +58,10 @@ enum Command {
         /// How often leases are expired, backoffs woken and keys removed, ms.
         #[arg(long, env = "IDEM_SWEEP_INTERVAL_MS", default_value_t = 200)]
         sweep_interval_ms: u64,
+        /// How long start-up keeps retrying a store that is unavailable
+        /// (database starting, connections terminated), ms; 0 fails at once.
+        #[arg(long, env = "IDEM_STORE_WAIT_MS", default_value_t = 30_000)]
+        store_wait_ms: u64,
         #[command(flatten)]
         store: StoreArgs,
     },
@@ -270,14 +274,45 @@ fn print_json(v: &impl serde::Serialize) -> Result<()> {
     Ok(())
 }
 
+/// Opens the store, retrying while it is unavailable (the database is starting,
+/// or its connections were terminated during start-up) for at most `wait`;
+/// invalid configuration and migration errors fail at once, and so does an
+/// embedded SQLite file (nothing to wait for).
+async fn open_store_waiting(args: &StoreArgs, wait: Duration) -> Result<Store> {
+    if args.store.starts_with("sqlite://") {
+        return open_store(args).await;
+    }
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match open_store(args).await {
+            Ok(store) => return Ok(store),
+            Err(e) => {
+                let unavailable = matches!(
+                    e.downcast_ref::<idem_store::StoreError>(),
+                    Some(idem_store::StoreError::Unavailable(_))
+                );
+                let now = tokio::time::Instant::now();
+                if !unavailable || now + backoff > deadline {
+                    return Err(e);
+                }
+                tracing::warn!(error = %format!("{e:#}"), retry_in_ms = backoff.as_millis() as u64, "store unavailable at start-up; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+}
+
 async fn serve(
     listen: SocketAddr,
     config: Option<PathBuf>,
     sweep_ms: u64,
+    store_wait: Duration,
     store_args: StoreArgs,
 ) -> Result<()> {
     let config = load_config(config.as_ref())?;
-    let store = open_store(&store_args).await?;
+    let store = open_store_waiting(&store_args, store_wait).await?;
     let version = config.version();
     let state = idem_http::AppState::new(store.clone(), config);
     let work = state.work.clone();
@@ -332,8 +367,18 @@ async fn run() -> Result<()> {
             listen,
             config,
             sweep_interval_ms,
+            store_wait_ms,
             store,
-        } => serve(listen, config, sweep_interval_ms, store).await,
+        } => {
+            serve(
+                listen,
+                config,
+                sweep_interval_ms,
+                Duration::from_millis(store_wait_ms),
+                store,
+            )
+            .await
+        }
         Command::Keys { command, store } => {
             let store = match command {
                 KeysCommand::Create { .. } => open_store(&store).await?,

@@ -902,6 +902,62 @@ async fn pg_outage_gives_503_writes_nothing_partial_and_recovers_without_restart
     a.kill9();
 }
 
+/// `idem serve` whose database is unreachable at start-up keeps retrying for
+/// `IDEM_STORE_WAIT_MS` and starts once the database answers; with the wait
+/// spent it exits non-zero, naming the store as unavailable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_serve_waits_for_an_unavailable_database_at_start_up() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+
+    let url = fresh_database().await;
+    let proxy = Proxy::start(pg_addr(&url)).await;
+    proxy.down();
+    let serve = |wait_ms: &str| {
+        Command::new(crate::support::BIN)
+            .args(["serve", "--listen", "127.0.0.1:0", "--store"])
+            .arg(via_port(&url, proxy.port))
+            .env_remove("IDEM_STORE")
+            .env_remove("IDEM_CONFIG")
+            .env("IDEM_STORE_WAIT_MS", wait_ms)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn idem serve")
+    };
+
+    // No wait: fails at once, naming the cause.
+    let out = serve("0").wait_with_output().expect("idem serve exits");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("store unavailable"), "stderr: {err}");
+
+    // A wait: still starting while the database is down, listening once it is up.
+    let mut child = serve("60000");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        matches!(child.try_wait(), Ok(None)),
+        "serve must keep waiting while the database is down"
+    );
+    proxy.up();
+    let stdout = child.stdout.take().expect("stdout piped");
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).map(|_| line)
+    })
+    .await
+    .expect("join")
+    .expect("read the listening line");
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        line.starts_with("idem listening on http://"),
+        "stdout: {line:?}"
+    );
+}
+
 // ---------------------------------------------------------- 5. clock skew
 
 /// SPEC §5 / issue: leases are decided by the database clock, so an instance
