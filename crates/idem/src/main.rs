@@ -11,6 +11,12 @@ use idem_core::model::Role;
 use idem_store::Store;
 use uuid::Uuid;
 
+/// mimalloc instead of the system allocator: the request path allocates many
+/// small, short-lived buffers (JSON, headers, SQL values), and SQLite's
+/// per-statement scratch tables map and unmap fresh pages under glibc malloc.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// The default store: an embedded SQLite file (SPEC §5).
 const DEFAULT_STORE: &str = "sqlite://./idem-data/idem.db";
 
