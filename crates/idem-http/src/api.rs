@@ -310,8 +310,9 @@ async fn submit_inner(
     let canonical = canonical_request(&body.operation, &body.params, &class.fingerprint)
         .map_err(|e| Problem::invalid(e.to_string()))?;
     let contract = st
-        .config
-        .contract(&body.operation)
+        .contracts
+        .get(&body.operation)
+        .cloned()
         .ok_or_else(|| Problem::invalid("unknown operation"))?;
     let outcome = st
         .store

@@ -52,15 +52,24 @@ pub struct AppState {
     pub config: Arc<Config>,
     /// Wakes long-polling claims when work may have appeared in this process.
     pub work: Arc<Notify>,
+    /// The contract of each operation class, built once from `config` (its
+    /// `config_version` is a SHA-256 of the whole configuration).
+    pub contracts: Arc<std::collections::HashMap<String, idem_core::config::Contract>>,
 }
 
 impl AppState {
     /// New state over `store` and `config`.
     pub fn new(store: Store, config: Config) -> AppState {
+        let contracts = config
+            .operations
+            .keys()
+            .filter_map(|name| config.contract(name).map(|c| (name.clone(), c)))
+            .collect();
         AppState {
             store,
             config: Arc::new(config),
             work: Arc::new(Notify::new()),
+            contracts: Arc::new(contracts),
         }
     }
 }

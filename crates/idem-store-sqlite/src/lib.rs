@@ -190,6 +190,12 @@ fn clock(options: SqliteOptions) -> Timestamp {
     Timestamp(ms.saturating_add(options.clock_offset_ms))
 }
 
+/// Runs a transaction-control statement (`BEGIN`, `SAVEPOINT`, `COMMIT` …)
+/// through the connection's statement cache: parsed once, not per use.
+fn control(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(|_| ())
+}
+
 /// The writer thread: batches queued jobs into one IMMEDIATE transaction with a
 /// savepoint per job, commits once, then answers.
 fn writer_loop(mut conn: Connection, mut rx: mpsc::UnboundedReceiver<Job>, options: SqliteOptions) {
@@ -207,7 +213,7 @@ fn writer_loop(mut conn: Connection, mut rx: mpsc::UnboundedReceiver<Job>, optio
 }
 
 fn run_batch(conn: &mut Connection, batch: &mut Vec<Job>, options: SqliteOptions) {
-    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+    if let Err(e) = control(conn, "BEGIN IMMEDIATE") {
         let err = db(e);
         for job in batch.drain(..) {
             let _ = job.reply.send(Err(err.clone()));
@@ -219,8 +225,8 @@ fn run_batch(conn: &mut Connection, batch: &mut Vec<Job>, options: SqliteOptions
         let res = run_in_savepoint(conn, &job.op, options);
         results.push(res);
     }
-    if let Err(e) = conn.execute_batch("COMMIT") {
-        let _ = conn.execute_batch("ROLLBACK");
+    if let Err(e) = control(conn, "COMMIT") {
+        let _ = control(conn, "ROLLBACK");
         let err = unavailable(format!("commit failed, nothing written: {e}"));
         for job in batch.drain(..) {
             let _ = job.reply.send(Err(err.clone()));
@@ -237,7 +243,7 @@ fn run_in_savepoint(
     op: &Op,
     options: SqliteOptions,
 ) -> Result<Output, StoreError> {
-    conn.execute_batch("SAVEPOINT op").map_err(db)?;
+    control(conn, "SAVEPOINT op").map_err(db)?;
     let mut attempts = 0;
     loop {
         let res = {
@@ -249,16 +255,16 @@ fn run_in_savepoint(
         };
         match res {
             Ok(out) => {
-                conn.execute_batch("RELEASE op").map_err(db)?;
+                control(conn, "RELEASE op").map_err(db)?;
                 return Ok(out);
             }
             Err(e) => {
-                conn.execute_batch("ROLLBACK TO op").map_err(db)?;
+                control(conn, "ROLLBACK TO op").map_err(db)?;
                 attempts += 1;
                 if matches!(e, StoreError::Contention(_)) && attempts < 3 {
                     continue;
                 }
-                conn.execute_batch("RELEASE op").map_err(db)?;
+                control(conn, "RELEASE op").map_err(db)?;
                 return Err(e);
             }
         }
@@ -341,7 +347,7 @@ fn read(
     options: SqliteOptions,
 ) -> Result<Output, StoreError> {
     with_reader(readers, path, |conn| {
-        conn.execute_batch("BEGIN").map_err(db)?;
+        control(conn, "BEGIN").map_err(db)?;
         let res = {
             let mut tx = SqliteTx {
                 conn: &mut *conn,
@@ -349,7 +355,7 @@ fn read(
             };
             futures::executor::block_on(ops::run(&mut tx, op))
         };
-        let _ = conn.execute_batch("COMMIT");
+        let _ = control(conn, "COMMIT");
         res
     })
 }
