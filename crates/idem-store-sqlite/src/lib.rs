@@ -36,7 +36,8 @@ use uuid::Uuid;
 /// Most operations the writer commits together.
 pub const MAX_BATCH: usize = 256;
 
-/// Reader connections opened next to the writer.
+/// Reader connections opened next to the writer; at most this many reads run
+/// at once (the others wait for a connection instead of opening one).
 pub const READERS: usize = 4;
 
 const MIGRATIONS: &[&str] = &[include_str!("../migrations/0001_init.sql")];
@@ -59,6 +60,8 @@ struct Job {
 pub struct SqliteBackend {
     writer: mpsc::UnboundedSender<Job>,
     readers: Arc<Mutex<Vec<Connection>>>,
+    /// One permit per pooled reader connection.
+    read_slots: Arc<tokio::sync::Semaphore>,
     path: PathBuf,
     options: SqliteOptions,
 }
@@ -171,6 +174,7 @@ impl SqliteBackend {
         Ok(SqliteBackend {
             writer: tx,
             readers: Arc::new(Mutex::new(readers)),
+            read_slots: Arc::new(tokio::sync::Semaphore::new(READERS)),
             path,
             options,
         })
@@ -271,6 +275,27 @@ fn run_in_savepoint(
     }
 }
 
+impl SqliteBackend {
+    /// Runs a read-only `op` on a pooled reader connection (at most
+    /// [`READERS`] at once) on the blocking pool.
+    async fn read(&self, op: Op) -> Result<Output, StoreError> {
+        let slot = Arc::clone(&self.read_slots)
+            .acquire_owned()
+            .await
+            .map_err(unavailable)?;
+        let readers = Arc::clone(&self.readers);
+        let options = self.options;
+        let path = self.path.clone();
+        tokio::task::spawn_blocking(move || {
+            let res = read(&readers, &path, &op, options);
+            drop(slot);
+            res
+        })
+        .await
+        .map_err(unavailable)?
+    }
+}
+
 impl Backend for SqliteBackend {
     fn execute(&self, op: Op) -> BoxFuture<'_, Result<Output, StoreError>> {
         Box::pin(async move {
@@ -284,12 +309,7 @@ impl Backend for SqliteBackend {
                 rx.await
                     .map_err(|_| unavailable("the SQLite writer thread has stopped"))?
             } else {
-                let readers = Arc::clone(&self.readers);
-                let options = self.options;
-                let path = self.path.clone();
-                tokio::task::spawn_blocking(move || read(&readers, &path, &op, options))
-                    .await
-                    .map_err(unavailable)?
+                self.read(op).await
             }
         })
     }
