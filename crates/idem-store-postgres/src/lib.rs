@@ -100,13 +100,16 @@ pub struct PgBackend {
 pub const SUBMIT_BATCH: usize = 64;
 
 /// Batches in flight at once.
-pub const SUBMIT_LANES: usize = 2;
+pub const SUBMIT_LANES: usize = 4;
 
 type PendingSubmit = (Submission, oneshot::Sender<Result<SubmitOutcome>>);
 
 /// An authentication waiting for the next lookup batch: the SHA-256 hex of the
 /// bearer token and where to answer.
 type PendingAuth = (String, oneshot::Sender<Result<Option<ApiKey>>>);
+
+/// How many times a batcher yields to the runtime to let more work join a batch.
+const LINGER_YIELDS: usize = 4;
 
 /// Most authentications one lookup answers together.
 pub const AUTH_BATCH: usize = 128;
@@ -118,10 +121,22 @@ async fn next_batch<T>(queue: &Mutex<mpsc::UnboundedReceiver<T>>, max: usize) ->
     let mut rx = queue.lock().await;
     let first = rx.recv().await?;
     let mut batch = vec![first];
-    while batch.len() < max {
-        match rx.try_recv() {
-            Ok(item) => batch.push(item),
-            Err(_) => break,
+    // Drain what is queued; then let the runtime run once more (requests being
+    // parsed may be about to enqueue) and keep going while that brought more.
+    for _ in 0..LINGER_YIELDS {
+        let before = batch.len();
+        while batch.len() < max {
+            match rx.try_recv() {
+                Ok(item) => batch.push(item),
+                Err(_) => break,
+            }
+        }
+        if batch.len() >= max {
+            break;
+        }
+        tokio::task::yield_now().await;
+        if batch.len() == before && rx.is_empty() {
+            break;
         }
     }
     Some(batch)

@@ -218,6 +218,135 @@ static TASK_SELECT: LazyLock<String> = LazyLock::new(|| {
 });
 static TASK_SELECT_LOCK: LazyLock<String> =
     LazyLock::new(|| format!("{} FOR UPDATE", *TASK_SELECT));
+/// One column of `values`, for an array parameter.
+fn column<'v, 't: 'v, T>(
+    values: &'v [TaskValues<'t>],
+    f: impl Fn(&'v TaskValues<'t>) -> T,
+) -> Vec<T> {
+    values.iter().map(f).collect()
+}
+
+/// Many tasks as one array per column, in [`TASK_COLUMNS`] order.
+struct TaskArrays<'v> {
+    ids: Vec<Uuid>,
+    tenants: Vec<&'v str>,
+    operations: Vec<&'v str>,
+    keys: Vec<&'v str>,
+    fingerprints: Vec<&'v str>,
+    canonical: Vec<&'v str>,
+    params: Vec<&'v str>,
+    states: Vec<&'v str>,
+    generations: Vec<i64>,
+    versions: Vec<i64>,
+    event_seqs: Vec<i64>,
+    attempt_counts: Vec<i64>,
+    execute_counts: Vec<i64>,
+    usages: Vec<i64>,
+    contracts: Vec<&'v str>,
+    cancellations: Vec<Option<&'v str>>,
+    deliveries: Vec<Option<&'v str>>,
+    failures: Vec<Option<&'v str>>,
+    api_key_ids: Vec<Uuid>,
+    next_kinds: Vec<Option<&'v str>>,
+    active: Vec<Option<Uuid>>,
+    ready: Vec<i64>,
+    deadline: Vec<i64>,
+    terminal: Vec<Option<i64>>,
+    key_expires: Vec<Option<i64>>,
+    created: Vec<i64>,
+    updated: Vec<i64>,
+}
+
+impl<'v> TaskArrays<'v> {
+    fn new<'t: 'v>(values: &'v [TaskValues<'t>]) -> TaskArrays<'v> {
+        TaskArrays {
+            ids: column(values, |v| v.task.id),
+            tenants: column(values, |v| v.task.control.tenant.as_str()),
+            operations: column(values, |v| v.task.operation.as_str()),
+            keys: column(values, |v| v.task.idempotency_key.as_str()),
+            fingerprints: column(values, |v| v.task.fingerprint.as_str()),
+            canonical: column(values, |v| v.task.control.canonical_request.as_str()),
+            params: column(values, |v| v.params.as_str()),
+            states: column(values, |v| v.state),
+            generations: column(values, |v| v.task.generation),
+            versions: column(values, |v| v.task.control.version),
+            event_seqs: column(values, |v| v.task.control.event_seq),
+            attempt_counts: column(values, |v| v.task.attempt_count),
+            execute_counts: column(values, |v| v.task.control.execute_count),
+            usages: column(values, |v| v.task.usage),
+            contracts: column(values, |v| v.contract.as_str()),
+            cancellations: column(values, |v| v.cancellation.as_deref()),
+            deliveries: column(values, |v| v.delivery.as_deref()),
+            failures: column(values, |v| v.failure.as_deref()),
+            api_key_ids: column(values, |v| v.task.control.api_key_id),
+            next_kinds: column(values, |v| v.next_kind),
+            active: column(values, |v| v.task.control.active_attempt_id),
+            ready: column(values, |v| v.ready_at),
+            deadline: column(values, |v| v.deadline_at),
+            terminal: column(values, |v| v.terminal_at),
+            key_expires: column(values, |v| v.key_expires_at),
+            created: column(values, |v| v.created_at),
+            updated: column(values, |v| v.updated_at),
+        }
+    }
+
+    fn params(&self) -> [Param<'_>; 27] {
+        [
+            &self.ids,
+            &self.tenants,
+            &self.operations,
+            &self.keys,
+            &self.fingerprints,
+            &self.canonical,
+            &self.params,
+            &self.states,
+            &self.generations,
+            &self.versions,
+            &self.event_seqs,
+            &self.attempt_counts,
+            &self.execute_counts,
+            &self.usages,
+            &self.contracts,
+            &self.cancellations,
+            &self.deliveries,
+            &self.failures,
+            &self.api_key_ids,
+            &self.next_kinds,
+            &self.active,
+            &self.ready,
+            &self.deadline,
+            &self.terminal,
+            &self.key_expires,
+            &self.created,
+            &self.updated,
+        ]
+    }
+}
+
+/// New tasks ($1–$27, one array per column of [`TASK_COLUMNS`]) and their
+/// events ($28–$32) in one statement.
+static TASKS_WITH_EVENTS_INSERT: LazyLock<String> = LazyLock::new(|| {
+    let arrays: Vec<String> = TASK_COLUMN_TYPES
+        .iter()
+        .enumerate()
+        .map(|(i, ty)| format!("${}::{ty}[]", i + 1))
+        .collect();
+    format!(
+        "WITH t AS (INSERT INTO tasks ({}) SELECT * FROM unnest({})) \
+         INSERT INTO events (task_id, seq, type, at, data) \
+         SELECT * FROM unnest($28::uuid[], $29::bigint[], $30::text[], $31::bigint[], $32::text[])",
+        TASK_COLUMNS.join(", "),
+        arrays.join(", ")
+    )
+});
+
+/// PostgreSQL types of [`TASK_COLUMNS`], in order.
+const TASK_COLUMN_TYPES: [&str; 27] = [
+    "uuid", "text", "text", "text", "text", "text", "text", "text", "bigint", "bigint", "bigint",
+    "bigint", "bigint", "bigint", "text", "text", "text", "text", "uuid", "text", "uuid", "bigint",
+    "bigint", "bigint", "bigint", "bigint", "bigint",
+];
+
 static TASK_INSERT: LazyLock<String> = LazyLock::new(|| {
     let params: Vec<String> = (1..=TASK_COLUMNS.len()).map(|i| format!("${i}")).collect();
     format!(
@@ -617,56 +746,47 @@ impl Tx for PgTx<'_> {
         Ok(out)
     }
 
-    async fn insert_tasks(&mut self, tasks: &[Task]) -> Result<()> {
-        for chunk in tasks.chunks(64) {
-            let values = chunk
-                .iter()
-                .map(TaskValues::new)
-                .collect::<Result<Vec<_>>>()?;
-            let params: Vec<[Param<'_>; 27]> = values.iter().map(TaskValues::params).collect();
-            let flat: Vec<Param<'_>> = params.iter().flatten().copied().collect();
-            let n = TASK_COLUMNS.len();
-            let tuples: Vec<String> = (0..chunk.len())
-                .map(|r| {
-                    let p: Vec<String> = (1..=n).map(|c| format!("${}", r * n + c)).collect();
-                    format!("({})", p.join(", "))
-                })
-                .collect();
-            let sql = format!(
-                "INSERT INTO tasks ({}) VALUES {}",
-                TASK_COLUMNS.join(", "),
-                tuples.join(", ")
-            );
-            self.exec(&sql, &flat).await?;
+    async fn insert_submissions(
+        &mut self,
+        rows: &[ScopeRow],
+        tasks: &[Task],
+        events: &[Vec<Event>],
+    ) -> Result<Vec<bool>> {
+        // Two statements: the scope rows, then the tasks and events of exactly
+        // the scope rows inserted (one statement; none for a batch of replays).
+        let inserted = self.insert_scopes(rows).await?;
+        let won: Vec<(&Task, &Vec<Event>)> = tasks
+            .iter()
+            .zip(events)
+            .zip(&inserted)
+            .filter_map(|(te, w)| w.then_some(te))
+            .collect();
+        if won.is_empty() {
+            return Ok(inserted);
         }
-        Ok(())
-    }
-
-    async fn insert_event_batches(&mut self, batches: &[(Uuid, Vec<Event>)]) -> Result<()> {
+        let values = won
+            .iter()
+            .map(|(t, _)| TaskValues::new(t))
+            .collect::<Result<Vec<_>>>()?;
+        let arrays = TaskArrays::new(&values);
         let mut task_ids = Vec::new();
         let mut seqs = Vec::new();
         let mut kinds = Vec::new();
         let mut ats = Vec::new();
         let mut data = Vec::new();
-        for (task_id, events) in batches {
-            for e in events {
-                task_ids.push(*task_id);
+        for (task, events) in &won {
+            for e in events.iter() {
+                task_ids.push(task.id);
                 seqs.push(e.seq);
                 kinds.push(e.kind.as_str());
                 ats.push(e.at.ms());
                 data.push(to_json("event data", &e.data)?);
             }
         }
-        if task_ids.is_empty() {
-            return Ok(());
-        }
-        self.exec(
-            "INSERT INTO events (task_id, seq, type, at, data) \
-             SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::bigint[], $5::text[])",
-            &[&task_ids, &seqs, &kinds, &ats, &data],
-        )
-        .await?;
-        Ok(())
+        let mut params: Vec<Param<'_>> = arrays.params().to_vec();
+        params.extend([&task_ids as Param<'_>, &seqs, &kinds, &ats, &data]);
+        self.exec(&TASKS_WITH_EVENTS_INSERT, &params).await?;
+        Ok(inserted)
     }
 
     async fn task(&mut self, id: Uuid, lock: bool) -> Result<Option<Task>> {

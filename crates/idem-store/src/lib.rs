@@ -153,6 +153,29 @@ pub trait Tx: Send {
         }
     }
 
+    /// Inserts submissions: scope row `rows[i]` (`INSERT … ON CONFLICT DO
+    /// NOTHING`) and, only where this call inserted it, task `tasks[i]` with its
+    /// events `events[i]` (all three slices in the same order). Answers, per row,
+    /// whether it was inserted. Backends may override the default (the three
+    /// steps one after another) with one statement.
+    fn insert_submissions(
+        &mut self,
+        rows: &[ScopeRow],
+        tasks: &[Task],
+        events: &[Vec<Event>],
+    ) -> impl Future<Output = Result<Vec<bool>>> + Send {
+        async move {
+            let inserted = self.insert_scopes(rows).await?;
+            for ((won, task), events) in inserted.iter().zip(tasks).zip(events) {
+                if *won {
+                    self.insert_task(task).await?;
+                    self.insert_events(task.id, events).await?;
+                }
+            }
+            Ok(inserted)
+        }
+    }
+
     /// For each `(tenant, operation, key)`, its scope row and the task it names,
     /// read in new statements (default: one scope at a time).
     fn scopes_with_tasks(
@@ -175,28 +198,6 @@ pub trait Tx: Send {
         }
     }
 
-    /// Inserts several new task rows (default: one at a time).
-    fn insert_tasks(&mut self, tasks: &[Task]) -> impl Future<Output = Result<()>> + Send {
-        async move {
-            for task in tasks {
-                self.insert_task(task).await?;
-            }
-            Ok(())
-        }
-    }
-
-    /// Appends the events of several tasks (default: one task at a time).
-    fn insert_event_batches(
-        &mut self,
-        batches: &[(Uuid, Vec<Event>)],
-    ) -> impl Future<Output = Result<()>> + Send {
-        async move {
-            for (task_id, events) in batches {
-                self.insert_events(*task_id, events).await?;
-            }
-            Ok(())
-        }
-    }
     /// Loads a task; `lock` takes a row lock until commit (`FOR UPDATE`).
     fn task(&mut self, id: Uuid, lock: bool) -> impl Future<Output = Result<Option<Task>>> + Send;
     /// Writes every column of `task` where the stored row still has `expected_version`

@@ -464,13 +464,11 @@ async fn submit_batch<T: Tx>(tx: &mut T, subs: &[Submission]) -> Result<Vec<Subm
             task_id: Uuid::now_v7(),
         })
         .collect();
-    let inserted = tx.insert_scopes(&rows).await?;
-    let mut created: Vec<Task> = Vec::new();
-    let mut events: Vec<(Uuid, Vec<idem_core::model::Event>)> = Vec::new();
-    for ((s, row), won) in subs.iter().zip(&rows).zip(&inserted) {
-        if !won {
-            continue;
-        }
+    // Every submission's task is built up front; only those whose scope row
+    // this transaction inserts are written (the unique constraint decides).
+    let mut tasks: Vec<Task> = Vec::with_capacity(subs.len());
+    let mut events: Vec<Vec<idem_core::model::Event>> = Vec::with_capacity(subs.len());
+    for (s, row) in subs.iter().zip(&rows) {
         let (task, j) = machine::accept(
             NewTask {
                 id: row.task_id,
@@ -486,11 +484,15 @@ async fn submit_batch<T: Tx>(tx: &mut T, subs: &[Submission]) -> Result<Vec<Subm
             },
             now,
         );
-        events.push((task.id, j.events));
-        created.push(task);
+        tasks.push(task);
+        events.push(j.events);
     }
-    tx.insert_tasks(&created).await?;
-    tx.insert_event_batches(&events).await?;
+    let inserted = tx.insert_submissions(&rows, &tasks, &events).await?;
+    let created: Vec<Task> = tasks
+        .into_iter()
+        .zip(&inserted)
+        .filter_map(|(t, won)| won.then_some(t))
+        .collect();
     // Everyone else found the scope taken: read those scopes and their tasks in
     // new statements (READ COMMITTED gives them a fresh snapshot; RUST-NOTES §4.3).
     let taken: Vec<(String, String, String)> = subs
