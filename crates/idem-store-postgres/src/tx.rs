@@ -746,27 +746,19 @@ impl Tx for PgTx<'_> {
         Ok(out)
     }
 
-    async fn insert_submissions(
+    async fn insert_tasks_with_events(
         &mut self,
-        rows: &[ScopeRow],
         tasks: &[Task],
         events: &[Vec<Event>],
-    ) -> Result<Vec<bool>> {
-        // Two statements: the scope rows, then the tasks and events of exactly
-        // the scope rows inserted (one statement; none for a batch of replays).
-        let inserted = self.insert_scopes(rows).await?;
-        let won: Vec<(&Task, &Vec<Event>)> = tasks
-            .iter()
-            .zip(events)
-            .zip(&inserted)
-            .filter_map(|(te, w)| w.then_some(te))
-            .collect();
-        if won.is_empty() {
-            return Ok(inserted);
+    ) -> Result<()> {
+        if tasks.is_empty() {
+            return Ok(());
         }
-        let values = won
+        // One statement for the whole batch: tasks as one array per column
+        // (prepared once per connection whatever the batch size), events in a CTE.
+        let values = tasks
             .iter()
-            .map(|(t, _)| TaskValues::new(t))
+            .map(TaskValues::new)
             .collect::<Result<Vec<_>>>()?;
         let arrays = TaskArrays::new(&values);
         let mut task_ids = Vec::new();
@@ -774,8 +766,8 @@ impl Tx for PgTx<'_> {
         let mut kinds = Vec::new();
         let mut ats = Vec::new();
         let mut data = Vec::new();
-        for (task, events) in &won {
-            for e in events.iter() {
+        for (task, events) in tasks.iter().zip(events) {
+            for e in events {
                 task_ids.push(task.id);
                 seqs.push(e.seq);
                 kinds.push(e.kind.as_str());
@@ -786,7 +778,7 @@ impl Tx for PgTx<'_> {
         let mut params: Vec<Param<'_>> = arrays.params().to_vec();
         params.extend([&task_ids as Param<'_>, &seqs, &kinds, &ats, &data]);
         self.exec(&TASKS_WITH_EVENTS_INSERT, &params).await?;
-        Ok(inserted)
+        Ok(())
     }
 
     async fn task(&mut self, id: Uuid, lock: bool) -> Result<Option<Task>> {

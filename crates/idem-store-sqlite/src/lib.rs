@@ -40,7 +40,11 @@ pub const MAX_BATCH: usize = 256;
 /// at once (the others wait for a connection instead of opening one).
 pub const READERS: usize = 4;
 
-const MIGRATIONS: &[&str] = &[include_str!("../migrations/0001_init.sql")];
+/// The schema migrations, in order; `PRAGMA user_version` counts those applied.
+pub const MIGRATIONS: &[&str] = &[
+    include_str!("../migrations/0001_init.sql"),
+    include_str!("../migrations/0002_tasks_or_checks.sql"),
+];
 
 /// Options of the SQLite store.
 #[derive(Debug, Clone, Copy, Default)]
@@ -103,6 +107,18 @@ fn open_connection(path: &Path) -> Result<Connection, StoreError> {
 /// [`StoreError::Migration`] when a step fails or the file is newer than this binary.
 pub fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
     let mig = |e: rusqlite::Error| StoreError::Migration(e.to_string());
+    // A migration may rebuild a table that others reference; foreign keys are
+    // off while it runs (SQLite ignores the pragma inside a transaction) and
+    // checked in full before the commit.
+    conn.pragma_update(None, "foreign_keys", false)
+        .map_err(mig)?;
+    let res = migrate_in_transaction(conn);
+    let on = conn.pragma_update(None, "foreign_keys", true).map_err(mig);
+    res.and(on)
+}
+
+fn migrate_in_transaction(conn: &mut Connection) -> Result<(), StoreError> {
+    let mig = |e: rusqlite::Error| StoreError::Migration(e.to_string());
     let tx = conn
         .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
         .map_err(mig)?;
@@ -123,6 +139,16 @@ pub fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
         tx.execute_batch(sql).map_err(mig)?;
         tx.pragma_update(None, "user_version", i as i64 + 1)
             .map_err(mig)?;
+    }
+    let violations: i64 = tx
+        .query_row("SELECT count(*) FROM pragma_foreign_key_check", [], |r| {
+            r.get(0)
+        })
+        .map_err(mig)?;
+    if violations > 0 {
+        return Err(StoreError::Migration(format!(
+            "{violations} foreign key violations after migrating; nothing was changed"
+        )));
     }
     tx.commit().map_err(mig)
 }
@@ -865,7 +891,8 @@ impl Tx for SqliteTx<'_> {
         let ops = to_json(&operations)?;
         self.ids(
             "SELECT id FROM tasks WHERE tenant = ?1 AND operation IN (SELECT value FROM json_each(?2)) \
-             AND active_attempt_id IS NULL AND state IN ('queued', 'retry_wait', 'reconciling') AND ready_at <= ?3 \
+             AND active_attempt_id IS NULL AND (state = 'queued' OR state = 'retry_wait' OR state = 'reconciling') \
+             AND ready_at <= ?3 \
              ORDER BY ready_at, id LIMIT ?4",
             params![tenant, ops, now.0, limit],
         )

@@ -153,26 +153,20 @@ pub trait Tx: Send {
         }
     }
 
-    /// Inserts submissions: scope row `rows[i]` (`INSERT … ON CONFLICT DO
-    /// NOTHING`) and, only where this call inserted it, task `tasks[i]` with its
-    /// events `events[i]` (all three slices in the same order). Answers, per row,
-    /// whether it was inserted. Backends may override the default (the three
-    /// steps one after another) with one statement.
-    fn insert_submissions(
+    /// Inserts new tasks, each with its events (`events[i]` belongs to
+    /// `tasks[i]`). Backends may override the default (one task, then its
+    /// events, at a time) with one statement.
+    fn insert_tasks_with_events(
         &mut self,
-        rows: &[ScopeRow],
         tasks: &[Task],
         events: &[Vec<Event>],
-    ) -> impl Future<Output = Result<Vec<bool>>> + Send {
+    ) -> impl Future<Output = Result<()>> + Send {
         async move {
-            let inserted = self.insert_scopes(rows).await?;
-            for ((won, task), events) in inserted.iter().zip(tasks).zip(events) {
-                if *won {
-                    self.insert_task(task).await?;
-                    self.insert_events(task.id, events).await?;
-                }
+            for (task, events) in tasks.iter().zip(events) {
+                self.insert_task(task).await?;
+                self.insert_events(task.id, events).await?;
             }
-            Ok(inserted)
+            Ok(())
         }
     }
 

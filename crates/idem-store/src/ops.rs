@@ -464,11 +464,15 @@ async fn submit_batch<T: Tx>(tx: &mut T, subs: &[Submission]) -> Result<Vec<Subm
             task_id: Uuid::now_v7(),
         })
         .collect();
-    // Every submission's task is built up front; only those whose scope row
-    // this transaction inserts are written (the unique constraint decides).
-    let mut tasks: Vec<Task> = Vec::with_capacity(subs.len());
-    let mut events: Vec<Vec<idem_core::model::Event>> = Vec::with_capacity(subs.len());
-    for (s, row) in subs.iter().zip(&rows) {
+    let inserted = tx.insert_scopes(&rows).await?;
+    // Tasks and events only for the scope rows this transaction inserted (the
+    // unique constraint decided); the others are answered from what is stored.
+    let mut created: Vec<Task> = Vec::new();
+    let mut events: Vec<Vec<idem_core::model::Event>> = Vec::new();
+    for ((s, row), won) in subs.iter().zip(&rows).zip(&inserted) {
+        if !won {
+            continue;
+        }
         let (task, j) = machine::accept(
             NewTask {
                 id: row.task_id,
@@ -484,15 +488,10 @@ async fn submit_batch<T: Tx>(tx: &mut T, subs: &[Submission]) -> Result<Vec<Subm
             },
             now,
         );
-        tasks.push(task);
+        created.push(task);
         events.push(j.events);
     }
-    let inserted = tx.insert_submissions(&rows, &tasks, &events).await?;
-    let created: Vec<Task> = tasks
-        .into_iter()
-        .zip(&inserted)
-        .filter_map(|(t, won)| won.then_some(t))
-        .collect();
+    tx.insert_tasks_with_events(&created, &events).await?;
     // Everyone else found the scope taken: read those scopes and their tasks in
     // new statements (READ COMMITTED gives them a fresh snapshot; RUST-NOTES §4.3).
     let taken: Vec<(String, String, String)> = subs
