@@ -12,6 +12,16 @@ use rusqlite::Connection;
 const SAFE: &str = "generation.dispatch";
 const NON_SAFE: &str = "payment.release";
 
+fn claim(operation: &str, executor: &str, max: i64) -> ClaimRequest {
+    ClaimRequest {
+        tenant: "acme".into(),
+        operations: vec![operation.into()],
+        executor_id: executor.into(),
+        max,
+        lease_ms: Some(60_000),
+    }
+}
+
 fn user_version(path: &std::path::Path) -> i64 {
     Connection::open(path)
         .unwrap()
@@ -46,16 +56,7 @@ async fn v1_file_migrates_to_latest_with_rows_and_constraints_intact() {
             other => panic!("expected a new task, got {other:?}"),
         }
     }
-    let claimed = store
-        .claim(ClaimRequest {
-            tenant: "acme".into(),
-            operations: vec![NON_SAFE.into()],
-            executor_id: "e1".into(),
-            max: 1,
-            lease_ms: Some(60_000),
-        })
-        .await
-        .expect("claim");
+    let claimed = store.claim(claim(NON_SAFE, "e1", 1)).await.expect("claim");
     assert_eq!(claimed.len(), 1);
     let mut before = Vec::new();
     for id in &ids {
@@ -139,16 +140,7 @@ async fn v1_file_migrates_to_latest_with_rows_and_constraints_intact() {
         store.submit(replay).await.expect("replay"),
         SubmitOutcome::Replayed(t) if t.id == ids[0]
     ));
-    let claimed = store
-        .claim(ClaimRequest {
-            tenant: "acme".into(),
-            operations: vec![SAFE.into()],
-            executor_id: "e2".into(),
-            max: 5,
-            lease_ms: Some(60_000),
-        })
-        .await
-        .expect("claim");
+    let claimed = store.claim(claim(SAFE, "e2", 5)).await.expect("claim");
     assert_eq!(claimed.len(), 1);
     assert_eq!(claimed[0].task.id, ids[1]);
     assert_eq!(claimed[0].task.state, TaskState::Running);
