@@ -113,9 +113,15 @@ impl From<Refusal> for Problem {
                 let mut p = Problem::new(
                     StatusCode::CONFLICT,
                     "STALE_GENERATION",
-                    format!(
-                        "generation {presented} no longer holds the lease (current {current}); the report was kept as evidence"
-                    ),
+                    if presented == current {
+                        format!(
+                            "the lease of generation {presented} has expired; the report was kept as evidence and changed nothing"
+                        )
+                    } else {
+                        format!(
+                            "generation {presented} no longer holds the lease (current {current}); the report was kept as evidence"
+                        )
+                    },
                 );
                 p.current_generation = Some(current);
                 p

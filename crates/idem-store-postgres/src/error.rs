@@ -39,6 +39,35 @@ pub fn map_pg_error(e: tokio_postgres::Error) -> StoreError {
     }
 }
 
+/// Whether `e` may pass by itself, so that trying again later can succeed: no
+/// SQLSTATE at all (I/O error, refused or closed connection), or a class that
+/// names a passing condition: `08` connection exception, `40` transaction
+/// rollback, `53` insufficient resources, `57` operator intervention (admin
+/// shutdown, the database starting up), `58` system error (PostgreSQL
+/// Appendix A). Everything else (`28` a role or password refused, `3D` no
+/// such database, `42` missing privileges …) stays until an operator acts.
+pub(crate) fn is_transient(e: &tokio_postgres::Error) -> bool {
+    match e.as_db_error() {
+        None => true,
+        Some(db) => matches!(
+            db.code().code().get(..2),
+            Some("08" | "40" | "53" | "57" | "58")
+        ),
+    }
+}
+
+/// An error while connecting at start-up: [`StoreError::Unavailable`] when it
+/// may pass ([`is_transient`]), else [`StoreError::Config`] (a wrong role,
+/// password or database name in the URL), so that start-up stops at once.
+pub(crate) fn connect_error(e: deadpool_postgres::PoolError) -> StoreError {
+    match e {
+        deadpool_postgres::PoolError::Backend(e) if !is_transient(&e) => StoreError::Config(
+            format!("PostgreSQL refused the connection: {}", map_pg_error(e)),
+        ),
+        other => pool_error(other),
+    }
+}
+
 /// A pool failure (no connection within the timeout, cannot connect …).
 pub(crate) fn pool_error(e: deadpool_postgres::PoolError) -> StoreError {
     match e {

@@ -219,8 +219,9 @@ async fn submit_lane(
 /// migrations and returns the store.
 ///
 /// # Errors
-/// [`StoreError::Config`] when `url` does not parse,
-/// [`StoreError::Unavailable`] when the database cannot be reached,
+/// [`StoreError::Config`] when `url` does not parse or the server refuses the
+/// connection for good (unknown role or database, wrong password),
+/// [`StoreError::Unavailable`] when the database cannot be reached (yet),
 /// [`StoreError::Migration`] when the schema cannot be brought up to date.
 pub async fn connect(url: &str, options: PgOptions) -> Result<Store> {
     Ok(Store::new(PgBackend::connect(url, options).await?))
@@ -279,7 +280,7 @@ impl PgBackend {
                 StoreError::Unavailable(format!("cannot build the connection pool: {e}"))
             })?;
         {
-            let mut client = pool.get().await.map_err(error::pool_error)?;
+            let mut client = pool.get().await.map_err(error::connect_error)?;
             migrate::apply(&mut client).await?;
         }
         let (submits, rx) = mpsc::unbounded_channel();

@@ -5,7 +5,7 @@
 use idem_store::{Result, StoreError};
 use tokio_postgres::NoTls;
 
-use crate::error::map_pg_error;
+use crate::error::{is_transient, map_pg_error};
 
 /// The migrations of this binary: `(version, SQL)`, ascending.
 pub const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("../migrations/0001_init.sql"))];
@@ -13,11 +13,14 @@ pub const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("../migrations/0001_in
 /// Key of the advisory lock that serializes migrations (ASCII `idem_mig`).
 const MIGRATION_LOCK: i64 = 0x6964_656d_5f6d_6967;
 
+/// A failure while migrating: [`StoreError::Unavailable`] when it may pass
+/// (the connection dropped …), else [`StoreError::Migration`] (e.g. `42501`,
+/// the role may not create tables), which stops start-up at once.
 fn migration_error(e: tokio_postgres::Error) -> StoreError {
-    match map_pg_error(e) {
-        StoreError::Unavailable(m) => StoreError::Unavailable(m),
-        other => StoreError::Migration(other.to_string()),
+    if is_transient(&e) {
+        return map_pg_error(e);
     }
+    StoreError::Migration(map_pg_error(e).to_string())
 }
 
 /// Applies the pending migrations of the database at `url` and returns the
@@ -28,9 +31,16 @@ fn migration_error(e: tokio_postgres::Error) -> StoreError {
 /// [`StoreError::Migration`] when a migration fails or the schema is newer
 /// than this binary.
 pub async fn migrate(url: &str) -> Result<Vec<i32>> {
-    let (mut client, connection) = tokio_postgres::connect(url, NoTls)
-        .await
-        .map_err(map_pg_error)?;
+    let (mut client, connection) = tokio_postgres::connect(url, NoTls).await.map_err(|e| {
+        if is_transient(&e) {
+            map_pg_error(e)
+        } else {
+            StoreError::Config(format!(
+                "PostgreSQL refused the connection: {}",
+                map_pg_error(e)
+            ))
+        }
+    })?;
     let conn = tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::warn!(error = %e, "migration connection closed with an error");
@@ -45,6 +55,10 @@ pub async fn migrate(url: &str) -> Result<Vec<i32>> {
 /// Applies the pending migrations on `client`.
 pub(crate) async fn apply(client: &mut tokio_postgres::Client) -> Result<Vec<i32>> {
     let tx = client.transaction().await.map_err(map_pg_error)?;
+    // `CREATE TABLE IF NOT EXISTS` below would log a NOTICE on every start.
+    tx.batch_execute("SET LOCAL client_min_messages = warning")
+        .await
+        .map_err(migration_error)?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
         .await
         .map_err(migration_error)?;

@@ -291,21 +291,60 @@ async fn open_store_waiting(args: &StoreArgs, wait: Duration) -> Result<Store> {
     let deadline = tokio::time::Instant::now() + wait;
     let mut backoff = Duration::from_millis(100);
     loop {
-        match open_store(args).await {
+        let err = match open_store(args).await {
             Ok(store) => return Ok(store),
-            Err(e) => {
-                let unavailable = matches!(
-                    e.downcast_ref::<idem_store::StoreError>(),
-                    Some(idem_store::StoreError::Unavailable(_))
-                );
-                let now = tokio::time::Instant::now();
-                if !unavailable || now + backoff > deadline {
-                    return Err(e);
-                }
-                tracing::warn!(error = %format!("{e:#}"), retry_in_ms = backoff.as_millis() as u64, "store unavailable at start-up; retrying");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(2));
-            }
+            Err(e) => e,
+        };
+        let unavailable = matches!(
+            err.downcast_ref::<idem_store::StoreError>(),
+            Some(idem_store::StoreError::Unavailable(_))
+        );
+        let now = tokio::time::Instant::now();
+        if !unavailable || wait.is_zero() {
+            return Err(err);
+        }
+        if now >= deadline {
+            return Err(err.context(format!(
+                "gave up after retrying for {} ms (IDEM_STORE_WAIT_MS)",
+                wait.as_millis()
+            )));
+        }
+        // The last try comes at the deadline itself.
+        let pause = backoff.min(deadline - now);
+        tracing::warn!(error = %format!("{err:#}"), retry_in_ms = pause.as_millis() as u64, "store unavailable at start-up; retrying");
+        tokio::time::sleep(pause).await;
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+}
+
+/// Holds an exclusive lock on `<file>.serve-lock` next to an SQLite store for
+/// as long as the returned file lives: one `idem serve` per SQLite file (its
+/// single writer and its process clock decide; docs/architecture.md). Other
+/// commands (`keys`, `task`, `gc`) do not take it. `None` for PostgreSQL.
+fn lock_sqlite_for_serve(args: &StoreArgs) -> Result<Option<std::fs::File>> {
+    let Some(path) = args.store.strip_prefix("sqlite://") else {
+        return Ok(None);
+    };
+    let lock_path = format!("{path}.serve-lock");
+    if let Some(dir) = std::path::Path::new(&lock_path).parent()
+        && !dir.as_os_str().is_empty()
+    {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .with_context(|| format!("opening {lock_path}"))?;
+    match file.try_lock() {
+        Ok(()) => Ok(Some(file)),
+        Err(std::fs::TryLockError::WouldBlock) => bail!(
+            "another `idem serve` is already running on {path} (it holds {lock_path}); \
+             run one per SQLite file, or use PostgreSQL for several instances"
+        ),
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(e).with_context(|| format!("locking {lock_path}"))
         }
     }
 }
@@ -318,6 +357,7 @@ async fn serve(
     store_args: StoreArgs,
 ) -> Result<()> {
     let config = load_config(config.as_ref())?;
+    let _serve_lock = lock_sqlite_for_serve(&store_args)?;
     let store = open_store_waiting(&store_args, store_wait).await?;
     let version = config.version();
     let state = idem_http::AppState::new(store.clone(), config);

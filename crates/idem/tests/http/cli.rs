@@ -173,3 +173,28 @@ fn inspection_commands_refuse_a_missing_sqlite_database() {
         assert!(!path.exists(), "{args:?} created {}", path.display());
     }
 }
+
+/// One `idem serve` per SQLite file: a second one on the same file refuses to
+/// start and names the lock; once the first is gone, a new one starts; the
+/// store commands still work while a server runs.
+#[tokio::test]
+async fn second_serve_on_one_sqlite_file_is_refused() {
+    let mut srv = Server::fast().await;
+    let out = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--store", &srv.store()])
+        .env_remove("IDEM_STORE")
+        .env_remove("IDEM_CONFIG")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run idem serve");
+    assert!(!out.status.success(), "a second serve must not start");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("already running"), "stderr: {err}");
+    assert!(out.stdout.is_empty(), "it never listened");
+    let (ok, stdout, stderr) = srv.cli(&["keys", "list"]);
+    assert!(ok, "keys list beside a running server: {stderr}");
+    assert!(!stdout.is_empty());
+    // After a crash the lock goes with the process.
+    srv.restart();
+    assert!(srv.is_running());
+}

@@ -958,6 +958,54 @@ async fn pg_serve_waits_for_an_unavailable_database_at_start_up() {
     );
 }
 
+/// A database that refuses idem for good (no such database, no such role)
+/// ends start-up at once instead of being retried for `IDEM_STORE_WAIT_MS`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_serve_fails_at_once_when_the_database_refuses_for_good() {
+    use std::process::{Command, Stdio};
+
+    let url = fresh_database().await;
+    let base = url
+        .rsplit_once('/')
+        .map_or(url.as_str(), |(b, _)| b)
+        .to_owned();
+    let no_db = format!("{base}/idem_no_such_database_{}", std::process::id());
+    let no_role = url.replacen("postgres@", "idem_no_such_role@", 1);
+    for store in [no_db, no_role] {
+        let mut child = Command::new(crate::support::BIN)
+            .args(["serve", "--listen", "127.0.0.1:0", "--store", &store])
+            .env_remove("IDEM_STORE")
+            .env_remove("IDEM_CONFIG")
+            .env("IDEM_STORE_WAIT_MS", "600000")
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn idem serve");
+        // Bounded: with retries it would keep trying for ten minutes.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("idem serve kept retrying a database that refuses it: {store}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert!(!status.success());
+        let out = child.wait_with_output().expect("output");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("refused the connection"),
+            "stderr for {store}: {err}"
+        );
+        assert!(!err.contains("retrying"), "no retry for {store}: {err}");
+    }
+}
+
 // ---------------------------------------------------------- 5. clock skew
 
 /// SPEC §5 / issue: leases are decided by the database clock, so an instance
