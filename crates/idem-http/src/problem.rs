@@ -92,6 +92,12 @@ impl From<StoreError> for Problem {
                 p.retry_after = true;
                 p
             }
+            StoreError::Rejected(_) => {
+                tracing::warn!(error = %e, "the database refused a request's values");
+                Problem::invalid(
+                    "the database refused the request's values (a value over a storage limit, e.g. a very long tenant or key); nothing was written",
+                )
+            }
             other => {
                 tracing::error!(error = %other, "store failure");
                 Problem::new(

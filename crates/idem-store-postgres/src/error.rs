@@ -12,6 +12,8 @@ use tokio_postgres::error::SqlState;
 ///   (the whole transaction is run again);
 /// - data exceptions (`22…`), other integrity violations (`23…`, including the
 ///   append-only triggers) and raised exceptions (`P0…`) → [`StoreError::Corrupt`];
+/// - program limits exceeded (`54…`, e.g. an index row too large) →
+///   [`StoreError::Rejected`];
 /// - everything else (connection lost, timeouts, admin shutdown, resources,
 ///   no error code at all) → [`StoreError::Unavailable`] (HTTP 503).
 pub fn map_pg_error(e: tokio_postgres::Error) -> StoreError {
@@ -35,6 +37,7 @@ pub fn map_pg_error(e: tokio_postgres::Error) -> StoreError {
     }
     match code.code().get(..2) {
         Some("22" | "23" | "P0") => StoreError::Corrupt(msg),
+        Some("54") => StoreError::Rejected(msg),
         _ => StoreError::Unavailable(msg),
     }
 }

@@ -186,14 +186,20 @@ async fn submit_lane(
                     )));
                 }
             }
-            Err(e) if batch.len() == 1 => {
+            // The database or the connection failed (possibly while committing:
+            // the outcome is unknown): every caller gets 503 and retries with its
+            // key, which then answers created-or-replayed truthfully. Submitting
+            // each again here would report a task this batch created as a replay,
+            // and would wait out the pool timeout once per submission.
+            Err(e) if batch.len() == 1 || e.is_retryable() => {
                 for (_, reply) in batch {
                     let _ = reply.send(Err(e.clone()));
                 }
             }
             Err(_) => {
-                // One submission may be what failed the batch (e.g. a row over an
-                // index limit): submit each on its own so only that one fails.
+                // One submission's values failed the batch (e.g. a row over an
+                // index limit, nothing written): submit each on its own so only
+                // that one fails.
                 for (sub, reply) in batch {
                     let one =
                         PgBackend::run(pool.clone(), Op::SubmitBatch(vec![sub]), max_retries).await;

@@ -536,3 +536,115 @@ async fn a_failing_submission_does_not_fail_its_batch() {
         }
     }
 }
+
+/// A TCP proxy in front of PostgreSQL that, when armed, swallows the server's
+/// next `COMMIT` completion and closes that connection: the transaction
+/// committed, the client never hears it (the outcome is unknown to idem).
+mod lost_commit {
+    use std::net::SocketAddr;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    /// `CommandComplete` with tag `COMMIT` (PostgreSQL protocol 3).
+    const COMMIT_DONE: &[u8] = b"C\x00\x00\x00\x0bCOMMIT\x00";
+
+    pub struct Proxy {
+        pub port: u16,
+        pub armed: Arc<AtomicBool>,
+    }
+
+    async fn pump(
+        mut from: tokio::net::tcp::OwnedReadHalf,
+        mut to: tokio::net::tcp::OwnedWriteHalf,
+        armed: Option<Arc<AtomicBool>>,
+    ) {
+        let mut buf = vec![0u8; 65536];
+        loop {
+            let n = match from.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if let Some(armed) = &armed
+                && buf[..n]
+                    .windows(COMMIT_DONE.len())
+                    .any(|w| w == COMMIT_DONE)
+                && armed.swap(false, Ordering::SeqCst)
+            {
+                return;
+            }
+            if to.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    pub async fn start(upstream: SocketAddr) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let armed = Arc::new(AtomicBool::new(false));
+        let a = armed.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((inbound, _)) = listener.accept().await else {
+                    continue;
+                };
+                let a = a.clone();
+                tokio::spawn(async move {
+                    let Ok(outbound) = TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    let (ir, iw) = inbound.into_split();
+                    let (or, ow) = outbound.into_split();
+                    let up = tokio::spawn(pump(ir, ow, None));
+                    pump(or, iw, Some(a)).await;
+                    up.abort();
+                });
+            }
+        });
+        Proxy { port, armed }
+    }
+}
+
+/// A batch whose COMMIT answer is lost must not tell the callers whose tasks it
+/// created that they were replays: every caller gets `Created` or an error
+/// (503, retry with the same key), never `Replayed` for a key nobody else sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lost_commit_answer_never_reports_a_new_key_as_replayed() {
+    let url = fresh_database().await;
+    let cfg: tokio_postgres::Config = url.parse().unwrap();
+    let host = match cfg.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(h)) if h != "localhost" => h.clone(),
+        _ => "127.0.0.1".to_owned(),
+    };
+    let port = cfg.get_ports().first().copied().unwrap_or(5432);
+    let proxy = lost_commit::start(format!("{host}:{port}").parse().unwrap()).await;
+    let db = cfg.get_dbname().unwrap_or("test").to_owned();
+    let via = format!("postgres://postgres@127.0.0.1:{}/{db}", proxy.port);
+    let store = connect(&via, PgOptions::default()).await.unwrap();
+    let (key, _) = store
+        .create_api_key("acme", Role::Client, None)
+        .await
+        .unwrap();
+    let (mut errors, mut created) = (0, 0);
+    for round in 0..10 {
+        proxy.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+        let mut handles = Vec::new();
+        for i in 0..40 {
+            let st = store.clone();
+            let s = submission("acme", &format!("lc-{round}-{i}"), key.id, 'a');
+            handles.push(tokio::spawn(async move { st.submit(s).await }));
+        }
+        for h in handles {
+            match h.await.unwrap() {
+                Ok(SubmitOutcome::Created(_)) => created += 1,
+                Ok(other) => panic!("round {round}: a new key answered {other:?}"),
+                Err(_) => errors += 1,
+            }
+        }
+    }
+    assert!(errors > 0, "the proxy never swallowed a COMMIT answer");
+    assert!(created > 0);
+}

@@ -56,6 +56,12 @@ pub enum StoreError {
     /// PostgreSQL URL); trying again cannot help.
     #[error("invalid store configuration: {0}")]
     Config(String),
+    /// The database refused this operation's values for good (PostgreSQL
+    /// SQLSTATE class 54, "program limit exceeded", e.g. an index row larger
+    /// than the index allows). Nothing was written; the same request can never
+    /// succeed (HTTP 400 `INVALID_REQUEST`).
+    #[error("the database refused the values: {0}")]
+    Rejected(String),
 }
 
 impl StoreError {

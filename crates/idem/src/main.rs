@@ -291,9 +291,18 @@ async fn open_store_waiting(args: &StoreArgs, wait: Duration) -> Result<Store> {
     let deadline = tokio::time::Instant::now() + wait;
     let mut backoff = Duration::from_millis(100);
     loop {
-        let err = match open_store(args).await {
-            Ok(store) => return Ok(store),
-            Err(e) => e,
+        // One try may hang (packets dropped after the handshake): bounded by
+        // what is left of the wait, and by at least the pool timeout.
+        let budget = deadline
+            .saturating_duration_since(tokio::time::Instant::now())
+            .max(Duration::from_secs(5));
+        let err = match tokio::time::timeout(budget, open_store(args)).await {
+            Ok(Ok(store)) => return Ok(store),
+            Ok(Err(e)) => e,
+            Err(_) => anyhow::Error::new(idem_store::StoreError::Unavailable(format!(
+                "no answer from the database within {} ms",
+                budget.as_millis()
+            ))),
         };
         let unavailable = matches!(
             err.downcast_ref::<idem_store::StoreError>(),
