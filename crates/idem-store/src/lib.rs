@@ -338,6 +338,10 @@ impl Store {
     /// HTTP client disconnected (SPEC §7).
     pub async fn execute(&self, op: Op) -> Result<Output> {
         let op = match &self.grant {
+            // A submit touches only its own scope, whose operation the caller
+            // names (the HTTP layer refuses an ungranted one first): nothing to
+            // filter, and left unwrapped it joins the backend's submit batches.
+            Some(_) if matches!(op, Op::Submit(_) | Op::SubmitBatch(_)) => op,
             Some(ops) => Op::Granted {
                 operations: ops.as_ref().clone(),
                 op: Box::new(op),
