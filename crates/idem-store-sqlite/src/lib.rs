@@ -88,13 +88,15 @@ fn corrupt(e: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt(e.to_string())
 }
 
+/// Opens `path` with idem's pragmas; `busy_timeout` comes first so that
+/// switching a file to WAL waits for another opener instead of failing.
 fn open_connection(path: &Path) -> Result<Connection, StoreError> {
     let conn = Connection::open(path).map_err(unavailable)?;
     conn.execute_batch(
-        "PRAGMA journal_mode = WAL;
+        "PRAGMA busy_timeout = 5000;
+         PRAGMA journal_mode = WAL;
          PRAGMA synchronous = FULL;
-         PRAGMA foreign_keys = ON;
-         PRAGMA busy_timeout = 5000;",
+         PRAGMA foreign_keys = ON;",
     )
     .map_err(unavailable)?;
     conn.set_prepared_statement_cache_capacity(64);
