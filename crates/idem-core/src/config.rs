@@ -228,6 +228,15 @@ impl Config {
         Ok(config)
     }
 
+    /// This configuration as a TOML document that [`Config::from_toml`] reads
+    /// back to an equal configuration (e.g. to write a `--config` file).
+    ///
+    /// # Errors
+    /// [`ConfigError::Parse`] if a value has no TOML form.
+    pub fn to_toml(&self) -> Result<String, ConfigError> {
+        toml::to_string(self).map_err(|e| ConfigError::Parse(e.to_string()))
+    }
+
     /// Parses `text`, applies environment overrides, then checks the result.
     ///
     /// `vars` are `(name, value)` pairs; only names starting `IDEM_OPERATIONS__` are used.
@@ -395,6 +404,24 @@ fn apply_override(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn to_toml_reads_back_equal() {
+        let c = Config::from_toml_with_env(
+            DEFAULT_TOML,
+            [(
+                "IDEM_OPERATIONS__PAYMENT_RELEASE__RETRY__BACKOFF__INITIAL_MS".to_owned(),
+                "20".to_owned(),
+            )],
+        )
+        .unwrap();
+        let back = Config::from_toml(&c.to_toml().unwrap()).unwrap();
+        assert_eq!(back, c);
+        assert_eq!(
+            back.operations["payment.release"].retry.backoff.initial_ms,
+            20
+        );
+    }
 
     #[test]
     fn bundled_configuration_matches_spec_table() {

@@ -44,6 +44,7 @@ use idem_client::{
     Attempt, AttemptKind, AttemptState, CancelStatus, ClaimedAttempt, Client, ClientError, Event,
     FailureClass, HeartbeatAck, ReportBody, Task, TaskState,
 };
+use idem_core::config::{Config, ConfigError, DEFAULT_TOML};
 use idem_core::model::Role;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -82,59 +83,77 @@ const QUIESCE_LIMIT: Duration = Duration::from_secs(120);
 /// Attempts handled at once by all executors together.
 const MAX_INFLIGHT: usize = 512;
 
-/// The operation classes as `idem chaos` configures its servers: short leases
-/// and backoffs, long deadlines and retention (no key is removed during a run).
-pub const CHAOS_TOML: &str = r#"
-[operations."payment.release"]
-fingerprint = ["/payee", "/amount", "/currency"]
+/// How `idem chaos` changes the bundled classes for its servers: short leases
+/// and backoffs, long windows (no key is removed during a run), one more
+/// attempt for payouts. Environment-override form (`IDEM_OPERATIONS__…`).
+pub const CHAOS_OVERRIDES: &[(&str, &str)] = &[
+    ("IDEM_OPERATIONS__PAYMENT_RELEASE__RETRY__MAX_ATTEMPTS", "4"),
+    (
+        "IDEM_OPERATIONS__PAYMENT_RELEASE__RETRY__BACKOFF__INITIAL_MS",
+        "20",
+    ),
+    (
+        "IDEM_OPERATIONS__PAYMENT_RELEASE__RETRY__BACKOFF__MAX_MS",
+        "200",
+    ),
+    (
+        "IDEM_OPERATIONS__PAYMENT_RELEASE__RETRY__DEADLINE_MS",
+        "1800000",
+    ),
+    ("IDEM_OPERATIONS__PAYMENT_RELEASE__LEASE__DEFAULT_MS", "800"),
+    ("IDEM_OPERATIONS__PAYMENT_RELEASE__LEASE__MAX_MS", "10000"),
+    (
+        "IDEM_OPERATIONS__PAYMENT_RELEASE__WINDOWS__REQUEST_RETRY_MS",
+        "3600000",
+    ),
+    (
+        "IDEM_OPERATIONS__PAYMENT_RELEASE__WINDOWS__RECONCILIATION_MS",
+        "3600000",
+    ),
+    (
+        "IDEM_OPERATIONS__PAYMENT_RELEASE__WINDOWS__RETENTION_MS",
+        "10800000",
+    ),
+    (
+        "IDEM_OPERATIONS__GENERATION_DISPATCH__RETRY__BACKOFF__INITIAL_MS",
+        "20",
+    ),
+    (
+        "IDEM_OPERATIONS__GENERATION_DISPATCH__RETRY__BACKOFF__MAX_MS",
+        "200",
+    ),
+    (
+        "IDEM_OPERATIONS__GENERATION_DISPATCH__RETRY__DEADLINE_MS",
+        "1800000",
+    ),
+    (
+        "IDEM_OPERATIONS__GENERATION_DISPATCH__LEASE__DEFAULT_MS",
+        "800",
+    ),
+    (
+        "IDEM_OPERATIONS__GENERATION_DISPATCH__LEASE__MAX_MS",
+        "10000",
+    ),
+    (
+        "IDEM_OPERATIONS__GENERATION_DISPATCH__WINDOWS__RETENTION_MS",
+        "10800000",
+    ),
+];
 
-[operations."payment.release".retry]
-safe = false
-max_attempts = 4
-backoff = { initial_ms = 20, multiplier = 2.0, max_ms = 200 }
-deadline_ms = 1800000
-usage_budget = 1000
-
-[operations."payment.release".lease]
-default_ms = 800
-max_ms = 10000
-
-[operations."payment.release".windows]
-request_retry_ms = 3600000
-reconciliation_ms = 3600000
-retention_ms = 10800000
-
-[operations."payment.release".fees]
-price = 100
-cancel_before_start = 0
-cancel_after_start_fixed = 10
-usage_unit_price = 1
-
-[operations."generation.dispatch"]
-fingerprint = []
-
-[operations."generation.dispatch".retry]
-safe = true
-max_attempts = 5
-backoff = { initial_ms = 20, multiplier = 2.0, max_ms = 200 }
-deadline_ms = 1800000
-usage_budget = 10000
-
-[operations."generation.dispatch".lease]
-default_ms = 800
-max_ms = 10000
-
-[operations."generation.dispatch".windows]
-request_retry_ms = 3600000
-reconciliation_ms = 3600000
-retention_ms = 10800000
-
-[operations."generation.dispatch".fees]
-price = 50
-cancel_before_start = 0
-cancel_after_start_fixed = 5
-usage_unit_price = 1
-"#;
+/// The configuration of `idem chaos`'s servers: the bundled classes with
+/// [`CHAOS_OVERRIDES`].
+///
+/// # Errors
+/// A [`ConfigError`] if the overrides no longer fit the
+/// bundled configuration.
+pub fn chaos_config() -> Result<Config, ConfigError> {
+    Config::from_toml_with_env(
+        DEFAULT_TOML,
+        CHAOS_OVERRIDES
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+    )
+}
 
 // ---------------------------------------------------------------------------
 // The plan: everything the seed decides
@@ -2525,7 +2544,7 @@ pub async fn run(opts: ChaosOptions) -> Result<ChaosReport> {
         (c, e)
     };
     let config = dir.path().join("chaos.toml");
-    std::fs::write(&config, CHAOS_TOML)?;
+    std::fs::write(&config, chaos_config()?.to_toml()?)?;
     let servers = Arc::new(Servers {
         bin: opts.idem_bin.clone(),
         store_url: store_url.clone(),

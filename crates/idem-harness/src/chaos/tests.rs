@@ -55,7 +55,7 @@ fn same_seed_same_plan_other_seed_other_plan() {
 
 #[test]
 fn the_chaos_configuration_is_valid() {
-    let c = Config::from_toml(CHAOS_TOML).unwrap();
+    let c = chaos_config().unwrap();
     for class in [Class::Payment, Class::Generation] {
         let contract = c.contract(class.operation()).unwrap();
         assert_eq!(contract.retry.safe, class.is_safe());
@@ -94,7 +94,7 @@ fn convert<T: serde::de::DeserializeOwned>(v: &impl Serialize) -> T {
 
 impl Sim {
     fn new(class: Class, n: u128) -> Sim {
-        let config = Config::from_toml(CHAOS_TOML).unwrap();
+        let config = chaos_config().unwrap();
         let params = class.params(u32::try_from(n).unwrap(), 0, 0);
         let (task, j) = machine::accept(
             NewTask {

@@ -3,7 +3,7 @@
 use std::io::Read;
 use std::process::{Command, Stdio};
 
-use crate::support::{BIN, FAST_TOML, Server, store_url};
+use crate::support::{BIN, Server, fast_toml, store_url};
 
 /// SPEC §6: `idem keys create --tenant T --role R` and "store-level commands take
 /// `--store`": the flag is accepted after the subcommand, as documented.
@@ -88,8 +88,9 @@ async fn keys_list_and_revoke() {
 #[tokio::test]
 async fn serve_refuses_retention_shorter_than_the_windows() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let text = FAST_TOML.replace("retention_ms = 86400000", "retention_ms = 7199999");
-    assert_ne!(text, FAST_TOML);
+    let fast = fast_toml();
+    let text = fast.replace("retention_ms = 86400000", "retention_ms = 7199999");
+    assert_ne!(text, fast);
     let path = dir.path().join("bad.toml");
     std::fs::write(&path, text).expect("write");
     let mut child = Command::new(BIN)

@@ -21,59 +21,24 @@ pub const POLL_TIMEOUT: Duration = Duration::from_secs(10);
 /// instances and tests share one PostgreSQL with a limited `max_connections`).
 pub const PG_POOL_SIZE: &str = "8";
 
-/// A fast configuration: the bundled classes with short backoffs, so retries
-/// are quick. Windows and fees are the bundled ones.
-pub const FAST_TOML: &str = r#"
-[operations."payment.release"]
-fingerprint = ["/payee", "/amount", "/currency"]
-
-[operations."payment.release".retry]
-safe = false
-max_attempts = 3
-backoff = { initial_ms = 50, multiplier = 2.0, max_ms = 200 }
-deadline_ms = 3600000
-usage_budget = 1000
-
-[operations."payment.release".lease]
-default_ms = 30000
-max_ms = 300000
-
-[operations."payment.release".windows]
-request_retry_ms = 86400000
-reconciliation_ms = 86400000
-retention_ms = 259200000
-
-[operations."payment.release".fees]
-price = 100
-cancel_before_start = 0
-cancel_after_start_fixed = 10
-usage_unit_price = 1
-
-[operations."generation.dispatch"]
-fingerprint = []
-
-[operations."generation.dispatch".retry]
-safe = true
-max_attempts = 5
-backoff = { initial_ms = 50, multiplier = 2.0, max_ms = 200 }
-deadline_ms = 3600000
-usage_budget = 10000
-
-[operations."generation.dispatch".lease]
-default_ms = 30000
-max_ms = 300000
-
-[operations."generation.dispatch".windows]
-request_retry_ms = 3600000
-reconciliation_ms = 3600000
-retention_ms = 86400000
-
-[operations."generation.dispatch".fees]
-price = 50
-cancel_before_start = 0
-cancel_after_start_fixed = 5
-usage_unit_price = 1
-"#;
+/// A fast configuration as a TOML document: the bundled classes with short
+/// backoffs (50 ms doubling to at most 200 ms), so retries are quick. Windows,
+/// leases and fees are the bundled ones.
+pub fn fast_toml() -> String {
+    let overrides = ["PAYMENT_RELEASE", "GENERATION_DISPATCH"]
+        .into_iter()
+        .flat_map(|class| {
+            [("INITIAL_MS", "50"), ("MAX_MS", "200")].map(|(field, value)| {
+                (
+                    format!("IDEM_OPERATIONS__{class}__RETRY__BACKOFF__{field}"),
+                    value.to_owned(),
+                )
+            })
+        });
+    idem_core::config::Config::from_toml_with_env(idem_core::config::DEFAULT_TOML, overrides)
+        .and_then(|c| c.to_toml())
+        .expect("the fast configuration")
+}
 
 /// A response read to the end.
 #[derive(Debug)]
@@ -166,7 +131,7 @@ impl Options {
     /// The fast configuration.
     pub fn fast() -> Options {
         Options {
-            config: Some(FAST_TOML.to_owned()),
+            config: Some(fast_toml()),
             env: Vec::new(),
         }
     }
