@@ -4,7 +4,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use idem_core::config::Config;
 use idem_core::machine::{self, Authority, Journal, NewTask, Report};
 use idem_core::model::{self, Outcome, Timestamp};
 
