@@ -464,6 +464,39 @@ impl Ctx {
         self.store.report(&self.tenant, a.id, r).await
     }
 
+    /// The task's next attempt (generation 3) is another reconcile, never an
+    /// execute (SPEC §2.5).
+    async fn reconcile_again(&self, op: &str, task: Uuid) -> Attempt {
+        let r = self.claim_due(op, LONG_LEASE, task).await;
+        assert_eq!(
+            r.kind,
+            AttemptKind::Reconcile,
+            "{op}: another reconcile, never execute"
+        );
+        assert_eq!(r.generation, 3);
+        r
+    }
+
+    /// Reconcile attempt `r` reports `committed`: the task was executed once
+    /// only, and its history is complete.
+    async fn commit_after_one_execute(&self, r: &Attempt, task: Uuid) {
+        self.report_ok(
+            r,
+            rep(r.generation, Outcome::Committed)
+                .result(json!({}))
+                .build(),
+        )
+        .await;
+        let executes = self
+            .attempts(task)
+            .await
+            .iter()
+            .filter(|a| a.kind == AttemptKind::Execute)
+            .count();
+        assert_eq!(executes, 1);
+        assert_history(&self.store, task).await;
+    }
+
     async fn report_ok(&self, a: &Attempt, r: Report) -> Task {
         let what = format!(
             "report {} on attempt {} (gen {})",
@@ -1415,29 +1448,8 @@ pub async fn failed_reconcile_leads_to_another_reconcile(store: Store) {
             TaskState::Reconciling,
             "{op}: still reconciling"
         );
-        let r3 = c.claim_due(op, LONG_LEASE, t.id).await;
-        assert_eq!(
-            r3.kind,
-            AttemptKind::Reconcile,
-            "{op}: another reconcile, never execute"
-        );
-        assert_eq!(r3.generation, 3);
-        c.report_ok(
-            &r3,
-            rep(r3.generation, Outcome::Committed)
-                .result(json!({}))
-                .build(),
-        )
-        .await;
-        let attempts = c.attempts(t.id).await;
-        assert_eq!(
-            attempts
-                .iter()
-                .filter(|a| a.kind == AttemptKind::Execute)
-                .count(),
-            1
-        );
-        assert_history(&store, t.id).await;
+        let r3 = c.reconcile_again(op, t.id).await;
+        c.commit_after_one_execute(&r3, t.id).await;
     }
 }
 
@@ -1469,34 +1481,13 @@ pub async fn reconcile_lease_expiry_leads_to_another_reconcile(store: Store) {
             TaskState::Reconciling,
             "{op}: still reconciling"
         );
-        let r3 = c.claim_due(op, LONG_LEASE, t.id).await;
-        assert_eq!(
-            r3.kind,
-            AttemptKind::Reconcile,
-            "{op}: another reconcile, never execute"
-        );
-        assert_eq!(r3.generation, 3);
+        let r3 = c.reconcile_again(op, t.id).await;
         assert_stale(
             c.report(&r2, bare(r2.generation, Outcome::NotCommitted))
                 .await,
             "late reconcile report",
         );
-        c.report_ok(
-            &r3,
-            rep(r3.generation, Outcome::Committed)
-                .result(json!({}))
-                .build(),
-        )
-        .await;
-        let attempts = c.attempts(t.id).await;
-        assert_eq!(
-            attempts
-                .iter()
-                .filter(|a| a.kind == AttemptKind::Execute)
-                .count(),
-            1
-        );
-        assert_history(&store, t.id).await;
+        c.commit_after_one_execute(&r3, t.id).await;
     }
 }
 
