@@ -323,6 +323,49 @@ impl<'v> TaskArrays<'v> {
     }
 }
 
+/// Events as one array per column: `task_id, seq, type, at, data`.
+struct EventArrays<'e> {
+    task_ids: Vec<Uuid>,
+    seqs: Vec<i64>,
+    kinds: Vec<&'e str>,
+    ats: Vec<i64>,
+    data: Vec<String>,
+}
+
+impl<'e> EventArrays<'e> {
+    fn new(events: impl IntoIterator<Item = (Uuid, &'e Event)>) -> Result<EventArrays<'e>> {
+        let mut a = EventArrays {
+            task_ids: Vec::new(),
+            seqs: Vec::new(),
+            kinds: Vec::new(),
+            ats: Vec::new(),
+            data: Vec::new(),
+        };
+        for (task_id, e) in events {
+            a.task_ids.push(task_id);
+            a.seqs.push(e.seq);
+            a.kinds.push(e.kind.as_str());
+            a.ats.push(e.at.ms());
+            a.data.push(to_json("event data", &e.data)?);
+        }
+        Ok(a)
+    }
+
+    fn params(&self) -> [Param<'_>; 5] {
+        [
+            &self.task_ids,
+            &self.seqs,
+            &self.kinds,
+            &self.ats,
+            &self.data,
+        ]
+    }
+}
+
+/// Events ($1–$5, [`EventArrays`]) in one statement.
+const EVENTS_INSERT: &str = "INSERT INTO events (task_id, seq, type, at, data) \
+     SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::bigint[], $5::text[])";
+
 /// New tasks ($1–$27, one array per column of [`TASK_COLUMNS`]) and their
 /// events ($28–$32) in one statement.
 static TASKS_WITH_EVENTS_INSERT: LazyLock<String> = LazyLock::new(|| {
@@ -761,22 +804,14 @@ impl Tx for PgTx<'_> {
             .map(TaskValues::new)
             .collect::<Result<Vec<_>>>()?;
         let arrays = TaskArrays::new(&values);
-        let mut task_ids = Vec::new();
-        let mut seqs = Vec::new();
-        let mut kinds = Vec::new();
-        let mut ats = Vec::new();
-        let mut data = Vec::new();
-        for (task, events) in tasks.iter().zip(events) {
-            for e in events {
-                task_ids.push(task.id);
-                seqs.push(e.seq);
-                kinds.push(e.kind.as_str());
-                ats.push(e.at.ms());
-                data.push(to_json("event data", &e.data)?);
-            }
-        }
+        let events = EventArrays::new(
+            tasks
+                .iter()
+                .zip(events)
+                .flat_map(|(t, events)| events.iter().map(|e| (t.id, e))),
+        )?;
         let mut params: Vec<Param<'_>> = arrays.params().to_vec();
-        params.extend([&task_ids as Param<'_>, &seqs, &kinds, &ats, &data]);
+        params.extend(events.params());
         self.exec(&TASKS_WITH_EVENTS_INSERT, &params).await?;
         Ok(())
     }
@@ -939,19 +974,8 @@ impl Tx for PgTx<'_> {
         if events.is_empty() {
             return Ok(());
         }
-        let seqs: Vec<i64> = events.iter().map(|e| e.seq).collect();
-        let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
-        let ats: Vec<i64> = events.iter().map(|e| e.at.ms()).collect();
-        let data = events
-            .iter()
-            .map(|e| to_json("event data", &e.data))
-            .collect::<Result<Vec<String>>>()?;
-        self.exec(
-            "INSERT INTO events (task_id, seq, type, at, data) \
-             SELECT $1, s, t, a, d FROM unnest($2::bigint[], $3::text[], $4::bigint[], $5::text[]) AS u(s, t, a, d)",
-            &[&task_id, &seqs, &kinds, &ats, &data],
-        )
-        .await?;
+        let arrays = EventArrays::new(events.iter().map(|e| (task_id, e)))?;
+        self.exec(EVENTS_INSERT, &arrays.params()).await?;
         Ok(())
     }
 
