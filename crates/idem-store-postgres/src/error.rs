@@ -64,11 +64,20 @@ pub(crate) fn is_transient(e: &tokio_postgres::Error) -> bool {
 /// password or database name in the URL), so that start-up stops at once.
 pub(crate) fn connect_error(e: deadpool_postgres::PoolError) -> StoreError {
     match e {
-        deadpool_postgres::PoolError::Backend(e) if !is_transient(&e) => StoreError::Config(
-            format!("PostgreSQL refused the connection: {}", map_pg_error(e)),
-        ),
+        deadpool_postgres::PoolError::Backend(e) => connect_pg_error(e),
         other => pool_error(other),
     }
+}
+
+/// As [`connect_error`], for a connection made without the pool.
+pub(crate) fn connect_pg_error(e: tokio_postgres::Error) -> StoreError {
+    if is_transient(&e) {
+        return map_pg_error(e);
+    }
+    StoreError::Config(format!(
+        "PostgreSQL refused the connection: {}",
+        map_pg_error(e)
+    ))
 }
 
 /// A pool failure (no connection within the timeout, cannot connect …).

@@ -5,7 +5,7 @@
 use idem_store::{Result, StoreError};
 use tokio_postgres::NoTls;
 
-use crate::error::{is_transient, map_pg_error};
+use crate::error::{connect_pg_error, is_transient, map_pg_error};
 
 /// The migrations of this binary: `(version, SQL)`, ascending.
 pub const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("../migrations/0001_init.sql"))];
@@ -31,16 +31,9 @@ fn migration_error(e: tokio_postgres::Error) -> StoreError {
 /// [`StoreError::Migration`] when a migration fails or the schema is newer
 /// than this binary.
 pub async fn migrate(url: &str) -> Result<Vec<i32>> {
-    let (mut client, connection) = tokio_postgres::connect(url, NoTls).await.map_err(|e| {
-        if is_transient(&e) {
-            map_pg_error(e)
-        } else {
-            StoreError::Config(format!(
-                "PostgreSQL refused the connection: {}",
-                map_pg_error(e)
-            ))
-        }
-    })?;
+    let (mut client, connection) = tokio_postgres::connect(url, NoTls)
+        .await
+        .map_err(connect_pg_error)?;
     let conn = tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::warn!(error = %e, "migration connection closed with an error");
