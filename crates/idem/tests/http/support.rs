@@ -173,14 +173,20 @@ impl Server {
     /// Starts a server with `opts`.
     pub async fn start_with(opts: Options) -> Server {
         let dir = tempfile::tempdir().expect("tempdir");
+        let keys = Server::create_keys(&store_url(dir.path()));
+        Server::launch(dir, opts, None, keys)
+    }
+
+    /// Writes `opts`' configuration into `dir` and starts the server.
+    fn launch(
+        dir: tempfile::TempDir,
+        opts: Options,
+        shared_store: Option<String>,
+        keys: Keys,
+    ) -> Server {
         if let Some(text) = &opts.config {
             std::fs::write(dir.path().join("idem.toml"), text).expect("write config");
         }
-        let store = store_url(dir.path());
-        let (acme_id, acme) = create_key_at(&store, "acme", "client", None);
-        let (_, other) = create_key_at(&store, "other", "client", None);
-        let (_, exec) = create_key_at(&store, "acme", "executor", None);
-        let (_, exec_other) = create_key_at(&store, "other", "executor", None);
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(60))
             .build()
@@ -190,16 +196,10 @@ impl Server {
             child: None,
             _stdout: None,
             opts,
-            shared_store: None,
+            shared_store,
             url: String::new(),
             http,
-            keys: Keys {
-                acme,
-                acme_id,
-                other,
-                exec,
-                exec_other,
-            },
+            keys,
         };
         server.spawn();
         server
@@ -230,25 +230,7 @@ impl Server {
             opts = opts.env(k, v);
         }
         let dir = tempfile::tempdir().expect("tempdir");
-        if let Some(text) = &opts.config {
-            std::fs::write(dir.path().join("idem.toml"), text).expect("write config");
-        }
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(60))
-            .build()
-            .expect("reqwest client");
-        let mut server = Server {
-            dir,
-            child: None,
-            _stdout: None,
-            opts,
-            shared_store: Some(store.to_owned()),
-            url: String::new(),
-            http,
-            keys: keys.clone(),
-        };
-        server.spawn();
-        server
+        Server::launch(dir, opts, Some(store.to_owned()), keys.clone())
     }
 
     /// The `--store` URL of this server.
