@@ -27,13 +27,15 @@ fn migration_error(e: tokio_postgres::Error) -> StoreError {
 /// versions it applied (empty when the schema was up to date).
 ///
 /// # Errors
-/// [`StoreError::Unavailable`] when the database cannot be reached;
-/// [`StoreError::Migration`] when a migration fails or the schema is newer
-/// than this binary.
+/// [`StoreError::Config`] when `url` does not parse or the server refuses the
+/// role or database; [`StoreError::Unavailable`] when the database cannot be
+/// reached; [`StoreError::Migration`] when a migration fails or the schema is
+/// newer than this binary.
 pub async fn migrate(url: &str) -> Result<Vec<i32>> {
-    let (mut client, connection) = tokio_postgres::connect(url, NoTls)
-        .await
-        .map_err(connect_pg_error)?;
+    let config: tokio_postgres::Config = url
+        .parse()
+        .map_err(|e| StoreError::Config(format!("invalid PostgreSQL URL: {e}")))?;
+    let (mut client, connection) = config.connect(NoTls).await.map_err(connect_pg_error)?;
     let conn = tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::warn!(error = %e, "migration connection closed with an error");

@@ -648,3 +648,18 @@ async fn lost_commit_answer_never_reports_a_new_key_as_replayed() {
     assert!(errors > 0, "the proxy never swallowed a COMMIT answer");
     assert!(created > 0);
 }
+
+/// A malformed URL is a configuration error on every entry point: trying again
+/// cannot help, so start-up must not wait for it.
+#[tokio::test]
+async fn malformed_url_is_a_configuration_error() {
+    let bad = "postgres://postgres@127.0.0.1:notaport/test";
+    assert!(matches!(
+        idem_store_postgres::migrate(bad).await,
+        Err(idem_store::StoreError::Config(_))
+    ));
+    assert!(matches!(
+        connect(bad, PgOptions::default()).await,
+        Err(idem_store::StoreError::Config(_))
+    ));
+}
