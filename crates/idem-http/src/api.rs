@@ -22,7 +22,7 @@ use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
-use crate::auth::Caller;
+use crate::auth::{Caller, SubmitCaller};
 use crate::problem::Problem;
 use crate::{AppResult, BODY_LIMIT_BYTES, MAX_WAIT_MS, St};
 
@@ -266,7 +266,7 @@ fn request_id(headers: &HeaderMap) -> String {
     ))]
 pub async fn submit_task(
     State(st): St,
-    caller: Caller,
+    caller: SubmitCaller,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> AppResult<Response> {
@@ -284,10 +284,11 @@ pub async fn submit_task(
 
 async fn submit_inner(
     st: &crate::AppState,
-    caller: &Caller,
+    submitter: &SubmitCaller,
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> AppResult<(Response, bool)> {
+    let caller = &submitter.caller;
     caller.require(Role::Client)?;
     let key = parse_header_values(
         headers
@@ -344,6 +345,10 @@ async fn submit_inner(
             );
             p.task_id = Some(task_id);
             return Err(p);
+        }
+        SubmitOutcome::KeyRevoked { .. } => {
+            st.keys.remove(&submitter.token_hash);
+            return Err(Problem::unauthenticated("this API key was revoked"));
         }
     };
     let location = format!("/v1/tasks/{}", task.id);

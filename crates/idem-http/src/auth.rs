@@ -2,8 +2,12 @@
 
 use axum::extract::FromRequestParts;
 use axum::http::header::AUTHORIZATION;
+use std::collections::HashMap;
+use std::sync::RwLock;
+
 use axum::http::request::Parts;
 use idem_core::model::{ApiKey, Role};
+use idem_store::hash_api_key;
 
 use crate::AppState;
 use crate::problem::Problem;
@@ -49,27 +53,110 @@ impl FromRequestParts<AppState> for Caller {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        let mut values = parts.headers.get_all(AUTHORIZATION).iter();
-        let (Some(value), None) = (values.next(), values.next()) else {
-            return Err(Problem::unauthenticated(
-                "send exactly one `Authorization: Bearer <api key>` header",
-            ));
-        };
-        // The scheme is case-insensitive (RFC 9110 §11.1).
-        let token = value
-            .to_str()
-            .ok()
-            .and_then(|v| v.trim().split_once([' ', '\t']))
-            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .map(|(_, token)| token.trim())
-            .filter(|t| !t.is_empty())
-            .ok_or_else(|| {
-                Problem::unauthenticated("expected `Authorization: Bearer <api key>`")
-            })?;
-        match state.store.authenticate(token).await? {
-            Some(key) if key.revoked_at.is_none() => Ok(Caller(key)),
-            Some(_) => Err(Problem::unauthenticated("this API key was revoked")),
-            None => Err(Problem::unauthenticated("unknown API key")),
+        let token = bearer_token(parts)?;
+        authenticate(state, token).await.map(Caller)
+    }
+}
+
+/// The API key of a submit (`POST /v1/tasks`): taken from the process's
+/// [`KeyCache`] when this token was authenticated before, else looked up as for
+/// [`Caller`]. The store checks the key again inside the submit transaction
+/// (`idem_store::ops`, [`SubmitOutcome::KeyRevoked`]), so a key revoked since it
+/// was cached is still refused, by the database, before anything is written.
+///
+/// [`SubmitOutcome::KeyRevoked`]: idem_store::ops::SubmitOutcome::KeyRevoked
+pub struct SubmitCaller {
+    /// The key as cached or looked up.
+    pub caller: Caller,
+    /// SHA-256 hex of the bearer token (the cache's key).
+    pub token_hash: String,
+}
+
+impl FromRequestParts<AppState> for SubmitCaller {
+    type Rejection = Problem;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let token = bearer_token(parts)?;
+        let token_hash = hash_api_key(token);
+        if let Some(key) = state.keys.get(&token_hash) {
+            return Ok(SubmitCaller {
+                caller: Caller(key),
+                token_hash,
+            });
+        }
+        let key = authenticate(state, token).await?;
+        state.keys.insert(token_hash.clone(), key.clone());
+        Ok(SubmitCaller {
+            caller: Caller(key),
+            token_hash,
+        })
+    }
+}
+
+/// The token of the one `Authorization: Bearer <token>` header.
+fn bearer_token(parts: &Parts) -> Result<&str, Problem> {
+    let mut values = parts.headers.get_all(AUTHORIZATION).iter();
+    let (Some(value), None) = (values.next(), values.next()) else {
+        return Err(Problem::unauthenticated(
+            "send exactly one `Authorization: Bearer <api key>` header",
+        ));
+    };
+    // The scheme is case-insensitive (RFC 9110 §11.1).
+    value
+        .to_str()
+        .ok()
+        .and_then(|v| v.trim().split_once([' ', '\t']))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim())
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| Problem::unauthenticated("expected `Authorization: Bearer <api key>`"))
+}
+
+/// Looks `token` up in the database; only a known, unrevoked key passes.
+async fn authenticate(state: &AppState, token: &str) -> Result<ApiKey, Problem> {
+    match state.store.authenticate(token).await? {
+        Some(key) if key.revoked_at.is_none() => Ok(key),
+        Some(_) => Err(Problem::unauthenticated("this API key was revoked")),
+        None => Err(Problem::unauthenticated("unknown API key")),
+    }
+}
+
+/// Most keys a [`KeyCache`] holds; when full it starts again empty.
+pub const KEY_CACHE_MAX: usize = 10_000;
+
+/// Unrevoked API keys this process has authenticated, by the SHA-256 hex of
+/// their token (the plain token is never kept). A key's tenant, role and
+/// operation grant never change after creation; only `revoked_at` does, and the
+/// one path that reads this cache (submit) has the store check revocation in
+/// its own transaction. A refused key is removed ([`KeyCache::remove`]).
+#[derive(Debug, Default)]
+pub struct KeyCache {
+    keys: RwLock<HashMap<String, ApiKey>>,
+}
+
+impl KeyCache {
+    /// The cached key of `token_hash`.
+    pub fn get(&self, token_hash: &str) -> Option<ApiKey> {
+        self.keys.read().ok()?.get(token_hash).cloned()
+    }
+
+    /// Caches `key` (an unrevoked key just read from the database).
+    pub fn insert(&self, token_hash: String, key: ApiKey) {
+        if let Ok(mut keys) = self.keys.write() {
+            if keys.len() >= KEY_CACHE_MAX {
+                keys.clear();
+            }
+            keys.insert(token_hash, key);
+        }
+    }
+
+    /// Forgets `token_hash` (its key was refused by the store).
+    pub fn remove(&self, token_hash: &str) {
+        if let Ok(mut keys) = self.keys.write() {
+            keys.remove(token_hash);
         }
     }
 }

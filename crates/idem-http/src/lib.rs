@@ -31,7 +31,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 mod api;
-mod auth;
+pub mod auth;
 pub mod problem;
 
 pub use api::{ClaimBody, HeartbeatBody, ReportBody, SubmitBody};
@@ -55,6 +55,8 @@ pub struct AppState {
     /// The contract of each operation class, built once from `config` (its
     /// `config_version` is a SHA-256 of the whole configuration).
     pub contracts: Arc<std::collections::HashMap<String, idem_core::config::Contract>>,
+    /// API keys authenticated by this process, for submits (see [`auth::KeyCache`]).
+    pub keys: Arc<auth::KeyCache>,
 }
 
 impl AppState {
@@ -70,6 +72,7 @@ impl AppState {
             config: Arc::new(config),
             work: Arc::new(Notify::new()),
             contracts: Arc::new(contracts),
+            keys: Arc::new(auth::KeyCache::default()),
         }
     }
 }

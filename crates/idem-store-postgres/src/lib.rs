@@ -405,6 +405,12 @@ impl Backend for PgBackend {
         Box::pin(PgBackend::run(self.pool.clone(), op, max_retries))
     }
 
+    /// Submits are answered by the submit lanes, tasks of their own: a dropped
+    /// caller never cuts a batch short.
+    fn runs_detached(&self, op: &Op) -> bool {
+        matches!(op, Op::Submit(_))
+    }
+
     fn ping(&self) -> BoxFuture<'_, Result<()>> {
         Box::pin(async move {
             let client = self.pool.get().await.map_err(error::pool_error)?;

@@ -602,6 +602,16 @@ impl Tx for PgTx<'_> {
         Ok(())
     }
 
+    async fn live_api_keys(&mut self, ids: &[Uuid]) -> Result<std::collections::HashSet<Uuid>> {
+        let rows = self
+            .query(
+                "SELECT id FROM api_keys WHERE id = ANY($1) AND revoked_at IS NULL",
+                &[&ids],
+            )
+            .await?;
+        rows.iter().map(|r| get::<Uuid>(r, "id")).collect()
+    }
+
     async fn api_key_by_hash(&mut self, hash: &str) -> Result<Option<ApiKey>> {
         self.query_opt(
             &format!("SELECT {KEY_COLS} FROM api_keys WHERE key_hash = $1"),

@@ -226,6 +226,7 @@ async fn concurrent_identical_submits_yield_one_task() {
                 ids.insert(t.id);
             }
             SubmitOutcome::Conflict { .. } => panic!("same fingerprint must not conflict"),
+            SubmitOutcome::KeyRevoked { .. } => panic!("the key is live"),
         }
     }
     assert_eq!(created, 1);

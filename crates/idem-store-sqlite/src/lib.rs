@@ -346,6 +346,12 @@ impl Backend for SqliteBackend {
         })
     }
 
+    /// Every writing operation runs on the writer thread, which commits or rolls
+    /// back whether or not the caller still waits.
+    fn runs_detached(&self, op: &Op) -> bool {
+        op.writes()
+    }
+
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async move {
             let readers = Arc::clone(&self.readers);

@@ -70,6 +70,7 @@ macro_rules! store_conformance {
             same_key_other_operation_is_another_scope,
             concurrent_identical_submits_create_one_task,
             concurrent_conflicting_submits_create_one_task,
+            revoked_key_submits_nothing,
             first_event_records_acceptance_decision,
             claim_leases_first_attempt_with_params,
             claim_respects_tenant_operations_and_max,
@@ -1001,10 +1002,66 @@ pub async fn concurrent_conflicting_submits_create_one_task(store: Store) {
                     assert_eq!(*task_id, winner.id, "the conflict names the winner");
                     assert_ne!(*fp, winner.fingerprint, "the winner's twin never conflicts");
                 }
+                SubmitOutcome::KeyRevoked { .. } => panic!("round {round}: the key is live"),
             }
         }
         assert_history(&store, winner.id).await;
     }
+}
+
+/// A submit checks its API key in its own transaction: once the key is revoked,
+/// its submissions are refused (`KeyRevoked`) and write nothing, neither a new
+/// scope nor a replay, while another key's submissions in the same batch go on
+/// (SPEC §4 Auth: a revoked key is refused on the next request).
+pub async fn revoked_key_submits_nothing(store: Store) {
+    let live = Ctx::new(&store, "acme").await;
+    let gone = Ctx::new(&store, "acme").await;
+    let contract = contract(SAFE);
+    let before = gone.submission(SAFE, "before-revoke", params(SAFE, 1), &contract);
+    let t = created(gone.submit(before.clone()).await);
+    must(store.revoke_api_key(gone.key.id).await, "revoke_api_key");
+    let fresh = gone.submission(SAFE, "after-revoke", params(SAFE, 2), &contract);
+    for s in [fresh.clone(), before.clone()] {
+        match gone.submit(s).await {
+            SubmitOutcome::KeyRevoked { api_key_id } => assert_eq!(api_key_id, gone.key.id),
+            other => panic!("a revoked key's submit must be refused, got {other:?}"),
+        }
+    }
+    let other = live.submission(SAFE, "live-key", params(SAFE, 3), &contract);
+    let batch = vec![fresh.clone(), other.clone(), before.clone(), other.clone()];
+    let out = match must(
+        store.execute(crate::ops::Op::SubmitBatch(batch)).await,
+        "batch",
+    ) {
+        crate::ops::Output::SubmittedBatch(o) => o,
+        other => panic!("SubmitBatch answered {other:?}"),
+    };
+    assert!(
+        matches!(
+            out.as_slice(),
+            [
+                SubmitOutcome::KeyRevoked { .. },
+                SubmitOutcome::Created(_),
+                SubmitOutcome::KeyRevoked { .. },
+                SubmitOutcome::Replayed(_),
+            ]
+        ),
+        "only the revoked key's submissions are refused: {out:?}"
+    );
+    assert!(
+        matches!(
+            store.find_task("acme", SAFE, "after-revoke").await,
+            Ok(Err(Refusal::NotFound))
+        ),
+        "a refused submit writes no scope"
+    );
+    assert_eq!(
+        gone.events(t.id).await.len(),
+        1,
+        "a refused replay writes nothing"
+    );
+    let created_other = ok2(store.find_task("acme", SAFE, "live-key").await, "find_task");
+    assert_eq!(created_other.control.api_key_id, live.key.id);
 }
 
 /// The first event is `task_submitted` with the fingerprint, canonical request

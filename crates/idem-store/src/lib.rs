@@ -159,6 +159,31 @@ pub trait Tx: Send {
         }
     }
 
+    /// Of `ids`, the API keys that exist and are not revoked, read inside this
+    /// transaction (a submit's key is checked where its task is written, so a
+    /// revoked key is refused by the database even if the HTTP layer had cached
+    /// it). Backends may override the default (one key at a time) with one
+    /// statement.
+    fn live_api_keys(
+        &mut self,
+        ids: &[Uuid],
+    ) -> impl Future<Output = Result<std::collections::HashSet<Uuid>>> + Send {
+        async move {
+            let mut live = std::collections::HashSet::new();
+            for id in ids {
+                if live.contains(id) {
+                    continue;
+                }
+                if let Some(key) = self.api_key(*id).await?
+                    && key.revoked_at.is_none()
+                {
+                    live.insert(*id);
+                }
+            }
+            Ok(live)
+        }
+    }
+
     /// Inserts new tasks, each with its events (`events[i]` belongs to
     /// `tasks[i]`). Backends may override the default (one task, then its
     /// events, at a time) with one statement.
@@ -274,6 +299,14 @@ pub trait Backend: Send + Sync + 'static {
     /// through [`Store::execute`], which runs writing operations on their own
     /// task, so a backend need not detach them again.
     fn execute(&self, op: Op) -> BoxFuture<'_, Result<Output>>;
+    /// Whether `execute(op)` already runs to its commit or rollback when the
+    /// caller's future is dropped (the backend hands `op` to a writer thread or
+    /// batcher task of its own); [`Store::execute`] then does not spawn a task
+    /// for it. Default: `false`.
+    fn runs_detached(&self, op: &Op) -> bool {
+        let _ = op;
+        false
+    }
     /// Whether the database answers (readiness).
     fn ping(&self) -> BoxFuture<'_, Result<()>>;
     /// `sqlite` or `postgres`.
@@ -348,7 +381,7 @@ impl Store {
             },
             None => op,
         };
-        if !op.writes() {
+        if !op.writes() || self.backend.runs_detached(&op) {
             return self.backend.execute(op).await;
         }
         let backend = Arc::clone(&self.backend);

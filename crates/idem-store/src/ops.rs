@@ -49,6 +49,13 @@ pub enum SubmitOutcome {
         /// The original task.
         task_id: Uuid,
     },
+    /// The submitting API key was revoked (or is gone) when the transaction
+    /// checked it: nothing changed, and no replay or conflict was revealed
+    /// (SPEC §4 Auth, `UNAUTHENTICATED`).
+    KeyRevoked {
+        /// The refused key.
+        api_key_id: Uuid,
+    },
 }
 
 /// A claim request (SPEC §4 `POST /v1/attempts/claim`).
@@ -453,6 +460,42 @@ async fn persist<T: Tx>(tx: &mut T, task: &Task, loaded: (i64, i64), j: &Journal
 /// statement and is a replay (same fingerprint) or a conflict. Two submissions
 /// of one scope in the same batch behave as if sent one after the other.
 async fn submit_batch<T: Tx>(tx: &mut T, subs: &[Submission]) -> Result<Vec<SubmitOutcome>> {
+    // The submitting keys are checked here, in the transaction that writes: a
+    // key revoked before this check is refused even when the HTTP layer had it
+    // cached, and its submissions touch nothing.
+    let mut ids: Vec<Uuid> = subs.iter().map(|s| s.api_key_id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let live = tx.live_api_keys(&ids).await?;
+    if live.len() < ids.len() {
+        let (ok, refused): (Vec<_>, Vec<_>) = subs
+            .iter()
+            .enumerate()
+            .partition(|(_, s)| live.contains(&s.api_key_id));
+        let kept: Vec<Submission> = ok.iter().map(|(_, s)| (*s).clone()).collect();
+        let mut done = submit_live(tx, &kept).await?.into_iter();
+        let mut outcomes: Vec<Option<SubmitOutcome>> = vec![None; subs.len()];
+        for (i, s) in refused {
+            outcomes[i] = Some(SubmitOutcome::KeyRevoked {
+                api_key_id: s.api_key_id,
+            });
+        }
+        for (i, _) in ok {
+            outcomes[i] = done.next();
+        }
+        return outcomes
+            .into_iter()
+            .map(|o| o.ok_or_else(|| StoreError::Corrupt("batch lost an outcome".into())))
+            .collect();
+    }
+    submit_live(tx, subs).await
+}
+
+/// [`submit_batch`] once every submitting key has been checked live.
+async fn submit_live<T: Tx>(tx: &mut T, subs: &[Submission]) -> Result<Vec<SubmitOutcome>> {
+    if subs.is_empty() {
+        return Ok(Vec::new());
+    }
     let now = tx.now().await?;
     let rows: Vec<ScopeRow> = subs
         .iter()

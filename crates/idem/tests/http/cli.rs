@@ -3,7 +3,9 @@
 use std::io::Read;
 use std::process::{Command, Stdio};
 
-use crate::support::{BIN, Server, fast_toml, store_url};
+use serde_json::json;
+
+use crate::support::{BIN, Server, fast_toml, generation, ikey, store_url};
 
 /// SPEC §6: `idem keys create --tenant T --role R` and "store-level commands take
 /// `--store`": the flag is accepted after the subcommand, as documented.
@@ -81,6 +83,42 @@ async fn keys_list_and_revoke() {
     // Revoking an unknown id fails.
     let (ok, _, _) = srv.cli(&["keys", "revoke", &uuid::Uuid::new_v4().to_string()]);
     assert!(!ok);
+}
+
+/// A submitting key is cached by the server after its first submit, yet a
+/// revocation (by the CLI, another process) refuses its very next submit: the
+/// store checks the key inside the submit transaction. Neither a new key nor a
+/// replay gets through, and nothing is written.
+#[tokio::test]
+async fn revoked_key_is_refused_on_its_next_submit_although_cached() {
+    let srv = Server::start().await;
+    let (id, plain) = srv.create_key("acme", "client", None);
+    let first = ikey();
+    for expect_replayed in [false, true] {
+        let r = srv
+            .submit_as(&plain, &first, "generation.dispatch", generation("a"))
+            .await;
+        assert_eq!(r.ok(201)["meta"]["replayed"], json!(expect_replayed));
+    }
+    srv.revoke_key(&id);
+    let fresh = ikey();
+    for key in [&fresh, &first] {
+        let r = srv
+            .submit_as(&plain, key, "generation.dispatch", generation("a"))
+            .await;
+        r.assert_problem(401, "UNAUTHENTICATED");
+    }
+    // Still refused once the server has dropped it from its cache.
+    srv.submit_as(&plain, &fresh, "generation.dispatch", generation("a"))
+        .await
+        .assert_problem(401, "UNAUTHENTICATED");
+    // Nothing was written for the refused new key: acme's other key finds the
+    // first task, and no task under the refused key.
+    let lookup = |k: &str| format!("/v1/tasks?operation=generation.dispatch&idempotency_key={k}");
+    srv.get(&lookup(&first), &srv.keys.acme).await.ok(200);
+    srv.get(&lookup(&fresh), &srv.keys.acme)
+        .await
+        .assert_problem(404, "NOT_FOUND");
 }
 
 /// SPEC §2.9: a configuration whose retention is shorter than
