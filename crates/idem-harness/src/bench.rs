@@ -10,14 +10,21 @@
 //!   `INSERT … ON CONFLICT DO NOTHING` of the same row shape.
 
 use std::collections::BTreeMap;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use hdrhistogram::Histogram;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper::client::conn::http1::{Connection, SendRequest};
+use hyper::header::HeaderValue;
+use hyper_util::rt::TokioIo;
 use serde::Serialize;
-use serde_json::json;
+use serde_json::{Value, json};
+use tokio::net::TcpStream;
 
 use crate::server;
 
@@ -107,7 +114,7 @@ pub struct ModeResult {
     pub statuses: BTreeMap<u16, u64>,
 }
 
-fn params(i: usize, salt: &str) -> serde_json::Value {
+fn params(i: usize, salt: &str) -> Value {
     json!({"prompt": format!("render frame {i} {salt}"), "model": "v2", "steps": 30, "seed": i})
 }
 
@@ -139,10 +146,7 @@ pub async fn run(opts: BenchOptions) -> Result<Vec<ModeResult>> {
             (Some(s), url, key, kind)
         }
     };
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(opts.concurrency * 2)
-        .timeout(Duration::from_secs(30))
-        .build()?;
+    let target = Target::new(&url, &key)?;
     let baseline = if opts.no_baseline {
         None
     } else {
@@ -158,35 +162,114 @@ pub async fn run(opts: BenchOptions) -> Result<Vec<ModeResult>> {
     };
     let mut results = Vec::new();
     for (round, mode) in opts.modes.iter().enumerate() {
-        let r = run_mode(
-            &client,
-            &url,
-            &key,
-            *mode,
-            &opts,
-            round,
-            &store_kind,
-            baseline,
-        )
-        .await?;
+        let r = run_mode(&target, *mode, &opts, round, &store_kind, baseline).await?;
         results.push(r);
     }
     drop(in_process);
     Ok(results)
 }
 
-struct Shared {
-    url: String,
-    key: String,
-    next: AtomicU64,
-    salt: String,
+/// Where the load goes: the server's address and the parts every request
+/// shares, parsed once.
+struct Target {
+    /// `host:port` to connect to.
+    addr: String,
+    /// `Host` header value.
+    host: HeaderValue,
+    /// `Authorization: Bearer …` value.
+    auth: HeaderValue,
 }
 
-#[allow(clippy::too_many_arguments)]
+impl Target {
+    fn new(url: &str, api_key: &str) -> Result<Target> {
+        let parsed = reqwest::Url::parse(url).with_context(|| format!("--url {url}"))?;
+        if parsed.scheme() != "http" {
+            bail!("--url must be http:// (the load generator speaks plain HTTP/1.1)");
+        }
+        let host = parsed.host_str().context("--url has no host")?;
+        let port = parsed.port_or_known_default().unwrap_or(80);
+        let addr = format!("{host}:{port}");
+        Ok(Target {
+            host: HeaderValue::from_str(&addr)?,
+            auth: HeaderValue::from_str(&format!("Bearer {api_key}"))?,
+            addr,
+        })
+    }
+}
+
+/// One load-generating client's keep-alive HTTP/1.1 connection: hyper's
+/// client connection, driven inside the client's own task (no pool, no
+/// per-request URL parsing, no hand-off to a connection task), so the load
+/// generator takes as little of the shared CPU as it can, as wrk does.
+struct Conn {
+    sender: SendRequest<Full<Bytes>>,
+    conn: Pin<Box<Connection<TokioIo<TcpStream>, Full<Bytes>>>>,
+}
+
+impl Conn {
+    async fn open(target: &Target) -> Result<Conn> {
+        let stream = TcpStream::connect(&target.addr)
+            .await
+            .with_context(|| format!("connecting to {}", target.addr))?;
+        stream.set_nodelay(true)?;
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        Ok(Conn {
+            sender,
+            conn: Box::pin(conn),
+        })
+    }
+
+    /// Submits `params` under idempotency key `key`; returns the HTTP status
+    /// after reading the whole answer.
+    async fn submit(&mut self, target: &Target, key: &str, params: Value) -> Result<u16> {
+        let body =
+            serde_json::to_vec(&json!({"operation": "generation.dispatch", "params": params}))?;
+        let req = hyper::Request::post("/v1/tasks")
+            .header(hyper::header::HOST, target.host.clone())
+            .header(hyper::header::AUTHORIZATION, target.auth.clone())
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .header("idempotency-key", format!("\"{key}\""))
+            .body(Full::new(Bytes::from(body)))?;
+        drive(&mut self.conn, self.sender.ready()).await??;
+        let res = drive(&mut self.conn, self.sender.send_request(req)).await??;
+        let status = res.status().as_u16();
+        drive(&mut self.conn, res.into_body().collect()).await??;
+        Ok(status)
+    }
+}
+
+/// Runs `fut` while driving `conn`; fails if the connection ends first.
+async fn drive<T>(
+    conn: &mut Pin<Box<Connection<TokioIo<TcpStream>, Full<Bytes>>>>,
+    fut: impl Future<Output = T>,
+) -> Result<T> {
+    tokio::pin!(fut);
+    tokio::select! {
+        biased;
+        out = &mut fut => Ok(out),
+        end = conn.as_mut() => {
+            end?;
+            bail!("the server closed the connection")
+        }
+    }
+}
+
+/// Submits on `conn`, reconnecting once when the connection was lost.
+async fn submit(conn: &mut Option<Conn>, target: &Target, key: &str, params: Value) -> Result<u16> {
+    if let Some(c) = conn.as_mut()
+        && let Ok(status) = c.submit(target, key, params.clone()).await
+    {
+        return Ok(status);
+    }
+    *conn = None;
+    let mut fresh = Conn::open(target).await?;
+    let status = fresh.submit(target, key, params).await?;
+    *conn = Some(fresh);
+    Ok(status)
+}
+
 async fn run_mode(
-    client: &reqwest::Client,
-    url: &str,
-    key: &str,
+    target: &Target,
     mode: Mode,
     opts: &BenchOptions,
     round: usize,
@@ -194,19 +277,15 @@ async fn run_mode(
     baseline: Option<f64>,
 ) -> Result<ModeResult> {
     let salt = format!("{}-{round}", uuid::Uuid::new_v4().simple());
-    let shared = Arc::new(Shared {
-        url: format!("{url}/v1/tasks"),
-        key: key.to_owned(),
-        next: AtomicU64::new(0),
-        salt: salt.clone(),
-    });
+    let next = Arc::new(AtomicU64::new(0));
     // Seed keys for replay / conflict / mixed.
     let seeds = opts.concurrency.max(16);
     if matches!(mode, Mode::Replay | Mode::Conflict | Mode::Mixed) {
+        let mut conn = None;
         for i in 0..seeds {
             let status = submit(
-                client,
-                &shared,
+                &mut conn,
+                target,
                 &format!("seed-{salt}-{i}"),
                 params(i, &salt),
             )
@@ -230,46 +309,46 @@ async fn run_mode(
     let started = Instant::now();
     let mut workers = Vec::new();
     for _ in 0..opts.concurrency {
-        let shared = Arc::clone(&shared);
-        let client = client.clone();
+        let next = Arc::clone(&next);
+        let salt = salt.clone();
+        let target = Target {
+            addr: target.addr.clone(),
+            host: target.host.clone(),
+            auth: target.auth.clone(),
+        };
         let bar = bar.clone();
         let count = opts.count as u64;
         workers.push(tokio::spawn(async move {
+            let mut conn = Some(Conn::open(&target).await?);
             let mut hist = Histogram::<u64>::new_with_bounds(1, 120_000_000, 3)
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
             let mut statuses: BTreeMap<u16, u64> = BTreeMap::new();
             loop {
-                let i = shared.next.fetch_add(1, Ordering::Relaxed);
+                let i = next.fetch_add(1, Ordering::Relaxed);
                 if i >= count {
                     break;
                 }
                 let i = i as usize;
                 let seed = i % seeds;
                 let (key, body) = match mode {
-                    Mode::New => (format!("new-{}-{i}", shared.salt), params(i, &shared.salt)),
-                    Mode::Replay => (
-                        format!("seed-{}-{seed}", shared.salt),
-                        params(seed, &shared.salt),
-                    ),
+                    Mode::New => (format!("new-{}-{i}", salt), params(i, &salt)),
+                    Mode::Replay => (format!("seed-{}-{seed}", salt), params(seed, &salt)),
                     Mode::Conflict => (
-                        format!("seed-{}-{seed}", shared.salt),
-                        params(seed + 1_000_000, &shared.salt),
+                        format!("seed-{}-{seed}", salt),
+                        params(seed + 1_000_000, &salt),
                     ),
-                    Mode::Storm => (format!("storm-{}", shared.salt), params(0, &shared.salt)),
+                    Mode::Storm => (format!("storm-{}", salt), params(0, &salt)),
                     Mode::Mixed => match i % 10 {
-                        0..=6 => (format!("new-{}-{i}", shared.salt), params(i, &shared.salt)),
-                        7 | 8 => (
-                            format!("seed-{}-{seed}", shared.salt),
-                            params(seed, &shared.salt),
-                        ),
+                        0..=6 => (format!("new-{}-{i}", salt), params(i, &salt)),
+                        7 | 8 => (format!("seed-{}-{seed}", salt), params(seed, &salt)),
                         _ => (
-                            format!("seed-{}-{seed}", shared.salt),
-                            params(seed + 1_000_000, &shared.salt),
+                            format!("seed-{}-{seed}", salt),
+                            params(seed + 1_000_000, &salt),
                         ),
                     },
                 };
                 let t = Instant::now();
-                let status = submit(&client, &shared, &key, body).await.unwrap_or(0);
+                let status = submit(&mut conn, &target, &key, body).await.unwrap_or(0);
                 let us = u64::try_from(t.elapsed().as_micros())
                     .unwrap_or(u64::MAX)
                     .max(1);
@@ -319,24 +398,6 @@ async fn run_mode(
         ratio: baseline.map(|b| throughput / b),
         statuses,
     })
-}
-
-async fn submit(
-    client: &reqwest::Client,
-    s: &Shared,
-    key: &str,
-    params: serde_json::Value,
-) -> Result<u16> {
-    let res = client
-        .post(&s.url)
-        .bearer_auth(&s.key)
-        .header("Idempotency-Key", format!("\"{key}\""))
-        .json(&json!({"operation": "generation.dispatch", "params": params}))
-        .send()
-        .await?;
-    let status = res.status().as_u16();
-    let _ = res.bytes().await?;
-    Ok(status)
 }
 
 /// Raw rusqlite inserts of the same row shape with idem's pragmas, one durable

@@ -237,3 +237,54 @@ async fn second_serve_on_one_sqlite_file_is_refused() {
     srv.restart();
     assert!(srv.is_running());
 }
+
+/// Runs `idem bench … --json` and returns one object per mode, checking the
+/// documented fields (issue 6, acceptance 1).
+pub fn bench_json(args: &[&str]) -> Vec<serde_json::Value> {
+    let out = Command::new(BIN)
+        .arg("bench")
+        .args(args)
+        .args(["--concurrency", "4", "--count", "120", "--json"])
+        .output()
+        .expect("run idem bench");
+    assert!(
+        out.status.success(),
+        "idem bench failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect();
+    for r in &rows {
+        for field in [
+            "throughput_rps",
+            "p50_ms",
+            "p90_ms",
+            "p99_ms",
+            "max_ms",
+            "baseline_rps",
+            "ratio",
+        ] {
+            assert!(r[field].as_f64().is_some_and(|v| v > 0.0), "{field} in {r}");
+        }
+        assert!(r["p50_ms"].as_f64() <= r["p99_ms"].as_f64(), "{r}");
+        assert_eq!(
+            r["unexpected"],
+            json!(0),
+            "every answer as the mode expects: {r}"
+        );
+        assert_eq!(r["requests"], json!(120), "{r}");
+    }
+    rows
+}
+
+/// `idem bench` on its in-process SQLite server: every mode answers as
+/// expected, with latency percentiles and the same-run raw-insert baseline.
+#[tokio::test]
+async fn bench_runs_every_mode_on_sqlite_with_its_baseline() {
+    let rows = bench_json(&["--mode", "new,replay,conflict,storm,mixed"]);
+    let modes: Vec<&str> = rows.iter().filter_map(|r| r["mode"].as_str()).collect();
+    assert_eq!(modes, ["new", "replay", "conflict", "storm", "mixed"]);
+    assert!(rows.iter().all(|r| r["store"] == json!("sqlite")));
+}
