@@ -275,6 +275,7 @@ pub async fn submit_task(
         Ok((_, true)) => "replayed",
         Ok((_, false)) => "created",
         Err(p) if p.code == "IDEMPOTENCY_CONFLICT" => "conflict",
+        Err(p) if p.status == 401 => "unauthenticated",
         Err(p) if p.status == 503 || p.status == 500 => "error",
         Err(_) => "invalid",
     };
@@ -288,47 +289,13 @@ async fn submit_inner(
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> AppResult<(Response, bool)> {
-    let caller = &submitter.caller;
-    caller.require(Role::Client)?;
-    let key = parse_header_values(
-        headers
-            .get_all("idempotency-key")
-            .iter()
-            .map(HeaderValue::as_bytes),
-    )
-    .map_err(|e| Problem::new(StatusCode::BAD_REQUEST, e.problem_code(), e.to_string()))?;
-    let (_, body): (Value, SubmitBody) = strict_body(body)?;
-    let Some(class) = st.config.operations.get(&body.operation) else {
-        return Err(Problem::invalid(format!(
-            "unknown operation `{}`",
-            body.operation
-        )));
+    let (key, submission) = match prepare_submission(st, &submitter.caller, headers, body) {
+        Ok(v) => v,
+        // Refused before the store saw it: a cached key is confirmed first, so
+        // a revoked key learns nothing but 401.
+        Err(p) => return Err(submitter.confirm(st, p).await),
     };
-    if !body.params.is_object() {
-        return Err(Problem::invalid("`params` must be a JSON object"));
-    }
-    caller.require_grant(&body.operation)?;
-    let canonical = canonical_request(&body.operation, &body.params, &class.fingerprint)
-        .map_err(|e| Problem::invalid(e.to_string()))?;
-    let contract = st
-        .contracts
-        .get(&body.operation)
-        .cloned()
-        .ok_or_else(|| Problem::invalid("unknown operation"))?;
-    let outcome = st
-        .store
-        .submit(Submission {
-            tenant: caller.0.tenant.clone(),
-            operation: body.operation.clone(),
-            idempotency_key: key.as_str().to_owned(),
-            fingerprint: canonical.fingerprint.to_string(),
-            canonical_request: canonical.canonical,
-            params: body.params,
-            contract,
-            api_key_id: caller.0.id,
-            grant: caller.0.operations.clone(),
-        })
-        .await?;
+    let outcome = st.store.submit(submission).await?;
     let (task, replayed) = match outcome {
         SubmitOutcome::Created(t) => {
             st.work.notify_waiters();
@@ -355,7 +322,7 @@ async fn submit_inner(
     let body = SubmitResponse {
         meta: Meta {
             request_id: request_id(headers),
-            idempotency_key: key.as_str().to_owned(),
+            idempotency_key: key,
             replayed,
         },
         task,
@@ -369,6 +336,55 @@ async fn submit_inner(
             .insert("idempotent-replayed", HeaderValue::from_static("true"));
     }
     Ok((res, replayed))
+}
+
+/// Validates and fingerprints a submit (role, `Idempotency-Key`, strict body,
+/// operation class, grant, RFC 8785 canonical request); returns the parsed
+/// idempotency key and the submission for the store.
+fn prepare_submission(
+    st: &crate::AppState,
+    caller: &Caller,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> AppResult<(String, Submission)> {
+    caller.require(Role::Client)?;
+    let key = parse_header_values(
+        headers
+            .get_all("idempotency-key")
+            .iter()
+            .map(HeaderValue::as_bytes),
+    )
+    .map_err(|e| Problem::new(StatusCode::BAD_REQUEST, e.problem_code(), e.to_string()))?;
+    let (_, body): (Value, SubmitBody) = strict_body(body)?;
+    let Some(class) = st.config.operations.get(&body.operation) else {
+        return Err(Problem::invalid(format!(
+            "unknown operation `{}`",
+            body.operation
+        )));
+    };
+    if !body.params.is_object() {
+        return Err(Problem::invalid("`params` must be a JSON object"));
+    }
+    caller.require_grant(&body.operation)?;
+    let canonical = canonical_request(&body.operation, &body.params, &class.fingerprint)
+        .map_err(|e| Problem::invalid(e.to_string()))?;
+    let contract = st
+        .contracts
+        .get(&body.operation)
+        .cloned()
+        .ok_or_else(|| Problem::invalid("unknown operation"))?;
+    let submission = Submission {
+        tenant: caller.0.tenant.clone(),
+        operation: body.operation.clone(),
+        idempotency_key: key.as_str().to_owned(),
+        fingerprint: canonical.fingerprint.to_string(),
+        canonical_request: canonical.canonical,
+        params: body.params,
+        contract,
+        api_key_id: caller.0.id,
+        grant: caller.0.operations.clone(),
+    };
+    Ok((key.as_str().to_owned(), submission))
 }
 
 /// Look a task up by scope after a timeout.

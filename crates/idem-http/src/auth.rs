@@ -70,6 +70,30 @@ pub struct SubmitCaller {
     pub caller: Caller,
     /// SHA-256 hex of the bearer token (the cache's key).
     pub token_hash: String,
+    /// The bearer token, when the key came from the cache (to confirm it).
+    cached_token: Option<String>,
+}
+
+impl SubmitCaller {
+    /// The answer to send instead of `refusal`, a refusal made before the store
+    /// checked the key: for a cached key, the database is asked first, and a
+    /// key revoked (or gone) since it was cached gets 401 and leaves the cache,
+    /// so a revoked key learns nothing else (SPEC §4 Auth). A failing store
+    /// answers 503.
+    pub async fn confirm(&self, state: &AppState, refusal: Problem) -> Problem {
+        let Some(token) = &self.cached_token else {
+            return refusal;
+        };
+        match authenticate(state, token).await {
+            Ok(_) => refusal,
+            Err(p) => {
+                if p.status == 401 {
+                    state.keys.remove(&self.token_hash);
+                }
+                p
+            }
+        }
+    }
 }
 
 impl FromRequestParts<AppState> for SubmitCaller {
@@ -85,13 +109,18 @@ impl FromRequestParts<AppState> for SubmitCaller {
             return Ok(SubmitCaller {
                 caller: Caller(key),
                 token_hash,
+                cached_token: Some(token.to_owned()),
             });
         }
         let key = authenticate(state, token).await?;
-        state.keys.insert(token_hash.clone(), key.clone());
+        // Only keys that may submit at all are worth keeping.
+        if key.has_role(Role::Client) {
+            state.keys.insert(token_hash.clone(), key.clone());
+        }
         Ok(SubmitCaller {
             caller: Caller(key),
             token_hash,
+            cached_token: None,
         })
     }
 }

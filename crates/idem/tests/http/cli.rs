@@ -5,7 +5,7 @@ use std::process::{Command, Stdio};
 
 use serde_json::json;
 
-use crate::support::{BIN, Server, fast_toml, generation, ikey, store_url};
+use crate::support::{BIN, Server, fast_toml, generation, ikey, send, store_url};
 
 /// SPEC §6: `idem keys create --tenant T --role R` and "store-level commands take
 /// `--store`": the flag is accepted after the subcommand, as documented.
@@ -119,6 +119,66 @@ async fn revoked_key_is_refused_on_its_next_submit_although_cached() {
     srv.get(&lookup(&fresh), &srv.keys.acme)
         .await
         .assert_problem(404, "NOT_FOUND");
+}
+
+/// SPEC §4 "no or bad credentials → 401": a revoked key that the server had
+/// cached gets 401 on a submit whatever else is wrong with the request (no
+/// other refusal tells it anything), and so does a revoked executor key that
+/// once tried to submit. (Found by a breaker session.)
+#[tokio::test]
+async fn revoked_cached_key_is_401_even_for_a_bad_request() {
+    let srv = Server::start().await;
+    let (id, plain) = srv.create_key("acme", "client", Some("generation.dispatch"));
+    let (eid, exec) = srv.create_key("acme", "executor", None);
+    srv.submit_as(&plain, &ikey(), "generation.dispatch", generation("a"))
+        .await
+        .ok(201);
+    srv.submit_as(&exec, &ikey(), "generation.dispatch", generation("a"))
+        .await
+        .assert_problem(403, "PERMISSION_DENIED");
+    // While the key is live, a bad request is refused for what it is.
+    send(
+        srv.submit_req(&plain)
+            .body(r#"{"operation": "generation.dispatch", "params": {}}"#),
+    )
+    .await
+    .assert_problem(400, "IDEMPOTENCY_KEY_MISSING");
+    srv.revoke_key(&id);
+    srv.revoke_key(&eid);
+    let mut wrong = Vec::new();
+    let r = send(
+        srv.submit_req(&plain)
+            .body(r#"{"operation": "generation.dispatch", "params": {}}"#),
+    )
+    .await;
+    wrong.push(("missing Idempotency-Key", r.status));
+    let r = send(
+        srv.submit_req(&plain)
+            .header("Idempotency-Key", ikey())
+            .body("{\"operation\":"),
+    )
+    .await;
+    wrong.push(("bad JSON", r.status));
+    let r = srv
+        .submit_as(
+            &plain,
+            &ikey(),
+            "payment.release",
+            json!({"payee": "p", "amount": 1, "currency": "EUR"}),
+        )
+        .await;
+    wrong.push(("ungranted operation", r.status));
+    for _ in 0..2 {
+        let r = srv
+            .submit_as(&exec, &ikey(), "generation.dispatch", generation("a"))
+            .await;
+        wrong.push(("revoked executor key", r.status));
+    }
+    wrong.retain(|(_, status)| *status != 401);
+    assert!(
+        wrong.is_empty(),
+        "a revoked key answered other than 401: {wrong:?}"
+    );
 }
 
 /// SPEC §2.9: a configuration whose retention is shorter than
