@@ -18,9 +18,12 @@ SPID=$!
 trap 'kill $SPID 2>/dev/null || true' EXIT
 for _ in $(seq 1 50); do curl -fsS "http://127.0.0.1:$PORT/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
 ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
+# PostgreSQL's share: the backends of STORE's database plus the server's own
+# background processes (WAL writer, checkpointer …), not other databases' backends.
+DB=${STORE##*/}; DB=${DB%%\?*}
 pg_ticks() {
   local s=0 t
-  for p in $(pgrep -u postgres postgres || true); do
+  for p in $(pgrep -u postgres -f "postgres: (.* $DB |walwriter|checkpointer|background writer|autovacuum|logical replication)" || true); do
     t=$(awk '{print $14+$15}' "/proc/$p/stat" 2>/dev/null || echo 0); s=$((s + t))
   done
   echo "$s"

@@ -25,7 +25,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
 use idem_core::model::ApiKey;
 use idem_store::ops::{Submission, SubmitOutcome};
 use idem_store::{Backend, BoxFuture, Op, Output, Result, Store, StoreError, ops};
@@ -116,9 +116,22 @@ pub const AUTH_BATCH: usize = 128;
 
 /// Waits for the first queued item, then takes whatever else is queued, up to
 /// `max`; `None` once the backend is gone. The lock lets several lanes share
-/// one queue without splitting a burst item by item.
-async fn next_batch<T>(queue: &Mutex<mpsc::UnboundedReceiver<T>>, max: usize) -> Option<Vec<T>> {
-    let mut rx = queue.lock().await;
+/// one queue without splitting a burst item by item. `held` is the lane's
+/// connection: kept while work is already queued, given back to the pool before
+/// the lane waits.
+async fn next_batch<T>(
+    queue: &Mutex<mpsc::UnboundedReceiver<T>>,
+    max: usize,
+    held: &mut Option<Object>,
+) -> Option<Vec<T>> {
+    let mut rx = match queue.try_lock() {
+        Ok(rx) if !rx.is_empty() => rx,
+        other => {
+            drop(other);
+            *held = None;
+            queue.lock().await
+        }
+    };
     let first = rx.recv().await?;
     let mut batch = vec![first];
     // Drain what is queued; then let the runtime run once more (requests being
@@ -142,15 +155,32 @@ async fn next_batch<T>(queue: &Mutex<mpsc::UnboundedReceiver<T>>, max: usize) ->
     Some(batch)
 }
 
+/// The lane's held connection, or a fresh one from the pool when it has none
+/// (or it was closed).
+async fn lane_client<'h>(pool: &Pool, held: &'h mut Option<Object>) -> Result<&'h mut Object> {
+    if held.as_ref().is_some_and(|c| c.is_closed()) {
+        *held = None;
+    }
+    if held.is_none() {
+        *held = Some(pool.get().await.map_err(error::pool_error)?);
+    }
+    held.as_mut()
+        .ok_or_else(|| StoreError::Corrupt("lane connection vanished".into()))
+}
+
 /// Every request authenticates against the database (a revoked key is refused at
 /// once); concurrent lookups share one `WHERE key_hash = ANY($1)` statement.
 async fn auth_lane(pool: Pool, queue: Arc<Mutex<mpsc::UnboundedReceiver<PendingAuth>>>) {
-    while let Some(batch) = next_batch(&queue, AUTH_BATCH).await {
+    let mut held = None;
+    while let Some(batch) = next_batch(&queue, AUTH_BATCH, &mut held).await {
         let hashes: Vec<String> = batch.iter().map(|(h, _)| h.clone()).collect();
-        let found = match pool.get().await.map_err(error::pool_error) {
-            Ok(client) => PgTx::autocommit(&client).api_keys_by_hashes(&hashes).await,
+        let found = match lane_client(&pool, &mut held).await {
+            Ok(client) => PgTx::autocommit(client).api_keys_by_hashes(&hashes).await,
             Err(e) => Err(e),
         };
+        if found.is_err() {
+            held = None;
+        }
         match found {
             Ok(keys) => {
                 for (hash, reply) in batch {
@@ -171,9 +201,11 @@ async fn submit_lane(
     max_retries: u32,
     queue: Arc<Mutex<mpsc::UnboundedReceiver<PendingSubmit>>>,
 ) {
-    while let Some(batch) = next_batch(&queue, SUBMIT_BATCH).await {
+    let mut held = None;
+    while let Some(batch) = next_batch(&queue, SUBMIT_BATCH, &mut held).await {
         let subs: Vec<Submission> = batch.iter().map(|(s, _)| s.clone()).collect();
-        match PgBackend::run(pool.clone(), Op::SubmitBatch(subs), max_retries).await {
+        let res = PgBackend::run_held(&pool, &mut held, &Op::SubmitBatch(subs), max_retries).await;
+        match res {
             Ok(Output::SubmittedBatch(outcomes)) if outcomes.len() == batch.len() => {
                 for ((_, reply), outcome) in batch.into_iter().zip(outcomes) {
                     let _ = reply.send(Ok(outcome));
@@ -291,7 +323,8 @@ impl PgBackend {
         }
         let (submits, rx) = mpsc::unbounded_channel();
         let queue = Arc::new(Mutex::new(rx));
-        for _ in 0..SUBMIT_LANES {
+        // Lanes hold a connection while work is queued: at most half the pool.
+        for _ in 0..SUBMIT_LANES.min((options.max_size / 2).max(1)) {
             tokio::spawn(submit_lane(
                 pool.clone(),
                 options.max_retries,
@@ -318,9 +351,15 @@ impl PgBackend {
 
     async fn run_once(pool: &Pool, op: &Op) -> Result<Output> {
         let mut client = pool.get().await.map_err(error::pool_error)?;
+        PgBackend::run_on(&mut client, op).await
+    }
+
+    /// Runs `op` on `client`: reads in autocommit, writes in one READ COMMITTED
+    /// transaction.
+    async fn run_on(client: &mut Object, op: &Op) -> Result<Output> {
         if !op.writes() {
             // Reads run in autocommit: one round trip per statement, no BEGIN/COMMIT.
-            return ops::run(&mut PgTx::autocommit(&client), op).await;
+            return ops::run(&mut PgTx::autocommit(client), op).await;
         }
         let tx = client
             .build_transaction()
@@ -344,6 +383,37 @@ impl PgBackend {
                 // Best effort: dropping the transaction rolls back as well.
                 let _ = tx.rollback().await;
                 Err(e)
+            }
+        }
+    }
+
+    /// As [`PgBackend::run`], on a lane's held connection (taken from the pool
+    /// when it has none); after any error the connection goes back to the pool,
+    /// which checks it before reuse.
+    async fn run_held(
+        pool: &Pool,
+        held: &mut Option<Object>,
+        op: &Op,
+        max_retries: u32,
+    ) -> Result<Output> {
+        let mut retries = 0u32;
+        loop {
+            let res = match lane_client(pool, held).await {
+                Ok(client) => PgBackend::run_on(client, op).await,
+                Err(e) => Err(e),
+            };
+            match res {
+                Ok(out) => return Ok(out),
+                Err(StoreError::Contention(msg)) if retries < max_retries => {
+                    *held = None;
+                    retries += 1;
+                    tracing::debug!(retries, %msg, "contention; running the transaction again");
+                    tokio::time::sleep(backoff(retries)).await;
+                }
+                Err(e) => {
+                    *held = None;
+                    return Err(e);
+                }
             }
         }
     }

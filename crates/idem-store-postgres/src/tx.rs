@@ -602,14 +602,20 @@ impl Tx for PgTx<'_> {
         Ok(())
     }
 
-    async fn live_api_keys(&mut self, ids: &[Uuid]) -> Result<std::collections::HashSet<Uuid>> {
+    async fn now_and_live_api_keys(
+        &mut self,
+        ids: &[Uuid],
+    ) -> Result<(Timestamp, std::collections::HashSet<Uuid>)> {
         let rows = self
             .query(
-                "SELECT id FROM api_keys WHERE id = ANY($1) AND revoked_at IS NULL",
+                "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now, \
+                 ARRAY(SELECT id FROM api_keys WHERE id = ANY($1) AND revoked_at IS NULL) AS live",
                 &[&ids],
             )
             .await?;
-        rows.iter().map(|r| get::<Uuid>(r, "id")).collect()
+        let row = rows.first().ok_or_else(|| corrupt("now", "no row"))?;
+        let live: Vec<Uuid> = get(row, "live")?;
+        Ok((ts(row, "now")?, live.into_iter().collect()))
     }
 
     async fn api_key_by_hash(&mut self, hash: &str) -> Result<Option<ApiKey>> {

@@ -159,16 +159,17 @@ pub trait Tx: Send {
         }
     }
 
-    /// Of `ids`, the API keys that exist and are not revoked, read inside this
-    /// transaction (a submit's key is checked where its task is written, so a
-    /// revoked key is refused by the database even if the HTTP layer had cached
-    /// it). Backends may override the default (one key at a time) with one
-    /// statement.
-    fn live_api_keys(
+    /// The clock ([`Tx::now`]) and, of `ids`, the API keys that exist and are
+    /// not revoked, read inside this transaction: a submit's key is checked where
+    /// its task is written, so a revoked key is refused by the database even if
+    /// the HTTP layer had it cached. Backends may override the default (the
+    /// clock, then one key at a time) with one statement.
+    fn now_and_live_api_keys(
         &mut self,
         ids: &[Uuid],
-    ) -> impl Future<Output = Result<std::collections::HashSet<Uuid>>> + Send {
+    ) -> impl Future<Output = Result<(Timestamp, std::collections::HashSet<Uuid>)>> + Send {
         async move {
+            let now = self.now().await?;
             let mut live = std::collections::HashSet::new();
             for id in ids {
                 if live.contains(id) {
@@ -180,7 +181,7 @@ pub trait Tx: Send {
                     live.insert(*id);
                 }
             }
-            Ok(live)
+            Ok((now, live))
         }
     }
 

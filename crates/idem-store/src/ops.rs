@@ -466,14 +466,14 @@ async fn submit_batch<T: Tx>(tx: &mut T, subs: &[Submission]) -> Result<Vec<Subm
     let mut ids: Vec<Uuid> = subs.iter().map(|s| s.api_key_id).collect();
     ids.sort_unstable();
     ids.dedup();
-    let live = tx.live_api_keys(&ids).await?;
+    let (now, live) = tx.now_and_live_api_keys(&ids).await?;
     if live.len() < ids.len() {
         let (ok, refused): (Vec<_>, Vec<_>) = subs
             .iter()
             .enumerate()
             .partition(|(_, s)| live.contains(&s.api_key_id));
         let kept: Vec<Submission> = ok.iter().map(|(_, s)| (*s).clone()).collect();
-        let mut done = submit_live(tx, &kept).await?.into_iter();
+        let mut done = submit_live(tx, &kept, now).await?.into_iter();
         let mut outcomes: Vec<Option<SubmitOutcome>> = vec![None; subs.len()];
         for (i, s) in refused {
             outcomes[i] = Some(SubmitOutcome::KeyRevoked {
@@ -488,15 +488,18 @@ async fn submit_batch<T: Tx>(tx: &mut T, subs: &[Submission]) -> Result<Vec<Subm
             .map(|o| o.ok_or_else(|| StoreError::Corrupt("batch lost an outcome".into())))
             .collect();
     }
-    submit_live(tx, subs).await
+    submit_live(tx, subs, now).await
 }
 
 /// [`submit_batch`] once every submitting key has been checked live.
-async fn submit_live<T: Tx>(tx: &mut T, subs: &[Submission]) -> Result<Vec<SubmitOutcome>> {
+async fn submit_live<T: Tx>(
+    tx: &mut T,
+    subs: &[Submission],
+    now: Timestamp,
+) -> Result<Vec<SubmitOutcome>> {
     if subs.is_empty() {
         return Ok(Vec::new());
     }
-    let now = tx.now().await?;
     let rows: Vec<ScopeRow> = subs
         .iter()
         .map(|s| ScopeRow {
