@@ -333,7 +333,9 @@ impl PgBackend {
         }
         let (auths, rx) = mpsc::unbounded_channel();
         let queue = Arc::new(Mutex::new(rx));
-        for _ in 0..2 {
+        // … and the authentication lanes at most a quarter: half the pool stays
+        // free for claims, reports and reads.
+        for _ in 0..2.min((options.max_size / 4).max(1)) {
             tokio::spawn(auth_lane(pool.clone(), Arc::clone(&queue)));
         }
         Ok(PgBackend {
