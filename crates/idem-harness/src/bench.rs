@@ -171,6 +171,7 @@ pub async fn run(opts: BenchOptions) -> Result<Vec<ModeResult>> {
 
 /// Where the load goes: the server's address and the parts every request
 /// shares, parsed once.
+#[derive(Clone)]
 struct Target {
     /// `host:port` to connect to.
     addr: String,
@@ -203,8 +204,11 @@ impl Target {
 /// generator takes as little of the shared CPU as it can, as wrk does.
 struct Conn {
     sender: SendRequest<Full<Bytes>>,
-    conn: Pin<Box<Connection<TokioIo<TcpStream>, Full<Bytes>>>>,
+    conn: Driver,
 }
+
+/// The connection future that does the connection's I/O while it is polled.
+type Driver = Pin<Box<Connection<TokioIo<TcpStream>, Full<Bytes>>>>;
 
 impl Conn {
     async fn open(target: &Target) -> Result<Conn> {
@@ -219,17 +223,15 @@ impl Conn {
         })
     }
 
-    /// Submits `params` under idempotency key `key`; returns the HTTP status
-    /// after reading the whole answer.
-    async fn submit(&mut self, target: &Target, key: &str, params: Value) -> Result<u16> {
-        let body =
-            serde_json::to_vec(&json!({"operation": "generation.dispatch", "params": params}))?;
+    /// Posts the submit `body` under idempotency key `key`; returns the HTTP
+    /// status after reading the whole answer.
+    async fn submit(&mut self, target: &Target, key: &str, body: Bytes) -> Result<u16> {
         let req = hyper::Request::post("/v1/tasks")
             .header(hyper::header::HOST, target.host.clone())
             .header(hyper::header::AUTHORIZATION, target.auth.clone())
             .header(hyper::header::CONTENT_TYPE, "application/json")
             .header("idempotency-key", format!("\"{key}\""))
-            .body(Full::new(Bytes::from(body)))?;
+            .body(Full::new(body))?;
         drive(&mut self.conn, self.sender.ready()).await??;
         let res = drive(&mut self.conn, self.sender.send_request(req)).await??;
         let status = res.status().as_u16();
@@ -239,10 +241,7 @@ impl Conn {
 }
 
 /// Runs `fut` while driving `conn`; fails if the connection ends first.
-async fn drive<T>(
-    conn: &mut Pin<Box<Connection<TokioIo<TcpStream>, Full<Bytes>>>>,
-    fut: impl Future<Output = T>,
-) -> Result<T> {
+async fn drive<T>(conn: &mut Driver, fut: impl Future<Output = T>) -> Result<T> {
     tokio::pin!(fut);
     tokio::select! {
         biased;
@@ -254,16 +253,19 @@ async fn drive<T>(
     }
 }
 
-/// Submits on `conn`, reconnecting once when the connection was lost.
+/// Submits `params` on `conn`, reconnecting once when the connection was lost.
 async fn submit(conn: &mut Option<Conn>, target: &Target, key: &str, params: Value) -> Result<u16> {
+    let body = Bytes::from(serde_json::to_vec(
+        &json!({"operation": "generation.dispatch", "params": params}),
+    )?);
     if let Some(c) = conn.as_mut()
-        && let Ok(status) = c.submit(target, key, params.clone()).await
+        && let Ok(status) = c.submit(target, key, body.clone()).await
     {
         return Ok(status);
     }
     *conn = None;
     let mut fresh = Conn::open(target).await?;
-    let status = fresh.submit(target, key, params).await?;
+    let status = fresh.submit(target, key, body).await?;
     *conn = Some(fresh);
     Ok(status)
 }
@@ -311,11 +313,7 @@ async fn run_mode(
     for _ in 0..opts.concurrency {
         let next = Arc::clone(&next);
         let salt = salt.clone();
-        let target = Target {
-            addr: target.addr.clone(),
-            host: target.host.clone(),
-            auth: target.auth.clone(),
-        };
+        let target = target.clone();
         let bar = bar.clone();
         let count = opts.count as u64;
         workers.push(tokio::spawn(async move {
