@@ -351,11 +351,6 @@ impl PgBackend {
         &self.pool
     }
 
-    async fn run_once(pool: &Pool, op: &Op) -> Result<Output> {
-        let mut client = pool.get().await.map_err(error::pool_error)?;
-        PgBackend::run_on(&mut client, op).await
-    }
-
     /// Runs `op` on `client`: reads in autocommit, writes in one READ COMMITTED
     /// transaction.
     async fn run_on(client: &mut Object, op: &Op) -> Result<Output> {
@@ -389,9 +384,10 @@ impl PgBackend {
         }
     }
 
-    /// As [`PgBackend::run`], on a lane's held connection (taken from the pool
-    /// when it has none); after any error the connection goes back to the pool,
-    /// which checks it before reuse.
+    /// Runs `op` on the held connection (taken from the pool when there is
+    /// none), again after a short backoff on contention, at most `max_retries`
+    /// times; after any error the connection goes back to the pool, which checks
+    /// it before reuse. A lane passes its own `held`, kept across batches.
     async fn run_held(
         pool: &Pool,
         held: &mut Option<Object>,
@@ -420,18 +416,10 @@ impl PgBackend {
         }
     }
 
+    /// [`PgBackend::run_held`] on a connection taken from the pool for this
+    /// operation only.
     async fn run(pool: Pool, op: Op, max_retries: u32) -> Result<Output> {
-        let mut retries = 0u32;
-        loop {
-            match PgBackend::run_once(&pool, &op).await {
-                Err(StoreError::Contention(msg)) if retries < max_retries => {
-                    retries += 1;
-                    tracing::debug!(retries, %msg, "contention; running the transaction again");
-                    tokio::time::sleep(backoff(retries)).await;
-                }
-                other => return other,
-            }
-        }
+        PgBackend::run_held(&pool, &mut None, &op, max_retries).await
     }
 }
 
