@@ -8,6 +8,7 @@ use idem_core::model::{
     ApiKey, Attempt, AttemptKind, AttemptState, Event, Evidence, Role, Task, TaskControl,
     TaskState, Timestamp,
 };
+use idem_store::ops::{self, Submission, SubmitOutcome};
 use idem_store::{ExistingScope, Result, ScopeRow, StoreError, Tx};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -108,6 +109,132 @@ impl<'a> PgTx<'a> {
             Conn::Auto(c) => c.execute(&stmt, params).await,
         }
         .map_err(map_pg_error)
+    }
+}
+
+/// What [`PgTx::submit_pipelined`] did.
+pub(crate) enum Pipelined {
+    /// Committed. One answer per submission, in request order; `None` where the
+    /// scope row was gone when it was read back (released by retention in
+    /// between): submit that one again.
+    Committed(Vec<Option<SubmitOutcome>>),
+    /// A submitting key is revoked: rolled back, nothing written. Run the batch
+    /// as an ordinary transaction, which refuses that key's submissions only.
+    KeyRevoked,
+}
+
+impl PgTx<'_> {
+    /// Submits `subs` with the statements of the generic path
+    /// ([`idem_store::ops`] `SubmitBatch`) in two round trips instead of five,
+    /// using the protocol's pipelining: `BEGIN`, the clock and key check and the
+    /// scope rows are sent together; then the new tasks with their events, the
+    /// taken scopes read back and `COMMIT`. Each statement still runs in order
+    /// in one READ COMMITTED transaction, with its own snapshot, so the answers
+    /// are the generic path's. Only on an autocommit [`PgTx`] (the connection
+    /// itself).
+    ///
+    /// A failed statement aborts the transaction, and PostgreSQL then ends the
+    /// pipelined `COMMIT` as a rollback: errors are read in statement order and
+    /// the first one is returned, with nothing written. On any error a
+    /// `ROLLBACK` is sent, so the connection goes back to the pool idle.
+    ///
+    /// # Errors
+    /// As the generic path: [`StoreError::Contention`] (run it again),
+    /// [`StoreError::Unavailable`] (connection lost; if during `COMMIT`, the
+    /// outcome is unknown), [`StoreError::Corrupt`].
+    pub(crate) async fn submit_pipelined(&self, subs: &[Submission]) -> Result<Pipelined> {
+        let Conn::Auto(client) = &self.conn else {
+            return Err(StoreError::Corrupt(
+                "a pipelined submit opens its own transaction".into(),
+            ));
+        };
+        let res = self.submit_pipelined_on(client, subs).await;
+        if res.is_err() {
+            // After a COMMIT this only draws a warning ("no transaction").
+            let _ = client.batch_execute("ROLLBACK").await;
+        }
+        res
+    }
+
+    async fn submit_pipelined_on(
+        &self,
+        client: &deadpool_postgres::Client,
+        subs: &[Submission],
+    ) -> Result<Pipelined> {
+        let keys_stmt = self.statement(NOW_AND_LIVE_KEYS).await?;
+        let scopes_stmt = self.statement(SCOPES_INSERT).await?;
+        let tasks_stmt = self.statement(&TASKS_WITH_EVENTS_INSERT).await?;
+        let lookup_stmt = self.statement(&SCOPES_WITH_TASKS).await?;
+        let ids = ops::submitting_keys(subs);
+        let rows = ops::scope_rows(subs);
+        let scope_arrays = ScopeArrays::new(&rows);
+        let keys_params: [Param<'_>; 1] = [&ids];
+        let scope_params = scope_arrays.params();
+        // Round trip 1. `biased` polls in order, so the requests go out in order.
+        // Should BEGIN fail, the scope insert would fail too: its foreign key to
+        // `tasks` is checked at commit, and there is no task yet.
+        let (begun, keys, inserted) = tokio::join!(
+            biased;
+            client.batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED"),
+            client.query(&keys_stmt, &keys_params),
+            client.query(&scopes_stmt, &scope_params),
+        );
+        begun.map_err(map_pg_error)?;
+        let (now, live) = now_and_live(&keys.map_err(map_pg_error)?)?;
+        let won = scopes_won(&rows, &inserted.map_err(map_pg_error)?)?;
+        if live.len() < ids.len() {
+            client
+                .batch_execute("ROLLBACK")
+                .await
+                .map_err(map_pg_error)?;
+            return Ok(Pipelined::KeyRevoked);
+        }
+        let (created, journals) = ops::accept_winners(subs, &rows, &won, now);
+        let taken = ops::taken_scopes(subs, &won);
+        let values = created
+            .iter()
+            .map(TaskValues::new)
+            .collect::<Result<Vec<_>>>()?;
+        let task_arrays = TaskArrays::new(&values);
+        let event_arrays = EventArrays::new(
+            created
+                .iter()
+                .zip(&journals)
+                .flat_map(|(t, events)| events.iter().map(|e| (t.id, e))),
+        )?;
+        let mut task_params: Vec<Param<'_>> = task_arrays.params().to_vec();
+        task_params.extend(event_arrays.params());
+        let lookup = ScopeLookup::new(&taken);
+        let lookup_params = lookup.params();
+        // Round trip 2: the read-back is a statement after the inserts, so it sees
+        // the scope rows that beat this batch (committed, RUST-NOTES §4.3) and the
+        // tasks this batch just wrote (two submissions of one scope in a batch).
+        let (tasks_written, existing, committed) = tokio::join!(
+            biased;
+            async {
+                if created.is_empty() {
+                    Ok(0)
+                } else {
+                    client.execute(&tasks_stmt, &task_params).await
+                }
+            },
+            async {
+                if taken.is_empty() {
+                    Ok(Vec::new())
+                } else {
+                    client.query(&lookup_stmt, &lookup_params).await
+                }
+            },
+            client.batch_execute("COMMIT"),
+        );
+        // In statement order: a failed insert or read turned COMMIT into a rollback.
+        tasks_written.map_err(map_pg_error)?;
+        let existing = existing.map_err(map_pg_error)?;
+        committed.map_err(map_pg_error)?;
+        let existing = existing_scopes(&taken, &existing)?;
+        Ok(Pipelined::Committed(ops::answer_batch(
+            subs, &won, created, existing,
+        )?))
     }
 }
 
@@ -564,6 +691,140 @@ fn evidence_from_row(row: &Row) -> Result<Evidence> {
     })
 }
 
+// ---------------------------------------------------------------- submit batches
+
+/// The database clock (ms) and which of the keys `$1` are live (not revoked).
+const NOW_AND_LIVE_KEYS: &str = "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now, \
+     ARRAY(SELECT id FROM api_keys WHERE id = ANY($1) AND revoked_at IS NULL) AS live";
+
+fn now_and_live(rows: &[Row]) -> Result<(Timestamp, std::collections::HashSet<Uuid>)> {
+    let row = rows.first().ok_or_else(|| corrupt("now", "no row"))?;
+    let live: Vec<Uuid> = get(row, "live")?;
+    Ok((ts(row, "now")?, live.into_iter().collect()))
+}
+
+/// Scope rows ($1–$5, [`ScopeArrays`]) in one statement; returns the task ids of
+/// the rows it inserted. A row whose scope is taken (or is being inserted by a
+/// transaction still open, which this waits for) is skipped.
+const SCOPES_INSERT: &str = "INSERT INTO idempotency_keys (tenant, operation, idempotency_key, fingerprint, task_id) \
+     SELECT t, o, k, f, i FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::uuid[]) \
+     WITH ORDINALITY AS u(t, o, k, f, i, n) ORDER BY n ON CONFLICT DO NOTHING RETURNING task_id";
+
+/// Scope rows as one array per column, in a fixed (scope) order so that two
+/// batches touching the same scopes lock them in the same order.
+struct ScopeArrays<'r> {
+    tenants: Vec<&'r str>,
+    operations: Vec<&'r str>,
+    keys: Vec<&'r str>,
+    fingerprints: Vec<&'r str>,
+    task_ids: Vec<Uuid>,
+}
+
+impl<'r> ScopeArrays<'r> {
+    fn new(rows: &'r [ScopeRow]) -> ScopeArrays<'r> {
+        let mut order: Vec<&ScopeRow> = rows.iter().collect();
+        order.sort_by(|x, y| {
+            (&x.tenant, &x.operation, &x.idempotency_key).cmp(&(
+                &y.tenant,
+                &y.operation,
+                &y.idempotency_key,
+            ))
+        });
+        ScopeArrays {
+            tenants: order.iter().map(|r| r.tenant.as_str()).collect(),
+            operations: order.iter().map(|r| r.operation.as_str()).collect(),
+            keys: order.iter().map(|r| r.idempotency_key.as_str()).collect(),
+            fingerprints: order.iter().map(|r| r.fingerprint.as_str()).collect(),
+            task_ids: order.iter().map(|r| r.task_id).collect(),
+        }
+    }
+
+    fn params(&self) -> [Param<'_>; 5] {
+        [
+            &self.tenants,
+            &self.operations,
+            &self.keys,
+            &self.fingerprints,
+            &self.task_ids,
+        ]
+    }
+}
+
+/// Which of `rows` [`SCOPES_INSERT`] inserted (its `RETURNING task_id`).
+fn scopes_won(rows: &[ScopeRow], inserted: &[Row]) -> Result<Vec<bool>> {
+    let won: std::collections::HashSet<Uuid> = inserted
+        .iter()
+        .map(|r| get::<Uuid>(r, "task_id"))
+        .collect::<Result<_>>()?;
+    Ok(rows.iter().map(|r| won.contains(&r.task_id)).collect())
+}
+
+/// The scope rows named by `$1–$3` (tenants, operations, idempotency keys) with
+/// their tasks; `scope_n` is the 1-based position in the arrays.
+static SCOPES_WITH_TASKS: LazyLock<String> = LazyLock::new(|| {
+    let cols: Vec<String> = TASK_COLUMNS.iter().map(|c| format!("t.{c}")).collect();
+    format!(
+        "SELECT u.n AS scope_n, k.fingerprint AS scope_fingerprint, k.task_id AS scope_task_id, \
+         t.id IS NOT NULL AS scope_has_task, {} \
+         FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS u(tn, op, ky, n) \
+         JOIN idempotency_keys k ON k.tenant = u.tn AND k.operation = u.op AND k.idempotency_key = u.ky \
+         LEFT JOIN tasks t ON t.id = k.task_id",
+        cols.join(", ")
+    )
+});
+
+/// The parameters of [`SCOPES_WITH_TASKS`].
+struct ScopeLookup<'s> {
+    tenants: Vec<&'s str>,
+    operations: Vec<&'s str>,
+    keys: Vec<&'s str>,
+}
+
+impl<'s> ScopeLookup<'s> {
+    fn new(scopes: &'s [(String, String, String)]) -> ScopeLookup<'s> {
+        ScopeLookup {
+            tenants: scopes.iter().map(|s| s.0.as_str()).collect(),
+            operations: scopes.iter().map(|s| s.1.as_str()).collect(),
+            keys: scopes.iter().map(|s| s.2.as_str()).collect(),
+        }
+    }
+
+    fn params(&self) -> [Param<'_>; 3] {
+        [&self.tenants, &self.operations, &self.keys]
+    }
+}
+
+/// Decodes [`SCOPES_WITH_TASKS`] into one entry per scope asked, in order.
+fn existing_scopes(scopes: &[(String, String, String)], rows: &[Row]) -> Result<Vec<ExistingScope>> {
+    let mut out: Vec<ExistingScope> = vec![None; scopes.len()];
+    for row in rows {
+        let n: i64 = get(row, "scope_n")?;
+        let Some((i, (tenant, operation, key))) = usize::try_from(n - 1)
+            .ok()
+            .and_then(|i| scopes.get(i).map(|s| (i, s)))
+        else {
+            continue;
+        };
+        let scope = ScopeRow {
+            tenant: tenant.clone(),
+            operation: operation.clone(),
+            idempotency_key: key.clone(),
+            fingerprint: get(row, "scope_fingerprint")?,
+            task_id: get(row, "scope_task_id")?,
+        };
+        let has_task: bool = get(row, "scope_has_task")?;
+        let task = if has_task {
+            Some(task_from_row(row)?)
+        } else {
+            None
+        };
+        if let Some(slot) = out.get_mut(i) {
+            *slot = Some((scope, task));
+        }
+    }
+    Ok(out)
+}
+
 // ---------------------------------------------------------------- Tx
 
 impl Tx for PgTx<'_> {
@@ -606,16 +867,7 @@ impl Tx for PgTx<'_> {
         &mut self,
         ids: &[Uuid],
     ) -> Result<(Timestamp, std::collections::HashSet<Uuid>)> {
-        let rows = self
-            .query(
-                "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now, \
-                 ARRAY(SELECT id FROM api_keys WHERE id = ANY($1) AND revoked_at IS NULL) AS live",
-                &[&ids],
-            )
-            .await?;
-        let row = rows.first().ok_or_else(|| corrupt("now", "no row"))?;
-        let live: Vec<Uuid> = get(row, "live")?;
-        Ok((ts(row, "now")?, live.into_iter().collect()))
+        now_and_live(&self.query(NOW_AND_LIVE_KEYS, &[&ids]).await?)
     }
 
     async fn api_key_by_hash(&mut self, hash: &str) -> Result<Option<ApiKey>> {
@@ -720,40 +972,9 @@ impl Tx for PgTx<'_> {
         if let [row] = rows {
             return Ok(vec![self.insert_scope(row).await?]);
         }
-        // One statement for the whole batch, in a fixed (scope) order so that two
-        // batches touching the same scopes lock them in the same order.
-        let mut order: Vec<usize> = (0..rows.len()).collect();
-        order.sort_by(|&a, &b| {
-            let (x, y) = (&rows[a], &rows[b]);
-            (&x.tenant, &x.operation, &x.idempotency_key).cmp(&(
-                &y.tenant,
-                &y.operation,
-                &y.idempotency_key,
-            ))
-        });
-        let col = |f: fn(&ScopeRow) -> &String| {
-            order
-                .iter()
-                .map(|&i| f(&rows[i]).as_str())
-                .collect::<Vec<&str>>()
-        };
-        let tenants = col(|r| &r.tenant);
-        let operations = col(|r| &r.operation);
-        let keys = col(|r| &r.idempotency_key);
-        let fingerprints = col(|r| &r.fingerprint);
-        let ids: Vec<Uuid> = order.iter().map(|&i| rows[i].task_id).collect();
-        let won: std::collections::HashSet<Uuid> = self
-            .query(
-                "INSERT INTO idempotency_keys (tenant, operation, idempotency_key, fingerprint, task_id) \
-                 SELECT t, o, k, f, i FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::uuid[]) \
-                 WITH ORDINALITY AS u(t, o, k, f, i, n) ORDER BY n ON CONFLICT DO NOTHING RETURNING task_id",
-                &[&tenants, &operations, &keys, &fingerprints, &ids],
-            )
-            .await?
-            .iter()
-            .map(|r| get::<Uuid>(r, "task_id"))
-            .collect::<Result<_>>()?;
-        Ok(rows.iter().map(|r| won.contains(&r.task_id)).collect())
+        let arrays = ScopeArrays::new(rows);
+        let inserted = self.query(SCOPES_INSERT, &arrays.params()).await?;
+        scopes_won(rows, &inserted)
     }
 
     async fn scopes_with_tasks(
@@ -763,46 +984,9 @@ impl Tx for PgTx<'_> {
         if scopes.is_empty() {
             return Ok(Vec::new());
         }
-        let tenants: Vec<&str> = scopes.iter().map(|s| s.0.as_str()).collect();
-        let operations: Vec<&str> = scopes.iter().map(|s| s.1.as_str()).collect();
-        let keys: Vec<&str> = scopes.iter().map(|s| s.2.as_str()).collect();
-        let cols: Vec<String> = TASK_COLUMNS.iter().map(|c| format!("t.{c}")).collect();
-        let sql = format!(
-            "SELECT u.n AS scope_n, k.fingerprint AS scope_fingerprint, k.task_id AS scope_task_id, \
-             t.id IS NOT NULL AS scope_has_task, {} \
-             FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS u(tn, op, ky, n) \
-             JOIN idempotency_keys k ON k.tenant = u.tn AND k.operation = u.op AND k.idempotency_key = u.ky \
-             LEFT JOIN tasks t ON t.id = k.task_id",
-            cols.join(", ")
-        );
-        let rows = self.query(&sql, &[&tenants, &operations, &keys]).await?;
-        let mut out: Vec<ExistingScope> = vec![None; scopes.len()];
-        for row in &rows {
-            let n: i64 = get(row, "scope_n")?;
-            let Some((i, (tenant, operation, key))) = usize::try_from(n - 1)
-                .ok()
-                .and_then(|i| scopes.get(i).map(|s| (i, s)))
-            else {
-                continue;
-            };
-            let scope = ScopeRow {
-                tenant: tenant.clone(),
-                operation: operation.clone(),
-                idempotency_key: key.clone(),
-                fingerprint: get(row, "scope_fingerprint")?,
-                task_id: get(row, "scope_task_id")?,
-            };
-            let has_task: bool = get(row, "scope_has_task")?;
-            let task = if has_task {
-                Some(task_from_row(row)?)
-            } else {
-                None
-            };
-            if let Some(slot) = out.get_mut(i) {
-                *slot = Some((scope, task));
-            }
-        }
-        Ok(out)
+        let lookup = ScopeLookup::new(scopes);
+        let rows = self.query(&SCOPES_WITH_TASKS, &lookup.params()).await?;
+        existing_scopes(scopes, &rows)
     }
 
     async fn insert_tasks_with_events(

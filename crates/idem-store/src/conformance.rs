@@ -71,6 +71,7 @@ macro_rules! store_conformance {
             concurrent_identical_submits_create_one_task,
             concurrent_conflicting_submits_create_one_task,
             revoked_key_submits_nothing,
+            batch_answers_as_if_submitted_one_after_another,
             first_event_records_acceptance_decision,
             claim_leases_first_attempt_with_params,
             claim_respects_tenant_operations_and_max,
@@ -1062,6 +1063,58 @@ pub async fn revoked_key_submits_nothing(store: Store) {
     );
     let created_other = ok2(store.find_task("acme", SAFE, "live-key").await, "find_task");
     assert_eq!(created_other.control.api_key_id, live.key.id);
+}
+
+/// One batch (one transaction) answers each submission as if they had been sent
+/// one after the other: a new scope is created once, its twin later in the batch
+/// replays it and a changed payload conflicts with it; scopes stored before the
+/// batch replay or conflict; only the created tasks get events (SPEC §2.1–2.3).
+pub async fn batch_answers_as_if_submitted_one_after_another(store: Store) {
+    let c = Ctx::new(&store, "acme").await;
+    let contract = contract(SAFE);
+    let stored = c.submission(SAFE, "batch-stored", params(SAFE, 1), &contract);
+    let old = created(c.submit(stored.clone()).await);
+    let stored_changed = c.submission(SAFE, "batch-stored", params(SAFE, 2), &contract);
+    let fresh = c.submission(SAFE, "batch-fresh", params(SAFE, 3), &contract);
+    let fresh_changed = c.submission(SAFE, "batch-fresh", params(SAFE, 4), &contract);
+    let other = c.submission(SAFE, "batch-other", params(SAFE, 5), &contract);
+    let batch = vec![
+        stored_changed,
+        fresh.clone(),
+        stored,
+        fresh_changed,
+        other,
+        fresh,
+    ];
+    let out = match must(
+        store.execute(crate::ops::Op::SubmitBatch(batch)).await,
+        "batch",
+    ) {
+        crate::ops::Output::SubmittedBatch(o) => o,
+        other => panic!("SubmitBatch answered {other:?}"),
+    };
+    let [
+        SubmitOutcome::Conflict { task_id: c0 },
+        SubmitOutcome::Created(new),
+        SubmitOutcome::Replayed(r2),
+        SubmitOutcome::Conflict { task_id: c3 },
+        SubmitOutcome::Created(other_task),
+        SubmitOutcome::Replayed(r5),
+    ] = out.as_slice()
+    else {
+        panic!("a batch answers in request order, one after the other: {out:?}");
+    };
+    assert_eq!((*c0, r2.id), (old.id, old.id), "stored scope");
+    assert_eq!(api(r2), api(&old), "a replay in a batch changes nothing");
+    assert_eq!((*c3, r5.id), (new.id, new.id), "scope created in the batch");
+    assert_eq!(api(r5), api(new), "the in-batch replay is the created task");
+    assert_ne!(other_task.id, new.id);
+    for t in [&old, new, other_task] {
+        assert_eq!(c.events(t.id).await.len(), 1, "one task_submitted each");
+        assert_history(&store, t.id).await;
+    }
+    let found = ok2(store.find_task("acme", SAFE, "batch-fresh").await, "find_task");
+    assert_eq!(found.params, params(SAFE, 3), "the first of the batch won");
 }
 
 /// The first event is `task_submitted` with the fingerprint, canonical request

@@ -459,13 +459,16 @@ async fn persist<T: Tx>(tx: &mut T, task: &Task, loaded: (i64, i64), j: &Journal
 /// `task_submitted` events; every other submission reads the scope row in a new
 /// statement and is a replay (same fingerprint) or a conflict. Two submissions
 /// of one scope in the same batch behave as if sent one after the other.
+///
+/// The steps between the statements are the pure functions [`submitting_keys`],
+/// [`scope_rows`], [`accept_winners`], [`taken_scopes`] and [`answer_batch`], so
+/// a backend may send the same statements another way (PostgreSQL pipelines
+/// them) and still answer exactly as this does.
 async fn submit_batch<T: Tx>(tx: &mut T, subs: &[Submission]) -> Result<Vec<SubmitOutcome>> {
     // The submitting keys are checked here, in the transaction that writes: a
     // key revoked before this check is refused even when the HTTP layer had it
     // cached, and its submissions touch nothing.
-    let mut ids: Vec<Uuid> = subs.iter().map(|s| s.api_key_id).collect();
-    ids.sort_unstable();
-    ids.dedup();
+    let ids = submitting_keys(subs);
     let (now, live) = tx.now_and_live_api_keys(&ids).await?;
     if live.len() < ids.len() {
         let (ok, refused): (Vec<_>, Vec<_>) = subs
@@ -491,17 +494,19 @@ async fn submit_batch<T: Tx>(tx: &mut T, subs: &[Submission]) -> Result<Vec<Subm
     submit_live(tx, subs, now).await
 }
 
-/// [`submit_batch`] once every submitting key has been checked live.
-async fn submit_live<T: Tx>(
-    tx: &mut T,
-    subs: &[Submission],
-    now: Timestamp,
-) -> Result<Vec<SubmitOutcome>> {
-    if subs.is_empty() {
-        return Ok(Vec::new());
-    }
-    let rows: Vec<ScopeRow> = subs
-        .iter()
+/// The distinct API keys that submit `subs`, sorted (the argument of
+/// [`Tx::now_and_live_api_keys`]).
+pub fn submitting_keys(subs: &[Submission]) -> Vec<Uuid> {
+    let mut ids: Vec<Uuid> = subs.iter().map(|s| s.api_key_id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// One scope row per submission, in request order, each naming a fresh task id
+/// (UUID v7) that becomes the task's id if this row wins the unique constraint.
+pub fn scope_rows(subs: &[Submission]) -> Vec<ScopeRow> {
+    subs.iter()
         .map(|s| ScopeRow {
             tenant: s.tenant.clone(),
             operation: s.operation.clone(),
@@ -509,13 +514,21 @@ async fn submit_live<T: Tx>(
             fingerprint: s.fingerprint.clone(),
             task_id: Uuid::now_v7(),
         })
-        .collect();
-    let inserted = tx.insert_scopes(&rows).await?;
-    // Tasks and events only for the scope rows this transaction inserted (the
-    // unique constraint decided); the others are answered from what is stored.
+        .collect()
+}
+
+/// The tasks (with their `task_submitted` events) of the submissions whose scope
+/// row this transaction inserted (`won[i]`), accepted at `now` (database clock,
+/// ms): only the unique constraint decides who gets a task.
+pub fn accept_winners(
+    subs: &[Submission],
+    rows: &[ScopeRow],
+    won: &[bool],
+    now: Timestamp,
+) -> (Vec<Task>, Vec<Vec<Event>>) {
     let mut created: Vec<Task> = Vec::new();
-    let mut events: Vec<Vec<idem_core::model::Event>> = Vec::new();
-    for ((s, row), won) in subs.iter().zip(&rows).zip(&inserted) {
+    let mut events: Vec<Vec<Event>> = Vec::new();
+    for ((s, row), won) in subs.iter().zip(rows).zip(won) {
         if !won {
             continue;
         }
@@ -537,12 +550,15 @@ async fn submit_live<T: Tx>(
         created.push(task);
         events.push(j.events);
     }
-    tx.insert_tasks_with_events(&created, &events).await?;
-    // Everyone else found the scope taken: read those scopes and their tasks in
-    // new statements (READ COMMITTED gives them a fresh snapshot; RUST-NOTES §4.3).
-    let taken: Vec<(String, String, String)> = subs
-        .iter()
-        .zip(&inserted)
+    (created, events)
+}
+
+/// The scopes `(tenant, operation, idempotency key)` of the submissions that found
+/// their scope taken, in request order: read them in a new statement (READ
+/// COMMITTED gives it a fresh snapshot; RUST-NOTES §4.3).
+pub fn taken_scopes(subs: &[Submission], won: &[bool]) -> Vec<(String, String, String)> {
+    subs.iter()
+        .zip(won)
         .filter(|(_, won)| !**won)
         .map(|(s, _)| {
             (
@@ -551,36 +567,74 @@ async fn submit_live<T: Tx>(
                 s.idempotency_key.clone(),
             )
         })
-        .collect();
-    let mut existing = tx.scopes_with_tasks(&taken).await?.into_iter();
+        .collect()
+}
+
+/// Answers every submission in request order: `created` (in order) for the
+/// winners, and for the others the scope read back (`existing`, one per
+/// [`taken_scopes`] entry): a replay when the fingerprint matches, else a
+/// conflict. `None` for a submission whose scope row was gone when it was read
+/// (released by retention in between): that one must be submitted again.
+///
+/// # Errors
+/// [`StoreError::Corrupt`] when a scope row points at a missing task or the
+/// inputs do not line up.
+pub fn answer_batch(
+    subs: &[Submission],
+    won: &[bool],
+    created: Vec<Task>,
+    existing: Vec<crate::ExistingScope>,
+) -> Result<Vec<Option<SubmitOutcome>>> {
+    let mut existing = existing.into_iter();
     let mut fresh = created.into_iter();
     let mut outcomes = Vec::with_capacity(subs.len());
-    for (s, won) in subs.iter().zip(&inserted) {
+    for (s, won) in subs.iter().zip(won) {
         let outcome = if *won {
-            fresh.next().map(SubmitOutcome::Created)
+            Some(SubmitOutcome::Created(fresh.next().ok_or_else(|| {
+                StoreError::Corrupt("batch lost a created task".into())
+            })?))
         } else {
             match existing.next().flatten() {
-                None => return Err(StoreError::Contention("scope row vanished; retry".into())),
+                None => None,
                 Some((row, _)) if row.fingerprint != s.fingerprint => {
                     Some(SubmitOutcome::Conflict {
                         task_id: row.task_id,
                     })
                 }
-                Some((row, task)) => match task {
-                    Some(task) => Some(SubmitOutcome::Replayed(task)),
-                    None => {
-                        return Err(StoreError::Corrupt(format!(
-                            "scope row points at missing task {}",
-                            row.task_id
-                        )));
-                    }
-                },
+                Some((_, Some(task))) => Some(SubmitOutcome::Replayed(task)),
+                Some((row, None)) => {
+                    return Err(StoreError::Corrupt(format!(
+                        "scope row points at missing task {}",
+                        row.task_id
+                    )));
+                }
             }
         };
-        outcomes
-            .push(outcome.ok_or_else(|| StoreError::Corrupt("batch lost a created task".into()))?);
+        outcomes.push(outcome);
     }
     Ok(outcomes)
+}
+
+/// [`submit_batch`] once every submitting key has been checked live.
+async fn submit_live<T: Tx>(
+    tx: &mut T,
+    subs: &[Submission],
+    now: Timestamp,
+) -> Result<Vec<SubmitOutcome>> {
+    if subs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rows = scope_rows(subs);
+    let won = tx.insert_scopes(&rows).await?;
+    // Tasks and events only for the scope rows this transaction inserted (the
+    // unique constraint decided); the others are answered from what is stored.
+    let (created, events) = accept_winners(subs, &rows, &won, now);
+    tx.insert_tasks_with_events(&created, &events).await?;
+    let existing = tx.scopes_with_tasks(&taken_scopes(subs, &won)).await?;
+    answer_batch(subs, &won, created, existing)?
+        .into_iter()
+        .map(|o| o.ok_or_else(|| StoreError::Contention("scope row vanished; retry".into())))
+        .collect()
 }
 
 async fn claim<T: Tx>(tx: &mut T, req: &ClaimRequest) -> Result<Vec<Claimed>> {
