@@ -382,9 +382,11 @@ impl PgBackend {
                 Some(outcome) => out.push(outcome),
                 None => {
                     let mut again = PgBackend::submit_tx(client, vec![sub.clone()]).await?;
-                    out.push(again.pop().ok_or_else(|| {
-                        StoreError::Corrupt("submit answered no outcome".into())
-                    })?);
+                    out.push(
+                        again.pop().ok_or_else(|| {
+                            StoreError::Corrupt("submit answered no outcome".into())
+                        })?,
+                    );
                 }
             }
         }

@@ -8,7 +8,13 @@ use tokio_postgres::NoTls;
 use crate::error::{connect_pg_error, is_transient, map_pg_error};
 
 /// The migrations of this binary: `(version, SQL)`, ascending.
-pub const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("../migrations/0001_init.sql"))];
+pub const MIGRATIONS: &[(i32, &str)] = &[
+    (1, include_str!("../migrations/0001_init.sql")),
+    (
+        2,
+        include_str!("../migrations/0002_api_keys_never_deleted.sql"),
+    ),
+];
 
 /// Key of the advisory lock that serializes migrations (ASCII `idem_mig`).
 const MIGRATION_LOCK: i64 = 0x6964_656d_5f6d_6967;

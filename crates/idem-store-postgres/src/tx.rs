@@ -795,7 +795,10 @@ impl<'s> ScopeLookup<'s> {
 }
 
 /// Decodes [`SCOPES_WITH_TASKS`] into one entry per scope asked, in order.
-fn existing_scopes(scopes: &[(String, String, String)], rows: &[Row]) -> Result<Vec<ExistingScope>> {
+fn existing_scopes(
+    scopes: &[(String, String, String)],
+    rows: &[Row],
+) -> Result<Vec<ExistingScope>> {
     let mut out: Vec<ExistingScope> = vec![None; scopes.len()];
     for row in rows {
         let n: i64 = get(row, "scope_n")?;

@@ -292,7 +292,7 @@ async fn migrations_run_once_and_are_idempotent() {
     for h in handles {
         applied.extend(h.await.unwrap().unwrap());
     }
-    assert_eq!(applied, vec![1]);
+    assert_eq!(applied, vec![1, 2], "each migration once, in order");
     assert!(idem_store_postgres::migrate(&url).await.unwrap().is_empty());
     connect(&url, PgOptions::default()).await.unwrap();
 }
@@ -429,6 +429,23 @@ async fn schema_guards_and_session_settings() {
     let err =
         idem_store_postgres::map_pg_error(db.execute("DELETE FROM events", &[]).await.unwrap_err());
     assert!(matches!(err, idem_store::StoreError::Corrupt(_)), "{err:?}");
+    // A task's api_key_id always names a key: key rows are revoked, never removed.
+    for sql in ["DELETE FROM api_keys", "TRUNCATE api_keys CASCADE"] {
+        let err = db.execute(sql, &[]).await.unwrap_err();
+        assert!(
+            err.as_db_error()
+                .unwrap()
+                .message()
+                .contains("never deleted"),
+            "{sql}: {err:?}"
+        );
+    }
+    assert!(
+        db.execute("UPDATE api_keys SET revoked_at = 1", &[])
+            .await
+            .is_ok(),
+        "revocation stays possible"
+    );
 
     // Pool sessions carry idem's settings.
     let backend = idem_store_postgres::PgBackend::connect(&url, PgOptions::default())
@@ -451,7 +468,7 @@ async fn schema_guards_and_session_settings() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(applied, 1);
+    assert_eq!(applied, idem_store_postgres::MIGRATIONS.len() as i64);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

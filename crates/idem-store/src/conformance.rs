@@ -1113,7 +1113,10 @@ pub async fn batch_answers_as_if_submitted_one_after_another(store: Store) {
         assert_eq!(c.events(t.id).await.len(), 1, "one task_submitted each");
         assert_history(&store, t.id).await;
     }
-    let found = ok2(store.find_task("acme", SAFE, "batch-fresh").await, "find_task");
+    let found = ok2(
+        store.find_task("acme", SAFE, "batch-fresh").await,
+        "find_task",
+    );
     assert_eq!(found.params, params(SAFE, 3), "the first of the batch won");
 }
 
