@@ -455,7 +455,7 @@ async fn schema_guards_and_session_settings() {
     let row = client
         .query_one(
             "SELECT current_setting('synchronous_commit'), current_setting('statement_timeout'), \
-             current_setting('idle_in_transaction_session_timeout')",
+             current_setting('idle_in_transaction_session_timeout'), current_setting('plan_cache_mode')",
             &[],
         )
         .await
@@ -463,6 +463,7 @@ async fn schema_guards_and_session_settings() {
     assert_eq!(row.get::<_, String>(0), "on");
     assert_eq!(row.get::<_, String>(1), "10s");
     assert_eq!(row.get::<_, String>(2), "10s");
+    assert_eq!(row.get::<_, String>(3), "force_generic_plan");
     let applied: i64 = client
         .query_one("SELECT count(*) FROM schema_migrations", &[])
         .await
