@@ -369,34 +369,14 @@ impl PgBackend {
         }
     }
 
-    /// A submit batch in two round trips. A batch with a revoked key runs as an
-    /// ordinary transaction instead (it refuses that key's submissions only), and
-    /// a submission whose scope row vanished before it was read back (retention
-    /// released it in between; the rest of the batch is committed) is submitted
-    /// again on its own.
+    /// A submit batch pipelined; a batch with a revoked key runs as an ordinary
+    /// transaction instead (it refuses that key's submissions only).
     async fn submit_on(client: &mut Object, subs: &[Submission]) -> Result<Vec<SubmitOutcome>> {
         let done = PgTx::autocommit(client).submit_pipelined(subs).await?;
-        let answers = match done {
-            Pipelined::Committed(answers) => answers,
-            Pipelined::KeyRevoked => {
-                return PgBackend::submit_tx(client, subs.to_vec()).await;
-            }
-        };
-        let mut out = Vec::with_capacity(subs.len());
-        for (sub, answer) in subs.iter().zip(answers) {
-            match answer {
-                Some(outcome) => out.push(outcome),
-                None => {
-                    let mut again = PgBackend::submit_tx(client, vec![sub.clone()]).await?;
-                    out.push(
-                        again.pop().ok_or_else(|| {
-                            StoreError::Corrupt("submit answered no outcome".into())
-                        })?,
-                    );
-                }
-            }
+        match done {
+            Pipelined::Committed(outcomes) => Ok(outcomes),
+            Pipelined::KeyRevoked => PgBackend::submit_tx(client, subs.to_vec()).await,
         }
-        Ok(out)
     }
 
     /// `subs` through the generic path, in one ordinary transaction.

@@ -114,10 +114,8 @@ impl<'a> PgTx<'a> {
 
 /// What [`PgTx::submit_pipelined`] did.
 pub(crate) enum Pipelined {
-    /// Committed. One answer per submission, in request order; `None` where the
-    /// scope row was gone when it was read back (released by retention in
-    /// between): submit that one again.
-    Committed(Vec<Option<SubmitOutcome>>),
+    /// Committed; one answer per submission, in request order.
+    Committed(Vec<SubmitOutcome>),
     /// A submitting key is revoked: rolled back, nothing written. Run the batch
     /// as an ordinary transaction, which refuses that key's submissions only.
     KeyRevoked,
@@ -125,23 +123,26 @@ pub(crate) enum Pipelined {
 
 impl PgTx<'_> {
     /// Submits `subs` with the statements of the generic path
-    /// ([`idem_store::ops`] `SubmitBatch`) in two round trips instead of five,
-    /// using the protocol's pipelining: `BEGIN`, the clock and key check and the
-    /// scope rows are sent together; then the new tasks with their events, the
-    /// taken scopes read back and `COMMIT`. Each statement still runs in order
+    /// ([`idem_store::ops`] `SubmitBatch`) in two round trips instead of five
+    /// (three when some scopes were taken), using the protocol's pipelining:
+    /// `BEGIN`, the clock and key check and the scope rows are sent together;
+    /// then the new tasks with their events and, for a batch of new scopes only,
+    /// `COMMIT`; a batch with taken scopes sends their read-back instead and
+    /// commits once every answer is decoded. Each statement still runs in order
     /// in one READ COMMITTED transaction, with its own snapshot, so the answers
-    /// are the generic path's. Only on an autocommit [`PgTx`] (the connection
-    /// itself).
+    /// are the generic path's, and nothing can fail after `COMMIT`. Only on an
+    /// autocommit [`PgTx`] (the connection itself).
     ///
-    /// A failed statement aborts the transaction, and PostgreSQL then ends the
+    /// A failed statement aborts the transaction, and PostgreSQL then ends a
     /// pipelined `COMMIT` as a rollback: errors are read in statement order and
     /// the first one is returned, with nothing written. On any error a
     /// `ROLLBACK` is sent, so the connection goes back to the pool idle.
     ///
     /// # Errors
-    /// As the generic path: [`StoreError::Contention`] (run it again),
-    /// [`StoreError::Unavailable`] (connection lost; if during `COMMIT`, the
-    /// outcome is unknown), [`StoreError::Corrupt`].
+    /// As the generic path: [`StoreError::Contention`] (run it again; also when
+    /// a taken scope's row vanished before the read-back), [`StoreError::Unavailable`]
+    /// (connection lost; if during `COMMIT`, the outcome is unknown),
+    /// [`StoreError::Corrupt`].
     pub(crate) async fn submit_pipelined(&self, subs: &[Submission]) -> Result<Pipelined> {
         let Conn::Auto(client) = &self.conn else {
             return Err(StoreError::Corrupt(
@@ -206,36 +207,50 @@ impl PgTx<'_> {
         task_params.extend(event_arrays.params());
         let lookup = ScopeLookup::new(&taken);
         let lookup_params = lookup.params();
-        // Round trip 2: the read-back is a statement after the inserts, so it sees
-        // the scope rows that beat this batch (committed, RUST-NOTES §4.3) and the
-        // tasks this batch just wrote (two submissions of one scope in a batch).
-        let (tasks_written, existing, committed) = tokio::join!(
+        let insert_tasks = async {
+            if created.is_empty() {
+                Ok(0)
+            } else {
+                client.execute(&tasks_stmt, &task_params).await
+            }
+        };
+        if taken.is_empty() {
+            // Round trip 2 of a batch of new scopes only: tasks and events, COMMIT.
+            // Nothing is left to decode after COMMIT, so no error can follow it.
+            let (tasks_written, committed) =
+                tokio::join!(biased; insert_tasks, client.batch_execute("COMMIT"));
+            // In statement order: a failed insert turned COMMIT into a rollback.
+            tasks_written.map_err(map_pg_error)?;
+            committed.map_err(map_pg_error)?;
+            return answers(ops::answer_batch(subs, &won, created, Vec::new())?)
+                .map(Pipelined::Committed);
+        }
+        // Round trip 2 of a batch with taken scopes: tasks and events, then the
+        // read-back, a later statement, so it sees the scope rows that beat this
+        // batch (committed, RUST-NOTES §4.3) and the tasks this batch just wrote
+        // (two submissions of one scope in a batch). COMMIT waits for round trip 3,
+        // once every answer is decoded: any failure until then writes nothing.
+        let (tasks_written, existing) = tokio::join!(
             biased;
-            async {
-                if created.is_empty() {
-                    Ok(0)
-                } else {
-                    client.execute(&tasks_stmt, &task_params).await
-                }
-            },
-            async {
-                if taken.is_empty() {
-                    Ok(Vec::new())
-                } else {
-                    client.query(&lookup_stmt, &lookup_params).await
-                }
-            },
-            client.batch_execute("COMMIT"),
+            insert_tasks,
+            client.query(&lookup_stmt, &lookup_params),
         );
-        // In statement order: a failed insert or read turned COMMIT into a rollback.
         tasks_written.map_err(map_pg_error)?;
-        let existing = existing.map_err(map_pg_error)?;
-        committed.map_err(map_pg_error)?;
-        let existing = existing_scopes(&taken, &existing)?;
-        Ok(Pipelined::Committed(ops::answer_batch(
-            subs, &won, created, existing,
-        )?))
+        let existing = existing_scopes(&taken, &existing.map_err(map_pg_error)?)?;
+        let outcomes = answers(ops::answer_batch(subs, &won, created, existing)?)?;
+        client.batch_execute("COMMIT").await.map_err(map_pg_error)?;
+        Ok(Pipelined::Committed(outcomes))
     }
+}
+
+/// Every answer of a batch, or [`StoreError::Contention`] when a scope row
+/// vanished before it was read back (released by retention in between): the
+/// batch rolls back and runs again, as on the generic path.
+fn answers(outcomes: Vec<Option<SubmitOutcome>>) -> Result<Vec<SubmitOutcome>> {
+    outcomes
+        .into_iter()
+        .map(|o| o.ok_or_else(|| StoreError::Contention("scope row vanished; retry".into())))
+        .collect()
 }
 
 // ---------------------------------------------------------------- decoding

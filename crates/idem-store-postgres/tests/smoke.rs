@@ -430,7 +430,11 @@ async fn schema_guards_and_session_settings() {
         idem_store_postgres::map_pg_error(db.execute("DELETE FROM events", &[]).await.unwrap_err());
     assert!(matches!(err, idem_store::StoreError::Corrupt(_)), "{err:?}");
     // A task's api_key_id always names a key: key rows are revoked, never removed.
-    for sql in ["DELETE FROM api_keys", "TRUNCATE api_keys CASCADE"] {
+    for sql in [
+        "DELETE FROM api_keys",
+        "TRUNCATE api_keys CASCADE",
+        "UPDATE api_keys SET id = gen_random_uuid()",
+    ] {
         let err = db.execute(sql, &[]).await.unwrap_err();
         assert!(
             err.as_db_error()
@@ -681,4 +685,71 @@ async fn malformed_url_is_a_configuration_error() {
         connect(bad, PgOptions::default()).await,
         Err(idem_store::StoreError::Config(_))
     ));
+}
+
+/// A batch whose read-back fails (here a replayed task this binary cannot
+/// decode, e.g. written by a newer one) commits nothing: the pipelined batch
+/// commits only once every answer is decoded. Otherwise the lane, taking the
+/// failure for "nothing written", would submit each again and answer the tasks
+/// the batch had just created as replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_that_fails_after_its_inserts_commits_nothing() {
+    let url = fresh_database().await;
+    let store = connect(&url, PgOptions::default()).await.unwrap();
+    let (key, _) = store
+        .create_api_key("acme", Role::Client, None)
+        .await
+        .unwrap();
+    store
+        .submit(submission("acme", "undecodable", key.id, 'a'))
+        .await
+        .unwrap();
+    let db = raw(&url).await;
+    db.batch_execute(
+        "ALTER TABLE tasks DROP CONSTRAINT tasks_state_check; \
+         UPDATE tasks SET state = 'paused' WHERE idempotency_key = 'undecodable'",
+    )
+    .await
+    .unwrap();
+    let out = store
+        .execute(idem_store::Op::SubmitBatch(vec![
+            submission("acme", "direct", key.id, 'a'),
+            submission("acme", "undecodable", key.id, 'a'),
+        ]))
+        .await;
+    assert!(out.is_err(), "{out:?}");
+    let written: i64 = db
+        .query_one(
+            "SELECT count(*) FROM idempotency_keys WHERE idempotency_key = 'direct'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(written, 0, "a failed batch writes nothing");
+    // Through the submit lanes: the new keys batched with it are all created.
+    for round in 0..5 {
+        let mut handles = Vec::new();
+        for i in 0..16 {
+            let s = store.clone();
+            let key_name = if i == 0 {
+                "undecodable".to_owned()
+            } else {
+                format!("new-{round}-{i}")
+            };
+            let sub = submission("acme", &key_name, key.id, 'a');
+            handles.push(tokio::spawn(async move { (i, s.submit(sub).await) }));
+        }
+        for h in handles {
+            let (i, res) = h.await.unwrap();
+            if i == 0 {
+                assert!(res.is_err(), "the undecodable task cannot be answered");
+            } else {
+                assert!(
+                    matches!(res, Ok(SubmitOutcome::Created(_))),
+                    "round {round}: new-{i} answered {res:?}"
+                );
+            }
+        }
+    }
 }
