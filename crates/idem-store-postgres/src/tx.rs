@@ -123,15 +123,16 @@ pub(crate) enum Pipelined {
 
 impl PgTx<'_> {
     /// Submits `subs` with the statements of the generic path
-    /// ([`idem_store::ops`] `SubmitBatch`) in two round trips instead of five
-    /// (three when some scopes were taken), using the protocol's pipelining:
-    /// `BEGIN`, the clock and key check and the scope rows are sent together;
-    /// then the new tasks with their events and, for a batch of new scopes only,
-    /// `COMMIT`; a batch with taken scopes sends their read-back instead and
-    /// commits once every answer is decoded. Each statement still runs in order
-    /// in one READ COMMITTED transaction, with its own snapshot, so the answers
-    /// are the generic path's, and nothing can fail after `COMMIT`. Only on an
-    /// autocommit [`PgTx`] (the connection itself).
+    /// ([`idem_store::ops`] `SubmitBatch`) in two round trips instead of five,
+    /// using the protocol's pipelining. Round trip 1: `BEGIN`, the clock and key
+    /// check, the scope rows. Round trip 2: the new tasks with their events and
+    /// `COMMIT` (a batch that won every scope), or the read-back of the taken
+    /// scopes and `COMMIT` (a batch that won none, so wrote nothing). A batch
+    /// with both sends the tasks and the read-back, and commits in a third round
+    /// trip once every answer is decoded. Each statement still runs in order in
+    /// one READ COMMITTED transaction, with its own snapshot, so the answers are
+    /// the generic path's, and nothing can fail after a `COMMIT` that wrote
+    /// something. Only on an autocommit [`PgTx`] (the connection itself).
     ///
     /// A failed statement aborts the transaction, and PostgreSQL then ends a
     /// pipelined `COMMIT` as a rollback: errors are read in statement order and
@@ -225,10 +226,27 @@ impl PgTx<'_> {
             return answers(ops::answer_batch(subs, &won, created, Vec::new())?)
                 .map(Pipelined::Committed);
         }
-        // Round trip 2 of a batch with taken scopes: tasks and events, then the
-        // read-back, a later statement, so it sees the scope rows that beat this
-        // batch (committed, RUST-NOTES §4.3) and the tasks this batch just wrote
-        // (two submissions of one scope in a batch). COMMIT waits for round trip 3,
+        if created.is_empty() {
+            // Round trip 2 of a batch that won no scope (replays and conflicts
+            // only): the read-back and COMMIT. The batch wrote nothing, so an
+            // error found after COMMIT (a row that does not decode, a vanished
+            // scope) leaves nothing behind either, and the batch may run again.
+            drop(insert_tasks);
+            let (existing, committed) = tokio::join!(
+                biased;
+                client.query(&lookup_stmt, &lookup_params),
+                client.batch_execute("COMMIT"),
+            );
+            let existing = existing.map_err(map_pg_error)?;
+            committed.map_err(map_pg_error)?;
+            let existing = existing_scopes(&taken, &existing)?;
+            return answers(ops::answer_batch(subs, &won, created, existing)?)
+                .map(Pipelined::Committed);
+        }
+        // Round trip 2 of a batch with both: tasks and events, then the read-back,
+        // a later statement, so it sees the scope rows that beat this batch
+        // (committed, RUST-NOTES §4.3) and the tasks this batch just wrote (two
+        // submissions of one scope in a batch). COMMIT waits for round trip 3,
         // once every answer is decoded: any failure until then writes nothing.
         let (tasks_written, existing) = tokio::join!(
             biased;
