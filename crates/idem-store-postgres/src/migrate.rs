@@ -14,6 +14,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
         2,
         include_str!("../migrations/0002_api_keys_never_deleted.sql"),
     ),
+    (3, include_str!("../migrations/0003_claim_order_index.sql")),
 ];
 
 /// Key of the advisory lock that serializes migrations (ASCII `idem_mig`).

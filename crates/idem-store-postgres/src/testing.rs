@@ -10,6 +10,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use tokio_postgres::NoTls;
 
+/// The SQL of a claim's scan (`Tx::claimable`), to check its plan.
+pub const CLAIMABLE_SQL: &str = crate::tx::CLAIMABLE;
+
 /// The default test server URL.
 pub const DEFAULT_TEST_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 

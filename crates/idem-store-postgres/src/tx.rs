@@ -724,6 +724,24 @@ fn evidence_from_row(row: &Row) -> Result<Evidence> {
     })
 }
 
+/// The claimable tasks of tenant `$1` in classes `$2` ready at `$3` (ms), oldest
+/// first (`ready_at`, then `id`), at most `$4`, locked `FOR UPDATE SKIP LOCKED`.
+///
+/// One ordered walk of the partial index `tasks_claim_order` per distinct class
+/// (the inner WHERE repeats the index predicate), each stopping at the limit,
+/// then the oldest across classes: a claim's cost follows its limit, not the
+/// backlog (migration 3). A row locked by a class's walk but cut by the outer
+/// limit stays locked until the claim commits (at most `$4` per class); other
+/// claimers skip it meanwhile.
+pub(crate) const CLAIMABLE: &str = "SELECT c.id \
+     FROM (SELECT DISTINCT op FROM unnest($2::text[]) AS u(op)) AS o CROSS JOIN LATERAL ( \
+       SELECT id, ready_at FROM tasks \
+       WHERE tenant = $1 AND operation = o.op AND ready_at <= $3 \
+         AND active_attempt_id IS NULL AND state IN ('queued', 'retry_wait', 'reconciling') \
+         AND next_kind IS NOT NULL \
+       ORDER BY ready_at, id LIMIT $4 FOR UPDATE SKIP LOCKED) AS c \
+     ORDER BY c.ready_at, c.id LIMIT $4";
+
 // ---------------------------------------------------------------- submit batches
 
 /// The database clock (ms) and which of the keys `$1` are live (not revoked).
@@ -1244,19 +1262,11 @@ impl Tx for PgTx<'_> {
             return Ok(Vec::new());
         }
         let now = now.ms();
-        // The WHERE clause repeats the predicate of the partial index `tasks_claimable`.
-        self.query(
-            "SELECT id FROM tasks \
-             WHERE tenant = $1 AND operation = ANY($2) AND ready_at <= $3 \
-               AND active_attempt_id IS NULL AND state IN ('queued', 'retry_wait', 'reconciling') \
-               AND next_kind IS NOT NULL \
-             ORDER BY ready_at, id LIMIT $4 FOR UPDATE SKIP LOCKED",
-            &[&tenant, &operations, &now, &limit],
-        )
-        .await?
-        .iter()
-        .map(|r| get(r, "id"))
-        .collect()
+        self.query(CLAIMABLE, &[&tenant, &operations, &now, &limit])
+            .await?
+            .iter()
+            .map(|r| get(r, "id"))
+            .collect()
     }
 
     async fn expired_leases(&mut self, now: Timestamp, limit: i64) -> Result<Vec<(Uuid, Uuid)>> {

@@ -292,7 +292,7 @@ async fn migrations_run_once_and_are_idempotent() {
     for h in handles {
         applied.extend(h.await.unwrap().unwrap());
     }
-    assert_eq!(applied, vec![1, 2], "each migration once, in order");
+    assert_eq!(applied, vec![1, 2, 3], "each migration once, in order");
     assert!(idem_store_postgres::migrate(&url).await.unwrap().is_empty());
     connect(&url, PgOptions::default()).await.unwrap();
 }
@@ -752,4 +752,99 @@ async fn a_batch_that_fails_after_its_inserts_commits_nothing() {
             }
         }
     }
+}
+
+/// A claim walks `tasks_claim_order` once per class and stops at its limit: no
+/// sort of the tenant's backlog, whatever the backlog (migration 3). Checked on
+/// the generic plan idem's sessions use, with a backlog of 2,000 tasks in two
+/// classes, plus the answer: the oldest across both classes, a class listed
+/// twice counted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_walk_the_claim_index_instead_of_sorting_the_backlog() {
+    let url = fresh_database().await;
+    let store = connect(&url, PgOptions::default()).await.unwrap();
+    let (key, _) = store
+        .create_api_key("acme", Role::Admin, None)
+        .await
+        .unwrap();
+    for i in 0..20 {
+        store
+            .submit(submission("acme", &format!("seed-{i}"), key.id, 'c'))
+            .await
+            .unwrap();
+    }
+    let db = raw(&url).await;
+    // A backlog in two classes, written straight from the seeded rows.
+    db.batch_execute(
+        "INSERT INTO tasks SELECT (md5(t.id::text || g)::uuid), t.tenant, \
+           CASE WHEN g % 2 = 0 THEN 'payment.release' ELSE t.operation END, \
+           t.idempotency_key || '-' || g, t.fingerprint, t.canonical_request, t.params, t.state, \
+           t.generation, t.version, t.event_seq, t.attempt_count, t.execute_count, t.usage, \
+           t.contract, t.cancellation, t.delivery, t.failure, t.api_key_id, t.next_kind, \
+           t.active_attempt_id, t.ready_at + g, t.deadline_at, t.terminal_at, t.key_expires_at, \
+           t.created_at, t.updated_at \
+         FROM tasks t, generate_series(1, 100) g; ANALYZE tasks",
+    )
+    .await
+    .unwrap();
+    let backlog: i64 = db
+        .query_one("SELECT count(*) FROM tasks", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(backlog, 2_020);
+    let plan: Vec<String> = db
+        .simple_query(&format!(
+            "SET plan_cache_mode = force_generic_plan; \
+             PREPARE claimable(text, text[], bigint, bigint) AS {}; \
+             EXPLAIN EXECUTE claimable('acme', '{{generation.dispatch,payment.release}}', 9000000000000, 4)",
+            idem_store_postgres::testing::CLAIMABLE_SQL
+        ))
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+            _ => None,
+        })
+        .collect();
+    let plan = plan.join("\n");
+    assert!(plan.contains("tasks_claim_order"), "{plan}");
+    // The only sort is the outer one, of at most `limit` rows per class.
+    assert!(
+        plan.lines()
+            .filter(|l| l.contains("Sort Key:"))
+            .all(|l| l.contains("c.ready_at")),
+        "a class's backlog must not be sorted: {plan}"
+    );
+    // The answer: the oldest ready tasks across both classes.
+    let expected: Vec<Uuid> = db
+        .query(
+            "SELECT id FROM tasks WHERE tenant = 'acme' ORDER BY ready_at, id LIMIT 4",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let got = store
+        .claim(ClaimRequest {
+            tenant: "acme".into(),
+            operations: vec![
+                "payment.release".into(),
+                "generation.dispatch".into(),
+                "payment.release".into(),
+            ],
+            executor_id: "ex".into(),
+            max: 4,
+            lease_ms: None,
+        })
+        .await
+        .unwrap();
+    let mut got: Vec<Uuid> = got.into_iter().map(|c| c.task.id).collect();
+    let mut want = expected.clone();
+    got.sort();
+    want.sort();
+    assert_eq!(got, want, "the oldest four across both classes, each once");
 }
