@@ -44,6 +44,7 @@ pub const READERS: usize = 4;
 pub const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0001_init.sql"),
     include_str!("../migrations/0002_tasks_or_checks.sql"),
+    include_str!("../migrations/0003_claim_order_index.sql"),
 ];
 
 /// Options of the SQLite store.
@@ -553,6 +554,14 @@ impl SqliteTx<'_> {
     }
 }
 
+/// The claimable tasks of tenant `?1` in class `?2` ready at `?3` (ms), oldest
+/// first (`ready_at`, then `id`), at most `?4`: an ordered walk of the partial
+/// index `tasks_claim_order`, whose predicate it repeats word for word.
+pub const CLAIMABLE_IN_CLASS: &str = "SELECT id, ready_at FROM tasks WHERE tenant = ?1 AND operation = ?2 \
+     AND active_attempt_id IS NULL AND (state = 'queued' OR state = 'retry_wait' OR state = 'reconciling') \
+     AND ready_at <= ?3 \
+     ORDER BY ready_at, id LIMIT ?4";
+
 impl Tx for SqliteTx<'_> {
     async fn now(&mut self) -> Result<Timestamp, StoreError> {
         Ok(clock(self.options))
@@ -900,14 +909,30 @@ impl Tx for SqliteTx<'_> {
         now: Timestamp,
         limit: i64,
     ) -> Result<Vec<Uuid>, StoreError> {
-        let ops = to_json(&operations)?;
-        self.ids(
-            "SELECT id FROM tasks WHERE tenant = ?1 AND operation IN (SELECT value FROM json_each(?2)) \
-             AND active_attempt_id IS NULL AND (state = 'queued' OR state = 'retry_wait' OR state = 'reconciling') \
-             AND ready_at <= ?3 \
-             ORDER BY ready_at, id LIMIT ?4",
-            params![tenant, ops, now.0, limit],
-        )
+        // One ordered walk of `tasks_claim_order` per distinct class, each
+        // stopping at the limit, then the oldest across classes (migration 3):
+        // a claim's cost follows its limit, not the backlog.
+        let mut classes: Vec<&str> = operations.iter().map(String::as_str).collect();
+        classes.sort_unstable();
+        classes.dedup();
+        let mut stmt = self.conn.prepare_cached(CLAIMABLE_IN_CLASS).map_err(db)?;
+        let mut found: Vec<(i64, String)> = Vec::new();
+        for class in classes {
+            let rows = stmt
+                .query_map(params![tenant, class, now.0, limit], |r| {
+                    Ok((r.get::<_, i64>(1)?, r.get::<_, String>(0)?))
+                })
+                .map_err(db)?;
+            for row in rows {
+                found.push(row.map_err(decode)?);
+            }
+        }
+        found.sort_unstable();
+        found.truncate(usize::try_from(limit).unwrap_or(0));
+        found
+            .into_iter()
+            .map(|(_, id)| uuid(&id).map_err(decode))
+            .collect()
     }
 
     async fn expired_leases(

@@ -162,7 +162,24 @@ async fn v1_file_migrates_to_latest_with_rows_and_constraints_intact() {
             |r| r.get(3),
         )
         .unwrap();
-    assert!(plan.contains("tasks_claimable"), "claim plan: {plan}");
+    assert!(plan.contains("tasks_claim_order"), "claim plan: {plan}");
+    // A claim walks the index in claim order: no sort of the backlog.
+    let mut stmt = conn
+        .prepare(&format!(
+            "EXPLAIN QUERY PLAN {}",
+            idem_store_sqlite::CLAIMABLE_IN_CLASS
+        ))
+        .unwrap();
+    let claim_plan: Vec<String> = stmt
+        .query_map(rusqlite::params!["acme", "x", 0, 4], |r| r.get(3))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    let claim_plan = claim_plan.join("\n");
+    assert!(
+        claim_plan.contains("tasks_claim_order") && !claim_plan.contains("TEMP B-TREE"),
+        "claim plan: {claim_plan}"
+    );
     let orphans: i64 = conn
         .query_row("SELECT count(*) FROM pragma_foreign_key_check", [], |r| {
             r.get(0)

@@ -75,6 +75,7 @@ macro_rules! store_conformance {
             first_event_records_acceptance_decision,
             claim_leases_first_attempt_with_params,
             claim_respects_tenant_operations_and_max,
+            claim_takes_oldest_ready_first_across_classes,
             succeeded_report_delivers_once_with_charge,
             safe_lease_expiry_fences_old_generation,
             heartbeat_extends_lease,
@@ -1233,6 +1234,29 @@ pub async fn claim_respects_tenant_operations_and_max(store: Store) {
     for id in safe_ids.iter().chain([&pay.id]) {
         assert_history(&store, *id).await;
     }
+}
+
+/// A claim takes the oldest ready tasks first (`ready_at`, then id) across all
+/// the classes it names, a class named twice counting once, and stops at its
+/// max.
+pub async fn claim_takes_oldest_ready_first_across_classes(store: Store) {
+    let c = Ctx::new(&store, "acme").await;
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let op = if i % 2 == 0 { SAFE } else { NON_SAFE };
+        tasks.push(c.create(op, &contract(op)).await);
+    }
+    tasks.sort_by_key(|t| (t.control.ready_at, t.id));
+    let order: Vec<Uuid> = tasks.iter().map(|t| t.id).collect();
+    let mut claimed = Vec::new();
+    for expect in [3, 3, 2, 0] {
+        let got = c.claim(&[NON_SAFE, SAFE, NON_SAFE], None, 3).await;
+        assert_eq!(got.len(), expect, "max 3 out of what is left");
+        let mut ids: Vec<Uuid> = got.iter().map(|cl| cl.task.id).collect();
+        ids.sort_by_key(|id| order.iter().position(|o| o == id));
+        claimed.extend(ids);
+    }
+    assert_eq!(claimed, order, "oldest ready first, each task once");
 }
 
 /// `succeeded` delivers: the task succeeds with a delivery whose charge is the
