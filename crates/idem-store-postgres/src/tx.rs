@@ -727,20 +727,30 @@ fn evidence_from_row(row: &Row) -> Result<Evidence> {
 /// The claimable tasks of tenant `$1` in classes `$2` ready at `$3` (ms), oldest
 /// first (`ready_at`, then `id`), at most `$4`, locked `FOR UPDATE SKIP LOCKED`.
 ///
-/// One ordered walk of the partial index `tasks_claim_order` per distinct class
-/// (the inner WHERE repeats the index predicate), each stopping at the limit,
-/// then the oldest across classes: a claim's cost follows its limit, not the
-/// backlog (migration 3). A row locked by a class's walk but cut by the outer
-/// limit stays locked until the claim commits (at most `$4` per class); other
-/// claimers skip it meanwhile.
-pub(crate) const CLAIMABLE: &str = "SELECT c.id \
-     FROM (SELECT DISTINCT op FROM unnest($2::text[]) AS u(op)) AS o CROSS JOIN LATERAL ( \
-       SELECT id, ready_at FROM tasks \
-       WHERE tenant = $1 AND operation = o.op AND ready_at <= $3 \
+/// Candidates: one ordered walk of the partial index `tasks_claim_order` per
+/// distinct class (the WHERE repeats the index predicate), each stopping after
+/// `$4 + 64` rows, merged oldest first; a claim's cost follows its
+/// limit, not the backlog (migration 3). Then each candidate, in that order,
+/// is locked by primary key (`FOR UPDATE SKIP LOCKED`, the predicate checked
+/// again on the row as locked) until `$4` are held: a claim locks only the rows
+/// it returns, and rows other claimers hold are skipped (up to 64 of them per
+/// class before a claim comes back short).
+pub(crate) const CLAIMABLE: &str = "SELECT t.id FROM ( \
+       SELECT c.id, c.ready_at \
+       FROM (SELECT DISTINCT op FROM unnest($2::text[]) AS u(op)) AS o CROSS JOIN LATERAL ( \
+         SELECT id, ready_at FROM tasks \
+         WHERE tenant = $1 AND operation = o.op AND ready_at <= $3 \
+           AND active_attempt_id IS NULL AND state IN ('queued', 'retry_wait', 'reconciling') \
+           AND next_kind IS NOT NULL \
+         ORDER BY ready_at, id LIMIT $4::bigint + 64) AS c \
+       ORDER BY c.ready_at, c.id) AS candidate \
+     CROSS JOIN LATERAL ( \
+       SELECT id FROM tasks \
+       WHERE id = candidate.id AND ready_at <= $3 \
          AND active_attempt_id IS NULL AND state IN ('queued', 'retry_wait', 'reconciling') \
          AND next_kind IS NOT NULL \
-       ORDER BY ready_at, id LIMIT $4 FOR UPDATE SKIP LOCKED) AS c \
-     ORDER BY c.ready_at, c.id LIMIT $4";
+       FOR UPDATE SKIP LOCKED) AS t \
+     ORDER BY candidate.ready_at, candidate.id LIMIT $4";
 
 // ---------------------------------------------------------------- submit batches
 
