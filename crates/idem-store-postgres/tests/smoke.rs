@@ -18,6 +18,30 @@ async fn store() -> Store {
         .unwrap()
 }
 
+/// A store on a fresh database (and its URL), an admin key of tenant `acme`,
+/// and one task submitted with it per idempotency key in `keys`, fingerprint
+/// `fp`.
+async fn seeded<K: AsRef<str>>(keys: &[K], fp: char) -> (String, Store, idem_core::model::ApiKey) {
+    let url = fresh_database().await;
+    let store = connect(&url, PgOptions::default()).await.unwrap();
+    let (key, _) = store
+        .create_api_key("acme", Role::Admin, None)
+        .await
+        .unwrap();
+    for k in keys {
+        store
+            .submit(submission("acme", k.as_ref(), key.id, fp))
+            .await
+            .unwrap();
+    }
+    (url, store, key)
+}
+
+/// `n` idempotency keys `{prefix}0…`.
+fn keys(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}{i}")).collect()
+}
+
 fn submission(tenant: &str, key: &str, api_key_id: Uuid, fp: char) -> Submission {
     let contract = Config::bundled()
         .unwrap()
@@ -406,16 +430,7 @@ async fn leases_expire_and_keys_are_released_by_the_sweeper() {
 
 #[tokio::test]
 async fn schema_guards_and_session_settings() {
-    let url = fresh_database().await;
-    let store = connect(&url, PgOptions::default()).await.unwrap();
-    let (key, _) = store
-        .create_api_key("acme", Role::Admin, None)
-        .await
-        .unwrap();
-    store
-        .submit(submission("acme", "k", key.id, 'g'))
-        .await
-        .unwrap();
+    let (url, _store, _) = seeded(&["k"], 'g').await;
     let db = raw(&url).await;
     let err = db
         .execute("UPDATE events SET type = 'x'", &[])
@@ -478,18 +493,7 @@ async fn schema_guards_and_session_settings() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recovers_after_connections_are_killed() {
-    let url = fresh_database().await;
-    let store = connect(&url, PgOptions::default()).await.unwrap();
-    let (key, _) = store
-        .create_api_key("acme", Role::Admin, None)
-        .await
-        .unwrap();
-    for i in 0..4 {
-        store
-            .submit(submission("acme", &format!("k{i}"), key.id, 'h'))
-            .await
-            .unwrap();
-    }
+    let (url, store, key) = seeded(&keys("k", 4), 'h').await;
     let db = raw(&fresh_url_server()).await;
     let dbname = url.rsplit('/').next().unwrap().to_owned();
     let killed: i64 = db
@@ -694,16 +698,7 @@ async fn malformed_url_is_a_configuration_error() {
 /// the batch had just created as replays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_batch_that_fails_after_its_inserts_commits_nothing() {
-    let url = fresh_database().await;
-    let store = connect(&url, PgOptions::default()).await.unwrap();
-    let (key, _) = store
-        .create_api_key("acme", Role::Client, None)
-        .await
-        .unwrap();
-    store
-        .submit(submission("acme", "undecodable", key.id, 'a'))
-        .await
-        .unwrap();
+    let (url, store, key) = seeded(&["undecodable"], 'a').await;
     let db = raw(&url).await;
     db.batch_execute(
         "ALTER TABLE tasks DROP CONSTRAINT tasks_state_check; \
@@ -761,18 +756,7 @@ async fn a_batch_that_fails_after_its_inserts_commits_nothing() {
 /// twice counted once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_walk_the_claim_index_instead_of_sorting_the_backlog() {
-    let url = fresh_database().await;
-    let store = connect(&url, PgOptions::default()).await.unwrap();
-    let (key, _) = store
-        .create_api_key("acme", Role::Admin, None)
-        .await
-        .unwrap();
-    for i in 0..20 {
-        store
-            .submit(submission("acme", &format!("seed-{i}"), key.id, 'c'))
-            .await
-            .unwrap();
-    }
+    let (url, store, _) = seeded(&keys("seed-", 20), 'c').await;
     let db = raw(&url).await;
     // A backlog in two classes, written straight from the seeded rows.
     db.batch_execute(
