@@ -102,6 +102,42 @@ impl<'a> PgTx<'a> {
         .map_err(map_pg_error)
     }
 
+    /// New tasks and their events (`events[i]` belongs to `tasks[i]`) in one
+    /// statement: tasks as one array per column (prepared once per connection
+    /// whatever the batch size), events in a CTE. `stmt` is
+    /// [`TASKS_WITH_EVENTS_INSERT`] prepared on this connection, so the request
+    /// goes out on the future's first poll (the pipelined submit relies on it);
+    /// nothing is sent for no tasks.
+    async fn insert_new_tasks(
+        &self,
+        stmt: &tokio_postgres::Statement,
+        tasks: &[Task],
+        events: &[Vec<Event>],
+    ) -> Result<()> {
+        if tasks.is_empty() {
+            return Ok(());
+        }
+        let values = tasks
+            .iter()
+            .map(TaskValues::new)
+            .collect::<Result<Vec<_>>>()?;
+        let arrays = TaskArrays::new(&values);
+        let events = EventArrays::new(
+            tasks
+                .iter()
+                .zip(events)
+                .flat_map(|(t, events)| events.iter().map(|e| (t.id, e))),
+        )?;
+        let mut params: Vec<Param<'_>> = arrays.params().to_vec();
+        params.extend(events.params());
+        match &self.conn {
+            Conn::Tx(tx) => tx.execute(stmt, &params).await,
+            Conn::Auto(c) => c.execute(stmt, &params).await,
+        }
+        .map_err(map_pg_error)?;
+        Ok(())
+    }
+
     async fn exec(&self, sql: &str, params: &[Param<'_>]) -> Result<u64> {
         let stmt = self.statement(sql).await?;
         match &self.conn {
@@ -193,35 +229,18 @@ impl PgTx<'_> {
         }
         let (created, journals) = ops::accept_winners(subs, &rows, &won, now);
         let taken = ops::taken_scopes(subs, &won);
-        let values = created
-            .iter()
-            .map(TaskValues::new)
-            .collect::<Result<Vec<_>>>()?;
-        let task_arrays = TaskArrays::new(&values);
-        let event_arrays = EventArrays::new(
-            created
-                .iter()
-                .zip(&journals)
-                .flat_map(|(t, events)| events.iter().map(|e| (t.id, e))),
-        )?;
-        let mut task_params: Vec<Param<'_>> = task_arrays.params().to_vec();
-        task_params.extend(event_arrays.params());
         let lookup = ScopeLookup::new(&taken);
         let lookup_params = lookup.params();
-        let insert_tasks = async {
-            if created.is_empty() {
-                Ok(0)
-            } else {
-                client.execute(&tasks_stmt, &task_params).await
-            }
-        };
         if taken.is_empty() {
             // Round trip 2 of a batch of new scopes only: tasks and events, COMMIT.
             // Nothing is left to decode after COMMIT, so no error can follow it.
-            let (tasks_written, committed) =
-                tokio::join!(biased; insert_tasks, client.batch_execute("COMMIT"));
+            let (tasks_written, committed) = tokio::join!(
+                biased;
+                self.insert_new_tasks(&tasks_stmt, &created, &journals),
+                client.batch_execute("COMMIT"),
+            );
             // In statement order: a failed insert turned COMMIT into a rollback.
-            tasks_written.map_err(map_pg_error)?;
+            tasks_written?;
             committed.map_err(map_pg_error)?;
             return answers(ops::answer_batch(subs, &won, created, Vec::new())?)
                 .map(Pipelined::Committed);
@@ -231,7 +250,6 @@ impl PgTx<'_> {
             // only): the read-back and COMMIT. The batch wrote nothing, so an
             // error found after COMMIT (a row that does not decode, a vanished
             // scope) leaves nothing behind either, and the batch may run again.
-            drop(insert_tasks);
             let (existing, committed) = tokio::join!(
                 biased;
                 client.query(&lookup_stmt, &lookup_params),
@@ -250,10 +268,10 @@ impl PgTx<'_> {
         // once every answer is decoded: any failure until then writes nothing.
         let (tasks_written, existing) = tokio::join!(
             biased;
-            insert_tasks,
+            self.insert_new_tasks(&tasks_stmt, &created, &journals),
             client.query(&lookup_stmt, &lookup_params),
         );
-        tasks_written.map_err(map_pg_error)?;
+        tasks_written?;
         let existing = existing_scopes(&taken, &existing.map_err(map_pg_error)?)?;
         let outcomes = answers(ops::answer_batch(subs, &won, created, existing)?)?;
         client.batch_execute("COMMIT").await.map_err(map_pg_error)?;
@@ -1061,23 +1079,8 @@ impl Tx for PgTx<'_> {
         if tasks.is_empty() {
             return Ok(());
         }
-        // One statement for the whole batch: tasks as one array per column
-        // (prepared once per connection whatever the batch size), events in a CTE.
-        let values = tasks
-            .iter()
-            .map(TaskValues::new)
-            .collect::<Result<Vec<_>>>()?;
-        let arrays = TaskArrays::new(&values);
-        let events = EventArrays::new(
-            tasks
-                .iter()
-                .zip(events)
-                .flat_map(|(t, events)| events.iter().map(|e| (t.id, e))),
-        )?;
-        let mut params: Vec<Param<'_>> = arrays.params().to_vec();
-        params.extend(events.params());
-        self.exec(&TASKS_WITH_EVENTS_INSERT, &params).await?;
-        Ok(())
+        let stmt = self.statement(&TASKS_WITH_EVENTS_INSERT).await?;
+        self.insert_new_tasks(&stmt, tasks, events).await
     }
 
     async fn task(&mut self, id: Uuid, lock: bool) -> Result<Option<Task>> {
