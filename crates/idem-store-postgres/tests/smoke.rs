@@ -352,12 +352,7 @@ fn claim_req(max: i64, lease_ms: Option<i64>) -> ClaimRequest {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_expire_and_keys_are_released_by_the_sweeper() {
-    let url = fresh_database().await;
-    let store = connect(&url, PgOptions::default()).await.unwrap();
-    let (key, _) = store
-        .create_api_key("acme", Role::Admin, None)
-        .await
-        .unwrap();
+    let (url, store, key) = seeded::<&str>(&[], 'e').await;
     let SubmitOutcome::Created(task) = store
         .submit(submission("acme", "k", key.id, 'e'))
         .await
