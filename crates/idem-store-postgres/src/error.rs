@@ -92,3 +92,9 @@ pub(crate) fn pool_error(e: deadpool_postgres::PoolError) -> StoreError {
 pub(crate) fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt(format!("{what}: {e}"))
 }
+
+/// Parses a PostgreSQL URL; a malformed one is [`StoreError::Config`].
+pub(crate) fn parse_url(url: &str) -> Result<tokio_postgres::Config, StoreError> {
+    url.parse()
+        .map_err(|e| StoreError::Config(format!("invalid PostgreSQL URL: {e}")))
+}

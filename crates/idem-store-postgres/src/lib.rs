@@ -204,16 +204,17 @@ async fn submit_lane(
 ) {
     let mut held = None;
     while let Some(batch) = next_batch(&queue, SUBMIT_BATCH, &mut held).await {
-        let subs: Vec<Submission> = batch.iter().map(|(s, _)| s.clone()).collect();
-        let res = PgBackend::run_held(&pool, &mut held, &Op::SubmitBatch(subs), max_retries).await;
+        let (subs, replies): (Vec<Submission>, Vec<_>) = batch.into_iter().unzip();
+        let op = Op::SubmitBatch(subs);
+        let res = PgBackend::run_held(&pool, &mut held, &op, max_retries).await;
         match res {
-            Ok(Output::SubmittedBatch(outcomes)) if outcomes.len() == batch.len() => {
-                for ((_, reply), outcome) in batch.into_iter().zip(outcomes) {
+            Ok(Output::SubmittedBatch(outcomes)) if outcomes.len() == replies.len() => {
+                for (reply, outcome) in replies.into_iter().zip(outcomes) {
                     let _ = reply.send(Ok(outcome));
                 }
             }
             Ok(_) => {
-                for (_, reply) in batch {
+                for reply in replies {
                     let _ = reply.send(Err(StoreError::Corrupt(
                         "submit batch answered the wrong shape".into(),
                     )));
@@ -224,16 +225,21 @@ async fn submit_lane(
             // key, which then answers created-or-replayed truthfully. Submitting
             // each again here would report a task this batch created as a replay,
             // and would wait out the pool timeout once per submission.
-            Err(e) if batch.len() == 1 || e.is_retryable() => {
-                for (_, reply) in batch {
+            Err(e) if replies.len() == 1 || e.is_retryable() => {
+                for reply in replies {
                     let _ = reply.send(Err(e.clone()));
                 }
             }
             Err(_) => {
                 // One submission's values failed the batch (e.g. a row over an
                 // index limit, nothing written): submit each on its own so only
-                // that one fails.
-                for (sub, reply) in batch {
+                // that one fails. (`op` is the batch built above; were it not,
+                // the dropped replies would answer "batcher stopped".)
+                let subs = match op {
+                    Op::SubmitBatch(subs) => subs,
+                    _ => Vec::new(),
+                };
+                for (sub, reply) in subs.into_iter().zip(replies) {
                     let one =
                         PgBackend::run(pool.clone(), Op::SubmitBatch(vec![sub]), max_retries).await;
                     let answer = match one {
@@ -268,9 +274,7 @@ pub async fn connect(url: &str, options: PgOptions) -> Result<Store> {
 
 /// The tokio-postgres configuration of `url` with idem's session settings added.
 fn session_config(url: &str, options: &PgOptions) -> Result<tokio_postgres::Config> {
-    let mut cfg: tokio_postgres::Config = url
-        .parse()
-        .map_err(|e| StoreError::Config(format!("invalid PostgreSQL URL: {e}")))?;
+    let mut cfg = error::parse_url(url)?;
     // Generic plans: idem's statements are point and range lookups on indexed
     // columns whose best plan does not depend on the values, and with array
     // parameters (`unnest`, `= ANY`) PostgreSQL otherwise re-plans the submit

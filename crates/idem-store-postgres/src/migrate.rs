@@ -5,7 +5,7 @@
 use idem_store::{Result, StoreError};
 use tokio_postgres::NoTls;
 
-use crate::error::{connect_pg_error, is_transient, map_pg_error};
+use crate::error::{connect_pg_error, is_transient, map_pg_error, parse_url};
 
 /// The migrations of this binary: `(version, SQL)`, ascending.
 pub const MIGRATIONS: &[(i32, &str)] = &[
@@ -39,9 +39,7 @@ fn migration_error(e: tokio_postgres::Error) -> StoreError {
 /// reached; [`StoreError::Migration`] when a migration fails or the schema is
 /// newer than this binary.
 pub async fn migrate(url: &str) -> Result<Vec<i32>> {
-    let config: tokio_postgres::Config = url
-        .parse()
-        .map_err(|e| StoreError::Config(format!("invalid PostgreSQL URL: {e}")))?;
+    let config = parse_url(url)?;
     let (mut client, connection) = config.connect(NoTls).await.map_err(connect_pg_error)?;
     let conn = tokio::spawn(async move {
         if let Err(e) = connection.await {
