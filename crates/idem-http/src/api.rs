@@ -289,12 +289,13 @@ async fn submit_inner(
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> AppResult<(Response, bool)> {
-    let (key, submission) = match prepare_submission(st, &submitter.caller, headers, body) {
+    let submission = match prepare_submission(st, &submitter.caller, headers, body) {
         Ok(v) => v,
         // Refused before the store saw it: a cached key is confirmed first, so
         // a revoked key learns nothing but 401.
         Err(p) => return Err(submitter.confirm(st, p).await),
     };
+    let key = submission.idempotency_key.clone();
     let outcome = st.store.submit(submission).await?;
     let (task, replayed) = match outcome {
         SubmitOutcome::Created(t) => {
@@ -339,14 +340,14 @@ async fn submit_inner(
 }
 
 /// Validates and fingerprints a submit (role, `Idempotency-Key`, strict body,
-/// operation class, grant, RFC 8785 canonical request); returns the parsed
-/// idempotency key and the submission for the store.
+/// operation class, grant, RFC 8785 canonical request); returns the submission
+/// for the store.
 fn prepare_submission(
     st: &crate::AppState,
     caller: &Caller,
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> AppResult<(String, Submission)> {
+) -> AppResult<Submission> {
     caller.require(Role::Client)?;
     let key = parse_header_values(
         headers
@@ -373,7 +374,7 @@ fn prepare_submission(
         .get(&body.operation)
         .cloned()
         .ok_or_else(|| Problem::invalid("unknown operation"))?;
-    let submission = Submission {
+    Ok(Submission {
         tenant: caller.0.tenant.clone(),
         operation: body.operation.clone(),
         idempotency_key: key.as_str().to_owned(),
@@ -383,8 +384,7 @@ fn prepare_submission(
         contract,
         api_key_id: caller.0.id,
         grant: caller.0.operations.clone(),
-    };
-    Ok((key.as_str().to_owned(), submission))
+    })
 }
 
 /// Look a task up by scope after a timeout.
