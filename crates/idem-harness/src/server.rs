@@ -23,12 +23,20 @@ pub struct InProcess {
     pub sqlite_path: Option<std::path::PathBuf>,
     _dir: Option<tempfile::TempDir>,
     stop: Option<oneshot::Sender<()>>,
+    /// The server's own runtime (see [`start`]).
+    runtime: Option<tokio::runtime::Runtime>,
 }
 
 impl Drop for InProcess {
     fn drop(&mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
+        }
+        // Dropping a runtime blocks, which an async caller may not do; the
+        // server's tasks are dropped without waiting (the SQLite writer thread
+        // ends when the last handle to its queue is gone).
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
         }
     }
 }
@@ -72,42 +80,63 @@ pub async fn open_store(
 /// Starts a server with `config` on `store_url` (see [`open_store`]), with a
 /// sweeper every `sweep`.
 ///
+/// The server runs on its own multi-threaded tokio runtime (one worker per
+/// core, as `idem serve`), not on the caller's: a load generator in this
+/// process then competes with it for the cores as a separate client process
+/// would, instead of sharing its task queues.
+///
 /// # Errors
-/// When the store cannot be opened or the port bound.
+/// When the runtime cannot be built, the store cannot be opened or the port bound.
 pub async fn start(store_url: Option<&str>, config: Config, sweep: Duration) -> Result<InProcess> {
-    let (store, dir, sqlite_path) = open_store(store_url).await?;
-    let (_, client_key) = store.create_api_key("bench", Role::Client, None).await?;
-    let (_, executor_key) = store.create_api_key("bench", Role::Executor, None).await?;
-    let state = idem_http::AppState::new(store.clone(), config);
-    let work = state.work.clone();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let url = format!("http://{}", listener.local_addr()?);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .thread_name("idem-server")
+        .enable_all()
+        .build()
+        .context("building the server's runtime")?;
+    let store_url = store_url.map(str::to_owned);
     let (stop, stopped) = oneshot::channel::<()>();
-    let (sweep_stop, sweep_stopped) = oneshot::channel::<()>();
-    tokio::spawn(idem_http::run_sweeper(
-        store.clone(),
-        work,
-        sweep,
-        async move {
-            let _ = sweep_stopped.await;
-        },
-    ));
-    let app = idem_http::router(state);
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = stopped.await;
-                let _ = sweep_stop.send(());
+    let running: InProcess = runtime
+        .spawn(async move {
+            let (store, dir, sqlite_path) = open_store(store_url.as_deref()).await?;
+            let (_, client_key) = store.create_api_key("bench", Role::Client, None).await?;
+            let (_, executor_key) = store.create_api_key("bench", Role::Executor, None).await?;
+            let state = idem_http::AppState::new(store.clone(), config);
+            let work = state.work.clone();
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            let url = format!("http://{}", listener.local_addr()?);
+            let (sweep_stop, sweep_stopped) = oneshot::channel::<()>();
+            tokio::spawn(idem_http::run_sweeper(
+                store.clone(),
+                work,
+                sweep,
+                async move {
+                    let _ = sweep_stopped.await;
+                },
+            ));
+            let app = idem_http::router(state);
+            tokio::spawn(async move {
+                let _ = axum::serve(listener, app)
+                    .with_graceful_shutdown(async move {
+                        let _ = stopped.await;
+                        let _ = sweep_stop.send(());
+                    })
+                    .await;
+            });
+            Ok::<_, anyhow::Error>(InProcess {
+                url,
+                store,
+                client_key,
+                executor_key,
+                sqlite_path,
+                _dir: dir,
+                stop: None,
+                runtime: None,
             })
-            .await;
-    });
-    Ok(InProcess {
-        url,
-        store,
-        client_key,
-        executor_key,
-        sqlite_path,
-        _dir: dir,
-        stop: Some(stop),
-    })
+        })
+        .await
+        .context("the server's runtime stopped")??;
+    let mut server = running;
+    server.stop = Some(stop);
+    server.runtime = Some(runtime);
+    Ok(server)
 }

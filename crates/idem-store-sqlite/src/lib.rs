@@ -257,21 +257,64 @@ fn run_batch(conn: &mut Connection, batch: &mut Vec<Job>, options: SqliteOptions
         }
         return;
     }
-    let mut results = Vec::with_capacity(batch.len());
-    for job in batch.iter() {
-        let res = run_in_savepoint(conn, &job.op, options);
-        results.push(res);
+    let (ops, replies): (Vec<Op>, Vec<Reply>) = batch.drain(..).map(|j| (j.op, j.reply)).unzip();
+    let mut results = Vec::with_capacity(ops.len());
+    let mut submits: Vec<ops::Submission> = Vec::new();
+    for op in ops {
+        match op {
+            Op::Submit(sub) => submits.push(sub),
+            op => {
+                run_submits(conn, std::mem::take(&mut submits), options, &mut results);
+                results.push(run_in_savepoint(conn, &op, options));
+            }
+        }
     }
+    run_submits(conn, submits, options, &mut results);
     if let Err(e) = control(conn, "COMMIT") {
         let _ = control(conn, "ROLLBACK");
         let err = unavailable(format!("commit failed, nothing written: {e}"));
-        for job in batch.drain(..) {
-            let _ = job.reply.send(Err(err.clone()));
+        for reply in replies {
+            let _ = reply.send(Err(err.clone()));
         }
         return;
     }
-    for (job, res) in batch.drain(..).zip(results) {
-        let _ = job.reply.send(res);
+    for (reply, res) in replies.into_iter().zip(results) {
+        let _ = reply.send(res);
+    }
+}
+
+/// Runs queued submits that arrived one after another as one submit batch
+/// ([`ops::submit_batch`]: one key check, the scope rows, then the tasks;
+/// answered as if submitted one after another) in one savepoint, and pushes
+/// one result per submit. When the batch fails as a whole, its savepoint is
+/// rolled back and each submit runs alone in its own, so one bad submit fails
+/// only itself.
+fn run_submits(
+    conn: &mut Connection,
+    submits: Vec<ops::Submission>,
+    options: SqliteOptions,
+    results: &mut Vec<Result<Output, StoreError>>,
+) {
+    if submits.len() > 1 && control(conn, "SAVEPOINT op").is_ok() {
+        let res = {
+            let mut tx = SqliteTx {
+                conn: &mut *conn,
+                options,
+            };
+            futures::executor::block_on(ops::submit_batch(&mut tx, &submits))
+        };
+        if let Ok(outcomes) = res
+            && outcomes.len() == submits.len()
+            && control(conn, "RELEASE op").is_ok()
+        {
+            results.extend(outcomes.into_iter().map(|o| Ok(Output::Submitted(o))));
+            return;
+        }
+        let _ = control(conn, "ROLLBACK TO op");
+        let _ = control(conn, "RELEASE op");
+    }
+    for sub in submits {
+        results.push(run_in_savepoint(conn, &Op::Submit(sub), options));
     }
 }
 
@@ -1014,4 +1057,113 @@ fn task_values(t: &Task) -> Result<Vec<rusqlite::types::Value>, StoreError> {
         V::Integer(t.created_at.0),
         V::Integer(t.updated_at.0),
     ])
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::expect_used, clippy::unwrap_used)]
+
+    use super::*;
+    use idem_store::conformance::submission;
+    use idem_store::ops::SubmitOutcome;
+    use serde_json::json;
+
+    fn job(op: Op) -> (Job, oneshot::Receiver<Result<Output, StoreError>>) {
+        let (reply, rx) = oneshot::channel();
+        (Job { op, reply }, rx)
+    }
+
+    fn outcome(
+        rx: &mut oneshot::Receiver<Result<Output, StoreError>>,
+    ) -> Result<SubmitOutcome, StoreError> {
+        match rx.try_recv().expect("answered") {
+            Ok(Output::Submitted(o)) => Ok(o),
+            Ok(other) => panic!("unexpected output {other:?}"),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Submits queued one after another run as one batch on the writer; when
+    /// that batch fails (here: a replay whose stored task does not decode),
+    /// it is rolled back and each submit runs alone, so only the bad one
+    /// fails and the others are created once and committed.
+    #[tokio::test]
+    async fn queued_submits_run_as_one_batch_and_fail_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("idem.db");
+        let store = open(&path, SqliteOptions::default()).unwrap();
+        let (key, _) = store.create_api_key("t", Role::Client, None).await.unwrap();
+        let contract = idem_core::config::Config::bundled()
+            .unwrap()
+            .contract("generation.dispatch")
+            .unwrap();
+        let sub = |k: &str| {
+            submission(
+                "t",
+                "generation.dispatch",
+                k,
+                json!({"prompt": k, "model": "v2", "steps": 30}),
+                contract.clone(),
+                &key,
+            )
+        };
+        let SubmitOutcome::Created(bad) = store.submit(sub("bad")).await.unwrap() else {
+            panic!("first submit must create");
+        };
+        let conn = open_connection(&path).unwrap();
+        conn.execute(
+            "UPDATE tasks SET contract = 'not json' WHERE id = ?1",
+            [bad.id.to_string()],
+        )
+        .unwrap();
+        drop(conn);
+
+        // A batch of good submits only: one savepoint, all created.
+        let mut writer = open_connection(&path).unwrap();
+        let (j1, mut r1) = job(Op::Submit(sub("a")));
+        let (j2, mut r2) = job(Op::Submit(sub("b")));
+        let (j3, mut r3) = job(Op::Submit(sub("a")));
+        run_batch(&mut writer, &mut vec![j1, j2, j3], SqliteOptions::default());
+        let a = match outcome(&mut r1).unwrap() {
+            SubmitOutcome::Created(t) => t,
+            other => panic!("a: {other:?}"),
+        };
+        assert!(matches!(
+            outcome(&mut r2).unwrap(),
+            SubmitOutcome::Created(_)
+        ));
+        match outcome(&mut r3).unwrap() {
+            SubmitOutcome::Replayed(t) => assert_eq!(t.id, a.id, "in-batch replay"),
+            other => panic!("second a: {other:?}"),
+        }
+
+        // A batch with the undecodable replay in the middle.
+        let (j1, mut r1) = job(Op::Submit(sub("c")));
+        let (j2, mut r2) = job(Op::Submit(sub("bad")));
+        let (j3, mut r3) = job(Op::Submit(sub("d")));
+        run_batch(&mut writer, &mut vec![j1, j2, j3], SqliteOptions::default());
+        let c = match outcome(&mut r1).unwrap() {
+            SubmitOutcome::Created(t) => t,
+            other => panic!("c: {other:?}"),
+        };
+        assert!(outcome(&mut r2).is_err(), "the bad replay fails");
+        assert!(matches!(
+            outcome(&mut r3).unwrap(),
+            SubmitOutcome::Created(_)
+        ));
+
+        // Committed once: c replays, and every scope has exactly one task.
+        match store.submit(sub("c")).await.unwrap() {
+            SubmitOutcome::Replayed(t) => assert_eq!(t.id, c.id),
+            other => panic!("c again: {other:?}"),
+        }
+        let (tasks, scopes): (i64, i64) = writer
+            .query_row(
+                "SELECT (SELECT count(*) FROM tasks), (SELECT count(*) FROM idempotency_keys)",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!((tasks, scopes), (5, 5), "bad, a, b, c, d");
+    }
 }

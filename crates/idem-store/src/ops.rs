@@ -464,7 +464,13 @@ async fn persist<T: Tx>(tx: &mut T, task: &Task, loaded: (i64, i64), j: &Journal
 /// [`scope_rows`], [`accept_winners`], [`taken_scopes`] and [`answer_batch`], so
 /// a backend may send the same statements another way (PostgreSQL pipelines
 /// them) and still answer exactly as this does.
-async fn submit_batch<T: Tx>(tx: &mut T, subs: &[Submission]) -> Result<Vec<SubmitOutcome>> {
+///
+/// Returns one outcome per submission, in request order.
+///
+/// # Errors
+/// Any [`StoreError`] of the statements; [`StoreError::Contention`] when a
+/// taken scope row vanished before it was read (retry the batch).
+pub async fn submit_batch<T: Tx>(tx: &mut T, subs: &[Submission]) -> Result<Vec<SubmitOutcome>> {
     // The submitting keys are checked here, in the transaction that writes: a
     // key revoked before this check is refused even when the HTTP layer had it
     // cached, and its submissions touch nothing.
