@@ -104,11 +104,13 @@ fn open_connection(path: &Path) -> Result<Connection, StoreError> {
     Ok(conn)
 }
 
-/// Applies the versioned migrations (`PRAGMA user_version`) inside `BEGIN IMMEDIATE`.
+/// Applies the versioned migrations (`PRAGMA user_version`) inside `BEGIN
+/// IMMEDIATE` and returns the versions it applied, ascending (1-based, as
+/// `user_version`; empty when the schema was up to date).
 ///
 /// # Errors
 /// [`StoreError::Migration`] when a step fails or the file is newer than this binary.
-pub fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
+pub fn migrate(conn: &mut Connection) -> Result<Vec<i64>, StoreError> {
     let mig = |e: rusqlite::Error| StoreError::Migration(e.to_string());
     // A migration may rebuild a table that others reference; foreign keys are
     // off while it runs (SQLite ignores the pragma inside a transaction) and
@@ -117,10 +119,12 @@ pub fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
         .map_err(mig)?;
     let res = migrate_in_transaction(conn);
     let on = conn.pragma_update(None, "foreign_keys", true).map_err(mig);
-    res.and(on)
+    let applied = res?;
+    on?;
+    Ok(applied)
 }
 
-fn migrate_in_transaction(conn: &mut Connection) -> Result<(), StoreError> {
+fn migrate_in_transaction(conn: &mut Connection) -> Result<Vec<i64>, StoreError> {
     let mig = |e: rusqlite::Error| StoreError::Migration(e.to_string());
     let tx = conn
         .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
@@ -134,14 +138,17 @@ fn migrate_in_transaction(conn: &mut Connection) -> Result<(), StoreError> {
             "database schema version {current} is newer than this binary ({known})"
         )));
     }
+    let mut applied = Vec::new();
     for (i, sql) in MIGRATIONS
         .iter()
         .enumerate()
         .skip(usize::try_from(current).unwrap_or(0))
     {
+        let version = i as i64 + 1;
         tx.execute_batch(sql).map_err(mig)?;
-        tx.pragma_update(None, "user_version", i as i64 + 1)
+        tx.pragma_update(None, "user_version", version)
             .map_err(mig)?;
+        applied.push(version);
     }
     // Checked only when a migration ran (a full scan of every reference).
     let violations: i64 = if current < known {
@@ -157,7 +164,24 @@ fn migrate_in_transaction(conn: &mut Connection) -> Result<(), StoreError> {
             "{violations} foreign key violations after migrating; nothing was changed"
         )));
     }
-    tx.commit().map_err(mig)
+    tx.commit().map_err(mig)?;
+    Ok(applied)
+}
+
+/// Opens (creating if needed) the database file at `path` and applies its
+/// pending migrations, without starting a store; returns the versions applied
+/// (see [`migrate`]). For `idem migrate`.
+///
+/// # Errors
+/// [`StoreError::Unavailable`] when the file cannot be opened; [`StoreError::Migration`].
+pub fn migrate_file(path: impl AsRef<Path>) -> Result<Vec<i64>, StoreError> {
+    let path = path.as_ref();
+    if let Some(dir) = path.parent()
+        && !dir.as_os_str().is_empty()
+    {
+        std::fs::create_dir_all(dir).map_err(unavailable)?;
+    }
+    migrate(&mut open_connection(path)?)
 }
 
 /// Opens (creating if needed) the store at `path`, runs migrations and starts the writer thread.

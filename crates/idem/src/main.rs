@@ -510,8 +510,47 @@ async fn run() -> Result<()> {
             }
         }
         Command::Migrate { store } => {
-            let s = open_store(&store).await?;
-            eprintln!("migrations applied ({})", s.kind());
+            let (kind, applied, known) = if let Some(path) = store.store.strip_prefix("sqlite://") {
+                let path = path.to_owned();
+                let applied =
+                    tokio::task::spawn_blocking(move || idem_store_sqlite::migrate_file(path))
+                        .await?
+                        .context("migrating the SQLite store")?;
+                (
+                    "sqlite",
+                    applied.iter().map(i64::to_string).collect::<Vec<_>>(),
+                    idem_store_sqlite::MIGRATIONS.len().to_string(),
+                )
+            } else if store.store.starts_with("postgres://")
+                || store.store.starts_with("postgresql://")
+            {
+                let applied = idem_store_postgres::migrate(&store.store)
+                    .await
+                    .context("migrating the PostgreSQL store")?;
+                let known = idem_store_postgres::MIGRATIONS
+                    .iter()
+                    .map(|(v, _)| *v)
+                    .max()
+                    .unwrap_or(0);
+                (
+                    "postgres",
+                    applied.iter().map(i32::to_string).collect(),
+                    known.to_string(),
+                )
+            } else {
+                bail!(
+                    "--store must start with sqlite:// or postgres://, got `{}`",
+                    store.store
+                )
+            };
+            if applied.is_empty() {
+                eprintln!("{kind} schema is up to date at version {known}; nothing to apply");
+            } else {
+                eprintln!(
+                    "{kind}: applied migration(s) {}; schema now at version {known}",
+                    applied.join(", ")
+                );
+            }
             Ok(())
         }
         Command::Gc { store } => {

@@ -273,6 +273,45 @@ fn inspection_commands_refuse_a_missing_sqlite_database() {
     }
 }
 
+/// `idem migrate` says which migrations it applied, and on a second run that
+/// there was nothing to apply.
+#[test]
+fn migrate_reports_what_it_applied() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!(
+        "sqlite://{}",
+        dir.path().join("data").join("idem.db").display()
+    );
+    let run = || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(["migrate", "--store", &store])
+            .env_remove("IDEM_STORE")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let known = idem_store_sqlite::MIGRATIONS.len();
+    let all: Vec<String> = (1..=known).map(|v| v.to_string()).collect();
+    let first = run();
+    assert!(
+        first.contains(&format!(
+            "applied migration(s) {}; schema now at version {known}",
+            all.join(", ")
+        )),
+        "first run: {first}"
+    );
+    let second = run();
+    assert!(
+        second.contains(&format!("up to date at version {known}; nothing to apply")),
+        "second run: {second}"
+    );
+}
+
 /// One `idem serve` per SQLite file: a second one on the same file refuses to
 /// start and names the lock; once the first is gone, a new one starts; the
 /// store commands still work while a server runs.

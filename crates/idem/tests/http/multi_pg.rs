@@ -1156,3 +1156,40 @@ async fn bench_runs_on_postgres_with_the_pgbench_baseline() {
         "{rows:?}"
     );
 }
+
+/// `idem migrate` on PostgreSQL says which migrations it applied, and on a
+/// second run that there was nothing to apply.
+#[tokio::test]
+async fn migrate_reports_what_it_applied_on_postgres() {
+    let url = fresh_database().await;
+    let run = || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(["migrate", "--store", &url])
+            .env_remove("IDEM_STORE")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let versions: Vec<String> = idem_store_postgres::MIGRATIONS
+        .iter()
+        .map(|(v, _)| v.to_string())
+        .collect();
+    let first = run();
+    assert!(
+        first.contains(&format!(
+            "postgres: applied migration(s) {};",
+            versions.join(", ")
+        )),
+        "first run: {first}"
+    );
+    let second = run();
+    assert!(
+        second.contains("up to date") && second.contains("nothing to apply"),
+        "second run: {second}"
+    );
+}
