@@ -538,18 +538,55 @@ const TASK_COLUMNS: &str = "id, tenant, operation, idempotency_key, fingerprint,
      generation, version, event_seq, attempt_count, execute_count, usage, contract, cancellation, delivery, failure, \
      api_key_id, next_kind, active_attempt_id, ready_at, deadline_at, terminal_at, key_expires_at, created_at, updated_at";
 
+/// Column `i` as text borrowed from the row (no copy before it is parsed).
+fn text<'r>(r: &'r Row<'_>, i: usize) -> rusqlite::Result<&'r str> {
+    r.get_ref(i)?.as_str().map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, Box::new(e))
+    })
+}
+
+/// Contracts decoded lately on this thread, by their stored JSON text.
+const CONTRACT_MEMO: usize = 16;
+
+thread_local! {
+    static CONTRACTS: std::cell::RefCell<Vec<(Box<str>, idem_core::config::Contract)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The contract stored as `json`. A contract is frozen at acceptance and the
+/// tasks of one operation class and configuration share one, so the last few
+/// decoded are kept by their exact text: the same text decodes to the same
+/// contract, and a hit costs a comparison instead of a JSON parse.
+fn contract(json: &str) -> rusqlite::Result<idem_core::config::Contract> {
+    if let Some(hit) = CONTRACTS.with_borrow(|memo| {
+        memo.iter()
+            .find(|(text, _)| &**text == json)
+            .map(|(_, c)| c.clone())
+    }) {
+        return Ok(hit);
+    }
+    let decoded: idem_core::config::Contract = from_json(json)?;
+    CONTRACTS.with_borrow_mut(|memo| {
+        if memo.len() >= CONTRACT_MEMO {
+            memo.remove(0);
+        }
+        memo.push((json.into(), decoded.clone()));
+    });
+    Ok(decoded)
+}
+
 fn task_row(r: &Row<'_>) -> rusqlite::Result<Task> {
     Ok(Task {
-        id: uuid(&r.get::<_, String>(0)?)?,
+        id: uuid(text(r, 0)?)?,
         operation: r.get(2)?,
         idempotency_key: r.get(3)?,
         fingerprint: r.get(4)?,
-        params: from_json(&r.get::<_, String>(6)?)?,
-        state: word::<TaskState>(&r.get::<_, String>(7)?)?,
+        params: from_json(text(r, 6)?)?,
+        state: word::<TaskState>(text(r, 7)?)?,
         generation: r.get(8)?,
         attempt_count: r.get(11)?,
         usage: r.get(13)?,
-        contract: from_json(&r.get::<_, String>(14)?)?,
+        contract: contract(text(r, 14)?)?,
         cancellation: opt_json(r.get(15)?)?,
         delivery: opt_json(r.get(16)?)?,
         failure: opt_json(r.get(17)?)?,
@@ -561,7 +598,7 @@ fn task_row(r: &Row<'_>) -> rusqlite::Result<Task> {
             version: r.get(9)?,
             event_seq: r.get(10)?,
             execute_count: r.get(12)?,
-            api_key_id: uuid(&r.get::<_, String>(18)?)?,
+            api_key_id: uuid(text(r, 18)?)?,
             next_kind: r
                 .get::<_, Option<String>>(19)?
                 .as_deref()
@@ -1105,6 +1142,28 @@ mod tests {
             Ok(other) => panic!("unexpected output {other:?}"),
             Err(e) => Err(e),
         }
+    }
+
+    /// The contract memo answers each text with its own contract, past its
+    /// capacity too, and never answers a text it has not decoded.
+    #[test]
+    fn contract_memo_decodes_each_text_as_its_own() {
+        let config = idem_core::config::Config::bundled().unwrap();
+        let mut texts = Vec::new();
+        for (i, class) in config.operations.keys().enumerate() {
+            let mut c = config.contract(class).unwrap();
+            for price in 0..(CONTRACT_MEMO as i64) {
+                c.price = price + 1000 * i as i64;
+                texts.push((serde_json::to_string(&c).unwrap(), c.clone()));
+            }
+        }
+        assert!(texts.len() > CONTRACT_MEMO);
+        for _ in 0..2 {
+            for (text, expected) in &texts {
+                assert_eq!(&contract(text).unwrap(), expected);
+            }
+        }
+        assert!(contract("not json").is_err());
     }
 
     /// Submits queued one after another run as one batch on the writer; when
