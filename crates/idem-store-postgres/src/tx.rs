@@ -685,7 +685,8 @@ fn task_from_row(row: &Row) -> Result<Task> {
         generation: get(row, "generation")?,
         attempt_count: get(row, "attempt_count")?,
         usage: get(row, "usage")?,
-        contract: json(row, "contract")?,
+        contract: idem_store::decode_contract(get(row, "contract")?)
+            .map_err(|e| corrupt("contract", e))?,
         cancellation: opt_json(row, "cancellation")?,
         delivery: opt_json(row, "delivery")?,
         failure: opt_json(row, "failure")?,

@@ -545,34 +545,11 @@ fn text<'r>(r: &'r Row<'_>, i: usize) -> rusqlite::Result<&'r str> {
     })
 }
 
-/// Contracts decoded lately on this thread, by their stored JSON text.
-const CONTRACT_MEMO: usize = 16;
-
-thread_local! {
-    static CONTRACTS: std::cell::RefCell<Vec<(Box<str>, idem_core::config::Contract)>> =
-        const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// The contract stored as `json`. A contract is frozen at acceptance and the
-/// tasks of one operation class and configuration share one, so the last few
-/// decoded are kept by their exact text: the same text decodes to the same
-/// contract, and a hit costs a comparison instead of a JSON parse.
+/// The contract stored as `json` ([`idem_store::decode_contract`]).
 fn contract(json: &str) -> rusqlite::Result<idem_core::config::Contract> {
-    if let Some(hit) = CONTRACTS.with_borrow(|memo| {
-        memo.iter()
-            .find(|(text, _)| &**text == json)
-            .map(|(_, c)| c.clone())
-    }) {
-        return Ok(hit);
-    }
-    let decoded: idem_core::config::Contract = from_json(json)?;
-    CONTRACTS.with_borrow_mut(|memo| {
-        if memo.len() >= CONTRACT_MEMO {
-            memo.remove(0);
-        }
-        memo.push((json.into(), decoded.clone()));
-    });
-    Ok(decoded)
+    idem_store::decode_contract(json).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(14, rusqlite::types::Type::Text, Box::new(e))
+    })
 }
 
 fn task_row(r: &Row<'_>) -> rusqlite::Result<Task> {
@@ -1142,28 +1119,6 @@ mod tests {
             Ok(other) => panic!("unexpected output {other:?}"),
             Err(e) => Err(e),
         }
-    }
-
-    /// The contract memo answers each text with its own contract, past its
-    /// capacity too, and never answers a text it has not decoded.
-    #[test]
-    fn contract_memo_decodes_each_text_as_its_own() {
-        let config = idem_core::config::Config::bundled().unwrap();
-        let mut texts = Vec::new();
-        for (i, class) in config.operations.keys().enumerate() {
-            let mut c = config.contract(class).unwrap();
-            for price in 0..(CONTRACT_MEMO as i64) {
-                c.price = price + 1000 * i as i64;
-                texts.push((serde_json::to_string(&c).unwrap(), c.clone()));
-            }
-        }
-        assert!(texts.len() > CONTRACT_MEMO);
-        for _ in 0..2 {
-            for (text, expected) in &texts {
-                assert_eq!(&contract(text).unwrap(), expected);
-            }
-        }
-        assert!(contract("not json").is_err());
     }
 
     /// Submits queued one after another run as one batch on the writer; when
