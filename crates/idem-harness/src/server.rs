@@ -24,19 +24,28 @@ pub struct InProcess {
     _dir: Option<tempfile::TempDir>,
     stop: Option<oneshot::Sender<()>>,
     /// The server's own runtime (see [`start`]).
-    runtime: Option<tokio::runtime::Runtime>,
+    runtime: ServerRuntime,
+}
+
+/// The server's runtime, shut down without blocking when dropped: dropping a
+/// tokio runtime blocks, which an async caller may not do (tokio panics), and
+/// [`start`] may be dropped or fail inside one. The server's tasks are dropped
+/// without waiting (the SQLite writer thread ends when the last handle to its
+/// queue is gone).
+struct ServerRuntime(Option<tokio::runtime::Runtime>);
+
+impl Drop for ServerRuntime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
+        }
+    }
 }
 
 impl Drop for InProcess {
     fn drop(&mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
-        }
-        // Dropping a runtime blocks, which an async caller may not do; the
-        // server's tasks are dropped without waiting (the SQLite writer thread
-        // ends when the last handle to its queue is gone).
-        if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown_background();
         }
     }
 }
@@ -88,14 +97,21 @@ pub async fn open_store(
 /// # Errors
 /// When the runtime cannot be built, the store cannot be opened or the port bound.
 pub async fn start(store_url: Option<&str>, config: Config, sweep: Duration) -> Result<InProcess> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .thread_name("idem-server")
-        .enable_all()
-        .build()
-        .context("building the server's runtime")?;
+    let runtime = ServerRuntime(Some(
+        tokio::runtime::Builder::new_multi_thread()
+            .thread_name("idem-server")
+            .enable_all()
+            .build()
+            .context("building the server's runtime")?,
+    ));
+    let handle = runtime
+        .0
+        .as_ref()
+        .map(|r| r.handle().clone())
+        .context("the server's runtime is gone")?;
     let store_url = store_url.map(str::to_owned);
     let (stop, stopped) = oneshot::channel::<()>();
-    let running: InProcess = runtime
+    let running: InProcess = handle
         .spawn(async move {
             let (store, dir, sqlite_path) = open_store(store_url.as_deref()).await?;
             let (_, client_key) = store.create_api_key("bench", Role::Client, None).await?;
@@ -130,13 +146,47 @@ pub async fn start(store_url: Option<&str>, config: Config, sweep: Duration) -> 
                 sqlite_path,
                 _dir: dir,
                 stop: None,
-                runtime: None,
+                runtime: ServerRuntime(None),
             })
         })
         .await
         .context("the server's runtime stopped")??;
     let mut server = running;
     server.stop = Some(stop);
-    server.runtime = Some(runtime);
+    server.runtime = runtime;
     Ok(server)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// A server that cannot start is an error, not a panic: its runtime is
+    /// shut down inside the caller's async context (breaker: tokio panicked
+    /// "Cannot drop a runtime in a context where blocking is not allowed").
+    #[tokio::test]
+    async fn a_server_that_cannot_start_is_an_error() {
+        let config = Config::bundled().unwrap();
+        let res = start(
+            Some("sqlite:///proc/no-such-dir/idem.db"),
+            config,
+            Duration::from_millis(200),
+        )
+        .await;
+        assert!(res.is_err());
+    }
+
+    /// A started server stops when dropped inside an async context.
+    #[tokio::test]
+    async fn a_started_server_is_dropped_inside_an_async_context() {
+        let config = Config::bundled().unwrap();
+        let server = start(None, config, Duration::from_millis(200))
+            .await
+            .unwrap();
+        let dir = server.sqlite_path.clone().unwrap();
+        drop(server);
+        assert!(!dir.exists(), "the temporary store is removed");
+    }
 }

@@ -289,11 +289,35 @@ fn run_batch(conn: &mut Connection, batch: &mut Vec<Job>, options: SqliteOptions
             Op::Submit(sub) => submits.push(sub),
             op => {
                 run_submits(conn, std::mem::take(&mut submits), options, &mut results);
+                if conn.is_autocommit() {
+                    break;
+                }
                 results.push(run_in_savepoint(conn, &op, options));
+                if conn.is_autocommit() {
+                    break;
+                }
             }
         }
     }
-    run_submits(conn, submits, options, &mut results);
+    if !conn.is_autocommit() {
+        run_submits(conn, submits, options, &mut results);
+    }
+    // Some errors (SQLITE_FULL, SQLITE_IOERR, SQLITE_NOMEM …) roll back the
+    // whole transaction, not only the savepoint: everything this batch did is
+    // gone, and nothing more may run, or it would commit on its own.
+    if conn.is_autocommit() {
+        let cause = results
+            .iter()
+            .find_map(|r| r.as_ref().err())
+            .map_or_else(|| "unknown error".to_owned(), ToString::to_string);
+        let err = unavailable(format!(
+            "the transaction was rolled back ({cause}); nothing was written"
+        ));
+        for reply in replies {
+            let _ = reply.send(Err(err.clone()));
+        }
+        return;
+    }
     if let Err(e) = control(conn, "COMMIT") {
         let _ = control(conn, "ROLLBACK");
         let err = unavailable(format!("commit failed, nothing written: {e}"));
@@ -327,17 +351,29 @@ fn run_submits(
             };
             futures::executor::block_on(ops::submit_batch(&mut tx, &submits))
         };
-        if let Ok(outcomes) = res
-            && outcomes.len() == submits.len()
-            && control(conn, "RELEASE op").is_ok()
-        {
-            results.extend(outcomes.into_iter().map(|o| Ok(Output::Submitted(o))));
-            return;
+        match res {
+            Ok(outcomes)
+                if outcomes.len() == submits.len() && control(conn, "RELEASE op").is_ok() =>
+            {
+                results.extend(outcomes.into_iter().map(|o| Ok(Output::Submitted(o))));
+                return;
+            }
+            // The error ended the whole transaction (see run_batch): keep it
+            // as the cause, and run nothing alone.
+            Err(e) if conn.is_autocommit() => {
+                results.push(Err(e));
+                return;
+            }
+            _ => {}
         }
         let _ = control(conn, "ROLLBACK TO op");
         let _ = control(conn, "RELEASE op");
     }
     for sub in submits {
+        if conn.is_autocommit() {
+            // The transaction is gone (see run_batch): run nothing alone.
+            return;
+        }
         results.push(run_in_savepoint(conn, &Op::Submit(sub), options));
     }
 }
@@ -363,6 +399,10 @@ fn run_in_savepoint(
                 return Ok(out);
             }
             Err(e) => {
+                if conn.is_autocommit() {
+                    // The error ended the whole transaction (see run_batch).
+                    return Err(e);
+                }
                 control(conn, "ROLLBACK TO op").map_err(db)?;
                 attempts += 1;
                 if matches!(e, StoreError::Contention(_)) && attempts < 3 {
@@ -1118,6 +1158,69 @@ mod tests {
             Ok(Output::Submitted(o)) => Ok(o),
             Ok(other) => panic!("unexpected output {other:?}"),
             Err(e) => Err(e),
+        }
+    }
+
+    /// An error that ends the whole transaction (here SQLITE_FULL) in the
+    /// middle of a writer batch: nothing runs after it (each submit "alone"
+    /// would have committed on its own), every caller is told that nothing was
+    /// written, and nothing was (breaker: 1 task and scope were left behind
+    /// while all four callers heard "nothing written").
+    #[tokio::test]
+    async fn a_transaction_ended_by_the_database_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("idem.db");
+        let store = open(&path, SqliteOptions::default()).unwrap();
+        let (key, _) = store.create_api_key("t", Role::Client, None).await.unwrap();
+        let contract = idem_core::config::Config::bundled()
+            .unwrap()
+            .contract("generation.dispatch")
+            .unwrap();
+        let mut writer = open_connection(&path).unwrap();
+        let pages: i64 = writer
+            .query_row("PRAGMA page_count", [], |r| r.get(0))
+            .unwrap();
+        writer
+            .execute_batch(&format!("PRAGMA max_page_count = {}", pages + 2))
+            .unwrap();
+        let big = "z".repeat(3000);
+        for singles in [false, true] {
+            let (mut batch, mut answers) = (Vec::new(), Vec::new());
+            for i in 0..4 {
+                let sub = submission(
+                    "t",
+                    "generation.dispatch",
+                    &format!("k{i}"),
+                    json!({"prompt": format!("{big}{i}"), "model": "v2", "steps": 30}),
+                    contract.clone(),
+                    &key,
+                );
+                let (j, r) = job(Op::Submit(sub));
+                batch.push(j);
+                answers.push(r);
+                if singles {
+                    // A non-submit between submits: each submit runs alone.
+                    let (j, r) = job(Op::ListApiKeys);
+                    batch.push(j);
+                    answers.push(r);
+                }
+            }
+            run_batch(&mut writer, &mut batch, SqliteOptions::default());
+            for r in &mut answers {
+                let e = r.try_recv().unwrap().expect_err("disk full");
+                assert!(e.to_string().contains("nothing was written"), "{e}");
+                assert!(e.to_string().contains("full"), "the cause is named: {e}");
+            }
+            assert!(writer.is_autocommit());
+            let (tasks, scopes): (i64, i64) = open_connection(&path)
+                .unwrap()
+                .query_row(
+                    "SELECT (SELECT count(*) FROM tasks), (SELECT count(*) FROM idempotency_keys)",
+                    [],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .unwrap();
+            assert_eq!((tasks, scopes), (0, 0), "singles: {singles}");
         }
     }
 

@@ -398,8 +398,10 @@ pub fn hash_api_key(plain: &str) -> String {
     hex::encode(Sha256::digest(plain.as_bytes()))
 }
 
-/// A new random plain API key: `idem_` and 64 hex digits (256 bits from the OS RNG
-/// through UUID v4's generator, minus the 12 fixed version/variant bits).
+/// A new random plain API key: `idem_` and 64 hex digits (two UUID v4s: 256
+/// bits from uuid's generator, minus the 12 fixed version/variant bits). With
+/// uuid's `fast-rng` feature that generator is rand's `ThreadRng`, a ChaCha12
+/// CSPRNG seeded from the operating system's RNG.
 pub fn generate_api_key() -> String {
     let a = Uuid::new_v4();
     let b = Uuid::new_v4();
