@@ -256,6 +256,34 @@ fn load_config(path: Option<&PathBuf>) -> Result<Config> {
     Ok(config)
 }
 
+/// Warns (on stderr) about each of `ops` that the configuration `idem serve`
+/// would load here (`IDEM_CONFIG`, else the bundled one) does not define: a key
+/// limited to it can submit nothing until the server's configuration has it.
+/// Only a warning, since the server may run with another configuration.
+fn warn_unknown_classes(ops: &[String]) {
+    let path = std::env::var_os("IDEM_CONFIG").map(PathBuf::from);
+    let vars = std::env::vars().filter(|(k, _)| k.starts_with("IDEM_OPERATIONS__"));
+    let text = match &path {
+        Some(p) => match std::fs::read_to_string(p) {
+            Ok(text) => text,
+            Err(_) => return,
+        },
+        None => idem_core::config::DEFAULT_TOML.to_owned(),
+    };
+    let Ok(config) = Config::from_toml_with_env(&text, vars) else {
+        return;
+    };
+    let source = path.map_or_else(
+        || "the bundled configuration".to_owned(),
+        |p| format!("IDEM_CONFIG={}", p.display()),
+    );
+    for op in ops.iter().filter(|o| !config.operations.contains_key(*o)) {
+        eprintln!(
+            "warning: `{op}` is not an operation class of {source}; this key cannot submit it until the server's configuration defines it"
+        );
+    }
+}
+
 async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
@@ -454,6 +482,12 @@ async fn run() -> Result<()> {
                         || !tenant.bytes().all(|b| (0x21..=0x7e).contains(&b))
                     {
                         bail!("--tenant must be 1–128 visible ASCII characters");
+                    }
+                    if let Some(ops) = &operations {
+                        if ops.iter().any(|o| o.trim().is_empty()) {
+                            bail!("--operations lists an empty class name");
+                        }
+                        warn_unknown_classes(ops);
                     }
                     let (key, plain) = store.create_api_key(&tenant, role, operations).await?;
                     eprintln!(

@@ -273,6 +273,36 @@ fn inspection_commands_refuse_a_missing_sqlite_database() {
     }
 }
 
+/// `keys create --operations` warns about a class the configuration does not
+/// define (the key is still created: the server may run another
+/// configuration) and refuses an empty class name.
+#[test]
+fn keys_create_warns_about_unknown_operation_classes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("idem.db").display());
+    let run = |ops: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(["keys", "create", "--tenant", "acme", "--role", "client"])
+            .args(["--operations", ops, "--store", &store])
+            .env_remove("IDEM_STORE")
+            .env_remove("IDEM_CONFIG")
+            .output()
+            .unwrap()
+    };
+    let out = run("payment.release,paymnet.release");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("warning: `paymnet.release` is not an operation class"),
+        "{err}"
+    );
+    assert!(!err.contains("`payment.release` is not"), "{err}");
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("idem_"));
+    let out = run("payment.release,");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("empty class name"));
+}
+
 /// `idem migrate` says which migrations it applied, and on a second run that
 /// there was nothing to apply.
 #[test]
