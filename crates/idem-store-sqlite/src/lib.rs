@@ -89,6 +89,24 @@ fn corrupt(e: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt(e.to_string())
 }
 
+/// Refuses a `path` that names no lasting database file: an empty path (SQLite
+/// opens a private temporary file), `:memory:`, or a `file:` URI (rusqlite
+/// opens URIs, so `file::memory:` or `?mode=memory` would give each connection
+/// its own empty in-memory database, which vanishes with it).
+///
+/// # Errors
+/// [`StoreError::Unavailable`] naming what a store path must be.
+pub fn require_file_path(path: &Path) -> Result<(), StoreError> {
+    let name = path.to_string_lossy();
+    let name = name.trim();
+    if name.is_empty() || name == ":memory:" || name.starts_with("file:") {
+        return Err(StoreError::Unavailable(format!(
+            "the SQLite store needs a file path, e.g. sqlite://./idem-data/idem.db (got `{name}`: empty paths, :memory: and file: URIs are not stores)"
+        )));
+    }
+    Ok(())
+}
+
 /// Opens `path` with idem's pragmas; `busy_timeout` comes first so that
 /// switching a file to WAL waits for another opener instead of failing.
 fn open_connection(path: &Path) -> Result<Connection, StoreError> {
@@ -176,6 +194,7 @@ fn migrate_in_transaction(conn: &mut Connection) -> Result<Vec<i64>, StoreError>
 /// [`StoreError::Unavailable`] when the file cannot be opened; [`StoreError::Migration`].
 pub fn migrate_file(path: impl AsRef<Path>) -> Result<Vec<i64>, StoreError> {
     let path = path.as_ref();
+    require_file_path(path)?;
     if let Some(dir) = path.parent()
         && !dir.as_os_str().is_empty()
     {
@@ -202,13 +221,7 @@ impl SqliteBackend {
         options: SqliteOptions,
     ) -> Result<SqliteBackend, StoreError> {
         let path = path.as_ref().to_path_buf();
-        let name = path.to_string_lossy();
-        if name.trim().is_empty() || name == ":memory:" {
-            // Every connection would open its own empty database.
-            return Err(StoreError::Unavailable(
-                "the SQLite store needs a file path, e.g. sqlite://./idem-data/idem.db".into(),
-            ));
-        }
+        require_file_path(&path)?;
         if let Some(dir) = path.parent()
             && !dir.as_os_str().is_empty()
         {

@@ -256,6 +256,38 @@ fn load_config(path: Option<&PathBuf>) -> Result<Config> {
     Ok(config)
 }
 
+/// Checks the arguments of `keys create` before anything is opened: the role,
+/// the tenant (1–128 visible ASCII characters: it is part of every scope's
+/// primary key) and the operation classes (trimmed; none empty; a warning for
+/// each the configuration does not define). Returns them ready to store.
+///
+/// # Errors
+/// A message naming the refused argument.
+fn key_to_create(
+    tenant: &str,
+    role: &str,
+    operations: Option<&[String]>,
+) -> Result<(String, Role, Option<Vec<String>>)> {
+    let role: Role = role
+        .parse()
+        .map_err(|e| anyhow::anyhow!("{e}: use client, executor or admin"))?;
+    if tenant.is_empty()
+        || tenant.len() > 128
+        || !tenant.bytes().all(|b| (0x21..=0x7e).contains(&b))
+    {
+        bail!("--tenant must be 1–128 visible ASCII characters");
+    }
+    let operations =
+        operations.map(|ops| ops.iter().map(|o| o.trim().to_owned()).collect::<Vec<_>>());
+    if let Some(ops) = &operations {
+        if ops.iter().any(String::is_empty) {
+            bail!("--operations lists an empty class name");
+        }
+        warn_unknown_classes(ops);
+    }
+    Ok((tenant.to_owned(), role, operations))
+}
+
 /// Warns (on stderr) about each of `ops` that the configuration `idem serve`
 /// would load here (`IDEM_CONFIG`, else the bundled one) does not define: a key
 /// limited to it can submit nothing until the server's configuration has it.
@@ -266,12 +298,24 @@ fn warn_unknown_classes(ops: &[String]) {
     let text = match &path {
         Some(p) => match std::fs::read_to_string(p) {
             Ok(text) => text,
-            Err(_) => return,
+            Err(e) => {
+                eprintln!(
+                    "warning: could not read IDEM_CONFIG={} ({e}); the operation classes were not checked",
+                    p.display()
+                );
+                return;
+            }
         },
         None => idem_core::config::DEFAULT_TOML.to_owned(),
     };
-    let Ok(config) = Config::from_toml_with_env(&text, vars) else {
-        return;
+    let config = match Config::from_toml_with_env(&text, vars) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!(
+                "warning: the configuration does not load ({e}); the operation classes were not checked"
+            );
+            return;
+        }
     };
     let source = path.map_or_else(
         || "the bundled configuration".to_owned(),
@@ -362,6 +406,9 @@ fn lock_sqlite_for_serve(args: &StoreArgs) -> Result<Option<std::fs::File>> {
     let Some(path) = args.store.strip_prefix("sqlite://") else {
         return Ok(None);
     };
+    // Checked before the lock file is made next to it.
+    idem_store_sqlite::require_file_path(std::path::Path::new(path))
+        .context("opening the SQLite store")?;
     let lock_path = format!("{path}.serve-lock");
     if let Some(dir) = std::path::Path::new(&lock_path).parent()
         && !dir.as_os_str().is_empty()
@@ -463,32 +510,24 @@ async fn run() -> Result<()> {
             .await
         }
         Command::Keys { command, store } => {
+            // A refused `keys create` must not create the database first.
+            let create = match &command {
+                KeysCommand::Create {
+                    tenant,
+                    role,
+                    operations,
+                } => Some(key_to_create(tenant, role, operations.as_deref())?),
+                _ => None,
+            };
             let store = match command {
                 KeysCommand::Create { .. } => open_store(&store).await?,
                 _ => open_existing_store(&store).await?,
             };
             match command {
-                KeysCommand::Create {
-                    tenant,
-                    role,
-                    operations,
-                } => {
-                    let role: Role = role
-                        .parse()
-                        .map_err(|e| anyhow::anyhow!("{e}: use client, executor or admin"))?;
-                    // Tenants are part of every scope's primary key: keep them short and printable.
-                    if tenant.is_empty()
-                        || tenant.len() > 128
-                        || !tenant.bytes().all(|b| (0x21..=0x7e).contains(&b))
-                    {
-                        bail!("--tenant must be 1–128 visible ASCII characters");
-                    }
-                    if let Some(ops) = &operations {
-                        if ops.iter().any(|o| o.trim().is_empty()) {
-                            bail!("--operations lists an empty class name");
-                        }
-                        warn_unknown_classes(ops);
-                    }
+                KeysCommand::Create { .. } => {
+                    let Some((tenant, role, operations)) = create else {
+                        bail!("no key to create");
+                    };
                     let (key, plain) = store.create_api_key(&tenant, role, operations).await?;
                     eprintln!(
                         "created API key {} for tenant {} (role {}); the plain key is shown once",

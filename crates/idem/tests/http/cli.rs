@@ -303,6 +303,100 @@ fn keys_create_warns_about_unknown_operation_classes() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("empty class name"));
 }
 
+/// A SQLite "store" that names no lasting file (an empty path, `:memory:`, a
+/// `file:` URI, which rusqlite would open as one private database per
+/// connection) is refused by `migrate` and by `serve` (breaker: `migrate`
+/// reported migrations applied to a database that vanished; `serve` started
+/// and answered 503 "no such table" to everything).
+#[test]
+fn sqlite_stores_without_a_file_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    for store in [
+        "sqlite://",
+        "sqlite://:memory:",
+        "sqlite://file::memory:",
+        "sqlite://file:x.db?mode=memory",
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(["migrate", "--store", store])
+            .current_dir(dir.path())
+            .env_remove("IDEM_STORE")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "migrate {store}: {err}");
+        assert!(err.contains("needs a file path"), "migrate {store}: {err}");
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--store", store])
+            .current_dir(dir.path())
+            .env_remove("IDEM_STORE")
+            .env_remove("IDEM_CONFIG")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "serve {store}: {err}");
+        assert!(err.contains("needs a file path"), "serve {store}: {err}");
+    }
+    let made: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(made.is_empty(), "nothing is created: {made:?}");
+}
+
+/// A refused `keys create` creates no database (breaker: the store was
+/// opened, and so created, before the arguments were checked), and the
+/// operation classes are stored trimmed.
+#[test]
+fn keys_create_checks_its_arguments_before_opening_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("new").join("idem.db");
+    let store = format!("sqlite://{}", path.display());
+    let create = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(["keys", "create", "--tenant", "acme"])
+            .args(args)
+            .args(["--store", &store])
+            .env_remove("IDEM_STORE")
+            .env_remove("IDEM_CONFIG")
+            .output()
+            .unwrap()
+    };
+    for args in [
+        vec!["--role", "client", "--operations", ""],
+        vec!["--role", "client", "--operations", "payment.release,"],
+        vec!["--role", "bogus"],
+    ] {
+        let out = create(&args);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(
+            !path.exists(),
+            "{args:?} was refused, yet created {}",
+            path.display()
+        );
+    }
+    let out = create(&[
+        "--role",
+        "client",
+        "--operations",
+        "payment.release, generation.dispatch",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        !err.contains("warning"),
+        "both classes exist once trimmed: {err}"
+    );
+    let list = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["keys", "list", "--store", &store])
+        .env_remove("IDEM_STORE")
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&list.stdout);
+    assert!(
+        listed.contains("payment.release,generation.dispatch"),
+        "stored trimmed: {listed}"
+    );
+}
+
 /// `idem migrate` says which migrations it applied, and on a second run that
 /// there was nothing to apply.
 #[test]
