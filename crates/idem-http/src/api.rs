@@ -244,11 +244,13 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for IdPath {
 }
 
 fn request_id(headers: &HeaderMap) -> String {
+    // A client's id may carry bytes beyond visible ASCII (obs-text); the
+    // header is echoed as sent, and the body gets it with U+FFFD for bytes
+    // that are not UTF-8 rather than not at all.
     headers
         .get("x-request-id")
-        .and_then(|v| v.to_str().ok())
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
         .unwrap_or_default()
-        .to_owned()
 }
 
 /// Submit a task with an `Idempotency-Key` (SPEC §2.1–2.3, IDEM-01).
@@ -716,4 +718,31 @@ pub async fn readyz(State(st): St) -> AppResult<Json<Health>> {
         status: "ok".into(),
         store: Some(st.store.kind().into()),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// `meta.request_id` carries a client's id even when it is not visible
+    /// ASCII (breaker: it was "" while the header was echoed).
+    #[test]
+    fn request_id_keeps_ids_beyond_ascii() {
+        let mut headers = HeaderMap::new();
+        assert_eq!(request_id(&headers), "");
+        headers.insert("x-request-id", HeaderValue::from_static("req-1"));
+        assert_eq!(request_id(&headers), "req-1");
+        headers.insert(
+            "x-request-id",
+            HeaderValue::from_bytes("req-café".as_bytes()).unwrap(),
+        );
+        assert_eq!(request_id(&headers), "req-café");
+        headers.insert(
+            "x-request-id",
+            HeaderValue::from_bytes(b"req-\xff").unwrap(),
+        );
+        assert_eq!(request_id(&headers), "req-\u{fffd}");
+    }
 }
