@@ -14,10 +14,10 @@ fi
 # IDEM_PROFILE=debug reuses the test build (CI); default: release.
 if [ "${IDEM_PROFILE:-release}" = debug ]; then
   cargo build -p idem --quiet
-  bin=./target/debug/idem
+  bin="${CARGO_TARGET_DIR:-./target}/debug/idem"
 else
   cargo build --release -p idem --quiet
-  bin=./target/release/idem
+  bin="${CARGO_TARGET_DIR:-./target}/release/idem"
 fi
 dir=$(mktemp -d)
 store="sqlite://$dir/idem.db"

@@ -273,16 +273,24 @@ pub async fn submit_task(
     body: Result<Bytes, BytesRejection>,
 ) -> AppResult<Response> {
     let res = submit_inner(&st, &caller, &headers, body).await;
-    let outcome = match &res {
-        Ok((_, true)) => "replayed",
-        Ok((_, false)) => "created",
+    count_submit(res.as_ref().map(|(_, replayed)| *replayed));
+    res.map(|(r, _)| r)
+}
+
+/// Counts one submit in `idem_submits_total` by its outcome: `Ok(replayed)`,
+/// or the problem it was refused with (401 unauthenticated, 403 forbidden,
+/// 422 `IDEMPOTENCY_CONFLICT` conflict, 5xx error, any other 4xx invalid).
+pub(crate) fn count_submit(res: Result<bool, &Problem>) {
+    let outcome = match res {
+        Ok(true) => "replayed",
+        Ok(false) => "created",
         Err(p) if p.code == "IDEMPOTENCY_CONFLICT" => "conflict",
         Err(p) if p.status == 401 => "unauthenticated",
-        Err(p) if p.status == 503 || p.status == 500 => "error",
+        Err(p) if p.status == 403 => "forbidden",
+        Err(p) if p.status >= 500 => "error",
         Err(_) => "invalid",
     };
     metrics::counter!("idem_submits_total", "outcome" => outcome).increment(1);
-    res.map(|(r, _)| r)
 }
 
 async fn submit_inner(

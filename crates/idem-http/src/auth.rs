@@ -103,26 +103,38 @@ impl FromRequestParts<AppState> for SubmitCaller {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        let token = bearer_token(parts)?;
-        let token_hash = hash_api_key(token);
-        if let Some(key) = state.keys.get(&token_hash) {
-            return Ok(SubmitCaller {
-                caller: Caller(key),
-                token_hash,
-                cached_token: Some(token.to_owned()),
-            });
-        }
-        let key = authenticate(state, token).await?;
-        // Only keys that may submit at all are worth keeping.
-        if key.has_role(Role::Client) {
-            state.keys.insert(token_hash.clone(), key.clone());
-        }
-        Ok(SubmitCaller {
-            caller: Caller(key),
-            token_hash,
-            cached_token: None,
+        // A submit refused here never reaches the handler that counts
+        // submits: count it as the handler would (401 or 5xx), without
+        // reading its body.
+        submit_caller(parts, state).await.inspect_err(|p| {
+            crate::api::count_submit(Err(p));
         })
     }
+}
+
+/// The submitting caller: the key from this process's cache when its token
+/// was seen before (a key's tenant, role and grant never change; the submit's
+/// own transaction checks that it is still live), else from the database.
+async fn submit_caller(parts: &Parts, state: &AppState) -> Result<SubmitCaller, Problem> {
+    let token = bearer_token(parts)?;
+    let token_hash = hash_api_key(token);
+    if let Some(key) = state.keys.get(&token_hash) {
+        return Ok(SubmitCaller {
+            caller: Caller(key),
+            token_hash,
+            cached_token: Some(token.to_owned()),
+        });
+    }
+    let key = authenticate(state, token).await?;
+    // Only keys that may submit at all are worth keeping.
+    if key.has_role(Role::Client) {
+        state.keys.insert(token_hash.clone(), key.clone());
+    }
+    Ok(SubmitCaller {
+        caller: Caller(key),
+        token_hash,
+        cached_token: None,
+    })
 }
 
 /// The token of the one `Authorization: Bearer <token>` header.

@@ -17,18 +17,11 @@ use tokio_postgres::error::SqlState;
 /// - everything else (connection lost, timeouts, admin shutdown, resources,
 ///   no error code at all) → [`StoreError::Unavailable`] (HTTP 503).
 pub fn map_pg_error(e: tokio_postgres::Error) -> StoreError {
+    let msg = pg_error_text(&e);
     let Some(db) = e.as_db_error() else {
-        let mut msg = e.to_string();
-        let mut src = e.source();
-        while let Some(s) = src {
-            msg.push_str(": ");
-            msg.push_str(&s.to_string());
-            src = s.source();
-        }
         return StoreError::Unavailable(msg);
     };
     let code = db.code();
-    let msg = format!("{} {}: {}", db.severity(), code.code(), db.message());
     if *code == SqlState::T_R_SERIALIZATION_FAILURE
         || *code == SqlState::T_R_DEADLOCK_DETECTED
         || *code == SqlState::UNIQUE_VIOLATION
@@ -40,6 +33,23 @@ pub fn map_pg_error(e: tokio_postgres::Error) -> StoreError {
         Some("54") => StoreError::Rejected(msg),
         _ => StoreError::Unavailable(msg),
     }
+}
+
+/// The error's own words, without a [`StoreError`] kind in front:
+/// `SEVERITY SQLSTATE: message` for an error the server sent, else the error
+/// and each of its sources.
+pub(crate) fn pg_error_text(e: &tokio_postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        return format!("{} {}: {}", db.severity(), db.code().code(), db.message());
+    }
+    let mut msg = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        src = s.source();
+    }
+    msg
 }
 
 /// Whether `e` may pass by itself, so that trying again later can succeed: no
@@ -76,7 +86,7 @@ pub(crate) fn connect_pg_error(e: tokio_postgres::Error) -> StoreError {
     }
     StoreError::Config(format!(
         "PostgreSQL refused the connection: {}",
-        map_pg_error(e)
+        pg_error_text(&e)
     ))
 }
 

@@ -5,7 +5,7 @@
 use idem_store::{Result, StoreError};
 use tokio_postgres::NoTls;
 
-use crate::error::{connect_pg_error, is_transient, map_pg_error, parse_url};
+use crate::error::{connect_pg_error, is_transient, map_pg_error, parse_url, pg_error_text};
 
 /// The migrations of this binary: `(version, SQL)`, ascending.
 pub const MIGRATIONS: &[(i32, &str)] = &[
@@ -27,7 +27,7 @@ fn migration_error(e: tokio_postgres::Error) -> StoreError {
     if is_transient(&e) {
         return map_pg_error(e);
     }
-    StoreError::Migration(map_pg_error(e).to_string())
+    StoreError::Migration(pg_error_text(&e))
 }
 
 /// Applies the pending migrations of the database at `url` and returns the
@@ -93,7 +93,7 @@ pub(crate) async fn apply(client: &mut tokio_postgres::Client) -> Result<Vec<i32
             continue;
         }
         tx.batch_execute(sql).await.map_err(|e| {
-            StoreError::Migration(format!("migration {version}: {}", map_pg_error(e)))
+            StoreError::Migration(format!("migration {version}: {}", pg_error_text(&e)))
         })?;
         tx.execute(
             "INSERT INTO schema_migrations (version) VALUES ($1)",

@@ -550,9 +550,39 @@ async fn request_ids_problem_types_and_operational_endpoints() {
         let r = srv.call(Method::GET, path, None, None).await;
         r.ok(200);
     }
+    // Refused credentials count too (README walk-through: a missing or
+    // unknown key never reached the counter), and a 403 is `forbidden`.
+    let bad = srv
+        .submit_as("idem_not_a_key", "ops-2", "payment.release", payment(2))
+        .await;
+    assert_eq!(bad.status, 401);
+    let none = send(
+        srv.http
+            .post(format!("{}/v1/tasks", srv.url))
+            .header("Idempotency-Key", "ops-3")
+            .header("content-type", "application/json")
+            .body(json!({"operation": "payment.release", "params": payment(3)}).to_string()),
+    )
+    .await;
+    assert_eq!(none.status, 401);
+    let exec = srv
+        .submit_as(&srv.keys.exec, "ops-4", "payment.release", payment(4))
+        .await;
+    assert_eq!(exec.status, 403);
     let m = srv.call(Method::GET, "/metrics", None, None).await;
     m.ok(200);
-    assert!(m.text.contains("idem_submits_total"), "metrics: {}", m.text);
+    let count = |outcome: &str| -> u64 {
+        let series = format!("idem_submits_total{{outcome=\"{outcome}\"}} ");
+        m.text
+            .lines()
+            .find_map(|l| l.strip_prefix(series.as_str()))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in metrics: {}", m.text))
+    };
+    assert_eq!(count("created"), 1);
+    assert_eq!(count("replayed"), 1);
+    assert_eq!(count("unauthenticated"), 2);
+    assert_eq!(count("forbidden"), 1);
     let o = srv.call(Method::GET, "/openapi.json", None, None).await;
     let doc = o.ok(200);
     assert!(
