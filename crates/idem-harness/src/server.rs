@@ -62,10 +62,11 @@ pub async fn open_store(
         None => {
             let dir = tempfile::tempdir()?;
             let path = dir.path().join("idem.db");
-            let p = path.clone();
-            let store =
-                tokio::task::spawn_blocking(move || idem_store_sqlite::open(p, Default::default()))
-                    .await??;
+            // Opened in this task, not on the blocking pool: were this future
+            // dropped while an open ran there, the directory would be removed
+            // and then made again by the open, and left behind (breaker).
+            // Opening a new file takes a few milliseconds.
+            let store = idem_store_sqlite::open(&path, Default::default())?;
             Ok((store, Some(dir), Some(path)))
         }
         Some(url) if url.starts_with("sqlite://") => {
