@@ -8,7 +8,11 @@
 //! opens one `BEGIN IMMEDIATE` transaction, runs each operation inside its own
 //! `SAVEPOINT` (an operation that fails is rolled back alone), commits once,
 //! and only then answers every caller. So each acknowledged write is durable
-//! (fsync at COMMIT), while concurrent submits share one fsync. Reads run on
+//! (fsync at COMMIT), while concurrent submits share one fsync. Submits queued
+//! one after another run together as one submit batch in one savepoint (one
+//! key check; answered as if sent one after another), and one by one if that
+//! batch fails. An error that ends the whole transaction (SQLITE_FULL …) stops
+//! the batch: every caller hears that nothing was written. Reads run on
 //! reader connections in parallel with the writer (WAL snapshots).
 //!
 //! **Clock.** Leases and backoff are decided by this process's clock (one
