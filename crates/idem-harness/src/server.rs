@@ -98,21 +98,16 @@ pub async fn open_store(
 /// # Errors
 /// When the runtime cannot be built, the store cannot be opened or the port bound.
 pub async fn start(store_url: Option<&str>, config: Config, sweep: Duration) -> Result<InProcess> {
-    let runtime = ServerRuntime(Some(
-        tokio::runtime::Builder::new_multi_thread()
-            .thread_name("idem-server")
-            .enable_all()
-            .build()
-            .context("building the server's runtime")?,
-    ));
-    let handle = runtime
-        .0
-        .as_ref()
-        .map(|r| r.handle().clone())
-        .context("the server's runtime is gone")?;
+    let built = tokio::runtime::Builder::new_multi_thread()
+        .thread_name("idem-server")
+        .enable_all()
+        .build()
+        .context("building the server's runtime")?;
+    let handle = built.handle().clone();
+    let runtime = ServerRuntime(Some(built));
     let store_url = store_url.map(str::to_owned);
     let (stop, stopped) = oneshot::channel::<()>();
-    let running: InProcess = handle
+    let mut server: InProcess = handle
         .spawn(async move {
             let (store, dir, sqlite_path) = open_store(store_url.as_deref()).await?;
             let (_, client_key) = store.create_api_key("bench", Role::Client, None).await?;
@@ -152,7 +147,6 @@ pub async fn start(store_url: Option<&str>, config: Config, sweep: Duration) -> 
         })
         .await
         .context("the server's runtime stopped")??;
-    let mut server = running;
     server.stop = Some(stop);
     server.runtime = runtime;
     Ok(server)

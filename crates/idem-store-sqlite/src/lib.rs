@@ -1168,6 +1168,47 @@ mod tests {
         (Job { op, reply }, rx)
     }
 
+    /// A store in a temporary directory with one client key of tenant `t`:
+    /// the directory (kept alive), the file, the store, and a function making a
+    /// `generation.dispatch` submission of that key under idempotency key `k`
+    /// with `prompt`.
+    async fn seeded() -> (
+        tempfile::TempDir,
+        PathBuf,
+        Store,
+        impl Fn(&str, &str) -> ops::Submission,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("idem.db");
+        let store = open(&path, SqliteOptions::default()).unwrap();
+        let (key, _) = store.create_api_key("t", Role::Client, None).await.unwrap();
+        let contract = idem_core::config::Config::bundled()
+            .unwrap()
+            .contract("generation.dispatch")
+            .unwrap();
+        let sub = move |k: &str, prompt: &str| {
+            submission(
+                "t",
+                "generation.dispatch",
+                k,
+                json!({"prompt": prompt, "model": "v2", "steps": 30}),
+                contract.clone(),
+                &key,
+            )
+        };
+        (dir, path, store, sub)
+    }
+
+    /// `(tasks, idempotency keys)` stored in the file.
+    fn tasks_and_scopes(conn: &Connection) -> (i64, i64) {
+        conn.query_row(
+            "SELECT (SELECT count(*) FROM tasks), (SELECT count(*) FROM idempotency_keys)",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap()
+    }
+
     fn outcome(
         rx: &mut oneshot::Receiver<Result<Output, StoreError>>,
     ) -> Result<SubmitOutcome, StoreError> {
@@ -1185,14 +1226,7 @@ mod tests {
     /// while all four callers heard "nothing written").
     #[tokio::test]
     async fn a_transaction_ended_by_the_database_writes_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("idem.db");
-        let store = open(&path, SqliteOptions::default()).unwrap();
-        let (key, _) = store.create_api_key("t", Role::Client, None).await.unwrap();
-        let contract = idem_core::config::Config::bundled()
-            .unwrap()
-            .contract("generation.dispatch")
-            .unwrap();
+        let (_dir, path, _store, sub) = seeded().await;
         let mut writer = open_connection(&path).unwrap();
         let pages: i64 = writer
             .query_row("PRAGMA page_count", [], |r| r.get(0))
@@ -1204,15 +1238,7 @@ mod tests {
         for singles in [false, true] {
             let (mut batch, mut answers) = (Vec::new(), Vec::new());
             for i in 0..4 {
-                let sub = submission(
-                    "t",
-                    "generation.dispatch",
-                    &format!("k{i}"),
-                    json!({"prompt": format!("{big}{i}"), "model": "v2", "steps": 30}),
-                    contract.clone(),
-                    &key,
-                );
-                let (j, r) = job(Op::Submit(sub));
+                let (j, r) = job(Op::Submit(sub(&format!("k{i}"), &format!("{big}{i}"))));
                 batch.push(j);
                 answers.push(r);
                 if singles {
@@ -1229,15 +1255,11 @@ mod tests {
                 assert!(e.to_string().contains("full"), "the cause is named: {e}");
             }
             assert!(writer.is_autocommit());
-            let (tasks, scopes): (i64, i64) = open_connection(&path)
-                .unwrap()
-                .query_row(
-                    "SELECT (SELECT count(*) FROM tasks), (SELECT count(*) FROM idempotency_keys)",
-                    [],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )
-                .unwrap();
-            assert_eq!((tasks, scopes), (0, 0), "singles: {singles}");
+            assert_eq!(
+                tasks_and_scopes(&open_connection(&path).unwrap()),
+                (0, 0),
+                "singles: {singles}"
+            );
         }
     }
 
@@ -1247,24 +1269,8 @@ mod tests {
     /// fails and the others are created once and committed.
     #[tokio::test]
     async fn queued_submits_run_as_one_batch_and_fail_alone() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("idem.db");
-        let store = open(&path, SqliteOptions::default()).unwrap();
-        let (key, _) = store.create_api_key("t", Role::Client, None).await.unwrap();
-        let contract = idem_core::config::Config::bundled()
-            .unwrap()
-            .contract("generation.dispatch")
-            .unwrap();
-        let sub = |k: &str| {
-            submission(
-                "t",
-                "generation.dispatch",
-                k,
-                json!({"prompt": k, "model": "v2", "steps": 30}),
-                contract.clone(),
-                &key,
-            )
-        };
+        let (_dir, path, store, sub_as) = seeded().await;
+        let sub = |k: &str| sub_as(k, k);
         let SubmitOutcome::Created(bad) = store.submit(sub("bad")).await.unwrap() else {
             panic!("first submit must create");
         };
@@ -1315,13 +1321,6 @@ mod tests {
             SubmitOutcome::Replayed(t) => assert_eq!(t.id, c.id),
             other => panic!("c again: {other:?}"),
         }
-        let (tasks, scopes): (i64, i64) = writer
-            .query_row(
-                "SELECT (SELECT count(*) FROM tasks), (SELECT count(*) FROM idempotency_keys)",
-                [],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .unwrap();
-        assert_eq!((tasks, scopes), (5, 5), "bad, a, b, c, d");
+        assert_eq!(tasks_and_scopes(&writer), (5, 5), "bad, a, b, c, d");
     }
 }

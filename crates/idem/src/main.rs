@@ -239,6 +239,17 @@ async fn open_store(args: &StoreArgs) -> Result<Store> {
 }
 
 fn load_config(path: Option<&PathBuf>) -> Result<Config> {
+    if path.is_none() {
+        tracing::info!(
+            "no --config / IDEM_CONFIG given: using the bundled configuration (examples/idem.toml)"
+        );
+    }
+    read_config(path)
+}
+
+/// The configuration at `path` (else the bundled one) with the
+/// `IDEM_OPERATIONS__…` overrides of the environment applied.
+fn read_config(path: Option<&PathBuf>) -> Result<Config> {
     let vars = std::env::vars().filter(|(k, _)| k.starts_with("IDEM_OPERATIONS__"));
     let config = match path {
         Some(p) => {
@@ -246,12 +257,7 @@ fn load_config(path: Option<&PathBuf>) -> Result<Config> {
                 std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
             Config::from_toml_with_env(&text, vars)?
         }
-        None => {
-            tracing::info!(
-                "no --config / IDEM_CONFIG given: using the bundled configuration (examples/idem.toml)"
-            );
-            Config::from_toml_with_env(idem_core::config::DEFAULT_TOML, vars)?
-        }
+        None => Config::from_toml_with_env(idem_core::config::DEFAULT_TOML, vars)?,
     };
     Ok(config)
 }
@@ -294,25 +300,11 @@ fn key_to_create(
 /// Only a warning, since the server may run with another configuration.
 fn warn_unknown_classes(ops: &[String]) {
     let path = std::env::var_os("IDEM_CONFIG").map(PathBuf::from);
-    let vars = std::env::vars().filter(|(k, _)| k.starts_with("IDEM_OPERATIONS__"));
-    let text = match &path {
-        Some(p) => match std::fs::read_to_string(p) {
-            Ok(text) => text,
-            Err(e) => {
-                eprintln!(
-                    "warning: could not read IDEM_CONFIG={} ({e}); the operation classes were not checked",
-                    p.display()
-                );
-                return;
-            }
-        },
-        None => idem_core::config::DEFAULT_TOML.to_owned(),
-    };
-    let config = match Config::from_toml_with_env(&text, vars) {
+    let config = match read_config(path.as_ref()) {
         Ok(config) => config,
         Err(e) => {
             eprintln!(
-                "warning: the configuration does not load ({e}); the operation classes were not checked"
+                "warning: the configuration does not load ({e:#}); the operation classes were not checked"
             );
             return;
         }

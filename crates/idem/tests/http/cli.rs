@@ -5,7 +5,7 @@ use std::process::{Command, Stdio};
 
 use serde_json::json;
 
-use crate::support::{BIN, Server, fast_toml, generation, ikey, send, store_url};
+use crate::support::{BIN, Server, cli_at, fast_toml, generation, ikey, send, store_url};
 
 /// SPEC §6: `idem keys create --tenant T --role R` and "store-level commands take
 /// `--store`": the flag is accepted after the subcommand, as documented.
@@ -281,26 +281,31 @@ fn keys_create_warns_about_unknown_operation_classes() {
     let dir = tempfile::tempdir().unwrap();
     let store = format!("sqlite://{}", dir.path().join("idem.db").display());
     let run = |ops: &str| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
-            .args(["keys", "create", "--tenant", "acme", "--role", "client"])
-            .args(["--operations", ops, "--store", &store])
-            .env_remove("IDEM_STORE")
-            .env_remove("IDEM_CONFIG")
-            .output()
-            .unwrap()
+        cli_at(
+            &store,
+            &[
+                "keys",
+                "create",
+                "--tenant",
+                "acme",
+                "--role",
+                "client",
+                "--operations",
+                ops,
+            ],
+        )
     };
-    let out = run("payment.release,paymnet.release");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
+    let (ok, out, err) = run("payment.release,paymnet.release");
+    assert!(ok, "{err}");
     assert!(
         err.contains("warning: `paymnet.release` is not an operation class"),
         "{err}"
     );
     assert!(!err.contains("`payment.release` is not"), "{err}");
-    assert!(String::from_utf8_lossy(&out.stdout).starts_with("idem_"));
-    let out = run("payment.release,");
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("empty class name"));
+    assert!(out.starts_with("idem_"));
+    let (ok, _, err) = run("payment.release,");
+    assert!(!ok);
+    assert!(err.contains("empty class name"));
 }
 
 /// A SQLite "store" that names no lasting file (an empty path, `:memory:`, a
@@ -351,46 +356,35 @@ fn keys_create_checks_its_arguments_before_opening_the_store() {
     let path = dir.path().join("new").join("idem.db");
     let store = format!("sqlite://{}", path.display());
     let create = |args: &[&str]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
-            .args(["keys", "create", "--tenant", "acme"])
-            .args(args)
-            .args(["--store", &store])
-            .env_remove("IDEM_STORE")
-            .env_remove("IDEM_CONFIG")
-            .output()
-            .unwrap()
+        let mut all = vec!["keys", "create", "--tenant", "acme"];
+        all.extend_from_slice(args);
+        cli_at(&store, &all)
     };
     for args in [
         vec!["--role", "client", "--operations", ""],
         vec!["--role", "client", "--operations", "payment.release,"],
         vec!["--role", "bogus"],
     ] {
-        let out = create(&args);
-        assert!(!out.status.success(), "{args:?} succeeded");
+        let (ok, _, _) = create(&args);
+        assert!(!ok, "{args:?} succeeded");
         assert!(
             !path.exists(),
             "{args:?} was refused, yet created {}",
             path.display()
         );
     }
-    let out = create(&[
+    let (ok, _, err) = create(&[
         "--role",
         "client",
         "--operations",
         "payment.release, generation.dispatch",
     ]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
+    assert!(ok, "{err}");
     assert!(
         !err.contains("warning"),
         "both classes exist once trimmed: {err}"
     );
-    let list = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(["keys", "list", "--store", &store])
-        .env_remove("IDEM_STORE")
-        .output()
-        .unwrap();
-    let listed = String::from_utf8_lossy(&list.stdout);
+    let (_, listed, _) = cli_at(&store, &["keys", "list"]);
     assert!(
         listed.contains("payment.release,generation.dispatch"),
         "stored trimmed: {listed}"
@@ -407,17 +401,9 @@ fn migrate_reports_what_it_applied() {
         dir.path().join("data").join("idem.db").display()
     );
     let run = || {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
-            .args(["migrate", "--store", &store])
-            .env_remove("IDEM_STORE")
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stderr).into_owned()
+        let (ok, _, err) = cli_at(&store, &["migrate"]);
+        assert!(ok, "{err}");
+        err
     };
     let known = idem_store_sqlite::MIGRATIONS.len();
     let all: Vec<String> = (1..=known).map(|v| v.to_string()).collect();

@@ -1163,17 +1163,9 @@ async fn bench_runs_on_postgres_with_the_pgbench_baseline() {
 async fn migrate_reports_what_it_applied_on_postgres() {
     let url = fresh_database().await;
     let run = || {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
-            .args(["migrate", "--store", &url])
-            .env_remove("IDEM_STORE")
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stderr).into_owned()
+        let (ok, _, err) = crate::support::cli_at(&url, &["migrate"]);
+        assert!(ok, "{err}");
+        err
     };
     let versions: Vec<String> = idem_store_postgres::MIGRATIONS
         .iter()

@@ -553,6 +553,7 @@ pub fn cli_at(store: &str, args: &[&str]) -> (bool, String, String) {
         .args(args)
         .env("IDEM_STORE", store)
         .env("RUST_LOG", "warn")
+        .env_remove("IDEM_CONFIG")
         .output()
         .expect("run idem");
     (
