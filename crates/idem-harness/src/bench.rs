@@ -42,6 +42,10 @@ pub enum Mode {
     Storm,
     /// 70 % new, 20 % replay, 10 % conflict.
     Mixed,
+    /// The replay load against a static handler that answers every request
+    /// with the bytes of one real replay answer (201, same length): what HTTP
+    /// alone costs on this machine, the ceiling any replay rate sits under.
+    Floor,
 }
 
 impl std::str::FromStr for Mode {
@@ -53,9 +57,10 @@ impl std::str::FromStr for Mode {
             "conflict" => Mode::Conflict,
             "storm" => Mode::Storm,
             "mixed" => Mode::Mixed,
+            "floor" => Mode::Floor,
             other => {
                 return Err(format!(
-                    "unknown mode `{other}` (new, replay, conflict, storm, mixed)"
+                    "unknown mode `{other}` (new, replay, conflict, storm, mixed, floor)"
                 ));
             }
         })
@@ -81,6 +86,9 @@ pub struct BenchOptions {
     pub no_baseline: bool,
     /// Show a progress bar.
     pub progress: bool,
+    /// Threads the load generator's clients are spread over, each with its
+    /// own single-threaded event loop (wrk's `-t`).
+    pub load_threads: usize,
 }
 
 /// Figures of one mode.
@@ -224,8 +232,8 @@ impl Conn {
     }
 
     /// Posts the submit `body` under idempotency key `key`; returns the HTTP
-    /// status after reading the whole answer.
-    async fn submit(&mut self, target: &Target, key: &str, body: Bytes) -> Result<u16> {
+    /// status and the whole answer.
+    async fn submit(&mut self, target: &Target, key: &str, body: Bytes) -> Result<(u16, Bytes)> {
         let req = hyper::Request::post("/v1/tasks")
             .header(hyper::header::HOST, target.host.clone())
             .header(hyper::header::AUTHORIZATION, target.auth.clone())
@@ -235,8 +243,8 @@ impl Conn {
         drive(&mut self.conn, self.sender.ready()).await??;
         let res = drive(&mut self.conn, self.sender.send_request(req)).await??;
         let status = res.status().as_u16();
-        drive(&mut self.conn, res.into_body().collect()).await??;
-        Ok(status)
+        let answer = drive(&mut self.conn, res.into_body().collect()).await??;
+        Ok((status, answer.to_bytes()))
     }
 }
 
@@ -253,21 +261,130 @@ async fn drive<T>(conn: &mut Driver, fut: impl Future<Output = T>) -> Result<T> 
     }
 }
 
-/// Submits `params` on `conn`, reconnecting once when the connection was lost.
-async fn submit(conn: &mut Option<Conn>, target: &Target, key: &str, params: Value) -> Result<u16> {
+/// Submits `params` on `conn`, reconnecting once when the connection was lost;
+/// returns the HTTP status and the answer.
+async fn submit(
+    conn: &mut Option<Conn>,
+    target: &Target,
+    key: &str,
+    params: Value,
+) -> Result<(u16, Bytes)> {
     let body = Bytes::from(serde_json::to_vec(
         &json!({"operation": "generation.dispatch", "params": params}),
     )?);
     if let Some(c) = conn.as_mut()
-        && let Ok(status) = c.submit(target, key, body.clone()).await
+        && let Ok(answer) = c.submit(target, key, body.clone()).await
     {
-        return Ok(status);
+        return Ok(answer);
     }
     *conn = None;
     let mut fresh = Conn::open(target).await?;
-    let status = fresh.submit(target, key, body).await?;
+    let answer = fresh.submit(target, key, body).await?;
     *conn = Some(fresh);
-    Ok(status)
+    Ok(answer)
+}
+
+/// One client's figures: its latency histogram (µs) and its answers by status.
+type ClientFigures = (Histogram<u64>, BTreeMap<u16, u64>);
+
+/// What every load-generating client of one mode shares.
+#[derive(Clone)]
+struct Load {
+    target: Target,
+    mode: Mode,
+    /// The next request number to send (shared by all clients and threads).
+    next: Arc<AtomicU64>,
+    /// Requests in the mode.
+    count: u64,
+    /// Keys seeded before the mode (replay, conflict, mixed).
+    seeds: usize,
+    salt: String,
+    bar: indicatif::ProgressBar,
+}
+
+impl Load {
+    /// Runs `clients` clients on this thread's own single-threaded runtime
+    /// until the mode's requests are used up. One event loop per thread, as
+    /// wrk's threads: no task moves between threads and no thread wakes
+    /// another, which a work-stealing runtime would do on every answer.
+    fn run_thread(self, clients: usize) -> Result<Vec<ClientFigures>> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        runtime.block_on(async move {
+            let tasks: Vec<_> = (0..clients)
+                .map(|_| tokio::spawn(self.clone().client()))
+                .collect();
+            let mut out = Vec::with_capacity(tasks.len());
+            for t in tasks {
+                out.push(t.await??);
+            }
+            Ok(out)
+        })
+    }
+
+    /// One client: a keep-alive connection sending the mode's requests one
+    /// after another.
+    async fn client(self) -> Result<ClientFigures> {
+        let Load {
+            target,
+            mode,
+            next,
+            count,
+            seeds,
+            salt,
+            bar,
+        } = self;
+        let mut conn = Some(Conn::open(&target).await?);
+        let mut hist = Histogram::<u64>::new_with_bounds(1, 120_000_000, 3)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let mut statuses: BTreeMap<u16, u64> = BTreeMap::new();
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            if i >= count {
+                break;
+            }
+            let i = i as usize;
+            let seed = i % seeds;
+            let (key, body) = match mode {
+                Mode::New => (format!("new-{salt}-{i}"), params(i, &salt)),
+                Mode::Replay | Mode::Floor => (format!("seed-{salt}-{seed}"), params(seed, &salt)),
+                Mode::Conflict => (
+                    format!("seed-{salt}-{seed}"),
+                    params(seed + 1_000_000, &salt),
+                ),
+                Mode::Storm => (format!("storm-{salt}"), params(0, &salt)),
+                Mode::Mixed => match i % 10 {
+                    0..=6 => (format!("new-{salt}-{i}"), params(i, &salt)),
+                    7 | 8 => (format!("seed-{salt}-{seed}"), params(seed, &salt)),
+                    _ => (
+                        format!("seed-{salt}-{seed}"),
+                        params(seed + 1_000_000, &salt),
+                    ),
+                },
+            };
+            let t = Instant::now();
+            let status = submit(&mut conn, &target, &key, body)
+                .await
+                .map_or(0, |(status, _)| status);
+            let us = u64::try_from(t.elapsed().as_micros())
+                .unwrap_or(u64::MAX)
+                .max(1);
+            let _ = hist.record(us.min(120_000_000));
+            *statuses.entry(status).or_default() += 1;
+            bar.inc(1);
+        }
+        Ok((hist, statuses))
+    }
+}
+
+/// `clients` split as evenly as possible over at most `threads` threads (no
+/// thread gets none).
+fn split(clients: usize, threads: usize) -> Vec<usize> {
+    let threads = threads.clamp(1, clients.max(1));
+    (0..threads)
+        .map(|t| clients / threads + usize::from(t < clients % threads))
+        .collect()
 }
 
 async fn run_mode(
@@ -282,10 +399,13 @@ async fn run_mode(
     let next = Arc::new(AtomicU64::new(0));
     // Seed keys for replay / conflict / mixed.
     let seeds = opts.concurrency.max(16);
-    if matches!(mode, Mode::Replay | Mode::Conflict | Mode::Mixed) {
-        let mut conn = None;
+    let mut conn = None;
+    if matches!(
+        mode,
+        Mode::Replay | Mode::Conflict | Mode::Mixed | Mode::Floor
+    ) {
         for i in 0..seeds {
-            let status = submit(
+            let (status, _) = submit(
                 &mut conn,
                 target,
                 &format!("seed-{salt}-{i}"),
@@ -297,6 +417,27 @@ async fn run_mode(
             }
         }
     }
+    // The floor answers every request with one real replay answer's bytes.
+    let floor = if mode == Mode::Floor {
+        let (status, answer) = submit(
+            &mut conn,
+            target,
+            &format!("seed-{salt}-0"),
+            params(0, &salt),
+        )
+        .await?;
+        if status != 201 {
+            bail!("the replay the floor answers with got HTTP {status}");
+        }
+        Some(server::start_floor(answer).await?)
+    } else {
+        None
+    };
+    drop(conn);
+    let target = match &floor {
+        Some(f) => Target::new(&f.url, "floor")?,
+        None => target.clone(),
+    };
     let bar = if opts.progress {
         let b = indicatif::ProgressBar::new(opts.count as u64);
         b.set_style(
@@ -309,68 +450,39 @@ async fn run_mode(
         indicatif::ProgressBar::hidden()
     };
     let started = Instant::now();
-    let mut workers = Vec::new();
-    for _ in 0..opts.concurrency {
-        let next = Arc::clone(&next);
-        let salt = salt.clone();
-        let target = target.clone();
-        let bar = bar.clone();
-        let count = opts.count as u64;
-        workers.push(tokio::spawn(async move {
-            let mut conn = Some(Conn::open(&target).await?);
-            let mut hist = Histogram::<u64>::new_with_bounds(1, 120_000_000, 3)
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
-            let mut statuses: BTreeMap<u16, u64> = BTreeMap::new();
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= count {
-                    break;
-                }
-                let i = i as usize;
-                let seed = i % seeds;
-                let (key, body) = match mode {
-                    Mode::New => (format!("new-{}-{i}", salt), params(i, &salt)),
-                    Mode::Replay => (format!("seed-{}-{seed}", salt), params(seed, &salt)),
-                    Mode::Conflict => (
-                        format!("seed-{}-{seed}", salt),
-                        params(seed + 1_000_000, &salt),
-                    ),
-                    Mode::Storm => (format!("storm-{}", salt), params(0, &salt)),
-                    Mode::Mixed => match i % 10 {
-                        0..=6 => (format!("new-{}-{i}", salt), params(i, &salt)),
-                        7 | 8 => (format!("seed-{}-{seed}", salt), params(seed, &salt)),
-                        _ => (
-                            format!("seed-{}-{seed}", salt),
-                            params(seed + 1_000_000, &salt),
-                        ),
-                    },
-                };
-                let t = Instant::now();
-                let status = submit(&mut conn, &target, &key, body).await.unwrap_or(0);
-                let us = u64::try_from(t.elapsed().as_micros())
-                    .unwrap_or(u64::MAX)
-                    .max(1);
-                let _ = hist.record(us.min(120_000_000));
-                *statuses.entry(status).or_default() += 1;
-                bar.inc(1);
-            }
-            Ok::<_, anyhow::Error>((hist, statuses))
-        }));
+    let shape = Load {
+        target,
+        mode,
+        next,
+        count: opts.count as u64,
+        seeds,
+        salt,
+        bar: bar.clone(),
+    };
+    let mut threads = Vec::new();
+    for clients in split(opts.concurrency, opts.load_threads.max(1)) {
+        let shape = shape.clone();
+        threads.push(std::thread::spawn(move || shape.run_thread(clients)));
     }
     let mut hist =
         Histogram::<u64>::new_with_bounds(1, 120_000_000, 3).map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut statuses: BTreeMap<u16, u64> = BTreeMap::new();
-    for w in workers {
-        let (h, s) = w.await??;
-        hist.add(&h).map_err(|e| anyhow::anyhow!("{e}"))?;
-        for (k, v) in s {
-            *statuses.entry(k).or_default() += v;
+    for t in threads {
+        let clients = tokio::task::spawn_blocking(move || t.join())
+            .await?
+            .map_err(|_| anyhow::anyhow!("a load generator thread panicked"))??;
+        for (h, s) in clients {
+            hist.add(&h).map_err(|e| anyhow::anyhow!("{e}"))?;
+            for (k, v) in s {
+                *statuses.entry(k).or_default() += v;
+            }
         }
     }
     let elapsed = started.elapsed().as_secs_f64();
+    drop(floor);
     bar.finish_and_clear();
     let expected: &[u16] = match mode {
-        Mode::New | Mode::Replay | Mode::Storm => &[201],
+        Mode::New | Mode::Replay | Mode::Storm | Mode::Floor => &[201],
         Mode::Conflict => &[422],
         Mode::Mixed => &[201, 422],
     };
@@ -554,4 +666,28 @@ pub fn render(results: &[ModeResult]) -> String {
         ));
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Clients are spread over the load threads evenly, none is lost and no
+    /// thread is left without one.
+    #[test]
+    fn clients_split_evenly_over_the_load_threads() {
+        assert_eq!(split(32, 1), [32]);
+        assert_eq!(split(32, 2), [16, 16]);
+        assert_eq!(split(4, 3), [2, 1, 1]);
+        assert_eq!(split(2, 8), [1, 1]);
+        assert_eq!(split(5, 0), [5]);
+        for clients in 1..40 {
+            for threads in 0..10 {
+                let parts = split(clients, threads);
+                assert_eq!(parts.iter().sum::<usize>(), clients);
+                assert!(parts.iter().all(|&n| n > 0));
+                assert!(parts.iter().max().unwrap_or(&0) - parts.iter().min().unwrap_or(&0) <= 1);
+            }
+        }
+    }
 }

@@ -152,6 +152,74 @@ pub async fn start(store_url: Option<&str>, config: Config, sweep: Duration) -> 
     Ok(server)
 }
 
+/// A running static HTTP server for the bench's `floor` mode. Dropping it
+/// stops it.
+pub struct Floor {
+    /// Base URL, e.g. `http://127.0.0.1:41234`.
+    pub url: String,
+    stop: Option<oneshot::Sender<()>>,
+    _runtime: ServerRuntime,
+}
+
+impl Drop for Floor {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// Starts axum, on its own runtime built as [`start`] builds the server's,
+/// with one route, `POST /v1/tasks`, that reads the body and answers 201
+/// `application/json` with `answer`: HTTP/1.1 with nothing of idem behind it.
+///
+/// # Errors
+/// When the runtime cannot be built or the port bound.
+pub async fn start_floor(answer: axum::body::Bytes) -> Result<Floor> {
+    use axum::http::{StatusCode, header};
+    let built = tokio::runtime::Builder::new_multi_thread()
+        .thread_name("idem-floor")
+        .enable_all()
+        .build()
+        .context("building the floor server's runtime")?;
+    let handle = built.handle().clone();
+    let runtime = ServerRuntime(Some(built));
+    let (stop, stopped) = oneshot::channel::<()>();
+    let url = handle
+        .spawn(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            let url = format!("http://{}", listener.local_addr()?);
+            let app = axum::Router::new().route(
+                "/v1/tasks",
+                axum::routing::post(move |_body: axum::body::Bytes| {
+                    let answer = answer.clone();
+                    async move {
+                        (
+                            StatusCode::CREATED,
+                            [(header::CONTENT_TYPE, "application/json")],
+                            answer,
+                        )
+                    }
+                }),
+            );
+            tokio::spawn(async move {
+                let _ = axum::serve(listener, app)
+                    .with_graceful_shutdown(async move {
+                        let _ = stopped.await;
+                    })
+                    .await;
+            });
+            Ok::<_, anyhow::Error>(url)
+        })
+        .await
+        .context("the floor server's runtime stopped")??;
+    Ok(Floor {
+        url,
+        stop: Some(stop),
+        _runtime: runtime,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

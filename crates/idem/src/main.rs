@@ -132,6 +132,9 @@ enum Command {
         /// Skip the raw-database baseline.
         #[arg(long)]
         no_baseline: bool,
+        /// Threads of the load generator, each with its own event loop (wrk's -t).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+        load_threads: u16,
         /// One JSON object per mode on stdout.
         #[arg(long)]
         json: bool,
@@ -635,6 +638,7 @@ async fn run() -> Result<()> {
             api_key,
             bench_store,
             no_baseline,
+            load_threads,
             json,
         } => {
             let results = idem_harness::bench::run(idem_harness::bench::BenchOptions {
@@ -646,6 +650,7 @@ async fn run() -> Result<()> {
                 store: bench_store,
                 no_baseline,
                 progress: !json,
+                load_threads: usize::from(load_threads),
             })
             .await?;
             if json {

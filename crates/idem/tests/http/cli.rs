@@ -484,16 +484,43 @@ pub fn bench_json(args: &[&str]) -> Vec<serde_json::Value> {
             "every answer as the mode expects: {r}"
         );
         assert_eq!(r["requests"], json!(120), "{r}");
+        let answered: u64 = r["statuses"]
+            .as_object()
+            .map(|m| m.values().filter_map(serde_json::Value::as_u64).sum())
+            .unwrap_or_default();
+        assert_eq!(answered, 120, "every client's answers are counted: {r}");
     }
     rows
+}
+
+/// `idem bench --load-threads 0` is refused before anything starts: a load
+/// generator without a thread would send nothing.
+#[test]
+fn bench_refuses_zero_load_threads() {
+    let out = Command::new(BIN)
+        .args(["bench", "--load-threads", "0", "--count", "10"])
+        .output()
+        .expect("run idem bench");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--load-threads"), "{err}");
 }
 
 /// `idem bench` on its in-process SQLite server: every mode answers as
 /// expected, with latency percentiles and the same-run raw-insert baseline.
 #[tokio::test]
 async fn bench_runs_every_mode_on_sqlite_with_its_baseline() {
-    let rows = bench_json(&["--mode", "new,replay,conflict,storm,mixed"]);
+    // Three load threads for four clients: one thread runs two.
+    let rows = bench_json(&[
+        "--mode",
+        "new,replay,conflict,storm,mixed,floor",
+        "--load-threads",
+        "3",
+    ]);
     let modes: Vec<&str> = rows.iter().filter_map(|r| r["mode"].as_str()).collect();
-    assert_eq!(modes, ["new", "replay", "conflict", "storm", "mixed"]);
+    assert_eq!(
+        modes,
+        ["new", "replay", "conflict", "storm", "mixed", "floor"]
+    );
     assert!(rows.iter().all(|r| r["store"] == json!("sqlite")));
 }
