@@ -104,7 +104,11 @@ impl Fingerprint {
 
 impl fmt::Display for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{PREFIX}{}", self.to_hex())
+        // Rendered on the stack: every submit renders one.
+        let mut digits = [0_u8; 64];
+        hex::encode_to_slice(self.0, &mut digits).map_err(|_| fmt::Error)?;
+        f.write_str(PREFIX)?;
+        f.write_str(std::str::from_utf8(&digits).map_err(|_| fmt::Error)?)
     }
 }
 

@@ -209,6 +209,21 @@ pub struct Health {
 /// Reads a JSON body strictly (duplicate keys, unsafe integers, depth > 64 → 400)
 /// and decodes it into `T`.
 fn strict_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> AppResult<(Value, T)> {
+    let value = strict_value(body)?;
+    let typed = serde_json::from_value(value.clone())
+        .map_err(|e| Problem::invalid(format!("body: {e}")))?;
+    Ok((value, typed))
+}
+
+/// [`strict_body`] for a handler that needs only the typed body (no copy of
+/// the parsed document is kept).
+fn strict_typed<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> AppResult<T> {
+    serde_json::from_value(strict_value(body)?).map_err(|e| Problem::invalid(format!("body: {e}")))
+}
+
+/// The body read under the strict JSON rules (RUST-NOTES §4 item 11), or the
+/// problem: 413 over [`BODY_LIMIT_BYTES`], 400 otherwise.
+fn strict_value(body: Result<Bytes, BytesRejection>) -> AppResult<Value> {
     let bytes = body.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             Problem::too_large(BODY_LIMIT_BYTES)
@@ -216,11 +231,7 @@ fn strict_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> AppR
             Problem::invalid(e.body_text())
         }
     })?;
-    let value =
-        idem_core::json::parse_strict(&bytes).map_err(|e| Problem::invalid(e.to_string()))?;
-    let typed = serde_json::from_value(value.clone())
-        .map_err(|e| Problem::invalid(format!("body: {e}")))?;
-    Ok((value, typed))
+    idem_core::json::parse_strict(&bytes).map_err(|e| Problem::invalid(e.to_string()))
 }
 
 /// A task or attempt id from the path; anything that is not a UUID (including
@@ -393,7 +404,7 @@ fn prepare_submission(
             .map(HeaderValue::as_bytes),
     )
     .map_err(|e| Problem::new(StatusCode::BAD_REQUEST, e.problem_code(), e.to_string()))?;
-    let (_, body): (Value, SubmitBody) = strict_body(body)?;
+    let body: SubmitBody = strict_typed(body)?;
     let Some(class) = st.config.operations.get(&body.operation) else {
         return Err(Problem::invalid(format!(
             "unknown operation `{}`",
@@ -537,7 +548,7 @@ pub async fn claim(
     body: Result<Bytes, BytesRejection>,
 ) -> AppResult<Json<ClaimResponse>> {
     caller.require(Role::Executor)?;
-    let (_, body): (Value, ClaimBody) = strict_body(body)?;
+    let body: ClaimBody = strict_typed(body)?;
     if body.executor_id.is_empty() || body.executor_id.chars().count() > 200 {
         return Err(Problem::invalid("`executor_id` must be 1–200 characters"));
     }
@@ -635,7 +646,7 @@ pub async fn heartbeat(
 ) -> AppResult<Json<HeartbeatResponse>> {
     caller.require(Role::Executor)?;
     let attempt_id = id;
-    let (_, body): (Value, HeartbeatBody) = strict_body(body)?;
+    let body: HeartbeatBody = strict_typed(body)?;
     if body.usage.is_some_and(|u| u < 0) {
         return Err(Problem::invalid("usage must not be negative"));
     }

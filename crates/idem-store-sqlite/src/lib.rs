@@ -591,9 +591,16 @@ fn api_key_row(r: &Row<'_>) -> rusqlite::Result<ApiKey> {
     })
 }
 
-const TASK_COLUMNS: &str = "id, tenant, operation, idempotency_key, fingerprint, canonical_request, params, state, \
+/// The task columns, in the order [`task_row`] reads and `task_values` binds
+/// them; a macro so that statements are built at compile time (the task read
+/// runs on every replay).
+macro_rules! task_columns {
+    () => {
+        "id, tenant, operation, idempotency_key, fingerprint, canonical_request, params, state, \
      generation, version, event_seq, attempt_count, execute_count, usage, contract, cancellation, delivery, failure, \
-     api_key_id, next_kind, active_attempt_id, ready_at, deadline_at, terminal_at, key_expires_at, created_at, updated_at";
+     api_key_id, next_kind, active_attempt_id, ready_at, deadline_at, terminal_at, key_expires_at, created_at, updated_at"
+    };
+}
 
 /// Column `i` as text borrowed from the row (no copy before it is parsed).
 fn text<'r>(r: &'r Row<'_>, i: usize) -> rusqlite::Result<&'r str> {
@@ -816,13 +823,14 @@ impl Tx for SqliteTx<'_> {
     }
 
     async fn insert_task(&mut self, t: &Task) -> Result<(), StoreError> {
-        let sql = format!(
-            "INSERT INTO tasks ({TASK_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, \
-             ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27)"
-        );
         let values = task_values(t)?;
         self.conn
-            .prepare_cached(&sql)
+            .prepare_cached(concat!(
+                "INSERT INTO tasks (",
+                task_columns!(),
+                ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, \
+                 ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27)"
+            ))
             .and_then(|mut s| s.execute(rusqlite::params_from_iter(values.iter())))
             .map_err(db)?;
         Ok(())
@@ -830,9 +838,12 @@ impl Tx for SqliteTx<'_> {
 
     async fn task(&mut self, id: Uuid, _lock: bool) -> Result<Option<Task>, StoreError> {
         // The writer holds the only write transaction (BEGIN IMMEDIATE): rows are locked.
-        let sql = format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?1");
         self.conn
-            .prepare_cached(&sql)
+            .prepare_cached(concat!(
+                "SELECT ",
+                task_columns!(),
+                " FROM tasks WHERE id = ?1"
+            ))
             .and_then(|mut s| s.query_row([id.to_string()], task_row).optional())
             .map_err(decode)
     }
@@ -1116,7 +1127,7 @@ impl Tx for SqliteTx<'_> {
     }
 }
 
-/// Every task column in [`TASK_COLUMNS`] order, as SQL values.
+/// Every task column in `task_columns!()` order, as SQL values.
 fn task_values(t: &Task) -> Result<Vec<rusqlite::types::Value>, StoreError> {
     use rusqlite::types::Value as V;
     let text = |s: &str| V::Text(s.to_owned());
