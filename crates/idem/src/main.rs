@@ -111,7 +111,8 @@ enum Command {
     },
     /// Submit throughput and latency over HTTP against a raw-database baseline (same run).
     Bench {
-        /// Modes, comma-separated: new, replay, conflict, storm, mixed.
+        /// Modes, comma-separated: new, replay, conflict, storm, mixed, floor (the replay
+        /// load against a static handler: the machine's HTTP ceiling).
         #[arg(long, value_delimiter = ',', default_value = "new,replay")]
         mode: Vec<idem_harness::bench::Mode>,
         /// Concurrent clients.
@@ -133,7 +134,7 @@ enum Command {
         #[arg(long)]
         no_baseline: bool,
         /// Threads of the load generator, each with its own event loop (wrk's -t).
-        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
         load_threads: u16,
         /// One JSON object per mode on stdout.
         #[arg(long)]
@@ -641,7 +642,7 @@ async fn run() -> Result<()> {
             load_threads,
             json,
         } => {
-            let results = idem_harness::bench::run(idem_harness::bench::BenchOptions {
+            let run = idem_harness::bench::run(idem_harness::bench::BenchOptions {
                 modes: mode,
                 concurrency,
                 count,
@@ -651,14 +652,31 @@ async fn run() -> Result<()> {
                 no_baseline,
                 progress: !json,
                 load_threads: usize::from(load_threads),
-            })
-            .await?;
+            });
+            // Ctrl-C drops the run, and with it the in-process server and its
+            // temporary store, instead of killing the process where it stands.
+            let results = tokio::select! {
+                results = run => results?,
+                _ = tokio::signal::ctrl_c() => bail!("interrupted; no figures"),
+            };
             if json {
                 for r in &results {
                     println!("{}", serde_json::to_string(r)?);
                 }
             } else {
                 print!("{}", idem_harness::bench::render(&results));
+            }
+            let failed: Vec<String> = results
+                .iter()
+                .filter(|r| r.unexpected > 0)
+                .map(|r| format!("{:?}: {} of {}", r.mode, r.unexpected, r.requests).to_lowercase())
+                .collect();
+            if !failed.is_empty() {
+                bail!(
+                    "requests not answered with the mode's expected status ({}); see `bad` and \
+                     `statuses`: these figures do not measure idem",
+                    failed.join(", ")
+                );
             }
             Ok(())
         }

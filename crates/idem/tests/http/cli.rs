@@ -466,16 +466,16 @@ pub fn bench_json(args: &[&str]) -> Vec<serde_json::Value> {
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
         .collect();
     for r in &rows {
-        for field in [
-            "throughput_rps",
-            "p50_ms",
-            "p90_ms",
-            "p99_ms",
-            "max_ms",
-            "baseline_rps",
-            "ratio",
-        ] {
+        for field in ["throughput_rps", "p50_ms", "p90_ms", "p99_ms", "max_ms"] {
             assert!(r[field].as_f64().is_some_and(|v| v > 0.0), "{field} in {r}");
+        }
+        for field in ["baseline_rps", "ratio"] {
+            if r["mode"] == json!("floor") {
+                // The database baseline means nothing for the HTTP floor.
+                assert!(r[field].is_null(), "{field} in {r}");
+            } else {
+                assert!(r[field].as_f64().is_some_and(|v| v > 0.0), "{field} in {r}");
+            }
         }
         assert!(r["p50_ms"].as_f64() <= r["p99_ms"].as_f64(), "{r}");
         assert_eq!(
@@ -504,6 +504,36 @@ fn bench_refuses_zero_load_threads() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--load-threads"), "{err}");
+}
+
+/// A bench whose requests are refused (an executor's key may not submit:
+/// 403) prints its figures with every request counted as bad, claims no
+/// throughput, and exits non-zero: such figures do not measure idem.
+#[tokio::test]
+async fn bench_fails_when_requests_are_not_answered_as_its_mode_expects() {
+    let server = Server::start().await;
+    let out = Command::new(BIN)
+        .args([
+            "bench",
+            "--mode",
+            "new",
+            "--concurrency",
+            "2",
+            "--count",
+            "20",
+        ])
+        .args(["--no-baseline", "--json", "--url", &server.url])
+        .args(["--api-key", &server.keys.exec])
+        .output()
+        .expect("run idem bench");
+    assert!(!out.status.success());
+    let row: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).expect("one JSON row");
+    assert_eq!(row["unexpected"], json!(20), "{row}");
+    assert_eq!(row["statuses"], json!({"403": 20}), "{row}");
+    assert_eq!(row["throughput_rps"], json!(0.0), "{row}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("new: 20 of 20"), "{err}");
 }
 
 /// `idem bench` on its in-process SQLite server: every mode answers as
