@@ -45,6 +45,8 @@ pub enum Mode {
     /// The replay load against a static handler that answers every request
     /// with the bytes of one real replay answer (201, same length): what HTTP
     /// alone costs on this machine, the ceiling any replay rate sits under.
+    /// The static server always runs in this process, on loopback, also
+    /// with `--url`: against a remote idem it is not a like-for-like ceiling.
     Floor,
 }
 
