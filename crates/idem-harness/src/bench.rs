@@ -305,7 +305,7 @@ struct Load {
     next: Arc<AtomicU64>,
     /// Requests in the mode.
     count: u64,
-    /// Keys seeded before the mode (replay, conflict, mixed).
+    /// Keys seeded before the mode (replay, conflict, mixed, floor).
     seeds: usize,
     salt: String,
     bar: indicatif::ProgressBar,
@@ -415,7 +415,7 @@ async fn run_mode(
 ) -> Result<ModeResult> {
     let salt = format!("{}-{round}", uuid::Uuid::new_v4().simple());
     let next = Arc::new(AtomicU64::new(0));
-    // Seed keys for replay / conflict / mixed.
+    // Seed keys for replay / conflict / mixed / floor.
     let seeds = opts.concurrency.max(16);
     let mut conn = None;
     if matches!(
