@@ -22,6 +22,9 @@ ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
 # background processes (WAL writer, checkpointer …), not other databases' backends.
 DB=${STORE##*/}; DB=${DB%%\?*}
 pg_ticks() {
+  # A SQLite store has no PostgreSQL share (the local cluster's own background
+  # work is not idem's).
+  case $STORE in postgres://*|postgresql://*) ;; *) echo -1; return ;; esac
   local s=0 t
   for p in $(pgrep -u postgres -f "postgres: (.* $DB |walwriter|checkpointer|background writer|autovacuum|logical replication)" || true); do
     t=$(awk '{print $14+$15}' "/proc/$p/stat" 2>/dev/null || echo 0); s=$((s + t))
@@ -36,7 +39,8 @@ TIMES=$(mktemp)
   --mode "$MODE" --count "$COUNT" --no-baseline | grep -E "^$MODE"
 s1=$(ticks $SPID); p1=$(pg_ticks); read -r b1 i1 < <(busy)
 read -r bu bs < "$TIMES"; rm -f "$TIMES"
-python3 - "$COUNT" "$(getconf CLK_TCK)" "$((s1 - s0))" "$((p1 - p0))" "$bu" "$bs" "$((b1 - b0))" "$((i1 - i0))" <<'PY'
+pg_delta=$((p1 - p0)); [ "$p0" = -1 ] && pg_delta=-1
+python3 - "$COUNT" "$(getconf CLK_TCK)" "$((s1 - s0))" "$pg_delta" "$bu" "$bs" "$((b1 - b0))" "$((i1 - i0))" <<'PY'
 import sys
 n, hz = int(sys.argv[1]), int(sys.argv[2])
 srv, pg = int(sys.argv[3]), int(sys.argv[4])
@@ -44,5 +48,5 @@ gen = float(sys.argv[5]) + float(sys.argv[6])
 busy, idle = int(sys.argv[7]), int(sys.argv[8])
 us = lambda ticks: ticks / hz / n * 1e6
 print(f"CPU per request: idem serve {us(srv):.0f} us, load generator {gen / n * 1e6:.0f} us, "
-      f"postgres {us(pg):.0f} us; machine busy {100 * busy / (busy + idle):.0f}%")
+      f"postgres {'-' if pg < 0 else f'{us(pg):.0f} us'}; machine busy {100 * busy / (busy + idle):.0f}%")
 PY

@@ -98,7 +98,8 @@ pub struct BenchOptions {
 pub struct ModeResult {
     /// The mode.
     pub mode: Mode,
-    /// `sqlite` or `postgres` (or `remote`).
+    /// `sqlite` or `postgres` (or `remote` with `--url`); `loopback` for
+    /// [`Mode::Floor`], whose server is in this process and has no store.
     pub store: String,
     /// Concurrent clients.
     pub concurrency: usize,
@@ -526,7 +527,11 @@ async fn run_mode(
     let throughput = answered as f64 / elapsed;
     Ok(ModeResult {
         mode,
-        store: store_kind.to_owned(),
+        store: if mode == Mode::Floor {
+            "loopback".to_owned()
+        } else {
+            store_kind.to_owned()
+        },
         concurrency: opts.concurrency,
         requests: opts.count,
         unexpected,

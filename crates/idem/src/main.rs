@@ -112,7 +112,8 @@ enum Command {
     /// Submit throughput and latency over HTTP against a raw-database baseline (same run).
     Bench {
         /// Modes, comma-separated: new, replay, conflict, storm, mixed, floor (the replay
-        /// load against a static handler: the machine's HTTP ceiling).
+        /// load against a static handler in this process on loopback, also with --url:
+        /// the machine's HTTP ceiling).
         #[arg(long, value_delimiter = ',', default_value = "new,replay")]
         mode: Vec<idem_harness::bench::Mode>,
         /// Concurrent clients.
