@@ -22,9 +22,6 @@ ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
 # background processes (WAL writer, checkpointer …), not other databases' backends.
 DB=${STORE##*/}; DB=${DB%%\?*}
 pg_ticks() {
-  # A SQLite store has no PostgreSQL share (the local cluster's own background
-  # work is not idem's).
-  case $STORE in postgres://*|postgresql://*) ;; *) echo -1; return ;; esac
   local s=0 t
   for p in $(pgrep -u postgres -f "postgres: (.* $DB |walwriter|checkpointer|background writer|autovacuum|logical replication)" || true); do
     t=$(awk '{print $14+$15}' "/proc/$p/stat" 2>/dev/null || echo 0); s=$((s + t))
@@ -39,7 +36,9 @@ TIMES=$(mktemp)
   --mode "$MODE" --count "$COUNT" --no-baseline | grep -E "^$MODE"
 s1=$(ticks $SPID); p1=$(pg_ticks); read -r b1 i1 < <(busy)
 read -r bu bs < "$TIMES"; rm -f "$TIMES"
-pg_delta=$((p1 - p0)); [ "$p0" = -1 ] && pg_delta=-1
+# A SQLite store has no PostgreSQL share (the local cluster's own background
+# work is not idem's): -1 prints as "-".
+case $STORE in postgres://*|postgresql://*) pg_delta=$((p1 - p0)) ;; *) pg_delta=-1 ;; esac
 python3 - "$COUNT" "$(getconf CLK_TCK)" "$((s1 - s0))" "$pg_delta" "$bu" "$bs" "$((b1 - b0))" "$((i1 - i0))" <<'PY'
 import sys
 n, hz = int(sys.argv[1]), int(sys.argv[2])

@@ -50,22 +50,46 @@ pub enum Mode {
     Floor,
 }
 
+impl Mode {
+    /// Every mode, in the order `--help` lists them.
+    pub const ALL: [Mode; 6] = [
+        Mode::New,
+        Mode::Replay,
+        Mode::Conflict,
+        Mode::Storm,
+        Mode::Mixed,
+        Mode::Floor,
+    ];
+
+    /// The mode's name, as `--mode` takes it and the output prints it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::New => "new",
+            Mode::Replay => "replay",
+            Mode::Conflict => "conflict",
+            Mode::Storm => "storm",
+            Mode::Mixed => "mixed",
+            Mode::Floor => "floor",
+        }
+    }
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 impl std::str::FromStr for Mode {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        Ok(match s {
-            "new" => Mode::New,
-            "replay" => Mode::Replay,
-            "conflict" => Mode::Conflict,
-            "storm" => Mode::Storm,
-            "mixed" => Mode::Mixed,
-            "floor" => Mode::Floor,
-            other => {
-                return Err(format!(
-                    "unknown mode `{other}` (new, replay, conflict, storm, mixed, floor)"
-                ));
-            }
-        })
+        Mode::ALL
+            .into_iter()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Mode::ALL.iter().map(|m| m.name()).collect();
+                format!("unknown mode `{s}` ({})", names.join(", "))
+            })
     }
 }
 
@@ -289,10 +313,18 @@ async fn submit(
     Ok(answer)
 }
 
+/// The slowest latency the histograms hold, µs (120 s).
+const MAX_LATENCY_US: u64 = 120_000_000;
+
 /// How long one request may take before it counts as failed (status 0) and
 /// its connection is dropped: a stalled server must not hang the bench. The
-/// latency histogram's upper bound.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+/// histograms' upper bound.
+const REQUEST_TIMEOUT: Duration = Duration::from_micros(MAX_LATENCY_US);
+
+/// An empty latency histogram (µs, 3 significant digits).
+fn latency_histogram() -> Result<Histogram<u64>> {
+    Histogram::new_with_bounds(1, MAX_LATENCY_US, 3).map_err(|e| anyhow::anyhow!("{e}"))
+}
 
 /// One client's figures: its latency histogram (µs) and its answers by status.
 type ClientFigures = (Histogram<u64>, BTreeMap<u16, u64>);
@@ -346,8 +378,7 @@ impl Load {
             bar,
         } = self;
         let mut conn = Some(Conn::open(&target).await?);
-        let mut hist = Histogram::<u64>::new_with_bounds(1, 120_000_000, 3)
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let mut hist = latency_histogram()?;
         let mut statuses: BTreeMap<u16, u64> = BTreeMap::new();
         loop {
             let i = next.fetch_add(1, Ordering::Relaxed);
@@ -389,7 +420,7 @@ impl Load {
             let us = u64::try_from(t.elapsed().as_micros())
                 .unwrap_or(u64::MAX)
                 .max(1);
-            let _ = hist.record(us.min(120_000_000));
+            let _ = hist.record(us.min(MAX_LATENCY_US));
             *statuses.entry(status).or_default() += 1;
             bar.inc(1);
         }
@@ -463,7 +494,7 @@ async fn run_mode(
             indicatif::ProgressStyle::with_template("{msg:>10} {bar:40} {pos}/{len} {per_sec}")
                 .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
         );
-        b.set_message(format!("{mode:?}").to_lowercase());
+        b.set_message(mode.name());
         b
     } else {
         indicatif::ProgressBar::hidden()
@@ -494,8 +525,7 @@ async fn run_mode(
             .collect::<Vec<Result<Vec<ClientFigures>>>>()
     })
     .await?;
-    let mut hist =
-        Histogram::<u64>::new_with_bounds(1, 120_000_000, 3).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut hist = latency_histogram()?;
     let mut statuses: BTreeMap<u16, u64> = BTreeMap::new();
     for clients in joined {
         for (h, s) in clients? {
@@ -685,7 +715,7 @@ pub fn render(results: &[ModeResult]) -> String {
     for r in results {
         s.push_str(&format!(
             "{:<9} {:<8} {:>5} {:>7} {:>10.0} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>10} {:>6} {:>5}\n",
-            format!("{:?}", r.mode).to_lowercase(),
+            r.mode.name(),
             r.store,
             r.concurrency,
             r.requests,
@@ -707,6 +737,21 @@ pub fn render(results: &[ModeResult]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every mode parses from the name it prints; anything else is refused
+    /// with the list of names.
+    #[test]
+    fn modes_parse_from_the_names_they_print() {
+        for m in Mode::ALL {
+            assert_eq!(m.name().parse::<Mode>(), Ok(m));
+            assert_eq!(m.to_string(), m.name());
+        }
+        let err = "Replay".parse::<Mode>().unwrap_err();
+        assert!(
+            err.contains("new, replay, conflict, storm, mixed, floor"),
+            "{err}"
+        );
+    }
 
     /// Clients are spread over the load threads evenly, none is lost and no
     /// thread is left without one.

@@ -34,6 +34,20 @@ pub struct InProcess {
 /// queue is gone).
 struct ServerRuntime(Option<tokio::runtime::Runtime>);
 
+impl ServerRuntime {
+    /// A multi-threaded runtime (one worker per core, as `idem serve`) whose
+    /// threads are named `name`, and a handle to spawn on it.
+    fn build(name: &str) -> Result<(ServerRuntime, tokio::runtime::Handle)> {
+        let built = tokio::runtime::Builder::new_multi_thread()
+            .thread_name(name)
+            .enable_all()
+            .build()
+            .with_context(|| format!("building the {name} runtime"))?;
+        let handle = built.handle().clone();
+        Ok((ServerRuntime(Some(built)), handle))
+    }
+}
+
 impl Drop for ServerRuntime {
     fn drop(&mut self) {
         if let Some(runtime) = self.0.take() {
@@ -98,13 +112,7 @@ pub async fn open_store(
 /// # Errors
 /// When the runtime cannot be built, the store cannot be opened or the port bound.
 pub async fn start(store_url: Option<&str>, config: Config, sweep: Duration) -> Result<InProcess> {
-    let built = tokio::runtime::Builder::new_multi_thread()
-        .thread_name("idem-server")
-        .enable_all()
-        .build()
-        .context("building the server's runtime")?;
-    let handle = built.handle().clone();
-    let runtime = ServerRuntime(Some(built));
+    let (runtime, handle) = ServerRuntime::build("idem-server")?;
     let store_url = store_url.map(str::to_owned);
     let (stop, stopped) = oneshot::channel::<()>();
     let mut server: InProcess = handle
@@ -177,13 +185,7 @@ impl Drop for Floor {
 /// When the runtime cannot be built or the port bound.
 pub async fn start_floor(answer: axum::body::Bytes) -> Result<Floor> {
     use axum::http::{StatusCode, header};
-    let built = tokio::runtime::Builder::new_multi_thread()
-        .thread_name("idem-floor")
-        .enable_all()
-        .build()
-        .context("building the floor server's runtime")?;
-    let handle = built.handle().clone();
-    let runtime = ServerRuntime(Some(built));
+    let (runtime, handle) = ServerRuntime::build("idem-floor")?;
     let (stop, stopped) = oneshot::channel::<()>();
     let url = handle
         .spawn(async move {

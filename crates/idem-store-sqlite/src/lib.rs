@@ -1220,14 +1220,23 @@ mod tests {
         .unwrap()
     }
 
-    fn outcome(
-        rx: &mut oneshot::Receiver<Result<Output, StoreError>>,
-    ) -> Result<SubmitOutcome, StoreError> {
-        match rx.try_recv().expect("answered") {
+    /// Runs `subs` as one writer batch; their outcomes, in order.
+    fn submit_in_one_batch<const N: usize>(
+        writer: &mut Connection,
+        subs: [ops::Submission; N],
+    ) -> [Result<SubmitOutcome, StoreError>; N] {
+        let mut batch = Vec::with_capacity(N);
+        let answers = subs.map(|s| {
+            let (j, rx) = job(Op::Submit(s));
+            batch.push(j);
+            rx
+        });
+        run_batch(writer, &mut batch, SqliteOptions::default());
+        answers.map(|mut rx| match rx.try_recv().expect("answered") {
             Ok(Output::Submitted(o)) => Ok(o),
             Ok(other) => panic!("unexpected output {other:?}"),
             Err(e) => Err(e),
-        }
+        })
     }
 
     /// An error that ends the whole transaction (here SQLITE_FULL) in the
@@ -1295,37 +1304,23 @@ mod tests {
 
         // A batch of good submits only: one savepoint, all created.
         let mut writer = open_connection(&path).unwrap();
-        let (j1, mut r1) = job(Op::Submit(sub("a")));
-        let (j2, mut r2) = job(Op::Submit(sub("b")));
-        let (j3, mut r3) = job(Op::Submit(sub("a")));
-        run_batch(&mut writer, &mut vec![j1, j2, j3], SqliteOptions::default());
-        let a = match outcome(&mut r1).unwrap() {
-            SubmitOutcome::Created(t) => t,
-            other => panic!("a: {other:?}"),
+        let [a, b, a_again] = submit_in_one_batch(&mut writer, [sub("a"), sub("b"), sub("a")]);
+        let SubmitOutcome::Created(a) = a.unwrap() else {
+            panic!("a must be created");
         };
-        assert!(matches!(
-            outcome(&mut r2).unwrap(),
-            SubmitOutcome::Created(_)
-        ));
-        match outcome(&mut r3).unwrap() {
+        assert!(matches!(b.unwrap(), SubmitOutcome::Created(_)));
+        match a_again.unwrap() {
             SubmitOutcome::Replayed(t) => assert_eq!(t.id, a.id, "in-batch replay"),
             other => panic!("second a: {other:?}"),
         }
 
         // A batch with the undecodable replay in the middle.
-        let (j1, mut r1) = job(Op::Submit(sub("c")));
-        let (j2, mut r2) = job(Op::Submit(sub("bad")));
-        let (j3, mut r3) = job(Op::Submit(sub("d")));
-        run_batch(&mut writer, &mut vec![j1, j2, j3], SqliteOptions::default());
-        let c = match outcome(&mut r1).unwrap() {
-            SubmitOutcome::Created(t) => t,
-            other => panic!("c: {other:?}"),
+        let [c, bad, d] = submit_in_one_batch(&mut writer, [sub("c"), sub("bad"), sub("d")]);
+        let SubmitOutcome::Created(c) = c.unwrap() else {
+            panic!("c must be created");
         };
-        assert!(outcome(&mut r2).is_err(), "the bad replay fails");
-        assert!(matches!(
-            outcome(&mut r3).unwrap(),
-            SubmitOutcome::Created(_)
-        ));
+        assert!(bad.is_err(), "the bad replay fails");
+        assert!(matches!(d.unwrap(), SubmitOutcome::Created(_)));
 
         // Committed once: c replays, and every scope has exactly one task.
         match store.submit(sub("c")).await.unwrap() {

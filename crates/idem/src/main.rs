@@ -670,7 +670,7 @@ async fn run() -> Result<()> {
             let failed: Vec<String> = results
                 .iter()
                 .filter(|r| r.unexpected > 0)
-                .map(|r| format!("{:?}: {} of {}", r.mode, r.unexpected, r.requests).to_lowercase())
+                .map(|r| format!("{}: {} of {}", r.mode, r.unexpected, r.requests))
                 .collect();
             if !failed.is_empty() {
                 bail!(
