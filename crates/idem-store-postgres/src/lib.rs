@@ -39,7 +39,7 @@ mod tx;
 pub mod testing;
 
 pub use error::map_pg_error;
-pub use migrate::{MIGRATIONS, migrate};
+pub use migrate::{MIGRATION_LOCK_TIMEOUT_MS, MIGRATIONS, migrate};
 pub use tx::PgTx;
 use tx::Pipelined;
 

@@ -17,6 +17,13 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (3, include_str!("../migrations/0003_claim_order_index.sql")),
 ];
 
+/// How long a migration statement waits for a table lock, ms, before the
+/// migration gives up (nothing applied; start-up tries again). A migration that
+/// waits for `ACCESS EXCLUSIVE` behind a long transaction would otherwise make
+/// every later query on that table, from every instance, queue behind it for
+/// as long as that transaction lasts.
+pub const MIGRATION_LOCK_TIMEOUT_MS: u32 = 2_000;
+
 /// Key of the advisory lock that serializes migrations (ASCII `idem_mig`).
 const MIGRATION_LOCK: i64 = 0x6964_656d_5f6d_6967;
 
@@ -28,6 +35,22 @@ fn migration_error(e: tokio_postgres::Error) -> StoreError {
         return map_pg_error(e);
     }
     StoreError::Migration(pg_error_text(&e))
+}
+
+/// A failed migration step: [`StoreError::Unavailable`] when it gave up
+/// waiting for a table lock (`55P03`, [`MIGRATION_LOCK_TIMEOUT_MS`]; trying
+/// again once that transaction ends can succeed), else
+/// [`StoreError::Migration`]. Either way the migration's transaction rolls
+/// back: nothing is applied.
+fn step_error(version: i32, e: &tokio_postgres::Error) -> StoreError {
+    let text = pg_error_text(e);
+    if e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) {
+        return StoreError::Unavailable(format!(
+            "migration {version} waited {MIGRATION_LOCK_TIMEOUT_MS} ms for a table lock that another \
+             transaction holds and gave up, nothing applied ({text}); start-up tries again"
+        ));
+    }
+    StoreError::Migration(format!("migration {version}: {text}"))
 }
 
 /// Applies the pending migrations of the database at `url` and returns the
@@ -87,14 +110,23 @@ pub(crate) async fn apply(client: &mut tokio_postgres::Client) -> Result<Vec<i32
             "the database schema is at version {newest}, newer than this binary's {known}"
         )));
     }
+    if MIGRATIONS.iter().any(|(v, _)| !applied.contains(v)) {
+        // Only now: waiting for the advisory lock above (another instance
+        // migrating) is not bounded by it.
+        tx.batch_execute(&format!(
+            "SET LOCAL lock_timeout = {MIGRATION_LOCK_TIMEOUT_MS}"
+        ))
+        .await
+        .map_err(migration_error)?;
+    }
     let mut done = Vec::new();
     for (version, sql) in MIGRATIONS {
         if applied.contains(version) {
             continue;
         }
-        tx.batch_execute(sql).await.map_err(|e| {
-            StoreError::Migration(format!("migration {version}: {}", pg_error_text(&e)))
-        })?;
+        tx.batch_execute(sql)
+            .await
+            .map_err(|e| step_error(*version, &e))?;
         tx.execute(
             "INSERT INTO schema_migrations (version) VALUES ($1)",
             &[version],

@@ -886,3 +886,76 @@ async fn migration_three_does_not_deadlock_with_an_old_claim() {
     old.batch_execute("COMMIT").await.unwrap();
     assert_eq!(migration.await.unwrap().unwrap(), vec![3]);
 }
+
+/// A migration that cannot get its table lock within
+/// `MIGRATION_LOCK_TIMEOUT_MS` (a long transaction of an old instance holds
+/// the table) gives up with a retryable error and applies nothing, instead of
+/// making every later query on the table queue behind its lock request; once
+/// that transaction ends, the migration applies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migration_gives_up_on_a_held_table_lock_and_applies_later() {
+    let url = fresh_database().await;
+    let db = raw(&url).await;
+    let (v1, v2) = (
+        idem_store_postgres::MIGRATIONS[0].1,
+        idem_store_postgres::MIGRATIONS[1].1,
+    );
+    db.batch_execute(v1).await.unwrap();
+    db.batch_execute(v2).await.unwrap();
+    db.batch_execute(
+        "CREATE TABLE schema_migrations (version integer PRIMARY KEY, \
+           applied_at timestamptz NOT NULL DEFAULT clock_timestamp()); \
+         INSERT INTO schema_migrations (version) VALUES (1), (2)",
+    )
+    .await
+    .unwrap();
+    // A transaction that has read `tasks` and stays open (ACCESS SHARE, which
+    // migration 3's ACCESS EXCLUSIVE waits for).
+    let old = raw(&url).await;
+    old.batch_execute("BEGIN; SELECT count(*) FROM tasks")
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let refused = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        idem_store_postgres::migrate(&url),
+    )
+    .await
+    .expect("the migration gives up instead of waiting for the lock");
+    let waited = started.elapsed();
+    match &refused {
+        Err(idem_store::StoreError::Unavailable(msg)) => {
+            assert!(msg.contains("migration 3") && msg.contains("lock"), "{msg}")
+        }
+        other => panic!("expected a retryable lock timeout, got {other:?}"),
+    }
+    assert!(
+        waited
+            >= std::time::Duration::from_millis(u64::from(
+                idem_store_postgres::MIGRATION_LOCK_TIMEOUT_MS
+            )),
+        "gave up after {waited:?}, before its lock timeout"
+    );
+    let versions: Vec<i32> = db
+        .query(
+            "SELECT version FROM schema_migrations ORDER BY version",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(versions, vec![1, 2], "nothing applied");
+    let index: i64 = db
+        .query_one(
+            "SELECT count(*) FROM pg_indexes WHERE indexname = 'tasks_claim_order'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(index, 0, "migration 3 rolled back");
+    old.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(idem_store_postgres::migrate(&url).await.unwrap(), vec![3]);
+}

@@ -167,7 +167,8 @@ fn migrate_in_transaction(conn: &mut Connection) -> Result<Vec<i64>, StoreError>
         .skip(usize::try_from(current).unwrap_or(0))
     {
         let version = i as i64 + 1;
-        tx.execute_batch(sql).map_err(mig)?;
+        tx.execute_batch(sql)
+            .map_err(|e| migration_step_error(version, e))?;
         tx.pragma_update(None, "user_version", version)
             .map_err(mig)?;
         applied.push(version);
@@ -188,6 +189,19 @@ fn migrate_in_transaction(conn: &mut Connection) -> Result<Vec<i64>, StoreError>
     }
     tx.commit().map_err(mig)?;
     Ok(applied)
+}
+
+/// A failed migration step, named by its version, with SQLite's message and
+/// where in the migration it failed, not the migration's whole text (which
+/// rusqlite's syntax errors carry).
+fn migration_step_error(version: i64, e: rusqlite::Error) -> StoreError {
+    let what = match e {
+        rusqlite::Error::SqlInputError { msg, offset, .. } => {
+            format!("{msg} (at byte {offset} of the migration)")
+        }
+        other => other.to_string(),
+    };
+    StoreError::Migration(format!("migration {version}: {what}"))
 }
 
 /// Opens (creating if needed) the database file at `path` and applies its

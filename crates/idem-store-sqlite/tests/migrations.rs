@@ -214,3 +214,37 @@ async fn up_to_date_file_opens_without_a_foreign_key_scan() {
     let store = idem_store_sqlite::open(&path, Default::default()).expect("reopen");
     assert!(store.list_api_keys().await.expect("read").is_empty());
 }
+
+/// A migration that fails names its version and SQLite's reason, leaves the
+/// file as it was, and does not quote the whole migration back.
+#[test]
+fn a_failed_migration_names_its_version_and_changes_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("idem.db");
+    {
+        // Some other tool's table where migration 1 creates `api_keys`.
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch("CREATE TABLE api_keys (x INTEGER);")
+            .unwrap();
+    }
+    let err = idem_store_sqlite::migrate_file(&path).expect_err("migration 1 cannot run");
+    let idem_store::StoreError::Migration(msg) = &err else {
+        panic!("expected a migration error, got {err:?}");
+    };
+    assert!(msg.starts_with("migration 1: "), "{msg}");
+    assert!(msg.contains("api_keys"), "{msg}");
+    assert!(
+        !msg.contains("CREATE TABLE tasks"),
+        "the migration's text is not quoted back: {msg}"
+    );
+    assert_eq!(user_version(&path), 0, "nothing applied");
+    let conn = Connection::open(&path).unwrap();
+    let tables: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'tasks'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(tables, 0, "migration 1 rolled back");
+}
