@@ -86,12 +86,17 @@ pub struct CancelResponse {
     pub cancellation: Cancellation,
 }
 
-/// Scope lookup query.
+/// Scope lookup query (both parameters are required: a missing one is 400
+/// `INVALID_REQUEST`).
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct LookupQuery {
     /// Operation class.
+    #[param(required = true, value_type = String)]
     pub operation: Option<String>,
-    /// Idempotency key.
+    /// Idempotency key, as the submit's header carried it without the quotes
+    /// (1–255 visible ASCII).
+    #[param(required = true, value_type = String, pattern = "^[!-~]{1,255}$")]
     pub idempotency_key: Option<String>,
 }
 
@@ -99,12 +104,14 @@ pub struct LookupQuery {
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct ClaimBody {
     /// Executor id recorded on the attempt (1–200 characters).
+    #[schema(min_length = 1, max_length = 200)]
     pub executor_id: String,
     /// Operation classes to claim from; default: every class the key is granted.
     #[serde(default)]
     pub operations: Option<Vec<String>>,
     /// Attempts at most (1–100, default 1).
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 100)]
     pub max: Option<i64>,
     /// Lease length, ms: 100 ms to the class maximum; default: the class default.
     #[serde(default)]

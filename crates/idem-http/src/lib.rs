@@ -115,9 +115,106 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(api::readyz))
 }
 
-/// The OpenAPI 3.1 document of this API.
+/// The OpenAPI 3.1 document of this API, for any configuration (`operation`
+/// is any string; [`router`] serves the document of its own configuration,
+/// whose operation classes are listed, see [`openapi_for`]).
 pub fn openapi() -> utoipa::openapi::OpenApi {
-    api_router().split_for_parts().1
+    let mut doc = api_router().split_for_parts().1;
+    add_links(&mut doc);
+    doc
+}
+
+/// [`openapi`] for a server configured with the operation classes
+/// `classes`: the submit body's `operation`, the lookup's `operation` and the
+/// claim's `operations` list them (`enum`), so a client generated from
+/// `/openapi.json` knows what this server accepts.
+pub fn openapi_for<'a>(classes: impl IntoIterator<Item = &'a str>) -> utoipa::openapi::OpenApi {
+    use utoipa::openapi::RefOr;
+    use utoipa::openapi::schema::{ArrayItems, Schema};
+    let names: Vec<serde_json::Value> = classes.into_iter().map(Into::into).collect();
+    let mut doc = openapi();
+    let listed = |schema: &mut RefOr<Schema>| {
+        if let RefOr::T(Schema::Object(o)) = schema {
+            o.enum_values = Some(names.clone());
+        }
+    };
+    if let Some(schemas) = doc.components.as_mut().map(|c| &mut c.schemas) {
+        if let Some(RefOr::T(Schema::Object(body))) = schemas.get_mut("SubmitBody")
+            && let Some(operation) = body.properties.get_mut("operation")
+        {
+            listed(operation);
+        }
+        if let Some(RefOr::T(Schema::Object(body))) = schemas.get_mut("ClaimBody")
+            && let Some(RefOr::T(Schema::Array(list))) = body.properties.get_mut("operations")
+            && let ArrayItems::RefOrSchema(item) = &mut list.items
+        {
+            listed(item);
+        }
+    }
+    if let Some(lookup) = doc
+        .paths
+        .paths
+        .get_mut("/v1/tasks")
+        .and_then(|p| p.get.as_mut())
+    {
+        for param in lookup.parameters.iter_mut().flatten() {
+            if let RefOr::T(param) = param
+                && param.name == "operation"
+                && let Some(schema) = param.schema.as_mut()
+            {
+                listed(schema);
+            }
+        }
+    }
+    doc
+}
+
+/// OpenAPI links (3.1 §4.8.20): the task a submit answers with is the `id` of
+/// the task's own operations, and a claimed attempt's `id` that of the
+/// attempt's, so a client (or schemathesis's stateful phase) can follow them.
+fn add_links(doc: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::RefOr;
+    use utoipa::openapi::link::Link;
+    let mut link = |path: &str, status: &str, source: &str, targets: &[(&str, &str)]| {
+        let Some(RefOr::T(response)) = doc
+            .paths
+            .paths
+            .get_mut(path)
+            .and_then(|p| p.post.as_mut())
+            .and_then(|op| op.responses.responses.get_mut(status))
+        else {
+            return;
+        };
+        for (name, operation_id) in targets {
+            let to = Link::builder()
+                .operation_id(*operation_id)
+                .parameter("id", source)
+                .build();
+            response.links.insert((*name).to_owned(), RefOr::T(to));
+        }
+    };
+    link(
+        "/v1/tasks",
+        "201",
+        "$response.body#/task/id",
+        &[
+            ("GetTask", "get_task"),
+            ("ListAttempts", "list_attempts"),
+            ("ListEvents", "list_events"),
+            ("CancelTask", "cancel_task"),
+            ("AcknowledgeDelivery", "acknowledge_delivery"),
+        ],
+    );
+    link(
+        "/v1/attempts/claim",
+        "200",
+        "$response.body#/attempts/0/id",
+        &[
+            ("Heartbeat", "heartbeat"),
+            ("Acknowledge", "acknowledge"),
+            ("Report", "report"),
+        ],
+    );
 }
 
 /// Installs the global Prometheus recorder once and returns its handle.
@@ -130,8 +227,10 @@ pub fn metrics_handle() -> Option<PrometheusHandle> {
 
 /// The whole service as a router.
 pub fn router(state: AppState) -> Router {
-    let (api, doc) = api_router().split_for_parts();
-    let doc = Arc::new(doc);
+    let api = api_router().split_for_parts().0;
+    let doc = Arc::new(openapi_for(
+        state.config.operations.keys().map(String::as_str),
+    ));
     let metrics = metrics_handle();
     let request_id = HeaderName::from_static("x-request-id");
     api.route(

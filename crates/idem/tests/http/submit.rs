@@ -591,6 +591,38 @@ async fn request_ids_problem_types_and_operational_endpoints() {
         doc["openapi"]
     );
     assert!(doc["paths"]["/v1/tasks"].is_object(), "documents /v1/tasks");
+    // The served document lists this server's operation classes …
+    let classes = doc["components"]["schemas"]["SubmitBody"]["properties"]["operation"]["enum"]
+        .as_array()
+        .unwrap_or_else(|| {
+            panic!(
+                "no operation enum: {}",
+                doc["components"]["schemas"]["SubmitBody"]
+            )
+        });
+    assert!(
+        classes.contains(&serde_json::json!("payment.release")),
+        "{classes:?}"
+    );
+    assert_eq!(
+        doc["components"]["schemas"]["ClaimBody"]["properties"]["operations"]["items"]["enum"]
+            .as_array()
+            .map(Vec::len),
+        Some(classes.len())
+    );
+    // … the lookup's two query parameters, both required …
+    for p in doc["paths"]["/v1/tasks"]["get"]["parameters"]
+        .as_array()
+        .unwrap()
+    {
+        assert_eq!(p["in"], "query", "{p}");
+        assert_eq!(p["required"], true, "{p}");
+    }
+    // … and links from a submit's task id to the task's own operations.
+    assert_eq!(
+        doc["paths"]["/v1/tasks"]["post"]["responses"]["201"]["links"]["GetTask"]["parameters"]["id"],
+        "$response.body#/task/id"
+    );
 
     // Problems: 404 (unknown task, unknown route), 400, 401, 422 all carry X-Request-Id.
     srv.get(
