@@ -93,6 +93,11 @@ pub struct PgBackend {
     auths: mpsc::UnboundedSender<PendingAuth>,
 }
 
+/// How long [`connect`] waits for another instance that is applying
+/// migrations before it answers [`StoreError::Unavailable`] (start-up retries,
+/// for up to `IDEM_STORE_WAIT_MS`, so the error it ends with names the cause).
+pub const MIGRATION_WAIT: Duration = Duration::from_secs(2);
+
 /// Most submissions one transaction accepts together. Concurrent submits are
 /// queued and written by [`SUBMIT_LANES`] batchers: each takes what is queued
 /// (up to this many), writes all scope rows, tasks and events with one
@@ -330,7 +335,7 @@ impl PgBackend {
             })?;
         {
             let mut client = pool.get().await.map_err(error::connect_error)?;
-            migrate::apply(&mut client).await?;
+            migrate::apply(&mut client, Some(MIGRATION_WAIT)).await?;
         }
         let (submits, rx) = mpsc::unbounded_channel();
         let queue = Arc::new(Mutex::new(rx));

@@ -47,7 +47,8 @@ fn step_error(version: i32, e: &tokio_postgres::Error) -> StoreError {
     if e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) {
         return StoreError::Unavailable(format!(
             "migration {version} waited {MIGRATION_LOCK_TIMEOUT_MS} ms for a table lock that another \
-             transaction holds and gave up, nothing applied ({text}); start-up tries again"
+             transaction holds and gave up, nothing applied ({text}); try again once that transaction \
+             ends (idem serve retries for up to IDEM_STORE_WAIT_MS)"
         ));
     }
     StoreError::Migration(format!("migration {version}: {text}"))
@@ -69,22 +70,56 @@ pub async fn migrate(url: &str) -> Result<Vec<i32>> {
             tracing::warn!(error = %e, "migration connection closed with an error");
         }
     });
-    let res = apply(&mut client).await;
+    let res = apply(&mut client, None).await;
     drop(client);
     let _ = conn.await;
     res
 }
 
-/// Applies the pending migrations on `client`.
-pub(crate) async fn apply(client: &mut tokio_postgres::Client) -> Result<Vec<i32>> {
+/// How often a migration that finds another instance migrating checks
+/// whether that one is done.
+const MIGRATION_LOCK_POLL: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Applies the pending migrations on `client`. While another instance holds
+/// the migration lock (it is migrating), waits for it: at most `lock_wait`
+/// (then [`StoreError::Unavailable`], which start-up retries), or for as long
+/// as it takes with `None` (`idem migrate`).
+pub(crate) async fn apply(
+    client: &mut tokio_postgres::Client,
+    lock_wait: Option<std::time::Duration>,
+) -> Result<Vec<i32>> {
     let tx = client.transaction().await.map_err(map_pg_error)?;
-    // `CREATE TABLE IF NOT EXISTS` below would log a NOTICE on every start.
-    tx.batch_execute("SET LOCAL client_min_messages = warning")
+    // `CREATE TABLE IF NOT EXISTS` below would log a NOTICE on every start; a
+    // migration may build an index over a large table, which the session's
+    // `statement_timeout` (a pooled connection's) must not cut short.
+    tx.batch_execute("SET LOCAL client_min_messages = warning; SET LOCAL statement_timeout = 0")
         .await
         .map_err(migration_error)?;
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
-        .await
-        .map_err(migration_error)?;
+    let started = std::time::Instant::now();
+    let mut told = false;
+    loop {
+        let locked: bool = tx
+            .query_one("SELECT pg_try_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+            .await
+            .map_err(migration_error)?
+            .try_get(0)
+            .map_err(migration_error)?;
+        if locked {
+            break;
+        }
+        if lock_wait.is_some_and(|w| started.elapsed() >= w) {
+            return Err(StoreError::Unavailable(format!(
+                "another instance has been applying migrations to this database for {} ms or more \
+                 (it holds the migration lock); nothing applied here yet",
+                started.elapsed().as_millis()
+            )));
+        }
+        if !told {
+            tracing::info!("another instance is applying migrations; waiting for it");
+            told = true;
+        }
+        tokio::time::sleep(MIGRATION_LOCK_POLL).await;
+    }
     tx.batch_execute(
         "CREATE TABLE IF NOT EXISTS schema_migrations (
              version    integer PRIMARY KEY,

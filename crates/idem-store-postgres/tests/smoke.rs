@@ -959,3 +959,67 @@ async fn migration_gives_up_on_a_held_table_lock_and_applies_later() {
     old.batch_execute("COMMIT").await.unwrap();
     assert_eq!(idem_store_postgres::migrate(&url).await.unwrap(), vec![3]);
 }
+
+/// The advisory lock that serializes migrations (ASCII `idem_mig`).
+const MIGRATION_LOCK: i64 = 0x6964_656d_5f6d_6967;
+
+/// A store's session `statement_timeout` does not apply to its migrations:
+/// start-up migrates on a pooled connection, and a migration may build an
+/// index for longer than any request may take.
+#[tokio::test]
+async fn migrations_are_not_cut_by_the_sessions_statement_timeout() {
+    let url = fresh_database().await;
+    let mut opts = PgOptions::default();
+    opts.statement_timeout = std::time::Duration::from_millis(1);
+    connect(&url, opts)
+        .await
+        .expect("migrated despite a 1 ms statement_timeout");
+    let db = raw(&url).await;
+    let n: i64 = db
+        .query_one("SELECT count(*) FROM schema_migrations", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, idem_store_postgres::MIGRATIONS.len() as i64);
+}
+
+/// Start-up waits for another instance that is migrating (it holds the
+/// migration lock) for `MIGRATION_WAIT`, then answers `Unavailable` naming
+/// that cause (so `idem serve` retries and, past IDEM_STORE_WAIT_MS, says
+/// why); once the lock is free, it migrates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_up_waits_for_another_instances_migration_and_says_so() {
+    let url = fresh_database().await;
+    let other = raw(&url).await;
+    other
+        .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let err = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        connect(&url, PgOptions::default()),
+    )
+    .await
+    .expect("start-up does not hang on the migration lock")
+    .map(|_| ())
+    .expect_err("the lock is held");
+    assert!(
+        matches!(&err, idem_store::StoreError::Unavailable(m) if m.contains("applying migrations")),
+        "{err:?}"
+    );
+    assert!(started.elapsed() >= idem_store_postgres::MIGRATION_WAIT);
+    // The other instance finishes within the wait: this one waits it out.
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        other
+            .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])
+            .await
+            .unwrap();
+        other
+    });
+    connect(&url, PgOptions::default())
+        .await
+        .expect("migrated once the lock was free");
+    drop(release.await.unwrap());
+}
