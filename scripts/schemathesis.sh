@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs schemathesis (an outside client generating requests from idem's own
+# Checks the served /openapi.json with openapi-spec-validator, then runs
+# schemathesis (an outside client generating requests from idem's own
 # /openapi.json) against a live, authenticated idem on a temporary SQLite store.
 # Fails on any 5xx, any response that breaks the document, or a crash.
 # Usage: scripts/schemathesis.sh [max-examples per operation, default 40]
@@ -9,6 +10,9 @@ examples="${1:-40}"
 
 if ! command -v schemathesis >/dev/null 2>&1; then
   python3 -m pip install --quiet 'schemathesis>=4.3,<5'
+fi
+if ! python3 -c 'import openapi_spec_validator' >/dev/null 2>&1; then
+  python3 -m pip install --quiet 'openapi-spec-validator>=0.7,<1'
 fi
 
 # IDEM_PROFILE=debug reuses the test build (CI); default: release.
@@ -31,6 +35,10 @@ for _ in $(seq 1 100); do
 done
 url=$(sed -n 's/^idem listening on //p' "$dir/out")
 [ -n "$url" ] || { cat "$dir/err"; echo "idem did not start" >&2; exit 1; }
+
+# The served document (with this server's operation classes) is valid OpenAPI 3.1.
+curl -fsS "$url/openapi.json" -o "$dir/openapi.json"
+python3 -c 'import json, sys; from openapi_spec_validator import validate; validate(json.load(open(sys.argv[1]))); print("openapi.json: valid OpenAPI 3.1")' "$dir/openapi.json"
 
 schemathesis run "$url/openapi.json" \
   -H "Authorization: Bearer $key" \

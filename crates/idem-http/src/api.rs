@@ -273,10 +273,14 @@ fn request_id(headers: &HeaderMap) -> String {
 
 /// Submit a task with an `Idempotency-Key` (SPEC §2.1–2.3, IDEM-01).
 #[utoipa::path(post, path = "/v1/tasks", tag = "tasks",
-    params(("Idempotency-Key" = String, Header, description = "RFC 9651 sf-string (\"abc\") or bare token; 1–255 visible ASCII", pattern = "^[!-~]{1,255}$")),
+    params(("Idempotency-Key" = String, Header, description = "RFC 9651 sf-string (\"abc\") or bare token; the key is 1–255 visible ASCII", pattern = "^(\"[!-~]{1,255}\"|[!-~]{1,255})$")),
     request_body = SubmitBody,
     responses(
-        (status = 201, description = "Accepted, or a replay (`Idempotent-Replayed: true`)", body = SubmitResponse),
+        (status = 201, description = "Accepted, or a replay (`Idempotent-Replayed: true`)", body = SubmitResponse,
+            headers(
+                ("Location" = String, description = "`/v1/tasks/{id}` of the task"),
+                ("Idempotent-Replayed" = String, description = "`true` when the answer is a replay of an earlier submit (absent otherwise)"),
+            )),
         (status = 400, description = "IDEMPOTENCY_KEY_MISSING, IDEMPOTENCY_KEY_INVALID, INVALID_REQUEST", body = Problem, content_type = "application/problem+json"),
         (status = 401, body = Problem, content_type = "application/problem+json"),
         (status = 403, body = Problem, content_type = "application/problem+json"),
@@ -460,6 +464,11 @@ pub async fn lookup_task(
     // The query carries the key itself (as stored), not its header encoding.
     let key = idem_core::key::IdempotencyKey::new(&key)
         .map_err(|e| Problem::new(StatusCode::BAD_REQUEST, e.problem_code(), e.to_string()))?;
+    if !st.config.operations.contains_key(&operation) {
+        // As a submit answers it: a class this server does not know is a bad
+        // request, not a task that does not exist.
+        return Err(Problem::invalid(format!("unknown operation `{operation}`")));
+    }
     caller.require_grant(&operation)?;
     let task = caller
         .store(&st)

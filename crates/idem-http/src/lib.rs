@@ -121,7 +121,32 @@ fn api_router() -> OpenApiRouter<AppState> {
 pub fn openapi() -> utoipa::openapi::OpenApi {
     let mut doc = api_router().split_for_parts().1;
     add_links(&mut doc);
+    describe_responses(&mut doc);
     doc
+}
+
+/// Gives every response without a description its status's reason phrase
+/// (`Unauthorized`, `Service Unavailable` …): OpenAPI 3.1 §4.8.17 requires a
+/// description on every Response Object.
+fn describe_responses(doc: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::RefOr;
+    for item in doc.paths.paths.values_mut() {
+        for op in [&mut item.get, &mut item.post].into_iter().flatten() {
+            for (status, response) in &mut op.responses.responses {
+                if let RefOr::T(r) = response
+                    && r.description.trim().is_empty()
+                {
+                    r.description = status
+                        .parse::<u16>()
+                        .ok()
+                        .and_then(|s| axum::http::StatusCode::from_u16(s).ok())
+                        .and_then(|s| s.canonical_reason())
+                        .unwrap_or("Response")
+                        .to_owned();
+                }
+            }
+        }
+    }
 }
 
 /// [`openapi`] for a server configured with the operation classes

@@ -120,12 +120,14 @@ impl From<Refusal> for Problem {
                     StatusCode::CONFLICT,
                     "STALE_GENERATION",
                     if presented == current {
+                        // Heartbeats, acks and reports all end here: the lease
+                        // ran out, or the attempt already ended (reported).
                         format!(
-                            "the lease of generation {presented} has expired; the report was kept as evidence and changed nothing"
+                            "generation {presented} no longer holds a live lease (it expired, or the attempt has ended); nothing changed, and a report is kept as evidence"
                         )
                     } else {
                         format!(
-                            "generation {presented} no longer holds the lease (current {current}); the report was kept as evidence"
+                            "generation {presented} no longer holds the lease (current {current}); nothing changed, and a report is kept as evidence"
                         )
                     },
                 );

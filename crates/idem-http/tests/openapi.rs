@@ -29,3 +29,23 @@ fn committed_openapi_matches_generated() {
         assert!(generated["paths"].get(path).is_some(), "missing {path}");
     }
 }
+
+/// Every Response Object has a description (OpenAPI 3.1 §4.8.17: required).
+#[test]
+fn every_response_has_a_description() {
+    let doc = serde_json::to_value(idem_http::openapi_for(["payment.release"])).unwrap();
+    let mut seen = 0;
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            for (status, response) in op["responses"].as_object().unwrap() {
+                seen += 1;
+                let d = response["description"].as_str().unwrap_or("");
+                assert!(
+                    !d.trim().is_empty(),
+                    "{method} {path} {status}: no description"
+                );
+            }
+        }
+    }
+    assert!(seen > 50, "{seen} responses");
+}

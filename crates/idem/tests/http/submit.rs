@@ -646,6 +646,13 @@ async fn request_ids_problem_types_and_operational_endpoints() {
     srv.get("/v1/tasks?operation=payment.release", &srv.keys.acme)
         .await
         .assert_problem(400, "INVALID_REQUEST");
+    // A class this server does not know is a bad request, as on submit.
+    srv.get(
+        "/v1/tasks?operation=payment.refund&idempotency_key=k1",
+        &srv.keys.acme,
+    )
+    .await
+    .assert_problem(400, "INVALID_REQUEST");
 
     // A client-chosen X-Request-Id is echoed.
     let mine = send(
