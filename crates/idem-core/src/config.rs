@@ -143,10 +143,13 @@ pub struct Fees {
 }
 
 impl Fees {
-    /// Fee for a cancellation confirmed after start with `usage` units consumed.
+    /// Fee for a cancellation confirmed after start with `usage` units
+    /// consumed, minor currency units: the fixed part plus usage × unit price,
+    /// at most 2^53−1 (the largest integer idem's JSON carries exactly).
     pub fn after_start(&self, usage: i64) -> i64 {
         self.cancel_after_start_fixed
             .saturating_add(usage.saturating_mul(self.usage_unit_price))
+            .min(crate::json::MAX_SAFE_INTEGER as i64)
     }
 }
 

@@ -322,11 +322,15 @@ fn fence(
     Ok(())
 }
 
+/// Largest usage total a task records: 2^53−1, so every integer idem
+/// answers with is one its strict JSON reader accepts (I-JSON, RFC 7493 §2.2).
+const MAX_USAGE: i64 = crate::json::MAX_SAFE_INTEGER as i64;
+
 fn add_usage(task: &mut Task, attempt: &mut Attempt, usage: Option<i64>) {
     if let Some(u) = usage
         && u > attempt.usage
     {
-        task.usage = task.usage.saturating_add(u - attempt.usage);
+        task.usage = task.usage.saturating_add(u - attempt.usage).min(MAX_USAGE);
         attempt.usage = u;
     }
 }

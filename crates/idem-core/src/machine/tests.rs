@@ -684,3 +684,23 @@ fn exact_repeat_of_an_older_attempts_report_is_answered_again() {
     assert!(matches!(e, Rejection::StaleGeneration { .. }));
     assert_eq!(t.state, TaskState::Running);
 }
+
+#[test]
+fn usage_and_fees_stay_within_the_integers_idem_reads() {
+    let max = crate::json::MAX_SAFE_INTEGER as i64;
+    // A cancellation fee of the fixed part plus usage × price stops at 2^53−1.
+    let (mut t, mut j) = new_task("payment.release");
+    let mut a = claim_now(&mut t, &mut j, 1, T0);
+    assert_eq!(cancel(&mut t, &mut j, T0).status, CancelStatus::Requested);
+    let mut r = rep(1, Outcome::Cancelled);
+    r.usage = Some(max);
+    report(&mut t, &mut a, &mut j, &r, T0).unwrap();
+    assert_eq!(t.usage, max);
+    assert_eq!(t.cancellation.as_ref().unwrap().fee, Some(max));
+    // A task's usage total (the sum over its attempts) stops there too.
+    let (mut t, mut j) = new_task("generation.dispatch");
+    let mut a = claim_now(&mut t, &mut j, 1, T0);
+    t.usage = max - 1;
+    add_usage(&mut t, &mut a, Some(5));
+    assert_eq!((t.usage, a.usage), (max, 5));
+}
