@@ -159,6 +159,7 @@ pub struct HeartbeatBody {
     pub generation: i64,
     /// The attempt's total usage so far.
     #[serde(default)]
+    #[schema(minimum = 0)]
     pub usage: Option<i64>,
 }
 
@@ -197,6 +198,7 @@ pub struct ReportBody {
     pub message: Option<String>,
     /// The attempt's total usage (integer units).
     #[serde(default)]
+    #[schema(minimum = 0)]
     pub usage: Option<i64>,
     /// The external system's transaction id.
     #[serde(default)]
