@@ -406,13 +406,17 @@ impl Client {
     /// `policy`, or as `Retry-After` says). When the budget is used up, the task
     /// is looked up by its scope (`operation`, `idempotency_key`): if an earlier
     /// try was committed although its answer was lost, that task is returned
-    /// with `looked_up: true`. A new key is never invented: that could create a
-    /// second task for one business operation.
+    /// with `looked_up: true`, but only when its `params` equal `params` (a
+    /// task of another request under this key would have been a 422 conflict;
+    /// its params differ, and it is never returned as this request's). A new
+    /// key is never invented: that could create a second task for one business
+    /// operation.
     ///
     /// # Errors
     /// The first non-retryable error (e.g. 422 `IDEMPOTENCY_CONFLICT`), or the
-    /// last retryable one when the lookup found no task either (then nothing was
-    /// committed and the same key may be submitted again later).
+    /// last retryable one when the lookup found no task, or a task with other
+    /// params (then submit the same key again later: the answer is the replay
+    /// or the conflict).
     pub async fn submit_with_retry(
         &self,
         operation: &str,
@@ -449,7 +453,11 @@ impl Client {
             }
         }
         match self.find_task(operation, idempotency_key).await {
-            Ok(task) => Ok(Submitted {
+            // Only this request's own task: the scope may hold another
+            // request's (a conflict the lost answers would have reported as
+            // 422). Equal params give an equal fingerprint; anything else is
+            // left to a later submit, which answers replay or conflict.
+            Ok(task) if task.operation == operation && task.params == *params => Ok(Submitted {
                 task,
                 replayed: true,
                 status: 200,
@@ -457,6 +465,11 @@ impl Client {
                 tries: max_tries,
                 looked_up: true,
             }),
+            // `last` is always set here: every try failed retryably.
+            Ok(_) => {
+                Err(last
+                    .unwrap_or_else(|| ClientError::InvalidArgument("no submit was tried".into())))
+            }
             Err(lookup) => Err(last.unwrap_or(lookup)),
         }
     }
@@ -476,17 +489,12 @@ impl Client {
     /// # Errors
     /// 404 `NOT_FOUND` when the scope has no task (nothing was committed).
     pub async fn find_task(&self, operation: &str, idempotency_key: &str) -> Result<Task> {
-        // The server reads a value starting with `"` as an sf-string: send such
-        // keys quoted so that they arrive unchanged.
-        let key = if idempotency_key.starts_with('"') {
-            sf_string(idempotency_key)?
-        } else {
-            idempotency_key.to_owned()
-        };
+        // The query carries the key itself, as stored (not its header
+        // encoding): a key that starts with `"` is sent as it is.
         let mut url = self.url("v1/tasks")?;
         url.query_pairs_mut()
             .append_pair("operation", operation)
-            .append_pair("idempotency_key", &key);
+            .append_pair("idempotency_key", idempotency_key);
         let env: TaskEnvelope = self.send(self.request(Method::GET, url)).await?.body;
         Ok(env.task)
     }

@@ -11,5 +11,6 @@ mod contract;
 mod executor;
 mod grants;
 mod multi_pg;
+mod sdk;
 mod submit;
 mod support;
