@@ -60,6 +60,12 @@ pub struct PgOptions {
     /// How many times a transaction that met contention (serialization failure,
     /// deadlock, lost compare-and-set) is run again (default 5).
     pub max_retries: u32,
+    /// How long one operation, or one submit or authentication batch, may take
+    /// end to end, retries included (default 30 s). Past it the callers get
+    /// `Unavailable` and its connection is not used again. `statement_timeout`
+    /// is enforced by the server, so it cannot end a wait on a link that went
+    /// silent (a frozen proxy, a dropped route): this can.
+    pub operation_timeout: Duration,
 }
 
 impl Default for PgOptions {
@@ -70,6 +76,7 @@ impl Default for PgOptions {
             statement_timeout: Duration::from_secs(10),
             idle_in_transaction_timeout: Duration::from_secs(10),
             max_retries: 5,
+            operation_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -87,6 +94,8 @@ impl PgOptions {
 pub struct PgBackend {
     pool: Pool,
     max_retries: u32,
+    /// [`PgOptions::operation_timeout`].
+    operation_timeout: Duration,
     /// Submits wait here for the next batch (group commit, see [`SUBMIT_BATCH`]).
     submits: mpsc::UnboundedSender<PendingSubmit>,
     /// Authentications wait here for the next lookup (see [`AUTH_BATCH`]).
@@ -176,16 +185,23 @@ async fn lane_client<'h>(pool: &Pool, held: &'h mut Option<Object>) -> Result<&'
 
 /// Every request authenticates against the database (a revoked key is refused at
 /// once); concurrent lookups share one `WHERE key_hash = ANY($1)` statement.
-async fn auth_lane(pool: Pool, queue: Arc<Mutex<mpsc::UnboundedReceiver<PendingAuth>>>) {
+async fn auth_lane(
+    pool: Pool,
+    deadline: Duration,
+    queue: Arc<Mutex<mpsc::UnboundedReceiver<PendingAuth>>>,
+) {
     let mut held = None;
     while let Some(batch) = next_batch(&queue, AUTH_BATCH, &mut held).await {
         let hashes: Vec<String> = batch.iter().map(|(h, _)| h.clone()).collect();
-        let found = match lane_client(&pool, &mut held).await {
-            Ok(client) => PgTx::autocommit(client).api_keys_by_hashes(&hashes).await,
-            Err(e) => Err(e),
-        };
+        let found = within(deadline, async {
+            match lane_client(&pool, &mut held).await {
+                Ok(client) => PgTx::autocommit(client).api_keys_by_hashes(&hashes).await,
+                Err(e) => Err(e),
+            }
+        })
+        .await;
         if found.is_err() {
-            held = None;
+            forget(&mut held);
         }
         match found {
             Ok(keys) => {
@@ -205,13 +221,21 @@ async fn auth_lane(pool: Pool, queue: Arc<Mutex<mpsc::UnboundedReceiver<PendingA
 async fn submit_lane(
     pool: Pool,
     max_retries: u32,
+    deadline: Duration,
     queue: Arc<Mutex<mpsc::UnboundedReceiver<PendingSubmit>>>,
 ) {
     let mut held = None;
     while let Some(batch) = next_batch(&queue, SUBMIT_BATCH, &mut held).await {
         let (subs, replies): (Vec<Submission>, Vec<_>) = batch.into_iter().unzip();
         let op = Op::SubmitBatch(subs);
-        let res = PgBackend::run_held(&pool, &mut held, &op, max_retries).await;
+        let res = within(
+            deadline,
+            PgBackend::run_held(&pool, &mut held, &op, max_retries),
+        )
+        .await;
+        if res.is_err() {
+            forget(&mut held);
+        }
         match res {
             Ok(Output::SubmittedBatch(outcomes)) if outcomes.len() == replies.len() => {
                 for (reply, outcome) in replies.into_iter().zip(outcomes) {
@@ -245,8 +269,13 @@ async fn submit_lane(
                     _ => Vec::new(),
                 };
                 for (sub, reply) in subs.into_iter().zip(replies) {
-                    let one =
-                        PgBackend::run(pool.clone(), Op::SubmitBatch(vec![sub]), max_retries).await;
+                    let one = PgBackend::run(
+                        pool.clone(),
+                        Op::SubmitBatch(vec![sub]),
+                        max_retries,
+                        deadline,
+                    )
+                    .await;
                     let answer = match one {
                         Ok(Output::SubmittedBatch(mut outcomes)) if outcomes.len() == 1 => {
                             outcomes.pop().ok_or_else(|| {
@@ -344,6 +373,7 @@ impl PgBackend {
             tokio::spawn(submit_lane(
                 pool.clone(),
                 options.max_retries,
+                options.operation_timeout,
                 Arc::clone(&queue),
             ));
         }
@@ -352,11 +382,16 @@ impl PgBackend {
         // … and the authentication lanes at most a quarter: half the pool stays
         // free for claims, reports and reads.
         for _ in 0..2.min((options.max_size / 4).max(1)) {
-            tokio::spawn(auth_lane(pool.clone(), Arc::clone(&queue)));
+            tokio::spawn(auth_lane(
+                pool.clone(),
+                options.operation_timeout,
+                Arc::clone(&queue),
+            ));
         }
         Ok(PgBackend {
             pool,
             max_retries: options.max_retries,
+            operation_timeout: options.operation_timeout,
             submits,
             auths,
         })
@@ -464,9 +499,43 @@ impl PgBackend {
     }
 
     /// [`PgBackend::run_held`] on a connection taken from the pool for this
-    /// operation only.
-    async fn run(pool: Pool, op: Op, max_retries: u32) -> Result<Output> {
-        PgBackend::run_held(&pool, &mut None, &op, max_retries).await
+    /// operation only, within `deadline` (then `Unavailable`, and the
+    /// connection is not used again).
+    async fn run(pool: Pool, op: Op, max_retries: u32, deadline: Duration) -> Result<Output> {
+        let mut held = None;
+        let res = within(
+            deadline,
+            PgBackend::run_held(&pool, &mut held, &op, max_retries),
+        )
+        .await;
+        if res.is_err() {
+            forget(&mut held);
+        }
+        res
+    }
+}
+
+/// `work`, or [`StoreError::Unavailable`] once `deadline` has passed (the
+/// work is dropped: a write's outcome is then unknown, as after a lost
+/// connection, and its caller retries with the same key).
+async fn within<T>(deadline: Duration, work: impl Future<Output = Result<T>>) -> Result<T> {
+    tokio::time::timeout(deadline, work)
+        .await
+        .unwrap_or_else(|_| {
+            Err(StoreError::Unavailable(format!(
+                "no answer from PostgreSQL within {} ms; the connection was dropped \
+             (a write's outcome is unknown: retry with the same idempotency key)",
+                deadline.as_millis()
+            )))
+        })
+}
+
+/// Drops `held` without giving it back to the pool: after an error or a
+/// missed deadline the connection may be mid-transaction or dead, and is
+/// closed instead of being checked and reused.
+fn forget(held: &mut Option<Object>) {
+    if let Some(conn) = held.take() {
+        drop(Object::take(conn));
     }
 }
 
@@ -509,7 +578,12 @@ impl Backend for PgBackend {
         }
         // `Store::execute` already runs writing operations on their own task, so a
         // dropped caller never cuts a transaction (or its COMMIT) short.
-        Box::pin(PgBackend::run(self.pool.clone(), op, max_retries))
+        Box::pin(PgBackend::run(
+            self.pool.clone(),
+            op,
+            max_retries,
+            self.operation_timeout,
+        ))
     }
 
     /// Submits are answered by the submit lanes, tasks of their own: a dropped
@@ -519,14 +593,15 @@ impl Backend for PgBackend {
     }
 
     fn ping(&self) -> BoxFuture<'_, Result<()>> {
-        Box::pin(async move {
+        Box::pin(within(self.operation_timeout, async move {
             let client = self.pool.get().await.map_err(error::pool_error)?;
-            client
-                .simple_query("SELECT 1")
-                .await
-                .map_err(map_pg_error)?;
+            let answered = client.simple_query("SELECT 1").await;
+            if answered.is_err() {
+                let _ = Object::take(client);
+            }
+            answered.map_err(map_pg_error)?;
             Ok(())
-        })
+        }))
     }
 
     fn kind(&self) -> &'static str {

@@ -1023,3 +1023,126 @@ async fn start_up_waits_for_another_instances_migration_and_says_so() {
         .expect("migrated once the lock was free");
     drop(release.await.unwrap());
 }
+
+/// A TCP proxy to PostgreSQL that can go silent: while `paused` it keeps
+/// accepting bytes (the kernel acknowledges them) but forwards nothing either
+/// way, as a frozen middlebox or a dropped route does. Returns its port.
+async fn pausable_proxy(paused: std::sync::Arc<std::sync::atomic::AtomicBool>) -> u16 {
+    use std::sync::atomic::Ordering;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((inbound, _)) = listener.accept().await {
+            let Ok(outbound) = tokio::net::TcpStream::connect("127.0.0.1:5432").await else {
+                continue;
+            };
+            let (ri, wi) = inbound.into_split();
+            let (ro, wo) = outbound.into_split();
+            for (mut from, mut to) in [
+                (
+                    Box::new(ri) as Box<dyn tokio::io::AsyncRead + Unpin + Send>,
+                    Box::new(wo) as Box<dyn tokio::io::AsyncWrite + Unpin + Send>,
+                ),
+                (Box::new(ro), Box::new(wi)),
+            ] {
+                let paused = std::sync::Arc::clone(&paused);
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 16 * 1024];
+                    loop {
+                        let n = match from.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        while paused.load(Ordering::SeqCst) {
+                            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                        }
+                        if to.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        }
+    });
+    port
+}
+
+/// A link to PostgreSQL that goes silent mid-operation (no error, no reset:
+/// the server's `statement_timeout` cannot reach idem) ends in `Unavailable`
+/// within `operation_timeout`, for reads, submits and pings alike, instead of
+/// hanging until the operating system gives up on TCP; once the link is back,
+/// the store works again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_link_ends_in_unavailable_within_the_operation_timeout() {
+    use std::sync::atomic::Ordering;
+    let url = fresh_database().await;
+    let paused = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let port = pausable_proxy(std::sync::Arc::clone(&paused)).await;
+    let via = url.replace("127.0.0.1:5432", &format!("127.0.0.1:{port}"));
+    assert_ne!(via, url, "the test database URL names 127.0.0.1:5432");
+    let mut opts = PgOptions::default();
+    opts.operation_timeout = std::time::Duration::from_secs(2);
+    opts.pool_timeout = std::time::Duration::from_secs(1);
+    let store = connect(&via, opts).await.unwrap();
+    let (key, _) = store
+        .create_api_key("acme", Role::Admin, None)
+        .await
+        .unwrap();
+    let sub = |k: &str| submission("acme", k, key.id, 'a');
+    let first = store.submit(sub("k1")).await.unwrap();
+    let SubmitOutcome::Created(task) = first else {
+        panic!("{first:?}")
+    };
+    // A read and a submit are in flight (waiting for a table lock) when the
+    // link goes silent; the lock is then released, but the answers never
+    // arrive.
+    let locker = raw(&url).await;
+    locker
+        .batch_execute("BEGIN; LOCK TABLE tasks, idempotency_keys IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let bound = std::time::Duration::from_secs(15);
+    let started = std::time::Instant::now();
+    let (s1, s2) = (store.clone(), store.clone());
+    let id = task.id;
+    let read = tokio::spawn(async move { s1.get_task(None, id).await });
+    let sub2 = sub("k2");
+    let write = tokio::spawn(async move { s2.submit(sub2).await });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    paused.store(true, Ordering::SeqCst);
+    locker.batch_execute("COMMIT").await.unwrap();
+    let read = tokio::time::timeout(bound, read)
+        .await
+        .expect("an in-flight read does not hang on a silent link")
+        .unwrap();
+    assert!(
+        matches!(read, Err(idem_store::StoreError::Unavailable(_))),
+        "{read:?}"
+    );
+    let write = tokio::time::timeout(bound, write)
+        .await
+        .expect("an in-flight submit does not hang on a silent link")
+        .unwrap();
+    assert!(
+        matches!(write, Err(idem_store::StoreError::Unavailable(_))),
+        "{write:?}"
+    );
+    let ping = tokio::time::timeout(bound, store.ping())
+        .await
+        .expect("a ping does not hang on a silent link");
+    assert!(ping.is_err());
+    assert!(started.elapsed() < bound, "{:?}", started.elapsed());
+    paused.store(false, Ordering::SeqCst);
+    // The link is back: new connections replace the dropped ones.
+    let mut recovered = false;
+    for _ in 0..50 {
+        if store.get_task(None, task.id).await.is_ok() {
+            recovered = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert!(recovered, "the store works again once the link is back");
+    assert!(store.submit(sub("k3")).await.is_ok());
+}
