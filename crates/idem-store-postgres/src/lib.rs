@@ -66,6 +66,10 @@ pub struct PgOptions {
     /// is enforced by the server, so it cannot end a wait on a link that went
     /// silent (a frozen proxy, a dropped route): this can.
     pub operation_timeout: Duration,
+    /// Whether [`connect`] applies pending migrations (default `true`). With
+    /// `false` it changes no schema and refuses a database whose schema is
+    /// not this binary's: for tools that only read or administer a store.
+    pub migrate: bool,
 }
 
 impl Default for PgOptions {
@@ -77,6 +81,7 @@ impl Default for PgOptions {
             idle_in_transaction_timeout: Duration::from_secs(10),
             max_retries: 5,
             operation_timeout: Duration::from_secs(30),
+            migrate: true,
         }
     }
 }
@@ -364,7 +369,11 @@ impl PgBackend {
             })?;
         {
             let mut client = pool.get().await.map_err(error::connect_error)?;
-            migrate::apply(&mut client, Some(MIGRATION_WAIT)).await?;
+            if options.migrate {
+                migrate::apply(&mut client, Some(MIGRATION_WAIT)).await?;
+            } else {
+                migrate::check(&client).await?;
+            }
         }
         let (submits, rx) = mpsc::unbounded_channel();
         let queue = Arc::new(Mutex::new(rx));

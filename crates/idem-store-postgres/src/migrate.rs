@@ -37,6 +37,43 @@ fn migration_error(e: tokio_postgres::Error) -> StoreError {
     StoreError::Migration(pg_error_text(&e))
 }
 
+/// Checks, changing nothing, that the database's schema is this binary's.
+///
+/// # Errors
+/// [`StoreError::Migration`] when it is not an idem database, or its schema
+/// is older (run `idem migrate`) or newer than this binary's;
+/// [`StoreError::Unavailable`] when the database cannot be read.
+pub(crate) async fn check(client: &tokio_postgres::Client) -> Result<()> {
+    let known = MIGRATIONS.iter().map(|(v, _)| *v).max().unwrap_or(0);
+    let found: i32 = match client
+        .query_one(
+            "SELECT coalesce(max(version), 0) FROM schema_migrations",
+            &[],
+        )
+        .await
+    {
+        Ok(row) => row.try_get(0).map_err(migration_error)?,
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => 0,
+        Err(e) => return Err(migration_error(e)),
+    };
+    if found == known {
+        return Ok(());
+    }
+    Err(StoreError::Migration(if found == 0 {
+        format!(
+            "not an idem database (no schema_migrations; this binary's schema is version {known}): check --store, or run `idem migrate` to make one"
+        )
+    } else if found < known {
+        format!(
+            "the database's schema is at version {found}, older than this binary's {known}: run `idem migrate` first"
+        )
+    } else {
+        format!(
+            "the database's schema is at version {found}, newer than this binary's {known}: use a newer idem"
+        )
+    }))
+}
+
 /// A failed migration step: [`StoreError::Unavailable`] when it gave up
 /// waiting for a table lock (`55P03`, [`MIGRATION_LOCK_TIMEOUT_MS`]; trying
 /// again once that transaction ends can succeed), else

@@ -1146,3 +1146,34 @@ async fn a_silent_link_ends_in_unavailable_within_the_operation_timeout() {
     assert!(recovered, "the store works again once the link is back");
     assert!(store.submit(sub("k3")).await.is_ok());
 }
+
+/// With `migrate: false` (the inspection commands) connecting changes no
+/// schema: a database without idem's schema is refused and left empty; once
+/// migrated, it opens.
+#[tokio::test]
+async fn connecting_without_migrating_refuses_a_foreign_database_and_changes_nothing() {
+    let url = fresh_database().await;
+    let mut opts = PgOptions::default();
+    opts.migrate = false;
+    let err = connect(&url, opts.clone())
+        .await
+        .map(|_| ())
+        .expect_err("no idem schema");
+    assert!(
+        matches!(&err, idem_store::StoreError::Migration(m) if m.contains("not an idem database")),
+        "{err:?}"
+    );
+    let db = raw(&url).await;
+    let tables: i64 = db
+        .query_one(
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(tables, 0, "nothing was created");
+    idem_store_postgres::migrate(&url).await.unwrap();
+    let store = connect(&url, opts).await.expect("a current schema opens");
+    assert!(store.list_api_keys().await.unwrap().is_empty());
+}

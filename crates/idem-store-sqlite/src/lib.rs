@@ -229,6 +229,48 @@ pub fn open(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Store, Sto
     Ok(Store::new(SqliteBackend::open(path, options)?))
 }
 
+/// Opens the existing store at `path` without changing its schema: for tools
+/// that only read or administer a store (`idem task`, `idem keys list`,
+/// `idem gc` …), so that pointing one at the wrong file, or running a newer
+/// binary to inspect a store, never creates tables or upgrades it.
+///
+/// # Errors
+/// [`StoreError::Migration`] when the file's schema is not this binary's
+/// (`PRAGMA user_version` ≠ [`MIGRATIONS`]`.len()`: not an idem store, an
+/// older one to `idem migrate` first, or a newer one);
+/// [`StoreError::Unavailable`] when it cannot be opened.
+pub fn open_existing(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Store, StoreError> {
+    let path = path.as_ref();
+    require_file_path(path)?;
+    let version: i64 =
+        Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .and_then(|c| c.query_row("PRAGMA user_version", [], |r| r.get(0)))
+            .map_err(|e| unavailable(format!("{}: {e}", path.display())))?;
+    let known = MIGRATIONS.len() as i64;
+    if version != known {
+        return Err(StoreError::Migration(schema_mismatch(version, known)));
+    }
+    Ok(Store::new(SqliteBackend::open_with(path, options, false)?))
+}
+
+/// Why a store whose schema is at `found` cannot be used as it is by a binary
+/// whose schema is at `known`.
+fn schema_mismatch(found: i64, known: i64) -> String {
+    if found == 0 {
+        format!(
+            "not an idem store (schema version 0; this binary's is {known}): check --store, or run `idem migrate` to make one"
+        )
+    } else if found < known {
+        format!(
+            "the store's schema is at version {found}, older than this binary's {known}: run `idem migrate` first"
+        )
+    } else {
+        format!(
+            "the store's schema is at version {found}, newer than this binary's {known}: use a newer idem"
+        )
+    }
+}
+
 impl SqliteBackend {
     /// See [`open`].
     ///
@@ -238,6 +280,15 @@ impl SqliteBackend {
         path: impl AsRef<Path>,
         options: SqliteOptions,
     ) -> Result<SqliteBackend, StoreError> {
+        SqliteBackend::open_with(path, options, true)
+    }
+
+    /// [`SqliteBackend::open`], applying pending migrations only if `migrate`.
+    fn open_with(
+        path: impl AsRef<Path>,
+        options: SqliteOptions,
+        migrate_schema: bool,
+    ) -> Result<SqliteBackend, StoreError> {
         let path = path.as_ref().to_path_buf();
         require_file_path(&path)?;
         if let Some(dir) = path.parent()
@@ -246,7 +297,9 @@ impl SqliteBackend {
             std::fs::create_dir_all(dir).map_err(unavailable)?;
         }
         let mut writer = open_connection(&path)?;
-        migrate(&mut writer)?;
+        if migrate_schema {
+            migrate(&mut writer)?;
+        }
         let mut readers = Vec::with_capacity(READERS);
         for _ in 0..READERS {
             let r = open_connection(&path)?;

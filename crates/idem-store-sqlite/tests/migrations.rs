@@ -248,3 +248,40 @@ fn a_failed_migration_names_its_version_and_changes_nothing() {
         .unwrap();
     assert_eq!(tables, 0, "migration 1 rolled back");
 }
+
+/// `open_existing` (the inspection commands) changes no schema: it refuses a
+/// file that is not an idem store or is older than this binary, and leaves
+/// it as it was; a current store opens.
+#[tokio::test]
+async fn open_existing_refuses_other_schemas_and_changes_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let foreign = dir.path().join("foreign.db");
+    Connection::open(&foreign)
+        .unwrap()
+        .execute_batch("CREATE TABLE customers (id INTEGER);")
+        .unwrap();
+    let Err(idem_store::StoreError::Migration(msg)) =
+        idem_store_sqlite::open_existing(&foreign, Default::default())
+    else {
+        panic!("a foreign file opened");
+    };
+    assert!(msg.contains("not an idem store"), "{msg}");
+    assert_eq!(user_version(&foreign), 0);
+    let older = dir.path().join("v1.db");
+    {
+        let conn = Connection::open(&older).unwrap();
+        conn.execute_batch(MIGRATIONS[0]).unwrap();
+        conn.pragma_update(None, "user_version", 1).unwrap();
+    }
+    let Err(idem_store::StoreError::Migration(msg)) =
+        idem_store_sqlite::open_existing(&older, Default::default())
+    else {
+        panic!("an older store opened");
+    };
+    assert!(msg.contains("idem migrate"), "{msg}");
+    assert_eq!(user_version(&older), 1, "not upgraded");
+    let current = dir.path().join("idem.db");
+    drop(idem_store_sqlite::open(&current, Default::default()).expect("create"));
+    let store = idem_store_sqlite::open_existing(&current, Default::default()).expect("current");
+    assert!(store.list_api_keys().await.expect("read").is_empty());
+}

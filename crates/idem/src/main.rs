@@ -218,6 +218,26 @@ async fn open_existing_store(args: &StoreArgs) -> Result<Store> {
             "no idem database at {path} (check --store / IDEM_STORE; `idem migrate` or `idem serve` creates one)"
         );
     }
+    // Reading or administering a store never creates or upgrades its schema.
+    if let Some(path) = args.store.strip_prefix("sqlite://") {
+        let options = idem_store_sqlite::SqliteOptions {
+            clock_offset_ms: args.clock_offset_ms,
+        };
+        let path = path.to_owned();
+        return tokio::task::spawn_blocking(move || {
+            idem_store_sqlite::open_existing(path, options)
+        })
+        .await?
+        .context("opening the SQLite store");
+    }
+    if args.store.starts_with("postgres://") || args.store.starts_with("postgresql://") {
+        let mut options =
+            idem_store_postgres::PgOptions::default().with_max_size(args.pg_pool_size);
+        options.migrate = false;
+        return idem_store_postgres::connect(&args.store, options)
+            .await
+            .context("connecting to PostgreSQL");
+    }
     open_store(args).await
 }
 

@@ -273,6 +273,43 @@ fn inspection_commands_refuse_a_missing_sqlite_database() {
     }
 }
 
+/// Inspection and administration commands never create or upgrade a schema:
+/// pointed at a file that is not an idem store (or at a PostgreSQL database
+/// without idem's schema), they refuse it and leave it as it was.
+#[test]
+fn inspection_commands_leave_a_foreign_database_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("customers.db");
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch("CREATE TABLE customers (id INTEGER);")
+            .unwrap();
+    }
+    let store = format!("sqlite://{}", path.display());
+    for args in [
+        vec!["keys", "list"],
+        vec!["task", "show", "01a229bb-66a5-706b-ac34-0e114ade8e02"],
+        vec!["gc"],
+    ] {
+        let (ok, _, err) = cli_at(&store, &args);
+        assert!(!ok, "{args:?} succeeded");
+        assert!(err.contains("not an idem store"), "{args:?}: {err}");
+    }
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let tables: Vec<String> = conn
+        .prepare("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(tables, vec!["customers".to_owned()], "no table was added");
+    let version: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, 0);
+}
+
 /// `keys create --operations` warns about a class the configuration does not
 /// define (the key is still created: the server may run another
 /// configuration) and refuses an empty class name.
