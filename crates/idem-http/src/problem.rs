@@ -87,7 +87,7 @@ impl From<StoreError> for Problem {
                 let mut p = Problem::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "UNAVAILABLE",
-                    "the store is unavailable; nothing was written, retry with the same Idempotency-Key",
+                    "the store is unavailable and nothing is left half-written; retry (a submit with the same Idempotency-Key: its answer says whether an earlier try was accepted)",
                 );
                 p.retry_after = true;
                 p
