@@ -233,14 +233,7 @@ async fn submit_lane(
     while let Some(batch) = next_batch(&queue, SUBMIT_BATCH, &mut held).await {
         let (subs, replies): (Vec<Submission>, Vec<_>) = batch.into_iter().unzip();
         let op = Op::SubmitBatch(subs);
-        let res = within(
-            deadline,
-            PgBackend::run_held(&pool, &mut held, &op, max_retries),
-        )
-        .await;
-        if res.is_err() {
-            forget(&mut held);
-        }
+        let res = PgBackend::run_held_within(&pool, &mut held, &op, max_retries, deadline).await;
         match res {
             Ok(Output::SubmittedBatch(outcomes)) if outcomes.len() == replies.len() => {
                 for (reply, outcome) in replies.into_iter().zip(outcomes) {
@@ -507,18 +500,24 @@ impl PgBackend {
         }
     }
 
-    /// [`PgBackend::run_held`] on a connection taken from the pool for this
-    /// operation only, within `deadline` (then `Unavailable`, and the
-    /// connection is not used again).
+    /// [`PgBackend::run_held_within`] on a connection taken from the pool for
+    /// this operation only.
     async fn run(pool: Pool, op: Op, max_retries: u32, deadline: Duration) -> Result<Output> {
-        let mut held = None;
-        let res = within(
-            deadline,
-            PgBackend::run_held(&pool, &mut held, &op, max_retries),
-        )
-        .await;
+        PgBackend::run_held_within(&pool, &mut None, &op, max_retries, deadline).await
+    }
+
+    /// [`PgBackend::run_held`] within `deadline`; after a failure the held
+    /// connection is not used again ([`forget`]).
+    async fn run_held_within(
+        pool: &Pool,
+        held: &mut Option<Object>,
+        op: &Op,
+        max_retries: u32,
+        deadline: Duration,
+    ) -> Result<Output> {
+        let res = within(deadline, PgBackend::run_held(pool, held, op, max_retries)).await;
         if res.is_err() {
-            forget(&mut held);
+            forget(held);
         }
         res
     }

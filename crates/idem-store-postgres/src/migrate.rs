@@ -37,6 +37,11 @@ fn migration_error(e: tokio_postgres::Error) -> StoreError {
     StoreError::Migration(pg_error_text(&e))
 }
 
+/// The newest schema version this binary knows.
+fn known_version() -> i32 {
+    MIGRATIONS.iter().map(|(v, _)| *v).max().unwrap_or(0)
+}
+
 /// Checks, changing nothing, that the database's schema is this binary's.
 ///
 /// # Errors
@@ -44,7 +49,7 @@ fn migration_error(e: tokio_postgres::Error) -> StoreError {
 /// is older (run `idem migrate`) or newer than this binary's;
 /// [`StoreError::Unavailable`] when the database cannot be read.
 pub(crate) async fn check(client: &tokio_postgres::Client) -> Result<()> {
-    let known = MIGRATIONS.iter().map(|(v, _)| *v).max().unwrap_or(0);
+    let known = known_version();
     let found: i32 = match client
         .query_one(
             "SELECT coalesce(max(version), 0) FROM schema_migrations",
@@ -59,19 +64,11 @@ pub(crate) async fn check(client: &tokio_postgres::Client) -> Result<()> {
     if found == known {
         return Ok(());
     }
-    Err(StoreError::Migration(if found == 0 {
-        format!(
-            "not an idem database (no schema_migrations; this binary's schema is version {known}): check --store, or run `idem migrate` to make one"
-        )
-    } else if found < known {
-        format!(
-            "the database's schema is at version {found}, older than this binary's {known}: run `idem migrate` first"
-        )
-    } else {
-        format!(
-            "the database's schema is at version {found}, newer than this binary's {known}: use a newer idem"
-        )
-    }))
+    Err(idem_store::schema_mismatch(
+        "database",
+        i64::from(found),
+        i64::from(known),
+    ))
 }
 
 /// A failed migration step: [`StoreError::Unavailable`] when it gave up
@@ -176,11 +173,13 @@ pub(crate) async fn apply(
         .map(|r| r.try_get::<_, i32>(0))
         .collect::<Result<_, _>>()
         .map_err(migration_error)?;
-    let known = MIGRATIONS.iter().map(|(v, _)| *v).max().unwrap_or(0);
+    let known = known_version();
     if let Some(newest) = applied.iter().copied().max().filter(|v| *v > known) {
-        return Err(StoreError::Migration(format!(
-            "the database schema is at version {newest}, newer than this binary's {known}"
-        )));
+        return Err(idem_store::schema_mismatch(
+            "database",
+            i64::from(newest),
+            i64::from(known),
+        ));
     }
     if MIGRATIONS.iter().any(|(v, _)| !applied.contains(v)) {
         // Only now: waiting for the advisory lock above (another instance

@@ -849,21 +849,13 @@ async fn claims_walk_the_claim_index_instead_of_sorting_the_backlog() {
     assert_eq!(got, want, "the oldest four across both classes, each once");
 }
 
-/// Migration 3 takes its table lock first, so an instance still running the
-/// previous binary, holding claim row locks and then writing the task, waits
-/// for nothing that waits for it: no deadlock, and the migration applies.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn migration_three_does_not_deadlock_with_an_old_claim() {
-    let url = fresh_database().await;
-    let db = raw(&url).await;
-    // The schema as the previous binary left it (versions 1 and 2). Row locks
-    // and writes take their table locks whether or not rows match.
-    let (v1, v2) = (
-        idem_store_postgres::MIGRATIONS[0].1,
-        idem_store_postgres::MIGRATIONS[1].1,
-    );
-    db.batch_execute(v1).await.unwrap();
-    db.batch_execute(v2).await.unwrap();
+/// Brings the database at `url` to schema version 2 (migrations 1 and 2, as
+/// the previous binary left it); returns a plain connection to it.
+async fn schema_at_version_two(url: &str) -> tokio_postgres::Client {
+    let db = raw(url).await;
+    for (_, sql) in &idem_store_postgres::MIGRATIONS[..2] {
+        db.batch_execute(sql).await.unwrap();
+    }
     db.batch_execute(
         "CREATE TABLE schema_migrations (version integer PRIMARY KEY, \
            applied_at timestamptz NOT NULL DEFAULT clock_timestamp()); \
@@ -871,6 +863,18 @@ async fn migration_three_does_not_deadlock_with_an_old_claim() {
     )
     .await
     .unwrap();
+    db
+}
+
+/// Migration 3 takes its table lock first, so an instance still running the
+/// previous binary, holding claim row locks and then writing the task, waits
+/// for nothing that waits for it: no deadlock, and the migration applies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migration_three_does_not_deadlock_with_an_old_claim() {
+    let url = fresh_database().await;
+    // The schema as the previous binary left it. Row locks and writes take
+    // their table locks whether or not rows match.
+    schema_at_version_two(&url).await;
     let old = raw(&url).await;
     old.batch_execute("BEGIN").await.unwrap();
     old.batch_execute("SELECT id FROM tasks FOR UPDATE SKIP LOCKED")
@@ -895,20 +899,7 @@ async fn migration_three_does_not_deadlock_with_an_old_claim() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migration_gives_up_on_a_held_table_lock_and_applies_later() {
     let url = fresh_database().await;
-    let db = raw(&url).await;
-    let (v1, v2) = (
-        idem_store_postgres::MIGRATIONS[0].1,
-        idem_store_postgres::MIGRATIONS[1].1,
-    );
-    db.batch_execute(v1).await.unwrap();
-    db.batch_execute(v2).await.unwrap();
-    db.batch_execute(
-        "CREATE TABLE schema_migrations (version integer PRIMARY KEY, \
-           applied_at timestamptz NOT NULL DEFAULT clock_timestamp()); \
-         INSERT INTO schema_migrations (version) VALUES (1), (2)",
-    )
-    .await
-    .unwrap();
+    let db = schema_at_version_two(&url).await;
     // A transaction that has read `tasks` and stays open (ACCESS SHARE, which
     // migration 3's ACCESS EXCLUSIVE waits for).
     let old = raw(&url).await;

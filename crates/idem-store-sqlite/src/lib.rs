@@ -156,9 +156,7 @@ fn migrate_in_transaction(conn: &mut Connection) -> Result<Vec<i64>, StoreError>
         .map_err(mig)?;
     let known = MIGRATIONS.len() as i64;
     if current > known {
-        return Err(StoreError::Migration(format!(
-            "database schema version {current} is newer than this binary ({known})"
-        )));
+        return Err(idem_store::schema_mismatch("store", current, known));
     }
     let mut applied = Vec::new();
     for (i, sql) in MIGRATIONS
@@ -248,27 +246,9 @@ pub fn open_existing(path: impl AsRef<Path>, options: SqliteOptions) -> Result<S
             .map_err(|e| unavailable(format!("{}: {e}", path.display())))?;
     let known = MIGRATIONS.len() as i64;
     if version != known {
-        return Err(StoreError::Migration(schema_mismatch(version, known)));
+        return Err(idem_store::schema_mismatch("store", version, known));
     }
     Ok(Store::new(SqliteBackend::open_with(path, options, false)?))
-}
-
-/// Why a store whose schema is at `found` cannot be used as it is by a binary
-/// whose schema is at `known`.
-fn schema_mismatch(found: i64, known: i64) -> String {
-    if found == 0 {
-        format!(
-            "not an idem store (schema version 0; this binary's is {known}): check --store, or run `idem migrate` to make one"
-        )
-    } else if found < known {
-        format!(
-            "the store's schema is at version {found}, older than this binary's {known}: run `idem migrate` first"
-        )
-    } else {
-        format!(
-            "the store's schema is at version {found}, newer than this binary's {known}: use a newer idem"
-        )
-    }
 }
 
 impl SqliteBackend {

@@ -392,6 +392,26 @@ impl Store {
     }
 }
 
+/// [`StoreError::Migration`] for a store whose schema is at version `found`
+/// while this binary's is at `known` (`what`: `store` or `database`): not an
+/// idem one (0), older (run `idem migrate`) or newer (use a newer idem). For
+/// opening a store without migrating it.
+pub fn schema_mismatch(what: &str, found: i64, known: i64) -> StoreError {
+    StoreError::Migration(if found == 0 {
+        format!(
+            "not an idem {what} (schema version 0; this binary's is {known}): check --store, or run `idem migrate` to make one"
+        )
+    } else if found < known {
+        format!(
+            "the {what}'s schema is at version {found}, older than this binary's {known}: run `idem migrate` first"
+        )
+    } else {
+        format!(
+            "the {what}'s schema is at version {found}, newer than this binary's {known}: use a newer idem"
+        )
+    })
+}
+
 /// SHA-256 hex of a plain API key: the only form in which keys are stored.
 pub fn hash_api_key(plain: &str) -> String {
     use sha2::{Digest, Sha256};

@@ -219,13 +219,28 @@ async fn open_existing_store(args: &StoreArgs) -> Result<Store> {
         );
     }
     // Reading or administering a store never creates or upgrades its schema.
+    open_store_with(args, false).await
+}
+
+/// Opens the store of `args`, creating it and applying pending migrations.
+async fn open_store(args: &StoreArgs) -> Result<Store> {
+    open_store_with(args, true).await
+}
+
+/// Opens the store of `args`; with `migrate` false it changes no schema and
+/// refuses one that is not this binary's.
+async fn open_store_with(args: &StoreArgs, migrate: bool) -> Result<Store> {
     if let Some(path) = args.store.strip_prefix("sqlite://") {
         let options = idem_store_sqlite::SqliteOptions {
             clock_offset_ms: args.clock_offset_ms,
         };
         let path = path.to_owned();
         return tokio::task::spawn_blocking(move || {
-            idem_store_sqlite::open_existing(path, options)
+            if migrate {
+                idem_store_sqlite::open(path, options)
+            } else {
+                idem_store_sqlite::open_existing(path, options)
+            }
         })
         .await?
         .context("opening the SQLite store");
@@ -233,26 +248,7 @@ async fn open_existing_store(args: &StoreArgs) -> Result<Store> {
     if args.store.starts_with("postgres://") || args.store.starts_with("postgresql://") {
         let mut options =
             idem_store_postgres::PgOptions::default().with_max_size(args.pg_pool_size);
-        options.migrate = false;
-        return idem_store_postgres::connect(&args.store, options)
-            .await
-            .context("connecting to PostgreSQL");
-    }
-    open_store(args).await
-}
-
-async fn open_store(args: &StoreArgs) -> Result<Store> {
-    if let Some(path) = args.store.strip_prefix("sqlite://") {
-        let options = idem_store_sqlite::SqliteOptions {
-            clock_offset_ms: args.clock_offset_ms,
-        };
-        let path = path.to_owned();
-        return tokio::task::spawn_blocking(move || idem_store_sqlite::open(path, options))
-            .await?
-            .context("opening the SQLite store");
-    }
-    if args.store.starts_with("postgres://") || args.store.starts_with("postgresql://") {
-        let options = idem_store_postgres::PgOptions::default().with_max_size(args.pg_pool_size);
+        options.migrate = migrate;
         return idem_store_postgres::connect(&args.store, options)
             .await
             .context("connecting to PostgreSQL");
