@@ -233,14 +233,20 @@ fn strict_typed<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> App
 /// The body read under the strict JSON rules (RUST-NOTES §4 item 11), or the
 /// problem: 413 over [`BODY_LIMIT_BYTES`], 400 otherwise.
 fn strict_value(body: Result<Bytes, BytesRejection>) -> AppResult<Value> {
-    let bytes = body.map_err(|e| {
+    let bytes = body_bytes(body)?;
+    idem_core::json::parse_strict(&bytes).map_err(|e| Problem::invalid(e.to_string()))
+}
+
+/// The body's bytes, or the problem: 413 over [`BODY_LIMIT_BYTES`], 400 when
+/// it could not be read.
+fn body_bytes(body: Result<Bytes, BytesRejection>) -> AppResult<Bytes> {
+    body.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             Problem::too_large(BODY_LIMIT_BYTES)
         } else {
             Problem::invalid(e.body_text())
         }
-    })?;
-    idem_core::json::parse_strict(&bytes).map_err(|e| Problem::invalid(e.to_string()))
+    })
 }
 
 /// A task or attempt id from the path; anything that is not a UUID (including
@@ -417,7 +423,49 @@ fn prepare_submission(
             .map(HeaderValue::as_bytes),
     )
     .map_err(|e| Problem::new(StatusCode::BAD_REQUEST, e.problem_code(), e.to_string()))?;
-    let body: SubmitBody = strict_typed(body)?;
+    let bytes = body_bytes(body)?;
+    let prepared = match st.prepared.get(&bytes) {
+        Some(p) => p,
+        None => {
+            let p = std::sync::Arc::new(prepare_body(st, &bytes)?);
+            st.prepared.insert(&bytes, std::sync::Arc::clone(&p));
+            p
+        }
+    };
+    // What the caller may do is checked on every request, kept body or not.
+    caller.require_grant(&prepared.operation)?;
+    let contract = st
+        .contracts
+        .get(&prepared.operation)
+        .cloned()
+        .ok_or_else(|| Problem::invalid("unknown operation"))?;
+    Ok(Submission {
+        tenant: caller.0.tenant.clone(),
+        operation: prepared.operation.clone(),
+        idempotency_key: key.as_str().to_owned(),
+        fingerprint: prepared.fingerprint.clone(),
+        canonical_request: prepared.canonical_request.clone(),
+        params: prepared.params.clone(),
+        contract,
+        api_key_id: caller.0.id,
+        grant: caller.0.operations.clone(),
+    })
+}
+
+/// A submit body read under the strict JSON rules, its operation class
+/// checked against the configuration and its request fingerprinted
+/// (IDEM-02, RFC 8785): a pure function of the bytes and the configuration,
+/// so its result may be kept ([`crate::prepared`]).
+///
+/// # Errors
+/// 400 `INVALID_REQUEST` for a body that is not strict JSON of the submit
+/// shape, an unknown operation, params that are not an object, or params the
+/// class cannot fingerprint.
+fn prepare_body(st: &crate::AppState, bytes: &[u8]) -> AppResult<crate::prepared::PreparedBody> {
+    let value =
+        idem_core::json::parse_strict(bytes).map_err(|e| Problem::invalid(e.to_string()))?;
+    let body: SubmitBody =
+        serde_json::from_value(value).map_err(|e| Problem::invalid(format!("body: {e}")))?;
     let Some(class) = st.config.operations.get(&body.operation) else {
         return Err(Problem::invalid(format!(
             "unknown operation `{}`",
@@ -427,24 +475,13 @@ fn prepare_submission(
     if !body.params.is_object() {
         return Err(Problem::invalid("`params` must be a JSON object"));
     }
-    caller.require_grant(&body.operation)?;
     let canonical = canonical_request(&body.operation, &body.params, &class.fingerprint)
         .map_err(|e| Problem::invalid(e.to_string()))?;
-    let contract = st
-        .contracts
-        .get(&body.operation)
-        .cloned()
-        .ok_or_else(|| Problem::invalid("unknown operation"))?;
-    Ok(Submission {
-        tenant: caller.0.tenant.clone(),
-        operation: body.operation.clone(),
-        idempotency_key: key.as_str().to_owned(),
+    Ok(crate::prepared::PreparedBody {
+        operation: body.operation,
+        params: body.params,
         fingerprint: canonical.fingerprint.to_string(),
         canonical_request: canonical.canonical,
-        params: body.params,
-        contract,
-        api_key_id: caller.0.id,
-        grant: caller.0.operations.clone(),
     })
 }
 

@@ -32,6 +32,7 @@ use utoipa_axum::routes;
 
 mod api;
 pub mod auth;
+pub mod prepared;
 pub mod problem;
 
 pub use api::{ClaimBody, HeartbeatBody, ReportBody, SubmitBody};
@@ -57,6 +58,9 @@ pub struct AppState {
     pub contracts: Arc<std::collections::HashMap<String, idem_core::config::Contract>>,
     /// API keys authenticated by this process, for submits (see [`auth::KeyCache`]).
     pub keys: Arc<auth::KeyCache>,
+    /// Submit bodies this process already read and fingerprinted (see
+    /// [`prepared::PreparedBodies`]).
+    pub prepared: Arc<prepared::PreparedBodies>,
 }
 
 impl AppState {
@@ -73,6 +77,7 @@ impl AppState {
             work: Arc::new(Notify::new()),
             contracts: Arc::new(contracts),
             keys: Arc::new(auth::KeyCache::default()),
+            prepared: Arc::new(prepared::PreparedBodies::default()),
         }
     }
 }

@@ -133,3 +133,40 @@ async fn bearer_scheme_is_case_insensitive_and_bad_ids_are_problems() {
         assert_eq!(ct, "application/problem+json", "{path}");
     }
 }
+
+/// The server keeps what a submit body yielded (its fingerprint) by its exact
+/// bytes, so a retry skips that work. The same bytes from another caller are
+/// still that caller's request: its grant is checked, and its tenant is its
+/// own scope.
+#[tokio::test]
+async fn the_same_body_bytes_are_judged_per_caller() {
+    let s = Server::fast().await;
+    let (_, gen_client) = s.create_key("acme", "client", Some("generation.dispatch"));
+    let params = json!({"payee": "p", "amount": 5, "currency": "EUR"});
+    let first = s
+        .new_task("order-7-payout", "payment.release", params.clone())
+        .await;
+    // Byte for byte the same request, first as acme again: a replay.
+    let again = s
+        .submit("order-7-payout", "payment.release", params.clone())
+        .await;
+    let again = again.ok(201);
+    assert_eq!(again["meta"]["replayed"], json!(true));
+    assert_eq!(again["task"]["id"], first["id"]);
+    // From a key not granted payment.release: refused, nothing revealed.
+    s.submit_as(
+        &gen_client,
+        "order-7-payout",
+        "payment.release",
+        params.clone(),
+    )
+    .await
+    .assert_problem(403, "PERMISSION_DENIED");
+    // From another tenant: its own scope, so a new task of its own.
+    let other = s
+        .submit_as(&s.keys.other, "order-7-payout", "payment.release", params)
+        .await;
+    let other = other.ok(201);
+    assert_eq!(other["meta"]["replayed"], json!(false));
+    assert_ne!(other["task"]["id"], first["id"]);
+}
