@@ -25,9 +25,13 @@ use serde_json::Value;
 /// them would let a few requests take the whole budget.
 pub const MAX_KEPT_BODY_BYTES: usize = 8 * 1024;
 
-/// The memory budget of the memo (bytes, estimated from the kept strings and
-/// the body). About 10,000 typical submit bodies of a few hundred bytes.
-pub const BUDGET_BYTES: u64 = 8 * 1024 * 1024;
+/// The memory budget of the memo (bytes, an upper estimate: see the weight
+/// below). About 15,000 submit bodies of 120 bytes, 250 of the largest kept.
+pub const BUDGET_BYTES: u64 = 32 * 1024 * 1024;
+
+/// Parsed params take at most this many bytes of memory per byte of JSON (a
+/// one-byte JSON value such as `0,` becomes a 32-byte `serde_json::Value`).
+const PARSED_BYTES_PER_BODY_BYTE: usize = 16;
 
 /// What a submit body yields once read and fingerprinted: its operation class,
 /// params as submitted, and the fingerprint and canonical request of IDEM-02.
@@ -48,9 +52,9 @@ struct ByWeight;
 
 impl Weighter<Bytes, Arc<PreparedBody>> for ByWeight {
     fn weight(&self, body: &Bytes, prepared: &Arc<PreparedBody>) -> u64 {
-        // The body, the two strings and about the body again for the parsed
-        // params, plus the entry's own overhead.
-        let bytes = 2 * body.len()
+        // The body's copy, its parsed params at their worst, the strings,
+        // and the entry's own overhead.
+        let bytes = (1 + PARSED_BYTES_PER_BODY_BYTE) * body.len()
             + prepared.operation.len()
             + prepared.fingerprint.len()
             + prepared.canonical_request.len()
@@ -77,7 +81,7 @@ impl std::fmt::Debug for PreparedBodies {
 impl Default for PreparedBodies {
     fn default() -> Self {
         PreparedBodies {
-            cache: Cache::with_weighter(10_000, BUDGET_BYTES, ByWeight),
+            cache: Cache::with_weighter(16_000, BUDGET_BYTES, ByWeight),
         }
     }
 }
