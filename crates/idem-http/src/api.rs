@@ -424,16 +424,21 @@ fn prepare_submission(
     )
     .map_err(|e| Problem::new(StatusCode::BAD_REQUEST, e.problem_code(), e.to_string()))?;
     let bytes = body_bytes(body)?;
-    let prepared = match st.prepared.get(&bytes) {
-        Some(p) => p,
+    let prepared = match st.prepared.get(caller.0.id, &bytes) {
+        Some(p) => {
+            // What the caller may do is checked on every request.
+            caller.require_grant(&p.operation)?;
+            p
+        }
         None => {
             let p = std::sync::Arc::new(prepare_body(st, &bytes)?);
-            st.prepared.insert(&bytes, std::sync::Arc::clone(&p));
+            caller.require_grant(&p.operation)?;
+            // Kept only once every check passed for this key.
+            st.prepared
+                .insert(caller.0.id, &bytes, std::sync::Arc::clone(&p));
             p
         }
     };
-    // What the caller may do is checked on every request, kept body or not.
-    caller.require_grant(&prepared.operation)?;
     let contract = st
         .contracts
         .get(&prepared.operation)
