@@ -336,7 +336,8 @@ fn add_usage(task: &mut Task, attempt: &mut Attempt, usage: Option<i64>) {
 }
 
 /// Extends the lease of a live attempt by its lease length and records usage
-/// (the attempt's total so far; the largest value counts).
+/// (the attempt's total so far; the largest value counts), with a
+/// `usage_recorded` event when the total rises.
 ///
 /// # Errors
 /// [`Rejection::StaleGeneration`] for an old generation or an expired lease.
@@ -349,7 +350,19 @@ pub fn heartbeat(
     now: Timestamp,
 ) -> Result<HeartbeatAck, Rejection> {
     fence(task, attempt, j, generation, now)?;
+    let before = attempt.usage;
     add_usage(task, attempt, usage);
+    if attempt.usage != before {
+        // The history holds usage (SPEC §2.10): a total raised by a heartbeat
+        // is recorded when it is raised, not only with the report.
+        let data = json!({
+            "attempt_id": attempt.id,
+            "generation": generation,
+            "usage": attempt.usage,
+            "task_usage": task.usage,
+        });
+        j.record(task, now, "usage_recorded", data);
+    }
     attempt.lease_expires_at = now.plus_ms(attempt.lease_ms);
     task.updated_at = now;
     Ok(HeartbeatAck {
@@ -426,7 +439,7 @@ fn evidence(
     }
 }
 
-fn validate_report(task: &Task, attempt: &Attempt, r: &Report) -> Result<(), Rejection> {
+fn validate_report(attempt: &Attempt, r: &Report) -> Result<(), Rejection> {
     let bad = |m: &str| Err(Rejection::InvalidReport(m.to_owned()));
     let allowed = match attempt.kind {
         AttemptKind::Execute => matches!(
@@ -456,12 +469,6 @@ fn validate_report(task: &Task, attempt: &Attempt, r: &Report) -> Result<(), Rej
     if r.usage.is_some_and(|u| u < 0) {
         return bad("usage must not be negative");
     }
-    if r.outcome == Outcome::Cancelled && !task.cancel_pending() && attempt.report.is_none() {
-        // Only meaningful as the answer to a pending cancellation.
-        if task.generation == attempt.generation {
-            return bad("`cancelled` answers a pending cancellation, and none is pending");
-        }
-    }
     Ok(())
 }
 
@@ -469,7 +476,8 @@ fn validate_report(task: &Task, attempt: &Attempt, r: &Report) -> Result<(), Rej
 ///
 /// Order of checks: shape (400, nothing stored) → generation (stale → evidence,
 /// 409) → earlier outcome (exact repeat → evidence, Ok; different → evidence,
-/// 409) → lease expiry (expire, then stale). Then, by outcome:
+/// 409) → lease expiry (expire, then stale) → `cancelled` with no pending
+/// cancellation (400, nothing stored). Then, by outcome:
 /// `succeeded`/`committed` deliver (a pending cancel becomes `too_late`);
 /// `failed` confirms a pending cancel, else decides a retry by failure class;
 /// `unknown` moves to `reconciling`; `cancelled` confirms the cancel;
@@ -484,7 +492,7 @@ pub fn report(
     r: &Report,
     now: Timestamp,
 ) -> Result<(), Rejection> {
-    validate_report(task, attempt, r)?;
+    validate_report(attempt, r)?;
     let outcome = r.outcome.as_str();
     // An exact repeat of the applied report (its answer was lost) is answered
     // as before, even after newer attempts exist (SPEC §4 "Details").
@@ -524,6 +532,15 @@ pub fn report(
     }
     if let Err(e) = fence(task, attempt, j, r.generation, now) {
         return Err(keep_stale_report(task, attempt, j, r, now, e));
+    }
+    // Only meaningful as the answer to a pending cancellation. Checked once
+    // the report is known to be current: a late `cancelled` from an old
+    // generation or an expired lease is kept as evidence like any other
+    // (SPEC §2.4), not refused as input.
+    if r.outcome == Outcome::Cancelled && !task.cancel_pending() {
+        return Err(Rejection::InvalidReport(
+            "`cancelled` answers a pending cancellation, and none is pending".to_owned(),
+        ));
     }
     add_usage(task, attempt, r.usage);
     attempt.report = Some(r.body.clone());

@@ -230,7 +230,7 @@ const SAFE: &[(&str, &[&str])] = &[
             "queued!stale",
             "queued!stale",
             "queued!stale",
-            "queued!invalid",
+            "queued!stale",
             "queued!invalid",
             "queued!invalid",
             "queued",
@@ -703,4 +703,49 @@ fn usage_and_fees_stay_within_the_integers_idem_reads() {
     t.usage = max - 1;
     add_usage(&mut t, &mut a, Some(5));
     assert_eq!((t.usage, a.usage), (max, 5));
+}
+
+/// A `cancelled` report that arrives after its lease expired is a late report
+/// like any other: 409 stale, kept as evidence (SPEC §2.4), not a 400 that
+/// drops it. On a current attempt with no pending cancellation it is refused
+/// as input and nothing is stored.
+#[test]
+fn late_cancelled_report_is_kept_as_evidence() {
+    let (mut t, mut j) = new_task("payment.release");
+    let mut a = claim_now(&mut t, &mut j, 1, T0);
+    let before = t.clone();
+    let err = report(&mut t, &mut a, &mut j, &rep(1, Outcome::Cancelled), T0).unwrap_err();
+    assert!(matches!(err, Rejection::InvalidReport(_)), "{err:?}");
+    assert!(a.evidence.is_empty());
+    assert_eq!((t.state, t.generation), (before.state, before.generation));
+    // The lease runs out; the same report now comes late.
+    let late = T0.plus_ms(1_000);
+    let err = report(&mut t, &mut a, &mut j, &rep(1, Outcome::Cancelled), late).unwrap_err();
+    assert!(
+        matches!(err, Rejection::StaleGeneration { presented: 1, .. }),
+        "{err:?}"
+    );
+    assert_eq!(a.evidence.last().unwrap().disposition, "stale_generation");
+    assert_eq!(t.cancellation, None);
+}
+
+/// Usage raised by a heartbeat is in the event history when it is raised
+/// (SPEC §2.10), even if the attempt never reports; a heartbeat that does not
+/// raise it records nothing.
+#[test]
+fn heartbeat_usage_is_recorded_as_an_event() {
+    let (mut t, mut j) = new_task("generation.dispatch");
+    let mut a = claim_now(&mut t, &mut j, 1, T0);
+    let events = j.events.len();
+    heartbeat(&mut t, &mut a, &mut j, 1, Some(11), T0.plus_ms(10)).unwrap();
+    let e = j.events.last().unwrap();
+    assert_eq!(e.kind, "usage_recorded");
+    assert_eq!(e.data["usage"], 11);
+    assert_eq!(e.data["task_usage"], 11);
+    assert_eq!(j.events.len(), events + 1);
+    heartbeat(&mut t, &mut a, &mut j, 1, Some(11), T0.plus_ms(20)).unwrap();
+    heartbeat(&mut t, &mut a, &mut j, 1, Some(4), T0.plus_ms(30)).unwrap();
+    heartbeat(&mut t, &mut a, &mut j, 1, None, T0.plus_ms(40)).unwrap();
+    assert_eq!(j.events.len(), events + 1);
+    assert_eq!(t.usage, 11);
 }
