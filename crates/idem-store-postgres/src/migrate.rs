@@ -34,7 +34,17 @@ fn migration_error(e: tokio_postgres::Error) -> StoreError {
     if is_transient(&e) {
         return map_pg_error(e);
     }
-    StoreError::Migration(pg_error_text(&e))
+    StoreError::Migration(format!("{}{}", pg_error_text(&e), privilege_hint(&e)))
+}
+
+/// What to do about SQLSTATE 42501 (the role may not create in the schema),
+/// else nothing.
+fn privilege_hint(e: &tokio_postgres::Error) -> &'static str {
+    if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) {
+        "; the role in the store URL must own the database or have CREATE on its schema `public` (PostgreSQL 15 no longer grants that to every role; see docs/deployment.md)"
+    } else {
+        ""
+    }
 }
 
 /// The newest schema version this binary knows.
@@ -85,7 +95,7 @@ fn step_error(version: i32, e: &tokio_postgres::Error) -> StoreError {
              ends (idem serve retries for up to IDEM_STORE_WAIT_MS)"
         ));
     }
-    StoreError::Migration(format!("migration {version}: {text}"))
+    StoreError::Migration(format!("migration {version}: {text}{}", privilege_hint(e)))
 }
 
 /// Applies the pending migrations of the database at `url` and returns the

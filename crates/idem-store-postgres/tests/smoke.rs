@@ -1168,3 +1168,70 @@ async fn connecting_without_migrating_refuses_a_foreign_database_and_changes_not
     let store = connect(&url, opts).await.expect("a current schema opens");
     assert!(store.list_api_keys().await.unwrap().is_empty());
 }
+
+/// A role that may not create in the database's schema (PostgreSQL 15+ no
+/// longer grants CREATE on `public` to every role) gets a migration error that
+/// says what to change, and nothing is created.
+#[tokio::test]
+async fn a_role_without_create_is_told_what_to_grant() {
+    let url = fresh_database().await;
+    let (admin, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let conn = tokio::spawn(conn);
+    let role = format!("idem_r_{}", &Uuid::new_v4().simple().to_string()[..12]);
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN; REVOKE CREATE ON SCHEMA public FROM PUBLIC"
+        ))
+        .await
+        .unwrap();
+    // The same server and database, as the new role.
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let host_and_db = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+    let role_url = format!("{scheme}://{role}@{host_and_db}");
+    let db = host_and_db
+        .split('/')
+        .nth(1)
+        .unwrap()
+        .split('?')
+        .next()
+        .unwrap();
+    let err = idem_store_postgres::migrate(&role_url).await.unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("42501"), "{text}");
+    assert!(
+        text.contains("GRANT") || text.contains("CREATE on its schema"),
+        "{text}"
+    );
+    assert!(text.contains("own the database"), "{text}");
+    let tables: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(tables, 0);
+    drop(admin);
+    let _ = conn.await;
+    let (cleanup, conn) = tokio_postgres::connect(
+        &idem_store_postgres::testing::server_url(),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .unwrap();
+    let conn = tokio::spawn(conn);
+    // One statement each: DROP DATABASE cannot run in a transaction block.
+    cleanup
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
+        .await
+        .unwrap();
+    cleanup
+        .batch_execute(&format!("DROP ROLE IF EXISTS {role}"))
+        .await
+        .unwrap();
+    drop(cleanup);
+    let _ = conn.await;
+}

@@ -265,6 +265,17 @@ fn load_config(path: Option<&PathBuf>) -> Result<Config> {
             "no --config / IDEM_CONFIG given: using the bundled configuration (examples/idem.toml)"
         );
     }
+    let mut overrides: Vec<String> = std::env::vars()
+        .map(|(k, _)| k)
+        .filter(|k| k.starts_with("IDEM_OPERATIONS__"))
+        .collect();
+    if !overrides.is_empty() {
+        overrides.sort();
+        tracing::info!(
+            overrides = %overrides.join(", "),
+            "configuration overridden from the environment"
+        );
+    }
     read_config(path)
 }
 

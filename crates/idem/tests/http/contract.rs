@@ -105,3 +105,44 @@ async fn fee_change_applies_to_new_tasks_only() {
     let t = s.task(a["id"].as_str().unwrap()).await;
     assert_eq!(t["cancellation"]["fee"], 40 + 5);
 }
+
+/// Changing a class's fingerprint fields changes the fingerprint of every
+/// later request. A client retrying the very request a task was accepted
+/// with still gets that task back as a replay (IDEM-01), never a conflict;
+/// a request that differs from it is still a conflict.
+#[tokio::test]
+async fn a_retry_survives_a_change_of_fingerprint_fields() {
+    let mut s = Server::start_with(Options::fast()).await;
+    let params = json!({"payee": "p", "amount": 7, "currency": "EUR"});
+    let first = s
+        .new_task("order-9-payout", "payment.release", params.clone())
+        .await;
+    s.restart_with(Options::fast().env(
+        "IDEM_OPERATIONS__PAYMENT_RELEASE__FINGERPRINT",
+        r#"["/payee","/amount"]"#,
+    ));
+    let again = s
+        .submit("order-9-payout", "payment.release", params.clone())
+        .await;
+    assert_eq!(again.status, 201, "{}", again.text);
+    assert_eq!(again.header("idempotent-replayed"), "true");
+    let again = again.ok(201);
+    assert_eq!(again["meta"]["replayed"], json!(true));
+    assert_eq!(again["task"]["id"], first["id"]);
+    // Another request under the same key is still refused, even where the
+    // new fields would no longer tell the two apart.
+    s.submit(
+        "order-9-payout",
+        "payment.release",
+        json!({"payee": "p", "amount": 7, "currency": "USD"}),
+    )
+    .await
+    .assert_problem(422, "IDEMPOTENCY_CONFLICT");
+    s.submit(
+        "order-9-payout",
+        "payment.release",
+        json!({"payee": "p", "amount": 8, "currency": "EUR"}),
+    )
+    .await
+    .assert_problem(422, "IDEMPOTENCY_CONFLICT");
+}
