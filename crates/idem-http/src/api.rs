@@ -329,7 +329,7 @@ async fn submit_inner(
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> AppResult<(Response, bool)> {
-    let (submission, prepared) = match prepare_submission(st, &submitter.caller, headers, body) {
+    let submission = match prepare_submission(st, &submitter.caller, headers, body) {
         Ok(v) => v,
         // Refused before the store saw it: a cached key is confirmed first, so
         // a revoked key learns nothing but 401.
@@ -344,9 +344,6 @@ async fn submit_inner(
         }
         SubmitOutcome::Replayed(t) => (t, true),
         SubmitOutcome::Conflict { task_id } => {
-            if let Some(t) = same_request(st, &submitter.caller, task_id, &prepared).await? {
-                return Ok((submit_answer(headers, key, t, true)?, true));
-            }
             let mut p = Problem::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "IDEMPOTENCY_CONFLICT",
@@ -362,20 +359,6 @@ async fn submit_inner(
             return Err(Problem::unauthenticated("this API key was revoked"));
         }
     };
-    Ok((submit_answer(headers, key, task, replayed)?, replayed))
-}
-
-/// The 201 answer of a submit: the task, `meta`, `Location` and, for a
-/// replay, `Idempotent-Replayed: true`.
-///
-/// # Errors
-/// A 500 problem when the answer cannot be serialised.
-fn submit_answer(
-    headers: &HeaderMap,
-    key: String,
-    task: Task,
-    replayed: bool,
-) -> AppResult<Response> {
     let location = format!("/v1/tasks/{}", task.id);
     let body = SubmitResponse {
         meta: Meta {
@@ -393,35 +376,7 @@ fn submit_answer(
         res.headers_mut()
             .insert("idempotent-replayed", HeaderValue::from_static("true"));
     }
-    Ok(res)
-}
-
-/// The task bound to this scope when the request is the very one it was
-/// accepted with (same operation, params equal as JSON) although the
-/// fingerprints differ: that happens only when the class's fingerprint fields
-/// were changed in the configuration after the task was accepted. The same
-/// request is never a conflict (IDEM-01: "same key and same request returns
-/// the original task"), so it is answered as a replay. `None` when the requests
-/// differ: a real conflict.
-///
-/// # Errors
-/// 503 when the store cannot be read.
-async fn same_request(
-    st: &crate::AppState,
-    caller: &Caller,
-    task_id: Uuid,
-    prepared: &crate::prepared::PreparedBody,
-) -> AppResult<Option<Task>> {
-    match caller
-        .store(st)
-        .get_task(Some(&caller.0.tenant), task_id)
-        .await?
-    {
-        Ok(task) if task.operation == prepared.operation && task.params == prepared.params => {
-            Ok(Some(task))
-        }
-        _ => Ok(None),
-    }
+    Ok((res, replayed))
 }
 
 /// `value` as an `application/json` response with `status`, serialised once
@@ -459,7 +414,7 @@ fn prepare_submission(
     caller: &Caller,
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> AppResult<(Submission, std::sync::Arc<crate::prepared::PreparedBody>)> {
+) -> AppResult<Submission> {
     caller.require(Role::Client)?;
     let key = parse_header_values(
         headers
@@ -489,7 +444,7 @@ fn prepare_submission(
         .get(&prepared.operation)
         .cloned()
         .ok_or_else(|| Problem::invalid("unknown operation"))?;
-    let submission = Submission {
+    Ok(Submission {
         tenant: caller.0.tenant.clone(),
         operation: prepared.operation.clone(),
         idempotency_key: key.as_str().to_owned(),
@@ -499,8 +454,7 @@ fn prepare_submission(
         contract,
         api_key_id: caller.0.id,
         grant: caller.0.operations.clone(),
-    };
-    Ok((submission, prepared))
+    })
 }
 
 /// A submit body read under the strict JSON rules, its operation class

@@ -66,6 +66,7 @@ macro_rules! store_conformance {
             submit_creates_then_exact_repeat_replays,
             submit_ignores_non_material_fields,
             different_fingerprint_conflicts_and_changes_nothing,
+            same_request_under_changed_fingerprint_fields_replays,
             same_key_other_tenant_is_another_scope_and_invisible,
             same_key_other_operation_is_another_scope,
             concurrent_identical_submits_create_one_task,
@@ -767,6 +768,32 @@ pub async fn different_fingerprint_conflicts_and_changes_nothing(store: Store) {
         assert_eq!(r.id, t.id, "the original request still replays");
         assert_history(&store, t.id).await;
     }
+}
+
+/// The configuration's fingerprint fields of a class changed after a task was
+/// accepted, so the very request it was accepted with now fingerprints
+/// differently: it is still the same request (same operation, params equal),
+/// answered with the original task (IDEM-01); a request with other params
+/// stays a conflict. Checked in the submit's own transaction, from the task
+/// row the store reads for the scope anyway.
+pub async fn same_request_under_changed_fingerprint_fields_replays(store: Store) {
+    let c = Ctx::new(&store, "acme").await;
+    let contract = contract(NON_SAFE);
+    let key = "fields-changed";
+    let s1 = c.submission(NON_SAFE, key, params(NON_SAFE, 1), &contract);
+    let t = created(c.submit(s1.clone()).await);
+    // As if fingerprinted under other material fields.
+    let mut again = s1.clone();
+    again.fingerprint = format!("{}-other-fields", s1.fingerprint);
+    let r = replayed(c.submit(again.clone()).await);
+    assert_eq!(r.id, t.id);
+    let mut other = c.submission(NON_SAFE, key, params(NON_SAFE, 2), &contract);
+    other.fingerprint.clone_from(&again.fingerprint);
+    match c.submit(other).await {
+        SubmitOutcome::Conflict { task_id } => assert_eq!(task_id, t.id),
+        o => panic!("expected Conflict, got {o:?}"),
+    }
+    assert_history(&store, t.id).await;
 }
 
 /// The same key under another tenant is another scope: a different task, and

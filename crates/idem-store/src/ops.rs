@@ -602,11 +602,19 @@ pub fn answer_batch(
         } else {
             match existing.next().flatten() {
                 None => None,
-                Some((row, _)) if row.fingerprint != s.fingerprint => {
-                    Some(SubmitOutcome::Conflict {
+                Some((row, task)) if row.fingerprint != s.fingerprint => match task {
+                    // The very request the task was accepted with (same
+                    // operation, params equal as JSON), fingerprinted under
+                    // fields the configuration changed since: the same
+                    // request, so the original task (IDEM-01), never a
+                    // conflict. Any other request stays a conflict.
+                    Some(task) if task.operation == s.operation && task.params == s.params => {
+                        Some(SubmitOutcome::Replayed(task))
+                    }
+                    _ => Some(SubmitOutcome::Conflict {
                         task_id: row.task_id,
-                    })
-                }
+                    }),
+                },
                 Some((_, Some(task))) => Some(SubmitOutcome::Replayed(task)),
                 Some((row, None)) => {
                     return Err(StoreError::Corrupt(format!(
