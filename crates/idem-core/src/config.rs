@@ -195,6 +195,14 @@ pub struct Contract {
     pub windows: Windows,
     /// Version of the configuration the contract came from (`cfg-<12 hex>`).
     pub config_version: String,
+    /// JSON pointers (RFC 6901) of the material fields the task's request was
+    /// fingerprinted by (empty = all params), frozen with the rest so that a
+    /// retry is judged by the rule its task was accepted under (IDEM-01,
+    /// IDEM-02), whatever the configuration says later. Absent on tasks
+    /// accepted before idem froze it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Vec<String>>))]
+    pub fingerprint: Option<Vec<crate::fingerprint::JsonPointer>>,
 }
 
 impl Contract {
@@ -350,6 +358,7 @@ impl Config {
             lease: class.lease.clone(),
             windows: class.windows.clone(),
             config_version: self.version(),
+            fingerprint: Some(class.fingerprint.clone()),
         })
     }
 }

@@ -794,6 +794,34 @@ pub async fn same_request_under_changed_fingerprint_fields_replays(store: Store)
         o => panic!("expected Conflict, got {o:?}"),
     }
     assert_history(&store, t.id).await;
+
+    // A task accepted before the fields were frozen in contracts is compared
+    // by its whole canonical params (RFC 8785: 1000 and 1000.0 are one number).
+    let mut legacy = contract.clone();
+    legacy.fingerprint = None;
+    let key = "fields-changed-legacy";
+    let p = json!({"payee": "a", "amount": 1000, "currency": "EUR"});
+    let s1 = c.submission(NON_SAFE, key, p, &legacy);
+    let t = created(c.submit(s1.clone()).await);
+    let mut again = c.submission(
+        NON_SAFE,
+        key,
+        json!({"currency": "EUR", "amount": 1000.0, "payee": "a"}),
+        &legacy,
+    );
+    again.fingerprint = format!("{}-other-fields", s1.fingerprint);
+    assert_eq!(replayed(c.submit(again).await).id, t.id);
+    let mut other = c.submission(
+        NON_SAFE,
+        key,
+        json!({"payee": "a", "amount": 1000, "currency": "EUR", "memo": "m"}),
+        &legacy,
+    );
+    other.fingerprint = format!("{}-other-fields", s1.fingerprint);
+    match c.submit(other).await {
+        SubmitOutcome::Conflict { task_id } => assert_eq!(task_id, t.id),
+        o => panic!("expected Conflict, got {o:?}"),
+    }
 }
 
 /// The same key under another tenant is another scope: a different task, and

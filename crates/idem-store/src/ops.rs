@@ -7,6 +7,7 @@
 //! stale report) is committed and returned inside the output.
 
 use idem_core::config::Contract;
+use idem_core::fingerprint::canonical_request;
 use idem_core::machine::{self, Authority, HeartbeatAck, Journal, NewTask, Rejection, Report};
 use idem_core::model::{ApiKey, Attempt, Cancellation, Event, Role, Task, Timestamp};
 use serde_json::Value;
@@ -603,12 +604,10 @@ pub fn answer_batch(
             match existing.next().flatten() {
                 None => None,
                 Some((row, task)) if row.fingerprint != s.fingerprint => match task {
-                    // The very request the task was accepted with (same
-                    // operation, params equal as JSON), fingerprinted under
-                    // fields the configuration changed since: the same
-                    // request, so the original task (IDEM-01), never a
-                    // conflict. Any other request stays a conflict.
-                    Some(task) if task.operation == s.operation && task.params == s.params => {
+                    // Fingerprinted under material fields the configuration
+                    // changed since the task was accepted, the same request
+                    // is still the same request: the original task (IDEM-01).
+                    Some(task) if same_request_as_accepted(&task, &row.fingerprint, s) => {
                         Some(SubmitOutcome::Replayed(task))
                     }
                     _ => Some(SubmitOutcome::Conflict {
@@ -627,6 +626,31 @@ pub fn answer_batch(
         outcomes.push(outcome);
     }
     Ok(outcomes)
+}
+
+/// Whether `s`, whose fingerprint differs from the one `task`'s scope was
+/// bound with, is nevertheless the request the task was accepted with: the
+/// same operation, and the same fingerprint when computed under the material
+/// fields frozen in the task's contract (RFC 8785, so `1250`, `1250.0` and
+/// `1.25e3` are one number). A task accepted before the fields were frozen is
+/// compared by its whole canonical params instead. Only reached when the
+/// fingerprints differ, which under an unchanged configuration means the
+/// requests differ; so this never turns a different request into a replay.
+fn same_request_as_accepted(task: &Task, bound: &str, s: &Submission) -> bool {
+    if task.operation != s.operation {
+        return false;
+    }
+    match &task.contract.fingerprint {
+        Some(material) => canonical_request(&s.operation, &s.params, material)
+            .is_ok_and(|c| c.fingerprint.to_string() == bound),
+        None => match (
+            canonical_request(&s.operation, &s.params, &[]),
+            canonical_request(&task.operation, &task.params, &[]),
+        ) {
+            (Ok(a), Ok(b)) => a.canonical == b.canonical,
+            _ => false,
+        },
+    }
 }
 
 /// [`submit_batch`] once every submitting key has been checked live.

@@ -106,43 +106,54 @@ async fn fee_change_applies_to_new_tasks_only() {
     assert_eq!(t["cancellation"]["fee"], 40 + 5);
 }
 
-/// Changing a class's fingerprint fields changes the fingerprint of every
-/// later request. A client retrying the very request a task was accepted
-/// with still gets that task back as a replay (IDEM-01), never a conflict;
-/// a request that differs from it is still a conflict.
+/// The material fields a request was fingerprinted by are frozen in its
+/// task's contract like the fees. After the configuration's fields change, a
+/// retry is still judged by the rule its task was accepted under: the same
+/// request (whatever immaterial fields or number spellings it carries, RFC
+/// 8785) replays, a request that differs in a field that was material stays a
+/// conflict.
 #[tokio::test]
-async fn a_retry_survives_a_change_of_fingerprint_fields() {
+async fn a_retry_is_judged_by_the_fingerprint_fields_frozen_at_acceptance() {
     let mut s = Server::start_with(Options::fast()).await;
-    let params = json!({"payee": "p", "amount": 7, "currency": "EUR"});
+    let params = json!({"payee": "p", "amount": 7, "currency": "EUR", "memo": "x"});
     let first = s
         .new_task("order-9-payout", "payment.release", params.clone())
         .await;
+    assert_eq!(
+        first["contract"]["fingerprint"],
+        json!(["/payee", "/amount", "/currency"])
+    );
     s.restart_with(Options::fast().env(
         "IDEM_OPERATIONS__PAYMENT_RELEASE__FINGERPRINT",
         r#"["/payee","/amount"]"#,
     ));
-    let again = s
-        .submit("order-9-payout", "payment.release", params.clone())
-        .await;
-    assert_eq!(again.status, 201, "{}", again.text);
-    assert_eq!(again.header("idempotent-replayed"), "true");
-    let again = again.ok(201);
-    assert_eq!(again["meta"]["replayed"], json!(true));
-    assert_eq!(again["task"]["id"], first["id"]);
-    // Another request under the same key is still refused, even where the
-    // new fields would no longer tell the two apart.
-    s.submit(
-        "order-9-payout",
-        "payment.release",
+    for retry in [
+        params.clone(),
+        json!({"payee": "p", "amount": 7, "currency": "EUR", "memo": "y"}),
+        json!({"payee": "p", "amount": 7.0, "currency": "EUR"}),
+        json!({"currency": "EUR", "amount": 7e0, "payee": "p"}),
+    ] {
+        let again = s
+            .submit("order-9-payout", "payment.release", retry.clone())
+            .await;
+        assert_eq!(again.status, 201, "{retry}: {}", again.text);
+        assert_eq!(again.header("idempotent-replayed"), "true", "{retry}");
+        let again = again.ok(201);
+        assert_eq!(again["meta"]["replayed"], json!(true));
+        assert_eq!(again["task"]["id"], first["id"]);
+    }
+    // Currency was material when the task was accepted.
+    for other in [
         json!({"payee": "p", "amount": 7, "currency": "USD"}),
-    )
-    .await
-    .assert_problem(422, "IDEMPOTENCY_CONFLICT");
-    s.submit(
-        "order-9-payout",
-        "payment.release",
         json!({"payee": "p", "amount": 8, "currency": "EUR"}),
-    )
-    .await
-    .assert_problem(422, "IDEMPOTENCY_CONFLICT");
+    ] {
+        s.submit("order-9-payout", "payment.release", other)
+            .await
+            .assert_problem(422, "IDEMPOTENCY_CONFLICT");
+    }
+    // A new task is fingerprinted, and its fields frozen, by the new rule.
+    let new = s
+        .new_task("order-10-payout", "payment.release", params)
+        .await;
+    assert_eq!(new["contract"]["fingerprint"], json!(["/payee", "/amount"]));
 }
