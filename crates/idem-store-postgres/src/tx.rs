@@ -1321,8 +1321,8 @@ impl Tx for PgTx<'_> {
             return Ok(Vec::new());
         }
         let now = now.ms();
-        // Only tasks that still own a scope row: `key_expires_at` stays set after
-        // the key was released.
+        // Only tasks that still own a scope row (releasing a key clears
+        // `key_expires_at` too; the join keeps this right either way).
         self.query(
             "SELECT t.id FROM tasks t JOIN idempotency_keys k ON k.task_id = t.id \
              WHERE t.key_expires_at IS NOT NULL AND t.key_expires_at <= $1 \

@@ -91,6 +91,7 @@ macro_rules! store_conformance {
             attempts_exhausted_fails_task,
             budget_exhausted_fails_task,
             deadline_exceeded_before_attempt_fails_task,
+            a_backlog_past_its_deadline_does_not_hide_due_work,
             deadline_exceeded_after_transient_fails_task,
             revoked_key_fails_task_before_first_attempt,
             revoked_key_fails_task_before_retry,
@@ -1818,6 +1819,32 @@ pub async fn deadline_exceeded_before_attempt_fails_task(store: Store) {
         assert_failed(&c.task(t.id).await, FailureClass::DeadlineExceeded);
         assert!(c.attempts(t.id).await.is_empty());
         assert_history(&store, t.id).await;
+    }
+}
+
+/// A backlog of queued tasks whose deadline passed does not make a claim come
+/// back empty while a due task waits behind it: the claim ends them
+/// (`deadline_exceeded`) and leases the due one (SPEC §4: an empty list means
+/// nothing is due).
+pub async fn a_backlog_past_its_deadline_does_not_hide_due_work(store: Store) {
+    let c = Ctx::new(&store, "acme").await;
+    let mut dead = contract(SAFE);
+    dead.retry.deadline_ms = 1;
+    let mut backlog = Vec::new();
+    for _ in 0..40 {
+        backlog.push(c.create(SAFE, &dead).await);
+    }
+    sleep(Duration::from_millis(50)).await;
+    let due = c.create(SAFE, &contract(SAFE)).await;
+    let claimed = c.claim(&[SAFE], None, 1).await;
+    assert_eq!(
+        claimed.len(),
+        1,
+        "the due task is leased by the first claim"
+    );
+    assert_eq!(claimed[0].task.id, due.id);
+    for t in &backlog {
+        assert_failed(&c.task(t.id).await, FailureClass::DeadlineExceeded);
     }
 }
 
