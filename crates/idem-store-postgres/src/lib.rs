@@ -119,8 +119,12 @@ pub const MIGRATION_WAIT: Duration = Duration::from_secs(2);
 /// then answers every caller. A lone submit is a batch of one.
 pub const SUBMIT_BATCH: usize = 64;
 
-/// Batches in flight at once.
-pub const SUBMIT_LANES: usize = 4;
+/// Batches in flight at once. Two, measured on the project's 2-core machine
+/// (docs/benchmarks.md, sixth session): new keys at 0.98–1.07× pgbench with
+/// two lanes against 0.81–0.93× with four and 0.79–0.90× with eight, in
+/// alternating runs; fewer lanes make larger batches, and a larger batch
+/// costs PostgreSQL less per key. One lane measured 0.93–0.95×.
+pub const SUBMIT_LANES: usize = 2;
 
 type PendingSubmit = (Submission, oneshot::Sender<Result<SubmitOutcome>>);
 
