@@ -227,14 +227,24 @@ fn strict_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> AppR
 /// [`strict_body`] for a handler that needs only the typed body (no copy of
 /// the parsed document is kept).
 fn strict_typed<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> AppResult<T> {
-    serde_json::from_value(strict_value(body)?).map_err(|e| Problem::invalid(format!("body: {e}")))
+    strict_typed_bytes(&body_bytes(body)?)
+}
+
+/// `bytes` read under the strict JSON rules into `T`, or a 400 problem.
+fn strict_typed_bytes<T: DeserializeOwned>(bytes: &[u8]) -> AppResult<T> {
+    serde_json::from_value(strict_value_bytes(bytes)?)
+        .map_err(|e| Problem::invalid(format!("body: {e}")))
 }
 
 /// The body read under the strict JSON rules (RUST-NOTES §4 item 11), or the
 /// problem: 413 over [`BODY_LIMIT_BYTES`], 400 otherwise.
 fn strict_value(body: Result<Bytes, BytesRejection>) -> AppResult<Value> {
-    let bytes = body_bytes(body)?;
-    idem_core::json::parse_strict(&bytes).map_err(|e| Problem::invalid(e.to_string()))
+    strict_value_bytes(&body_bytes(body)?)
+}
+
+/// `bytes` read under the strict JSON rules, or a 400 problem.
+fn strict_value_bytes(bytes: &[u8]) -> AppResult<Value> {
+    idem_core::json::parse_strict(bytes).map_err(|e| Problem::invalid(e.to_string()))
 }
 
 /// The body's bytes, or the problem: 413 over [`BODY_LIMIT_BYTES`], 400 when
@@ -467,10 +477,7 @@ fn prepare_submission(
 /// shape, an unknown operation, params that are not an object, or params the
 /// class cannot fingerprint.
 fn prepare_body(st: &crate::AppState, bytes: &[u8]) -> AppResult<crate::prepared::PreparedBody> {
-    let value =
-        idem_core::json::parse_strict(bytes).map_err(|e| Problem::invalid(e.to_string()))?;
-    let body: SubmitBody =
-        serde_json::from_value(value).map_err(|e| Problem::invalid(format!("body: {e}")))?;
+    let body: SubmitBody = strict_typed_bytes(bytes)?;
     let Some(class) = st.config.operations.get(&body.operation) else {
         return Err(Problem::invalid(format!(
             "unknown operation `{}`",

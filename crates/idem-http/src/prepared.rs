@@ -87,6 +87,7 @@ pub fn heap_bytes(v: &Value) -> u64 {
     }
 }
 
+#[derive(Clone)]
 struct Entry {
     prepared: Arc<PreparedBody>,
     /// The entry's estimated bytes, computed once when it is kept.
@@ -107,15 +108,6 @@ impl Weighter<Bytes, Entry> for ByWeight {
 /// `quick_cache`).
 pub struct PreparedBodies {
     cache: Cache<Bytes, Entry, ByWeight>,
-}
-
-impl Clone for Entry {
-    fn clone(&self) -> Self {
-        Entry {
-            prepared: Arc::clone(&self.prepared),
-            weight: self.weight,
-        }
-    }
 }
 
 impl std::fmt::Debug for PreparedBodies {

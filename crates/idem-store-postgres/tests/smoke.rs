@@ -1175,10 +1175,7 @@ async fn connecting_without_migrating_refuses_a_foreign_database_and_changes_not
 #[tokio::test]
 async fn a_role_without_create_is_told_what_to_grant() {
     let url = fresh_database().await;
-    let (admin, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    let conn = tokio::spawn(conn);
+    let admin = raw(&url).await;
     let role = format!("idem_r_{}", &Uuid::new_v4().simple().to_string()[..12]);
     admin
         .batch_execute(&format!(
@@ -1189,21 +1186,12 @@ async fn a_role_without_create_is_told_what_to_grant() {
     // The same server and database, as the new role.
     let (scheme, rest) = url.split_once("://").unwrap();
     let host_and_db = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
-    let role_url = format!("{scheme}://{role}@{host_and_db}");
-    let db = host_and_db
-        .split('/')
-        .nth(1)
-        .unwrap()
-        .split('?')
-        .next()
-        .unwrap();
-    let err = idem_store_postgres::migrate(&role_url).await.unwrap_err();
+    let err = idem_store_postgres::migrate(&format!("{scheme}://{role}@{host_and_db}"))
+        .await
+        .unwrap_err();
     let text = err.to_string();
     assert!(text.contains("42501"), "{text}");
-    assert!(
-        text.contains("GRANT") || text.contains("CREATE on its schema"),
-        "{text}"
-    );
+    assert!(text.contains("CREATE on its schema"), "{text}");
     assert!(text.contains("own the database"), "{text}");
     let tables: i64 = admin
         .query_one(
@@ -1214,24 +1202,13 @@ async fn a_role_without_create_is_told_what_to_grant() {
         .unwrap()
         .get(0);
     assert_eq!(tables, 0);
-    drop(admin);
-    let _ = conn.await;
-    let (cleanup, conn) = tokio_postgres::connect(
-        &idem_store_postgres::testing::server_url(),
-        tokio_postgres::NoTls,
-    )
-    .await
-    .unwrap();
-    let conn = tokio::spawn(conn);
     // One statement each: DROP DATABASE cannot run in a transaction block.
-    cleanup
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
-        .await
-        .unwrap();
-    cleanup
-        .batch_execute(&format!("DROP ROLE IF EXISTS {role}"))
-        .await
-        .unwrap();
-    drop(cleanup);
-    let _ = conn.await;
+    let server = raw(&fresh_url_server()).await;
+    let db = url.rsplit('/').next().unwrap();
+    for sql in [
+        format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"),
+        format!("DROP ROLE IF EXISTS {role}"),
+    ] {
+        server.batch_execute(&sql).await.unwrap();
+    }
 }

@@ -607,7 +607,7 @@ pub fn answer_batch(
                     // Fingerprinted under material fields the configuration
                     // changed since the task was accepted, the same request
                     // is still the same request: the original task (IDEM-01).
-                    Some(task) if same_request_as_accepted(&task, &row.fingerprint, s) => {
+                    Some(task) if same_request_as_accepted(&task, s) => {
                         Some(SubmitOutcome::Replayed(task))
                     }
                     _ => Some(SubmitOutcome::Conflict {
@@ -628,21 +628,21 @@ pub fn answer_batch(
     Ok(outcomes)
 }
 
-/// Whether `s`, whose fingerprint differs from the one `task`'s scope was
-/// bound with, is nevertheless the request the task was accepted with: the
+/// Whether `s`, whose fingerprint differs from `task`'s (the one its scope
+/// was bound with), is nevertheless the request the task was accepted with: the
 /// same operation, and the same fingerprint when computed under the material
 /// fields frozen in the task's contract (RFC 8785, so `1250`, `1250.0` and
 /// `1.25e3` are one number). A task accepted before the fields were frozen is
 /// compared by its whole canonical params instead. Only reached when the
 /// fingerprints differ, which under an unchanged configuration means the
 /// requests differ; so this never turns a different request into a replay.
-fn same_request_as_accepted(task: &Task, bound: &str, s: &Submission) -> bool {
+fn same_request_as_accepted(task: &Task, s: &Submission) -> bool {
     if task.operation != s.operation {
         return false;
     }
     match &task.contract.fingerprint {
         Some(material) => canonical_request(&s.operation, &s.params, material)
-            .is_ok_and(|c| c.fingerprint.to_string() == bound),
+            .is_ok_and(|c| c.fingerprint.to_string() == task.fingerprint),
         None => match (
             canonical_request(&s.operation, &s.params, &[]),
             canonical_request(&task.operation, &task.params, &[]),
