@@ -105,6 +105,10 @@ pub struct PgBackend {
     submits: mpsc::UnboundedSender<PendingSubmit>,
     /// Authentications wait here for the next lookup (see [`AUTH_BATCH`]).
     auths: mpsc::UnboundedSender<PendingAuth>,
+    /// Submits of scopes seen bound wait here for a read ([`RETRY_LANES`]).
+    retries: mpsc::UnboundedSender<PendingSubmit>,
+    /// Which scopes were seen bound.
+    hints: ScopeHints,
 }
 
 /// How long [`connect`] waits for another instance that is applying
@@ -125,6 +129,12 @@ pub const SUBMIT_BATCH: usize = 64;
 /// alternating runs; fewer lanes make larger batches, and a larger batch
 /// costs PostgreSQL less per key. One lane measured 0.93–0.95×.
 pub const SUBMIT_LANES: usize = 2;
+
+/// Readers of retries in flight at once: submits whose scope this process has
+/// seen bound ([`ScopeHints`]) are answered by one read each batch, on lanes of
+/// their own, so they neither wait behind writes nor make batches of new keys
+/// smaller.
+pub const RETRY_LANES: usize = 2;
 
 type PendingSubmit = (Submission, oneshot::Sender<Result<SubmitOutcome>>);
 
@@ -227,11 +237,119 @@ async fn auth_lane(
     }
 }
 
+/// Scopes this process has seen bound (a submit answered created, replayed or
+/// in conflict), by a keyed 64-bit hash of tenant, operation and idempotency
+/// key: a routing hint, never an answer. A submit whose scope is here goes to
+/// the retry lanes ([`RETRY_LANES`]) and is answered by one read
+/// ([`PgTx::answer_retries`]: one statement and one round trip per batch,
+/// against a write transaction's two round trips); anything that read cannot
+/// answer (a released scope, a revoked key, a hash collision) takes the write
+/// path as if the hint had not been there. Other instances' scopes are not
+/// here, so their retries take the write path. At most [`SCOPE_HINTS`]
+/// entries (a few MiB in all); those not used lately go first.
+#[derive(Clone)]
+struct ScopeHints {
+    seen: Arc<quick_cache::sync::Cache<u64, ()>>,
+    hasher: std::hash::RandomState,
+}
+
+/// Most scopes [`ScopeHints`] remembers.
+pub const SCOPE_HINTS: usize = 262_144;
+
+impl std::fmt::Debug for ScopeHints {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScopeHints")
+            .field("seen", &self.seen.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ScopeHints {
+    fn new() -> ScopeHints {
+        ScopeHints {
+            seen: Arc::new(quick_cache::sync::Cache::new(SCOPE_HINTS)),
+            hasher: std::hash::RandomState::new(),
+        }
+    }
+
+    fn hash(&self, s: &Submission) -> u64 {
+        use std::hash::BuildHasher;
+        self.hasher
+            .hash_one((&s.tenant, &s.operation, &s.idempotency_key))
+    }
+
+    /// Whether the scope of `s` was seen bound.
+    fn seen(&self, s: &Submission) -> bool {
+        self.seen.contains_key(&self.hash(s))
+    }
+
+    /// Remembers the scopes that `outcomes` (one per submission) found bound.
+    fn remember(&self, subs: &[Submission], outcomes: &[SubmitOutcome]) {
+        for (s, o) in subs.iter().zip(outcomes) {
+            if !matches!(o, SubmitOutcome::KeyRevoked { .. }) {
+                self.seen.insert(self.hash(s), ());
+            }
+        }
+    }
+}
+
+/// Answers the submits whose scope [`ScopeHints`] has seen bound: each batch
+/// with one read on the lane's connection ([`PgTx::answer_retries`]). A
+/// submission that read cannot answer (its scope row is gone or its key
+/// revoked) goes on to the submit lanes (`writes`), which answer it as if it
+/// had never been here. When the read itself fails, every caller of the batch
+/// gets that error (`Unavailable` is 503: retry with the same key).
+async fn retry_lane(
+    pool: Pool,
+    deadline: Duration,
+    queue: Arc<Mutex<mpsc::UnboundedReceiver<PendingSubmit>>>,
+    writes: mpsc::UnboundedSender<PendingSubmit>,
+) {
+    let mut held = None;
+    while let Some(batch) = next_batch(&queue, SUBMIT_BATCH, &mut held).await {
+        let (subs, replies): (Vec<Submission>, Vec<_>) = batch.into_iter().unzip();
+        let read = within(deadline, async {
+            let client = lane_client(&pool, &mut held).await?;
+            PgTx::autocommit(client).answer_retries(&subs).await
+        })
+        .await;
+        let answers = match read {
+            Ok(answers) if answers.len() == subs.len() => answers,
+            Ok(_) => vec![None; subs.len()],
+            // The database failed the read (or missed the deadline): the write
+            // path would meet the same, after waiting as long again. Every
+            // caller gets the error (503) and retries with its key.
+            Err(e) => {
+                forget(&mut held);
+                for reply in replies {
+                    let _ = reply.send(Err(e.clone()));
+                }
+                continue;
+            }
+        };
+        for ((sub, reply), answer) in subs.into_iter().zip(replies).zip(answers) {
+            match answer {
+                Some(outcome) => {
+                    let _ = reply.send(Ok(outcome));
+                }
+                None => {
+                    if let Err(mpsc::error::SendError((_, reply))) = writes.send((sub, reply)) {
+                        let _ = reply.send(Err(StoreError::Unavailable(
+                            "the submit batcher has stopped".into(),
+                        )));
+                    }
+                }
+            }
+        }
+    }
+}
+
 async fn submit_lane(
     pool: Pool,
     max_retries: u32,
     deadline: Duration,
     queue: Arc<Mutex<mpsc::UnboundedReceiver<PendingSubmit>>>,
+    hints: ScopeHints,
 ) {
     let mut held = None;
     while let Some(batch) = next_batch(&queue, SUBMIT_BATCH, &mut held).await {
@@ -240,6 +358,9 @@ async fn submit_lane(
         let res = PgBackend::run_held_within(&pool, &mut held, &op, max_retries, deadline).await;
         match res {
             Ok(Output::SubmittedBatch(outcomes)) if outcomes.len() == replies.len() => {
+                if let Op::SubmitBatch(subs) = &op {
+                    hints.remember(subs, &outcomes);
+                }
                 for (reply, outcome) in replies.into_iter().zip(outcomes) {
                     let _ = reply.send(Ok(outcome));
                 }
@@ -374,6 +495,7 @@ impl PgBackend {
         }
         let (submits, rx) = mpsc::unbounded_channel();
         let queue = Arc::new(Mutex::new(rx));
+        let hints = ScopeHints::new();
         // Lanes hold a connection while work is queued: at most half the pool.
         for _ in 0..SUBMIT_LANES.min((options.max_size / 2).max(1)) {
             tokio::spawn(submit_lane(
@@ -381,6 +503,17 @@ impl PgBackend {
                 options.max_retries,
                 options.operation_timeout,
                 Arc::clone(&queue),
+                hints.clone(),
+            ));
+        }
+        let (retries, rx) = mpsc::unbounded_channel();
+        let queue = Arc::new(Mutex::new(rx));
+        for _ in 0..RETRY_LANES.min((options.max_size / 4).max(1)) {
+            tokio::spawn(retry_lane(
+                pool.clone(),
+                options.operation_timeout,
+                Arc::clone(&queue),
+                submits.clone(),
             ));
         }
         let (auths, rx) = mpsc::unbounded_channel();
@@ -400,6 +533,8 @@ impl PgBackend {
             operation_timeout: options.operation_timeout,
             submits,
             auths,
+            retries,
+            hints,
         })
     }
 
@@ -579,7 +714,12 @@ impl Backend for PgBackend {
         if let Op::Submit(sub) = op {
             return Box::pin(async move {
                 let (reply, answer) = oneshot::channel();
-                self.submits.send((sub, reply)).map_err(|_| {
+                let queue = if self.hints.seen(&sub) {
+                    &self.retries
+                } else {
+                    &self.submits
+                };
+                queue.send((sub, reply)).map_err(|_| {
                     StoreError::Unavailable("the submit batcher has stopped".into())
                 })?;
                 let outcome = answer.await.map_err(|_| {

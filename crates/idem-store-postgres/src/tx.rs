@@ -279,6 +279,38 @@ impl PgTx<'_> {
     }
 }
 
+impl PgTx<'_> {
+    /// Answers retries from what is committed, in one statement and without a
+    /// transaction: one answer per submission, in order, `Some` for each whose
+    /// scope row is bound and whose API key is live (a replay or a conflict,
+    /// exactly as [`ops::answer_batch`] gives it on the write path), `None` for
+    /// the others (a scope never bound or released by retention, a revoked
+    /// key): nothing was written for them, and [`PgTx::submit_pipelined`]
+    /// creates their tasks or refuses their keys.
+    ///
+    /// One statement has one snapshot, so a scope row and its task are read
+    /// together, and two submissions of one scope get the same answer. The write
+    /// path reads a taken scope the same way, in a later statement (RUST-NOTES
+    /// §4.3): a scope whose row is committed answers the same here as there.
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] (connection lost), [`StoreError::Corrupt`]
+    /// (a row that does not decode, a scope row without its task).
+    pub(crate) async fn answer_retries(
+        &self,
+        subs: &[Submission],
+    ) -> Result<Vec<Option<SubmitOutcome>>> {
+        let scopes = ops::taken_scopes(subs, &vec![false; subs.len()]);
+        let lookup = ScopeLookup::new(&scopes);
+        let key_ids: Vec<Uuid> = subs.iter().map(|s| s.api_key_id).collect();
+        let [tenants, operations, keys] = lookup.params();
+        let params: [Param<'_>; 4] = [tenants, operations, keys, &key_ids];
+        let rows = self.query(&LIVE_SCOPES_WITH_TASKS, &params).await?;
+        let existing = existing_scopes(&scopes, &rows)?;
+        ops::answer_batch(subs, &vec![false; subs.len()], Vec::new(), existing)
+    }
+}
+
 /// Every answer of a batch, or [`StoreError::Contention`] when a scope row
 /// vanished before it was read back (released by retention in between): the
 /// batch rolls back and runs again, as on the generic path.
@@ -847,6 +879,21 @@ static SCOPES_WITH_TASKS: LazyLock<String> = LazyLock::new(|| {
         "SELECT u.n AS scope_n, k.fingerprint AS scope_fingerprint, k.task_id AS scope_task_id, \
          t.id IS NOT NULL AS scope_has_task, {} \
          FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS u(tn, op, ky, n) \
+         JOIN idempotency_keys k ON k.tenant = u.tn AND k.operation = u.op AND k.idempotency_key = u.ky \
+         LEFT JOIN tasks t ON t.id = k.task_id",
+        cols.join(", ")
+    )
+});
+
+/// [`SCOPES_WITH_TASKS`] for the scopes whose submitting key (`$4`, one per
+/// scope) is live: a scope of a revoked key is left out, as a missing one.
+static LIVE_SCOPES_WITH_TASKS: LazyLock<String> = LazyLock::new(|| {
+    let cols: Vec<String> = TASK_COLUMNS.iter().map(|c| format!("t.{c}")).collect();
+    format!(
+        "SELECT u.n AS scope_n, k.fingerprint AS scope_fingerprint, k.task_id AS scope_task_id, \
+         t.id IS NOT NULL AS scope_has_task, {} \
+         FROM unnest($1::text[], $2::text[], $3::text[], $4::uuid[]) WITH ORDINALITY AS u(tn, op, ky, kid, n) \
+         JOIN api_keys a ON a.id = u.kid AND a.revoked_at IS NULL \
          JOIN idempotency_keys k ON k.tenant = u.tn AND k.operation = u.op AND k.idempotency_key = u.ky \
          LEFT JOIN tasks t ON t.id = k.task_id",
         cols.join(", ")

@@ -1212,3 +1212,57 @@ async fn a_role_without_create_is_told_what_to_grant() {
         server.batch_execute(&sql).await.unwrap();
     }
 }
+
+/// A retry of a scope this store has seen bound is answered by one read, with
+/// nothing written: with the database turned read-only under the running store
+/// (new sessions only, so its connections are cut to pick it up), its retries
+/// still replay and conflict, while a new key cannot be written. Through the
+/// write path every one of them would fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_are_answered_without_writing() {
+    let (url, store, key) = seeded(&keys("r", 2), 'a').await;
+    let admin = raw(&fresh_url_server()).await;
+    let dbname = url.rsplit('/').next().unwrap().to_owned();
+    admin
+        .batch_execute(&format!(
+            "ALTER DATABASE \"{dbname}\" SET default_transaction_read_only = on"
+        ))
+        .await
+        .unwrap();
+    admin
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+            &[&dbname],
+        )
+        .await
+        .unwrap();
+    // The first use of a cut connection may fail; the next one opens a new,
+    // read-only session.
+    let mut replay = store.submit(submission("acme", "r0", key.id, 'a')).await;
+    for _ in 0..5 {
+        if replay.is_ok() {
+            break;
+        }
+        replay = store.submit(submission("acme", "r0", key.id, 'a')).await;
+    }
+    assert!(
+        matches!(replay, Ok(SubmitOutcome::Replayed(_))),
+        "a retry is answered from what is committed: {replay:?}"
+    );
+    let conflict = store.submit(submission("acme", "r1", key.id, 'b')).await;
+    assert!(
+        matches!(conflict, Ok(SubmitOutcome::Conflict { .. })),
+        "a changed retry is a conflict, read without writing: {conflict:?}"
+    );
+    let new = store.submit(submission("acme", "r2", key.id, 'a')).await;
+    assert!(
+        new.is_err(),
+        "a new key must be written, which a read-only database refuses: {new:?}"
+    );
+    admin
+        .batch_execute(&format!(
+            "ALTER DATABASE \"{dbname}\" RESET default_transaction_read_only"
+        ))
+        .await
+        .unwrap();
+}
