@@ -107,8 +107,8 @@ pub struct PgBackend {
     auths: mpsc::UnboundedSender<PendingAuth>,
     /// Submits of scopes seen bound wait here for a read ([`RETRY_LANES`]).
     retries: mpsc::UnboundedSender<PendingSubmit>,
-    /// Which scopes were seen bound.
-    hints: ScopeHints,
+    /// Which scopes were seen bound; `None` without retry lanes.
+    hints: Option<ScopeHints>,
 }
 
 /// How long [`connect`] waits for another instance that is applying
@@ -133,7 +133,8 @@ pub const SUBMIT_LANES: usize = 2;
 /// Readers of retries in flight at once: submits whose scope this process has
 /// seen bound ([`ScopeHints`]) are answered by one read each batch, on lanes of
 /// their own, so they neither wait behind writes nor make batches of new keys
-/// smaller.
+/// smaller. At most an eighth of the pool: none in a pool of fewer than 8
+/// connections, where every submit is written.
 pub const RETRY_LANES: usize = 2;
 
 type PendingSubmit = (Submission, oneshot::Sender<Result<SubmitOutcome>>);
@@ -278,9 +279,10 @@ impl ScopeHints {
             .hash_one((&s.tenant, &s.operation, &s.idempotency_key))
     }
 
-    /// Whether the scope of `s` was seen bound.
+    /// Whether the scope of `s` was seen bound (a hit counts as a use, so
+    /// scopes retried often stay).
     fn seen(&self, s: &Submission) -> bool {
-        self.seen.contains_key(&self.hash(s))
+        self.seen.get(&self.hash(s)).is_some()
     }
 
     /// Remembers the scopes that `outcomes` (one per submission) found bound.
@@ -297,8 +299,10 @@ impl ScopeHints {
 /// with one read on the lane's connection ([`PgTx::answer_retries`]). A
 /// submission that read cannot answer (its scope row is gone or its key
 /// revoked) goes on to the submit lanes (`writes`), which answer it as if it
-/// had never been here. When the read itself fails, every caller of the batch
-/// gets that error (`Unavailable` is 503: retry with the same key).
+/// had never been here. When the database fails the read (`Unavailable`, 503:
+/// retry with the same key), every caller of the batch gets that error; any
+/// other failure (a row that does not decode) sends the whole batch on to the
+/// submit lanes, which isolate the one submission that fails.
 async fn retry_lane(
     pool: Pool,
     deadline: Duration,
@@ -319,12 +323,19 @@ async fn retry_lane(
             // The database failed the read (or missed the deadline): the write
             // path would meet the same, after waiting as long again. Every
             // caller gets the error (503) and retries with its key.
-            Err(e) => {
+            Err(e) if e.is_retryable() => {
                 forget(&mut held);
                 for reply in replies {
                     let _ = reply.send(Err(e.clone()));
                 }
                 continue;
+            }
+            // One row failed the whole read (it does not decode): the submit
+            // lanes answer each submission on its own when their batch fails
+            // so, and only that one fails.
+            Err(e) => {
+                tracing::debug!(error = %e, "reading retries failed; writing them instead");
+                vec![None; subs.len()]
             }
         };
         for ((sub, reply), answer) in subs.into_iter().zip(replies).zip(answers) {
@@ -508,7 +519,10 @@ impl PgBackend {
         }
         let (retries, rx) = mpsc::unbounded_channel();
         let queue = Arc::new(Mutex::new(rx));
-        for _ in 0..RETRY_LANES.min((options.max_size / 4).max(1)) {
+        // … the retry lanes at most an eighth, none in a pool under 8 (retries
+        // are then written by the submit lanes, as any submit) …
+        let retry_lanes = RETRY_LANES.min(options.max_size / 8);
+        for _ in 0..retry_lanes {
             tokio::spawn(retry_lane(
                 pool.clone(),
                 options.operation_timeout,
@@ -518,8 +532,9 @@ impl PgBackend {
         }
         let (auths, rx) = mpsc::unbounded_channel();
         let queue = Arc::new(Mutex::new(rx));
-        // … and the authentication lanes at most a quarter: half the pool stays
-        // free for claims, reports and reads.
+        // … and the authentication lanes at most a quarter: from a pool of 8 up,
+        // at least three connections (ten of the default 16) stay free for
+        // claims, reports and reads.
         for _ in 0..2.min((options.max_size / 4).max(1)) {
             tokio::spawn(auth_lane(
                 pool.clone(),
@@ -534,7 +549,7 @@ impl PgBackend {
             submits,
             auths,
             retries,
-            hints,
+            hints: (retry_lanes > 0).then_some(hints),
         })
     }
 
@@ -714,7 +729,7 @@ impl Backend for PgBackend {
         if let Op::Submit(sub) = op {
             return Box::pin(async move {
                 let (reply, answer) = oneshot::channel();
-                let queue = if self.hints.seen(&sub) {
+                let queue = if self.hints.as_ref().is_some_and(|h| h.seen(&sub)) {
                     &self.retries
                 } else {
                     &self.submits

@@ -1266,3 +1266,46 @@ async fn retries_are_answered_without_writing() {
         .await
         .unwrap();
 }
+
+/// Retries read together are isolated as writes are: a scope whose task row no
+/// longer decodes fails its own retries, never the healthy replays that share
+/// its read (found by a breaker review: the read's error used to answer the
+/// whole batch).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_unreadable_task_fails_only_its_own_retries() {
+    let n = 32;
+    let (url, store, key) = seeded(&keys("k", n), 'a').await;
+    raw(&url)
+        .await
+        .execute(
+            "UPDATE tasks SET contract = '{\"broken\":' WHERE idempotency_key = 'k0'",
+            &[],
+        )
+        .await
+        .unwrap();
+    for _ in 0..10 {
+        let mut replays = Vec::new();
+        for i in 0..n {
+            let s = store.clone();
+            let id = key.id;
+            replays.push(tokio::spawn(async move {
+                (
+                    i,
+                    s.submit(submission("acme", &format!("k{i}"), id, 'a'))
+                        .await,
+                )
+            }));
+        }
+        for h in replays {
+            let (i, res) = h.await.unwrap();
+            if i == 0 {
+                assert!(res.is_err(), "the unreadable task fails: {res:?}");
+            } else {
+                assert!(
+                    matches!(res, Ok(SubmitOutcome::Replayed(_))),
+                    "k{i} replays whatever shares its read: {res:?}"
+                );
+            }
+        }
+    }
+}
