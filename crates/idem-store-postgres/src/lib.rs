@@ -28,7 +28,7 @@ use std::time::Duration;
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
 use idem_core::model::ApiKey;
 use idem_store::ops::{Submission, SubmitOutcome};
-use idem_store::{Backend, BoxFuture, Op, Output, Result, Store, StoreError, ops};
+use idem_store::{Backend, BoxFuture, Op, Output, Result, ScopeHints, Store, StoreError, ops};
 use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio_postgres::{IsolationLevel, NoTls};
 
@@ -238,63 +238,6 @@ async fn auth_lane(
     }
 }
 
-/// Scopes this process has seen bound (a submit answered created, replayed or
-/// in conflict), by a keyed 64-bit hash of tenant, operation and idempotency
-/// key: a routing hint, never an answer. A submit whose scope is here goes to
-/// the retry lanes ([`RETRY_LANES`]) and is answered by one read
-/// ([`PgTx::answer_retries`]: one statement and one round trip per batch,
-/// against a write transaction's two round trips); anything that read cannot
-/// answer (a released scope, a revoked key, a hash collision) takes the write
-/// path as if the hint had not been there. Other instances' scopes are not
-/// here, so their retries take the write path. At most [`SCOPE_HINTS`]
-/// entries (a few MiB in all); those not used lately go first.
-#[derive(Clone)]
-struct ScopeHints {
-    seen: Arc<quick_cache::sync::Cache<u64, ()>>,
-    hasher: std::hash::RandomState,
-}
-
-/// Most scopes [`ScopeHints`] remembers.
-pub const SCOPE_HINTS: usize = 262_144;
-
-impl std::fmt::Debug for ScopeHints {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ScopeHints")
-            .field("seen", &self.seen.len())
-            .finish_non_exhaustive()
-    }
-}
-
-impl ScopeHints {
-    fn new() -> ScopeHints {
-        ScopeHints {
-            seen: Arc::new(quick_cache::sync::Cache::new(SCOPE_HINTS)),
-            hasher: std::hash::RandomState::new(),
-        }
-    }
-
-    fn hash(&self, s: &Submission) -> u64 {
-        use std::hash::BuildHasher;
-        self.hasher
-            .hash_one((&s.tenant, &s.operation, &s.idempotency_key))
-    }
-
-    /// Whether the scope of `s` was seen bound (a hit counts as a use, so
-    /// scopes retried often stay).
-    fn seen(&self, s: &Submission) -> bool {
-        self.seen.get(&self.hash(s)).is_some()
-    }
-
-    /// Remembers the scopes that `outcomes` (one per submission) found bound.
-    fn remember(&self, subs: &[Submission], outcomes: &[SubmitOutcome]) {
-        for (s, o) in subs.iter().zip(outcomes) {
-            if !matches!(o, SubmitOutcome::KeyRevoked { .. }) {
-                self.seen.insert(self.hash(s), ());
-            }
-        }
-    }
-}
-
 /// Answers the submits whose scope [`ScopeHints`] has seen bound: each batch
 /// with one read on the lane's connection ([`PgTx::answer_retries`]). A
 /// submission that read cannot answer (its scope row is gone or its key
@@ -370,7 +313,9 @@ async fn submit_lane(
         match res {
             Ok(Output::SubmittedBatch(outcomes)) if outcomes.len() == replies.len() => {
                 if let Op::SubmitBatch(subs) = &op {
-                    hints.remember(subs, &outcomes);
+                    for (s, o) in subs.iter().zip(&outcomes) {
+                        hints.remember(s, o);
+                    }
                 }
                 for (reply, outcome) in replies.into_iter().zip(outcomes) {
                     let _ = reply.send(Ok(outcome));

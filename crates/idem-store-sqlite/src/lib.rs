@@ -30,7 +30,9 @@ use idem_core::model::{
     ApiKey, Attempt, AttemptKind, AttemptState, Event, Evidence, Role, Task, TaskControl,
     TaskState, Timestamp,
 };
-use idem_store::{Backend, BoxFuture, Op, Output, ScopeRow, Store, StoreError, Tx, ops};
+use idem_store::{
+    Backend, BoxFuture, Op, Output, ScopeHints, ScopeRow, Store, StoreError, Tx, ops,
+};
 use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -68,6 +70,10 @@ struct Job {
 /// The SQLite [`Backend`].
 pub struct SqliteBackend {
     writer: mpsc::UnboundedSender<Job>,
+    /// Submits whose scope was seen bound ([`ScopeHints`]) go to the retry
+    /// reader thread ([`retry_reader_loop`]).
+    retries: mpsc::UnboundedSender<Job>,
+    hints: ScopeHints,
     readers: Arc<Mutex<Vec<Connection>>>,
     /// One permit per pooled reader connection.
     read_slots: Arc<tokio::sync::Semaphore>,
@@ -287,13 +293,25 @@ impl SqliteBackend {
                 .map_err(unavailable)?;
             readers.push(r);
         }
+        let retry_reader = open_connection(&path)?;
+        retry_reader
+            .execute_batch("PRAGMA query_only = ON;")
+            .map_err(unavailable)?;
         let (tx, rx) = mpsc::unbounded_channel();
         std::thread::Builder::new()
             .name("idem-sqlite-writer".into())
             .spawn(move || writer_loop(writer, rx, options))
             .map_err(unavailable)?;
+        let (retries, retry_rx) = mpsc::unbounded_channel();
+        let writes = tx.clone();
+        std::thread::Builder::new()
+            .name("idem-sqlite-retries".into())
+            .spawn(move || retry_reader_loop(retry_reader, retry_rx, writes, options))
+            .map_err(unavailable)?;
         Ok(SqliteBackend {
             writer: tx,
+            retries,
+            hints: ScopeHints::new(),
             readers: Arc::new(Mutex::new(readers)),
             read_slots: Arc::new(tokio::sync::Semaphore::new(READERS)),
             path,
@@ -335,6 +353,94 @@ fn writer_loop(mut conn: Connection, mut rx: mpsc::UnboundedReceiver<Job>, optio
         }
         run_batch(&mut conn, &mut batch, options);
     }
+}
+
+/// The retry reader thread: answers submits whose scope was seen bound
+/// ([`ScopeHints`]) in one read transaction per batch on its own
+/// (`query_only`) connection, through [`ops::answer_retries`]: a replay or a
+/// conflict without the write lock, a savepoint or an insert attempt, and
+/// without waiting behind the writer. A submission that read cannot answer
+/// (its key revoked, its scope not bound), or a batch whose read failed, goes
+/// on to the writer (`writes`), which answers it as if it had never been here.
+fn retry_reader_loop(
+    mut conn: Connection,
+    mut rx: mpsc::UnboundedReceiver<Job>,
+    writes: mpsc::UnboundedSender<Job>,
+    options: SqliteOptions,
+) {
+    let mut batch: Vec<Job> = Vec::with_capacity(MAX_BATCH);
+    while let Some(first) = rx.blocking_recv() {
+        batch.push(first);
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        let mut subs: Vec<ops::Submission> = Vec::with_capacity(batch.len());
+        let mut replies: Vec<Reply> = Vec::with_capacity(batch.len());
+        for job in batch.drain(..) {
+            match job.op {
+                Op::Submit(s) => {
+                    subs.push(s);
+                    replies.push(job.reply);
+                }
+                // Only submits are sent here; anything else is written.
+                op => forward(
+                    &writes,
+                    Job {
+                        op,
+                        reply: job.reply,
+                    },
+                ),
+            }
+        }
+        let mut answers = read_retries(&mut conn, &subs, options).into_iter();
+        for (sub, reply) in subs.into_iter().zip(replies) {
+            match answers.next().flatten() {
+                Some(outcome) => {
+                    let _ = reply.send(Ok(Output::Submitted(outcome)));
+                }
+                None => forward(
+                    &writes,
+                    Job {
+                        op: Op::Submit(sub),
+                        reply,
+                    },
+                ),
+            }
+        }
+    }
+}
+
+/// Hands `job` to the writer thread, or answers that it has stopped.
+fn forward(writes: &mpsc::UnboundedSender<Job>, job: Job) {
+    if let Err(mpsc::error::SendError(job)) = writes.send(job) {
+        let _ = job
+            .reply
+            .send(Err(unavailable("the SQLite writer thread has stopped")));
+    }
+}
+
+/// [`ops::answer_retries`] in one read transaction; no answers (all go to the
+/// writer) when the read fails.
+fn read_retries(
+    conn: &mut Connection,
+    subs: &[ops::Submission],
+    options: SqliteOptions,
+) -> Vec<Option<ops::SubmitOutcome>> {
+    if control(conn, "BEGIN").is_err() {
+        return Vec::new();
+    }
+    let res = {
+        let mut tx = SqliteTx {
+            conn: &mut *conn,
+            options,
+        };
+        futures::executor::block_on(ops::answer_retries(&mut tx, subs))
+    };
+    let _ = control(conn, "COMMIT");
+    res.unwrap_or_default()
 }
 
 fn run_batch(conn: &mut Connection, batch: &mut Vec<Job>, options: SqliteOptions) {
@@ -503,6 +609,25 @@ impl SqliteBackend {
 impl Backend for SqliteBackend {
     fn execute(&self, op: Op) -> BoxFuture<'_, Result<Output, StoreError>> {
         Box::pin(async move {
+            if let Op::Submit(sub) = &op {
+                let scope = self.hints.hash(sub);
+                let queue = if self.hints.seen_hash(scope) {
+                    &self.retries
+                } else {
+                    &self.writer
+                };
+                let (reply, rx) = oneshot::channel();
+                queue
+                    .send(Job { op, reply })
+                    .map_err(|_| unavailable("the SQLite writer thread has stopped"))?;
+                let out = rx
+                    .await
+                    .map_err(|_| unavailable("the SQLite writer thread has stopped"))?;
+                if let Ok(Output::Submitted(outcome)) = &out {
+                    self.hints.remember_hash(scope, outcome);
+                }
+                return out;
+            }
             if op.writes() {
                 let (reply, rx) = oneshot::channel();
                 self.writer
@@ -1375,5 +1500,34 @@ mod tests {
             other => panic!("c again: {other:?}"),
         }
         assert_eq!(tasks_and_scopes(&writer), (5, 5), "bad, a, b, c, d");
+    }
+
+    /// A retry of a scope this store has seen bound is answered by the retry
+    /// reader, without the write lock: while another connection holds that
+    /// lock (`BEGIN IMMEDIATE`), the retry still replays and a changed retry
+    /// is still a conflict. Through the writer each would wait out
+    /// `busy_timeout` and fail.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn retries_are_answered_without_the_write_lock() {
+        let (_dir, path, store, sub) = seeded().await;
+        let SubmitOutcome::Created(task) = store.submit(sub("k", "a")).await.unwrap() else {
+            panic!("a new key creates its task");
+        };
+        let lock = open_connection(&path).unwrap();
+        lock.execute_batch("BEGIN IMMEDIATE").unwrap();
+        match store.submit(sub("k", "a")).await {
+            Ok(SubmitOutcome::Replayed(t)) => assert_eq!(t.id, task.id),
+            other => panic!("the retry replays while the write lock is held: {other:?}"),
+        }
+        match store.submit(sub("k", "b")).await {
+            Ok(SubmitOutcome::Conflict { task_id }) => assert_eq!(task_id, task.id),
+            other => panic!("the changed retry is a conflict: {other:?}"),
+        }
+        lock.execute_batch("ROLLBACK").unwrap();
+        let fresh = store.submit(sub("other", "a")).await;
+        assert!(
+            matches!(fresh, Ok(SubmitOutcome::Created(_))),
+            "a new key is written once the lock is gone: {fresh:?}"
+        );
     }
 }

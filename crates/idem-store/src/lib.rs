@@ -29,8 +29,10 @@ use uuid::Uuid;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
+pub mod hints;
 pub mod ops;
 
+pub use hints::ScopeHints;
 pub use ops::{Op, Output};
 
 /// Errors of the storage layer. Business refusals (conflict, stale generation …)

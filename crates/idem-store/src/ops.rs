@@ -653,6 +653,46 @@ fn same_request_as_accepted(task: &Task, s: &Submission) -> bool {
     }
 }
 
+/// Answers retries without writing: for each submission, in order, `Some`
+/// replay or conflict when its API key is live and its scope row is bound
+/// (exactly as [`submit_batch`] answers a taken scope, through
+/// [`answer_batch`]), `None` when its key is revoked or its scope is not bound
+/// (never, or released by retention): those must go through [`submit_batch`],
+/// which refuses the key or creates the task. Reads only; a backend runs it
+/// in one read transaction for a batch of submits whose scopes it has seen
+/// bound ([`crate::ScopeHints`]).
+///
+/// # Errors
+/// Any [`StoreError`] of the reads; [`StoreError::Corrupt`] when a scope row
+/// names a missing task.
+pub async fn answer_retries<T: Tx>(
+    tx: &mut T,
+    subs: &[Submission],
+) -> Result<Vec<Option<SubmitOutcome>>> {
+    let ids = submitting_keys(subs);
+    let (_, live) = tx.now_and_live_api_keys(&ids).await?;
+    if live.len() == ids.len() {
+        let not_won = vec![false; subs.len()];
+        let existing = tx.scopes_with_tasks(&taken_scopes(subs, &not_won)).await?;
+        return answer_batch(subs, &not_won, Vec::new(), existing);
+    }
+    // A key was revoked (rare): answer the live keys' submissions only.
+    let asked: Vec<usize> = (0..subs.len())
+        .filter(|&i| live.contains(&subs[i].api_key_id))
+        .collect();
+    let asked_subs: Vec<Submission> = asked.iter().map(|&i| subs[i].clone()).collect();
+    let not_won = vec![false; asked_subs.len()];
+    let existing = tx
+        .scopes_with_tasks(&taken_scopes(&asked_subs, &not_won))
+        .await?;
+    let answers = answer_batch(&asked_subs, &not_won, Vec::new(), existing)?;
+    let mut out: Vec<Option<SubmitOutcome>> = vec![None; subs.len()];
+    for (i, answer) in asked.into_iter().zip(answers) {
+        out[i] = answer;
+    }
+    Ok(out)
+}
+
 /// [`submit_batch`] once every submitting key has been checked live.
 async fn submit_live<T: Tx>(
     tx: &mut T,

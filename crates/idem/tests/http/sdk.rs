@@ -29,16 +29,20 @@ async fn find_task_finds_a_key_that_starts_with_a_quote() {
 /// under the key (a conflict) is never handed back as this one's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn submit_with_retry_never_returns_another_requests_task() {
-    let srv = Server::start().await;
-    let c = Client::new(&srv.url, srv.keys.acme.clone())
+    let mut srv = Server::start().await;
+    let first = Client::new(&srv.url, srv.keys.acme.clone())
         .unwrap()
-        .with_timeout(Duration::from_secs(2));
-    let first = c
         .submit("payment.release", &payment(5), "c1")
         .await
         .unwrap();
-    // Another process holds SQLite's write lock: submits cannot be written
-    // (they time out), while reads, and so the lookup, still work.
+    // A new server process has not seen the scope bound, so its submits of
+    // "c1" go to the writer instead of the retry reader ...
+    srv.restart();
+    let c = Client::new(&srv.url, srv.keys.acme.clone())
+        .unwrap()
+        .with_timeout(Duration::from_secs(2));
+    // ... and another process holds SQLite's write lock: submits cannot be
+    // written (they time out), while reads, and so the lookup, still work.
     let store = srv.store();
     let path = store.strip_prefix("sqlite://").unwrap();
     let lock = rusqlite::Connection::open(path).unwrap();
