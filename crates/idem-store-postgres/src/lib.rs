@@ -243,9 +243,10 @@ async fn auth_lane(
 /// submission that read cannot answer (its scope row is gone or its key
 /// revoked) goes on to the submit lanes (`writes`), which answer it as if it
 /// had never been here. When the database fails the read (`Unavailable`, 503:
-/// retry with the same key), every caller of the batch gets that error; any
-/// other failure (a row that does not decode) sends the whole batch on to the
-/// submit lanes, which isolate the one submission that fails.
+/// retry with the same key), every caller of the batch gets that error; after
+/// any other failure (a row that does not decode) each submission is read on
+/// its own, and only those that still fail go on to the submit lanes, which
+/// fail them alone.
 async fn retry_lane(
     pool: Pool,
     deadline: Duration,
@@ -273,12 +274,24 @@ async fn retry_lane(
                 }
                 continue;
             }
-            // One row failed the whole read (it does not decode): the submit
-            // lanes answer each submission on its own when their batch fails
-            // so, and only that one fails.
+            // One row failed the whole read (it does not decode): read each
+            // submission on its own, so only that one goes on to the submit
+            // lanes (which fail it alone) and the others are still answered
+            // without a write.
             Err(e) => {
-                tracing::debug!(error = %e, "reading retries failed; writing them instead");
-                vec![None; subs.len()]
+                tracing::debug!(error = %e, "reading retries failed; reading them one by one");
+                let mut answers = Vec::with_capacity(subs.len());
+                for sub in &subs {
+                    let one = within(deadline, async {
+                        let client = lane_client(&pool, &mut held).await?;
+                        PgTx::autocommit(client)
+                            .answer_retries(std::slice::from_ref(sub))
+                            .await
+                    })
+                    .await;
+                    answers.push(one.ok().and_then(|mut a| a.pop()).flatten());
+                }
+                answers
             }
         };
         for ((sub, reply), answer) in subs.into_iter().zip(replies).zip(answers) {

@@ -1269,12 +1269,16 @@ async fn retries_are_answered_without_writing() {
 
 /// Retries read together are isolated as writes are: a scope whose task row no
 /// longer decodes fails its own retries, never the healthy replays that share
-/// its read (found by a breaker review: the read's error used to answer the
-/// whole batch).
+/// its read, and those are still answered without a write: the database is
+/// read-only here, so a healthy retry sent on to the write path would fail too
+/// (found by breaker reviews: the read's error first answered the whole batch,
+/// then sent it all to the write path).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_unreadable_task_fails_only_its_own_retries() {
     let n = 32;
     let (url, store, key) = seeded(&keys("k", n), 'a').await;
+    let admin = raw(&fresh_url_server()).await;
+    let dbname = url.rsplit('/').next().unwrap().to_owned();
     raw(&url)
         .await
         .execute(
@@ -1283,6 +1287,29 @@ async fn one_unreadable_task_fails_only_its_own_retries() {
         )
         .await
         .unwrap();
+    admin
+        .batch_execute(&format!(
+            "ALTER DATABASE \"{dbname}\" SET default_transaction_read_only = on"
+        ))
+        .await
+        .unwrap();
+    admin
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+            &[&dbname],
+        )
+        .await
+        .unwrap();
+    // The first use of a cut connection may fail; the next one is read-only.
+    for _ in 0..5 {
+        if store
+            .submit(submission("acme", "k1", key.id, 'a'))
+            .await
+            .is_ok()
+        {
+            break;
+        }
+    }
     for _ in 0..10 {
         let mut replays = Vec::new();
         for i in 0..n {

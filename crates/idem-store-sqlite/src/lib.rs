@@ -422,16 +422,44 @@ fn forward(writes: &mpsc::UnboundedSender<Job>, job: Job) {
     }
 }
 
-/// [`ops::answer_retries`] in one read transaction; no answers (all go to the
-/// writer) when the read fails.
+/// [`ops::answer_retries`] in one read transaction: one answer per submission
+/// (`None`: go to the writer). When one row fails the whole read (it does not
+/// decode), each submission is read on its own, so only that one goes to the
+/// writer; after any other failure all of them do.
 fn read_retries(
     conn: &mut Connection,
     subs: &[ops::Submission],
     options: SqliteOptions,
 ) -> Vec<Option<ops::SubmitOutcome>> {
-    if control(conn, "BEGIN").is_err() {
-        return Vec::new();
+    match read_retries_once(conn, subs, options) {
+        Ok(answers) => answers,
+        Err(StoreError::Corrupt(e)) if subs.len() > 1 => {
+            tracing::debug!(error = %e, "reading retries failed; reading them one by one");
+            subs.iter()
+                .map(|s| {
+                    read_retries_once(conn, std::slice::from_ref(s), options)
+                        .ok()
+                        .and_then(|mut a| a.pop())
+                        .flatten()
+                })
+                .collect()
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "reading retries failed; writing them instead");
+            Vec::new()
+        }
     }
+}
+
+/// One read transaction of [`ops::answer_retries`]; a transaction that does
+/// not end with `COMMIT` is rolled back, so none stays open (it would hold
+/// back checkpoints).
+fn read_retries_once(
+    conn: &mut Connection,
+    subs: &[ops::Submission],
+    options: SqliteOptions,
+) -> Result<Vec<Option<ops::SubmitOutcome>>, StoreError> {
+    control(conn, "BEGIN").map_err(db)?;
     let res = {
         let mut tx = SqliteTx {
             conn: &mut *conn,
@@ -439,8 +467,11 @@ fn read_retries(
         };
         futures::executor::block_on(ops::answer_retries(&mut tx, subs))
     };
-    let _ = control(conn, "COMMIT");
-    res.unwrap_or_default()
+    if let Err(e) = control(conn, "COMMIT") {
+        let _ = control(conn, "ROLLBACK");
+        return Err(db(e));
+    }
+    res
 }
 
 fn run_batch(conn: &mut Connection, batch: &mut Vec<Job>, options: SqliteOptions) {
@@ -611,15 +642,22 @@ impl Backend for SqliteBackend {
         Box::pin(async move {
             if let Op::Submit(sub) = &op {
                 let scope = self.hints.hash(sub);
-                let queue = if self.hints.seen_hash(scope) {
-                    &self.retries
-                } else {
-                    &self.writer
-                };
                 let (reply, rx) = oneshot::channel();
-                queue
-                    .send(Job { op, reply })
-                    .map_err(|_| unavailable("the SQLite writer thread has stopped"))?;
+                let job = Job { op, reply };
+                let unsent = if self.hints.seen_hash(scope) {
+                    // Should the retry reader be gone, the writer answers.
+                    match self.retries.send(job) {
+                        Ok(()) => None,
+                        Err(mpsc::error::SendError(back)) => Some(back),
+                    }
+                } else {
+                    Some(job)
+                };
+                if let Some(job) = unsent {
+                    self.writer
+                        .send(job)
+                        .map_err(|_| unavailable("the SQLite writer thread has stopped"))?;
+                }
                 let out = rx
                     .await
                     .map_err(|_| unavailable("the SQLite writer thread has stopped"))?;
@@ -1529,5 +1567,44 @@ mod tests {
             matches!(fresh, Ok(SubmitOutcome::Created(_))),
             "a new key is written once the lock is gone: {fresh:?}"
         );
+    }
+
+    /// A task row that no longer decodes fails its own retries only: the
+    /// healthy retries that share its read are read again on their own and
+    /// still replay without the writer, which another connection's write lock
+    /// blocks here (found by a breaker review: the whole batch went to the
+    /// writer and waited out `busy_timeout`).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unreadable_task_does_not_send_its_neighbours_to_the_writer() {
+        let (_dir, path, store, sub) = seeded().await;
+        let mut tasks = Vec::new();
+        for k in ["bad", "good"] {
+            let SubmitOutcome::Created(t) = store.submit(sub(k, "a")).await.unwrap() else {
+                panic!("a new key creates its task");
+            };
+            tasks.push(t);
+        }
+        let lock = open_connection(&path).unwrap();
+        lock.execute(
+            "UPDATE tasks SET contract = '{' WHERE id = ?1",
+            [tasks[0].id.to_string()],
+        )
+        .unwrap();
+        lock.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let mut subs = vec![sub("bad", "a")];
+        subs.extend((0..8).map(|_| sub("good", "a")));
+        let answers = futures::future::join_all(subs.into_iter().map(|s| store.submit(s))).await;
+        lock.execute_batch("ROLLBACK").unwrap();
+        assert!(
+            answers[0].is_err(),
+            "the unreadable task fails: {:?}",
+            answers[0]
+        );
+        for a in &answers[1..] {
+            match a {
+                Ok(SubmitOutcome::Replayed(t)) => assert_eq!(t.id, tasks[1].id),
+                other => panic!("a healthy retry replays beside it: {other:?}"),
+            }
+        }
     }
 }
