@@ -256,12 +256,7 @@ async fn retry_lane(
     let mut held = None;
     while let Some(batch) = next_batch(&queue, SUBMIT_BATCH, &mut held).await {
         let (subs, replies): (Vec<Submission>, Vec<_>) = batch.into_iter().unzip();
-        let read = within(deadline, async {
-            let client = lane_client(&pool, &mut held).await?;
-            PgTx::autocommit(client).answer_retries(&subs).await
-        })
-        .await;
-        let answers = match read {
+        let answers = match read_retries(&pool, &mut held, &subs, deadline).await {
             Ok(answers) if answers.len() == subs.len() => answers,
             Ok(_) => vec![None; subs.len()],
             // The database failed the read (or missed the deadline): the write
@@ -282,13 +277,8 @@ async fn retry_lane(
                 tracing::debug!(error = %e, "reading retries failed; reading them one by one");
                 let mut answers = Vec::with_capacity(subs.len());
                 for sub in &subs {
-                    let one = within(deadline, async {
-                        let client = lane_client(&pool, &mut held).await?;
-                        PgTx::autocommit(client)
-                            .answer_retries(std::slice::from_ref(sub))
-                            .await
-                    })
-                    .await;
+                    let one =
+                        read_retries(&pool, &mut held, std::slice::from_ref(sub), deadline).await;
                     answers.push(one.ok().and_then(|mut a| a.pop()).flatten());
                 }
                 answers
@@ -311,12 +301,25 @@ async fn retry_lane(
     }
 }
 
+/// [`PgTx::answer_retries`] on the lane's connection, within `deadline`.
+async fn read_retries(
+    pool: &Pool,
+    held: &mut Option<Object>,
+    subs: &[Submission],
+    deadline: Duration,
+) -> Result<Vec<Option<SubmitOutcome>>> {
+    within(deadline, async {
+        let client = lane_client(pool, held).await?;
+        PgTx::autocommit(client).answer_retries(subs).await
+    })
+    .await
+}
+
 async fn submit_lane(
     pool: Pool,
     max_retries: u32,
     deadline: Duration,
     queue: Arc<Mutex<mpsc::UnboundedReceiver<PendingSubmit>>>,
-    hints: ScopeHints,
 ) {
     let mut held = None;
     while let Some(batch) = next_batch(&queue, SUBMIT_BATCH, &mut held).await {
@@ -325,11 +328,6 @@ async fn submit_lane(
         let res = PgBackend::run_held_within(&pool, &mut held, &op, max_retries, deadline).await;
         match res {
             Ok(Output::SubmittedBatch(outcomes)) if outcomes.len() == replies.len() => {
-                if let Op::SubmitBatch(subs) = &op {
-                    for (s, o) in subs.iter().zip(&outcomes) {
-                        hints.remember(s, o);
-                    }
-                }
                 for (reply, outcome) in replies.into_iter().zip(outcomes) {
                     let _ = reply.send(Ok(outcome));
                 }
@@ -464,7 +462,6 @@ impl PgBackend {
         }
         let (submits, rx) = mpsc::unbounded_channel();
         let queue = Arc::new(Mutex::new(rx));
-        let hints = ScopeHints::new();
         // Lanes hold a connection while work is queued: at most half the pool.
         for _ in 0..SUBMIT_LANES.min((options.max_size / 2).max(1)) {
             tokio::spawn(submit_lane(
@@ -472,7 +469,6 @@ impl PgBackend {
                 options.max_retries,
                 options.operation_timeout,
                 Arc::clone(&queue),
-                hints.clone(),
             ));
         }
         let (retries, rx) = mpsc::unbounded_channel();
@@ -507,7 +503,7 @@ impl PgBackend {
             submits,
             auths,
             retries,
-            hints: (retry_lanes > 0).then_some(hints),
+            hints: (retry_lanes > 0).then(ScopeHints::new),
         })
     }
 
@@ -687,7 +683,12 @@ impl Backend for PgBackend {
         if let Op::Submit(sub) = op {
             return Box::pin(async move {
                 let (reply, answer) = oneshot::channel();
-                let queue = if self.hints.as_ref().is_some_and(|h| h.seen(&sub)) {
+                // A scope not seen yet is written, and remembered once answered.
+                let unseen = self.hints.as_ref().and_then(|h| {
+                    let scope = h.hash(&sub);
+                    (!h.seen(scope)).then_some((h, scope))
+                });
+                let queue = if self.hints.is_some() && unseen.is_none() {
                     &self.retries
                 } else {
                     &self.submits
@@ -698,6 +699,9 @@ impl Backend for PgBackend {
                 let outcome = answer.await.map_err(|_| {
                     StoreError::Unavailable("the submit batcher has stopped".into())
                 })??;
+                if let Some((hints, scope)) = unseen {
+                    hints.remember(scope, &outcome);
+                }
                 Ok(Output::Submitted(outcome))
             });
         }

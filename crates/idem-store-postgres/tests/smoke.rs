@@ -1213,16 +1213,16 @@ async fn a_role_without_create_is_told_what_to_grant() {
     }
 }
 
-/// A retry of a scope this store has seen bound is answered by one read, with
-/// nothing written: with the database turned read-only under the running store
-/// (new sessions only, so its connections are cut to pick it up), its retries
-/// still replay and conflict, while a new key cannot be written. Through the
-/// write path every one of them would fail.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn retries_are_answered_without_writing() {
-    let (url, store, key) = seeded(&keys("r", 2), 'a').await;
+/// The name of the database `url` names.
+fn database_name(url: &str) -> String {
+    url.rsplit('/').next().unwrap().to_owned()
+}
+
+/// Turns the database of `url` read-only for new sessions and cuts the
+/// sessions it has, so that the store's next connections are read-only.
+async fn make_read_only(url: &str) {
     let admin = raw(&fresh_url_server()).await;
-    let dbname = url.rsplit('/').next().unwrap().to_owned();
+    let dbname = database_name(url);
     admin
         .batch_execute(&format!(
             "ALTER DATABASE \"{dbname}\" SET default_transaction_read_only = on"
@@ -1236,6 +1236,17 @@ async fn retries_are_answered_without_writing() {
         )
         .await
         .unwrap();
+}
+
+/// A retry of a scope this store has seen bound is answered by one read, with
+/// nothing written: with the database turned read-only under the running store
+/// (new sessions only, so its connections are cut to pick it up), its retries
+/// still replay and conflict, while a new key cannot be written. Through the
+/// write path every one of them would fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_are_answered_without_writing() {
+    let (url, store, key) = seeded(&keys("r", 2), 'a').await;
+    make_read_only(&url).await;
     // The first use of a cut connection may fail; the next one opens a new,
     // read-only session.
     let mut replay = store.submit(submission("acme", "r0", key.id, 'a')).await;
@@ -1259,9 +1270,11 @@ async fn retries_are_answered_without_writing() {
         new.is_err(),
         "a new key must be written, which a read-only database refuses: {new:?}"
     );
-    admin
+    raw(&fresh_url_server())
+        .await
         .batch_execute(&format!(
-            "ALTER DATABASE \"{dbname}\" RESET default_transaction_read_only"
+            "ALTER DATABASE \"{}\" RESET default_transaction_read_only",
+            database_name(&url)
         ))
         .await
         .unwrap();
@@ -1277,8 +1290,6 @@ async fn retries_are_answered_without_writing() {
 async fn one_unreadable_task_fails_only_its_own_retries() {
     let n = 32;
     let (url, store, key) = seeded(&keys("k", n), 'a').await;
-    let admin = raw(&fresh_url_server()).await;
-    let dbname = url.rsplit('/').next().unwrap().to_owned();
     raw(&url)
         .await
         .execute(
@@ -1287,19 +1298,7 @@ async fn one_unreadable_task_fails_only_its_own_retries() {
         )
         .await
         .unwrap();
-    admin
-        .batch_execute(&format!(
-            "ALTER DATABASE \"{dbname}\" SET default_transaction_read_only = on"
-        ))
-        .await
-        .unwrap();
-    admin
-        .query_one(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
-            &[&dbname],
-        )
-        .await
-        .unwrap();
+    make_read_only(&url).await;
     // The first use of a cut connection may fail; the next one is read-only.
     for _ in 0..5 {
         if store

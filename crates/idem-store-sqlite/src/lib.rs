@@ -343,16 +343,25 @@ fn control(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
 /// savepoint per job, commits once, then answers.
 fn writer_loop(mut conn: Connection, mut rx: mpsc::UnboundedReceiver<Job>, options: SqliteOptions) {
     let mut batch: Vec<Job> = Vec::with_capacity(MAX_BATCH);
-    while let Some(first) = rx.blocking_recv() {
-        batch.push(first);
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(_) => break,
-            }
-        }
+    while next_batch(&mut rx, &mut batch) {
         run_batch(&mut conn, &mut batch, options);
     }
+}
+
+/// Waits for the next job, then takes whatever else is queued, up to
+/// [`MAX_BATCH`], into `batch`; `false` once every sender is gone.
+fn next_batch(rx: &mut mpsc::UnboundedReceiver<Job>, batch: &mut Vec<Job>) -> bool {
+    let Some(first) = rx.blocking_recv() else {
+        return false;
+    };
+    batch.push(first);
+    while batch.len() < MAX_BATCH {
+        match rx.try_recv() {
+            Ok(job) => batch.push(job),
+            Err(_) => break,
+        }
+    }
+    true
 }
 
 /// The retry reader thread: answers submits whose scope was seen bound
@@ -369,14 +378,7 @@ fn retry_reader_loop(
     options: SqliteOptions,
 ) {
     let mut batch: Vec<Job> = Vec::with_capacity(MAX_BATCH);
-    while let Some(first) = rx.blocking_recv() {
-        batch.push(first);
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(_) => break,
-            }
-        }
+    while next_batch(&mut rx, &mut batch) {
         let mut subs: Vec<ops::Submission> = Vec::with_capacity(batch.len());
         let mut replies: Vec<Reply> = Vec::with_capacity(batch.len());
         for job in batch.drain(..) {
@@ -642,9 +644,10 @@ impl Backend for SqliteBackend {
         Box::pin(async move {
             if let Op::Submit(sub) = &op {
                 let scope = self.hints.hash(sub);
+                let seen = self.hints.seen(scope);
                 let (reply, rx) = oneshot::channel();
                 let job = Job { op, reply };
-                let unsent = if self.hints.seen_hash(scope) {
+                let unsent = if seen {
                     // Should the retry reader be gone, the writer answers.
                     match self.retries.send(job) {
                         Ok(()) => None,
@@ -661,8 +664,9 @@ impl Backend for SqliteBackend {
                 let out = rx
                     .await
                     .map_err(|_| unavailable("the SQLite writer thread has stopped"))?;
-                if let Ok(Output::Submitted(outcome)) = &out {
-                    self.hints.remember_hash(scope, outcome);
+                // A scope not seen yet was written: remember it once answered.
+                if !seen && let Ok(Output::Submitted(outcome)) = &out {
+                    self.hints.remember(scope, outcome);
                 }
                 return out;
             }

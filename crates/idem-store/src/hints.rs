@@ -51,8 +51,8 @@ impl ScopeHints {
     }
 
     /// The keyed hash of the scope of `s` (tenant, operation, idempotency
-    /// key), for [`ScopeHints::seen_hash`] and [`ScopeHints::remember_hash`]
-    /// once `s` has been handed on.
+    /// key), for [`ScopeHints::seen`] and [`ScopeHints::remember`], which
+    /// may come after `s` has been handed on.
     pub fn hash(&self, s: &Submission) -> ScopeHash {
         ScopeHash(
             self.hasher
@@ -60,25 +60,15 @@ impl ScopeHints {
         )
     }
 
-    /// Whether the scope of `s` was seen bound (a hit counts as a use, so
-    /// scopes retried often stay).
-    pub fn seen(&self, s: &Submission) -> bool {
-        self.seen_hash(self.hash(s))
-    }
-
-    /// [`ScopeHints::seen`] by hash.
-    pub fn seen_hash(&self, h: ScopeHash) -> bool {
+    /// Whether the scope hashed to `h` was seen bound (a hit counts as a use,
+    /// so scopes retried often stay).
+    pub fn seen(&self, h: ScopeHash) -> bool {
         self.seen.get(&h.0).is_some()
     }
 
-    /// Remembers the scope of `s` when `outcome` found it bound (anything but
-    /// [`SubmitOutcome::KeyRevoked`]).
-    pub fn remember(&self, s: &Submission, outcome: &SubmitOutcome) {
-        self.remember_hash(self.hash(s), outcome);
-    }
-
-    /// [`ScopeHints::remember`] by hash.
-    pub fn remember_hash(&self, h: ScopeHash, outcome: &SubmitOutcome) {
+    /// Remembers the scope hashed to `h` when `outcome` found it bound
+    /// (anything but [`SubmitOutcome::KeyRevoked`]).
+    pub fn remember(&self, h: ScopeHash, outcome: &SubmitOutcome) {
         if !matches!(outcome, SubmitOutcome::KeyRevoked { .. }) {
             self.seen.insert(h.0, ());
         }
@@ -111,21 +101,21 @@ mod tests {
     #[test]
     fn only_bound_scopes_are_seen() {
         let h = ScopeHints::new();
-        assert!(!h.seen(&sub("a")));
+        assert!(!h.seen(h.hash(&sub("a"))));
         h.remember(
-            &sub("a"),
+            h.hash(&sub("a")),
             &SubmitOutcome::Conflict {
                 task_id: Uuid::nil(),
             },
         );
         h.remember(
-            &sub("b"),
+            h.hash(&sub("b")),
             &SubmitOutcome::KeyRevoked {
                 api_key_id: Uuid::nil(),
             },
         );
-        assert!(h.seen(&sub("a")));
-        assert!(!h.seen(&sub("b")), "a refused key binds nothing");
-        assert!(!h.seen(&sub("c")));
+        assert!(h.seen(h.hash(&sub("a"))));
+        assert!(!h.seen(h.hash(&sub("b"))), "a refused key binds nothing");
+        assert!(!h.seen(h.hash(&sub("c"))));
     }
 }
