@@ -247,11 +247,31 @@ fn add_links(doc: &mut utoipa::openapi::OpenApi) {
     );
 }
 
-/// Installs the global Prometheus recorder once and returns its handle.
+/// Upper bounds (seconds) of the buckets every histogram is rendered with,
+/// e.g. `idem_http_request_seconds`: from 0.5 ms to the 30 s longest
+/// long-poll ([`MAX_WAIT_MS`]).
+pub const LATENCY_BUCKETS_SECONDS: [f64; 16] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0,
+    30.0,
+];
+
+/// Installs the global Prometheus recorder once and returns its handle
+/// (`None` when another recorder was installed first).
+///
+/// Histograms are rendered as Prometheus histograms (`_bucket{le=…}`,
+/// `_sum`, `_count`, buckets [`LATENCY_BUCKETS_SECONDS`]), not summaries:
+/// buckets add up across instances and over any range a query asks for,
+/// where a summary's quantiles are per process and fall to 0 once its
+/// sliding window holds no sample.
 pub fn metrics_handle() -> Option<PrometheusHandle> {
     static HANDLE: std::sync::OnceLock<Option<PrometheusHandle>> = std::sync::OnceLock::new();
     HANDLE
-        .get_or_init(|| PrometheusBuilder::new().install_recorder().ok())
+        .get_or_init(|| {
+            PrometheusBuilder::new()
+                .set_buckets(&LATENCY_BUCKETS_SECONDS)
+                .and_then(PrometheusBuilder::install_recorder)
+                .ok()
+        })
         .clone()
 }
 
@@ -358,3 +378,44 @@ pub(crate) type AppResult<T> = Result<T, Problem>;
 
 /// Shared state extractor alias.
 pub(crate) type St = State<AppState>;
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// Request latency is a Prometheus histogram with the documented buckets
+    /// (operations.md), so instances can be summed; a summary would print
+    /// `quantile` lines instead.
+    #[test]
+    fn request_latency_is_a_histogram_with_buckets() {
+        let handle = metrics_handle().unwrap();
+        metrics::histogram!("idem_http_request_seconds", "path" => "/test/histogram").record(0.003);
+        let text = handle.render();
+        let ours: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("path=\"/test/histogram\""))
+            .collect();
+        assert!(
+            ours.iter()
+                .any(|l| l.starts_with("idem_http_request_seconds_bucket{")
+                    && l.contains("le=\"0.005\"")
+                    && l.ends_with(" 1")),
+            "{ours:?}"
+        );
+        assert!(
+            ours.iter()
+                .any(|l| l.starts_with("idem_http_request_seconds_bucket{")
+                    && l.contains("le=\"0.0025\"")
+                    && l.ends_with(" 0")),
+            "{ours:?}"
+        );
+        assert!(
+            ours.iter()
+                .any(|l| l.starts_with("idem_http_request_seconds_count{") && l.ends_with(" 1")),
+            "{ours:?}"
+        );
+        assert!(!ours.iter().any(|l| l.contains("quantile=")), "{ours:?}");
+    }
+}
