@@ -116,8 +116,10 @@ pub struct ClaimBody {
     /// Lease length, ms: 100 ms to the class maximum; default: the class default.
     #[serde(default)]
     pub lease_ms: Option<i64>,
-    /// Long-poll: wait up to this many ms for work (0–30000, default 0).
+    /// Long-poll: wait up to this many ms for work (0–30000, default 0; more
+    /// is 400 `INVALID_REQUEST`).
     #[serde(default)]
+    #[schema(minimum = 0, maximum = 30000)]
     pub wait_ms: Option<u64>,
 }
 
