@@ -127,7 +127,44 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     let mut doc = api_router().split_for_parts().1;
     add_links(&mut doc);
     describe_responses(&mut doc);
+    reportable_failure_classes(&mut doc);
     doc
+}
+
+/// A report's `failure_class` lists only the classes an executor may report
+/// (`transient`, `invalid_input`, `permission_denied`;
+/// [`idem_core::model::FailureClass::is_reportable`]): the others are decided
+/// by idem, and a report naming one gets 400 `INVALID_REQUEST`. The task's own
+/// `failure.class` keeps the whole `FailureClass` list.
+fn reportable_failure_classes(doc: &mut utoipa::openapi::OpenApi) {
+    use idem_core::model::FailureClass;
+    use utoipa::openapi::RefOr;
+    use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Schema, Type};
+    let Some(RefOr::T(Schema::Object(body))) = doc
+        .components
+        .as_mut()
+        .and_then(|c| c.schemas.get_mut("ReportBody"))
+    else {
+        return;
+    };
+    let reportable = FailureClass::ALL
+        .iter()
+        .filter(|c| c.is_reportable())
+        .map(|c| c.as_str());
+    let class = ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some(reportable))
+        .description(Some(
+            "Required with `failed`: `transient`, `invalid_input` or `permission_denied` (idem decides the other failure classes itself).",
+        ));
+    let nullable = OneOfBuilder::new()
+        .item(class)
+        .item(ObjectBuilder::new().schema_type(Type::Null))
+        .build();
+    body.properties.insert(
+        "failure_class".to_owned(),
+        RefOr::T(Schema::OneOf(nullable)),
+    );
 }
 
 /// Gives every response without a description its status's reason phrase

@@ -63,3 +63,24 @@ fn claim_wait_ms_is_bounded_as_enforced() {
     );
     assert_eq!(wait["minimum"].as_u64(), Some(0), "{wait}");
 }
+
+/// A report may name only the failure classes an executor observes; the
+/// document lists exactly those for `ReportBody.failure_class`, while a task's
+/// `failure.class` keeps every class.
+#[test]
+fn report_failure_class_lists_only_reportable_classes() {
+    use idem_core::model::FailureClass;
+    let doc = serde_json::to_value(idem_http::openapi()).unwrap();
+    let schemas = &doc["components"]["schemas"];
+    let listed = &schemas["ReportBody"]["properties"]["failure_class"]["oneOf"][0]["enum"];
+    let reportable: Vec<&str> = FailureClass::ALL
+        .iter()
+        .filter(|c| c.is_reportable())
+        .map(|c| c.as_str())
+        .collect();
+    assert_eq!(listed, &serde_json::json!(reportable), "{listed}");
+    assert_eq!(
+        schemas["FailureClass"]["enum"].as_array().map(Vec::len),
+        Some(FailureClass::ALL.len())
+    );
+}
