@@ -680,7 +680,7 @@ pub async fn claim(
         } else {
             st.store.claim(req.clone()).await?
         };
-        if !claimed.is_empty() || tokio::time::Instant::now() >= deadline {
+        if !claimed.is_empty() || tokio::time::Instant::now() >= deadline || st.is_draining() {
             metrics::counter!("idem_attempts_leased_total").increment(claimed.len() as u64);
             let attempts = claimed
                 .into_iter()

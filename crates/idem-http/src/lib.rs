@@ -13,6 +13,7 @@
 #![allow(clippy::result_large_err)]
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -61,6 +62,10 @@ pub struct AppState {
     /// Submit bodies this process already read and fingerprinted (see
     /// [`prepared::PreparedBodies`]).
     pub prepared: Arc<prepared::PreparedBodies>,
+    /// Set by [`AppState::drain`] when the server shuts down: long-polling
+    /// claims answer at once instead of holding the shutdown for up to
+    /// [`MAX_WAIT_MS`].
+    draining: Arc<AtomicBool>,
 }
 
 impl AppState {
@@ -78,7 +83,23 @@ impl AppState {
             contracts: Arc::new(contracts),
             keys: Arc::new(auth::KeyCache::default()),
             prepared: Arc::new(prepared::PreparedBodies::default()),
+            draining: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// Starts draining for a graceful shutdown: every waiting long-poll claim
+    /// (`wait_ms`) answers now with what one more claim finds (often nothing),
+    /// and later claims do not wait. Call it when the shutdown signal arrives,
+    /// before the server stops taking requests, so the in-flight requests it
+    /// waits for end promptly.
+    pub fn drain(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+        self.work.notify_waiters();
+    }
+
+    /// Whether [`AppState::drain`] was called.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
     }
 }
 

@@ -480,6 +480,7 @@ async fn serve(
     let version = config.version();
     let state = idem_http::AppState::new(store.clone(), config);
     let work = state.work.clone();
+    let draining = state.clone();
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("binding {listen}"))?;
@@ -497,7 +498,12 @@ async fn serve(
         },
     ));
     axum::serve(listener, idem_http::router(state))
-        .with_graceful_shutdown(shutdown_signal())
+        .with_graceful_shutdown(async move {
+            shutdown_signal().await;
+            // Long-polling claims answer now, so the shutdown does not wait
+            // out their `wait_ms`.
+            draining.drain();
+        })
         .await?;
     let _ = stop_tx.send(true);
     let _ = sweeper.await;

@@ -751,3 +751,31 @@ async fn long_poll_claim_returns_work_submitted_while_waiting() {
         .await;
     r.assert_problem(400, "INVALID_REQUEST");
 }
+
+/// SIGTERM does not wait out a long-poll: the waiting claim answers 200 with
+/// no attempts and the process exits cleanly, well before the claim's 30 s
+/// `wait_ms` would have run out (before, the graceful shutdown held the
+/// process until it did).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_ends_a_long_poll_claim_at_once() {
+    let mut srv = Server::fast().await;
+    let claim = {
+        let req = srv
+            .http
+            .post(format!("{}/v1/attempts/claim", srv.url))
+            .bearer_auth(&srv.keys.exec)
+            .json(&json!({"executor_id": "lp", "operations": ["generation.dispatch"], "wait_ms": 30000}));
+        tokio::spawn(crate::support::send(req))
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = std::time::Instant::now();
+    let status = tokio::task::block_in_place(|| srv.terminate());
+    let r = claim.await.expect("join");
+    assert!(status.success(), "exit status {status:?}");
+    assert_eq!(r.ok(200)["attempts"], json!([]), "{}", r.text);
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "shutdown waited {:?}: the long-poll held it",
+        started.elapsed()
+    );
+}

@@ -301,6 +301,19 @@ impl Server {
         self._stdout = None;
     }
 
+    /// Sends SIGTERM (a graceful shutdown) and waits for the process to end;
+    /// returns its exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("server running");
+        let sent = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .expect("kill -TERM");
+        assert!(sent.success(), "kill -TERM failed");
+        self._stdout = None;
+        child.wait().expect("wait for the server")
+    }
+
     /// Starts the server again on the same database file (new port).
     pub fn restart(&mut self) {
         self.kill9();
