@@ -114,6 +114,23 @@ struct ApiDoc;
 
 struct BearerAuth;
 
+/// The two routes [`router`] serves outside [`api_router`], in the document.
+#[derive(OpenApi)]
+#[openapi(paths(metrics_doc, openapi_doc))]
+struct ServedDocs;
+
+/// Prometheus metrics (text exposition format 0.0.4; docs/operations.md).
+#[utoipa::path(get, path = "/metrics", operation_id = "metrics", tag = "operations", security(()),
+    responses((status = 200, body = String, content_type = "text/plain"), (status = 503, body = Problem, content_type = "application/problem+json")))]
+#[allow(dead_code)]
+fn metrics_doc() {}
+
+/// This OpenAPI 3.1 document, listing this server's operation classes.
+#[utoipa::path(get, path = "/openapi.json", operation_id = "openapi", tag = "operations", security(()),
+    responses((status = 200, body = Object, content_type = "application/json")))]
+#[allow(dead_code)]
+fn openapi_doc() {}
+
 impl utoipa::Modify for BearerAuth {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
@@ -146,6 +163,7 @@ fn api_router() -> OpenApiRouter<AppState> {
 /// whose operation classes are listed, see [`openapi_for`]).
 pub fn openapi() -> utoipa::openapi::OpenApi {
     let mut doc = api_router().split_for_parts().1;
+    doc.merge(ServedDocs::openapi());
     add_links(&mut doc);
     describe_responses(&mut doc);
     reportable_failure_classes(&mut doc);
