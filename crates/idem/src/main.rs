@@ -68,6 +68,10 @@ enum Command {
         /// (database starting, connections terminated), ms; 0 fails at once.
         #[arg(long, env = "IDEM_STORE_WAIT_MS", default_value_t = 30_000)]
         store_wait_ms: u64,
+        /// After SIGTERM or Ctrl-C, how long open requests may take before the
+        /// process exits anyway (status 1), ms; a second signal exits at once.
+        #[arg(long, env = "IDEM_SHUTDOWN_GRACE_MS", default_value_t = 20_000)]
+        shutdown_grace_ms: u64,
         #[command(flatten)]
         store: StoreArgs,
     },
@@ -362,22 +366,43 @@ fn warn_unknown_classes(ops: &[String]) {
     }
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// SIGTERM and SIGINT (Ctrl-C), listened for from the moment this is made:
+/// a signal that arrives before the server waits for one is not lost, and
+/// does not end the process with the signal's default action either.
+struct ShutdownSignals {
     #[cfg(unix)]
-    let term = async {
-        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+    term: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
+}
+
+impl ShutdownSignals {
+    /// Installs the handlers.
+    ///
+    /// # Errors
+    /// When the handlers cannot be installed.
+    fn install() -> Result<ShutdownSignals> {
+        #[cfg(unix)]
         {
-            s.recv().await;
+            use tokio::signal::unix::{SignalKind, signal};
+            Ok(ShutdownSignals {
+                term: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
+                int: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
+            })
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
+        #[cfg(not(unix))]
+        Ok(ShutdownSignals {})
+    }
+
+    /// The next SIGTERM or SIGINT.
+    async fn next(&mut self) {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = self.term.recv() => {},
+            _ = self.int.recv() => {},
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
     }
 }
 
@@ -472,6 +497,7 @@ async fn serve(
     config: Option<PathBuf>,
     sweep_ms: u64,
     store_wait: Duration,
+    shutdown_grace: Duration,
     store_args: StoreArgs,
 ) -> Result<()> {
     let config = load_config(config.as_ref())?;
@@ -481,6 +507,8 @@ async fn serve(
     let state = idem_http::AppState::new(store.clone(), config);
     let work = state.work.clone();
     let draining = state.clone();
+    // Before "listening" is printed: whoever starts us may signal from then on.
+    let mut signals = ShutdownSignals::install()?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("binding {listen}"))?;
@@ -497,12 +525,33 @@ async fn serve(
             let _ = rx.wait_for(|stop| *stop).await;
         },
     ));
+    let (signalled, first_signal) = tokio::sync::oneshot::channel::<ShutdownSignals>();
+    // After the first signal: a second one, or the grace period running out,
+    // ends the process even if a request is still open (a client that stopped
+    // sending half-way would otherwise hold it for ever). Nothing is
+    // half-written either way: an unfinished transaction rolls back.
+    tokio::spawn(async move {
+        let Ok(mut signals) = first_signal.await else {
+            return;
+        };
+        tokio::select! {
+            () = signals.next() => {
+                tracing::warn!("second signal: exiting without waiting for open requests");
+            }
+            () = tokio::time::sleep(shutdown_grace) => {
+                tracing::warn!(grace_ms = shutdown_grace.as_millis() as u64, "open requests outlasted the shutdown grace period: exiting");
+            }
+        }
+        std::process::exit(1);
+    });
     axum::serve(listener, idem_http::router(state))
         .with_graceful_shutdown(async move {
-            shutdown_signal().await;
+            signals.next().await;
+            tracing::info!("shutting down: answering open requests");
             // Long-polling claims answer now, so the shutdown does not wait
             // out their `wait_ms`.
             draining.drain();
+            let _ = signalled.send(signals);
         })
         .await?;
     let _ = stop_tx.send(true);
@@ -538,6 +587,7 @@ async fn run() -> Result<()> {
             config,
             sweep_interval_ms,
             store_wait_ms,
+            shutdown_grace_ms,
             store,
         } => {
             serve(
@@ -545,6 +595,7 @@ async fn run() -> Result<()> {
                 config,
                 sweep_interval_ms,
                 Duration::from_millis(store_wait_ms),
+                Duration::from_millis(shutdown_grace_ms),
                 store,
             )
             .await

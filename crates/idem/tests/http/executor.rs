@@ -779,3 +779,47 @@ async fn sigterm_ends_a_long_poll_claim_at_once() {
         started.elapsed()
     );
 }
+
+/// A SIGTERM sent as soon as the server says it is listening is a graceful
+/// shutdown (exit 0), not death by the signal (before: exit 143 when the
+/// handler was installed only after the "listening" line).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_right_after_listening_exits_cleanly() {
+    for _ in 0..3 {
+        let mut srv = Server::fast().await;
+        let status = tokio::task::block_in_place(|| srv.terminate());
+        assert!(status.success(), "exit status {status:?}");
+    }
+}
+
+/// A client that stops half-way through its request does not hold the
+/// shutdown for ever: after `IDEM_SHUTDOWN_GRACE_MS` the process exits
+/// (status 1); and a second SIGTERM exits at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_request_cannot_hold_the_shutdown() {
+    use std::io::Write;
+    let stall = |srv: &Server| {
+        let addr = srv.url.trim_start_matches("http://").to_owned();
+        let mut conn = std::net::TcpStream::connect(addr).expect("connect");
+        conn.write_all(b"POST /v1/attempts/claim HTTP/1.1\r\nHost: x\r\n")
+            .expect("partial request");
+        std::thread::sleep(Duration::from_millis(200));
+        conn
+    };
+    // The grace period runs out.
+    let mut srv = Server::start_with(Options::fast().env("IDEM_SHUTDOWN_GRACE_MS", "1000")).await;
+    let _conn = stall(&srv);
+    srv.signal_term();
+    let status = tokio::task::block_in_place(|| srv.exit_within(Duration::from_secs(15)));
+    let status = status.expect("still running 15 s after SIGTERM with a 1 s grace period");
+    assert_eq!(status.code(), Some(1), "{status:?}");
+    // A second signal, well inside the default 20 s grace period.
+    let mut srv = Server::fast().await;
+    let _conn = stall(&srv);
+    srv.signal_term();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    srv.signal_term();
+    let status = tokio::task::block_in_place(|| srv.exit_within(Duration::from_secs(10)));
+    let status = status.expect("still running 10 s after a second SIGTERM");
+    assert_eq!(status.code(), Some(1), "{status:?}");
+}

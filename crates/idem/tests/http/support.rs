@@ -304,14 +304,37 @@ impl Server {
     /// Sends SIGTERM (a graceful shutdown) and waits for the process to end;
     /// returns its exit status.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
+        self.signal_term();
         let mut child = self.child.take().expect("server running");
+        self._stdout = None;
+        child.wait().expect("wait for the server")
+    }
+
+    /// Sends SIGTERM without waiting.
+    pub fn signal_term(&self) {
+        let child = self.child.as_ref().expect("server running");
         let sent = Command::new("kill")
             .args(["-TERM", &child.id().to_string()])
             .status()
             .expect("kill -TERM");
         assert!(sent.success(), "kill -TERM failed");
+    }
+
+    /// Waits up to `limit` for the process to end; `None` (after SIGKILL)
+    /// when it was still running.
+    pub fn exit_within(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let started = std::time::Instant::now();
+        let mut child = self.child.take().expect("server running");
         self._stdout = None;
-        child.wait().expect("wait for the server")
+        while started.elapsed() < limit {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        None
     }
 
     /// Starts the server again on the same database file (new port).
