@@ -457,14 +457,13 @@ fn validate_report(attempt: &Attempt, r: &Report) -> Result<(), Rejection> {
             r.outcome, attempt.kind
         )));
     }
-    if r.outcome == Outcome::Failed {
-        match r.failure_class {
-            None => return bad("a `failed` report needs a `failure_class`"),
-            Some(c) if !c.is_reportable() => {
-                return bad("failure_class must be transient, invalid_input or permission_denied");
-            }
-            Some(_) => {}
-        }
+    // Only the classes an executor observes may be reported, with any
+    // outcome; the others are idem's own decisions.
+    if r.failure_class.is_some_and(|c| !c.is_reportable()) {
+        return bad("failure_class must be transient, invalid_input or permission_denied");
+    }
+    if r.outcome == Outcome::Failed && r.failure_class.is_none() {
+        return bad("a `failed` report needs a `failure_class`");
     }
     if r.usage.is_some_and(|u| u < 0) {
         return bad("usage must not be negative");

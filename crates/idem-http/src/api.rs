@@ -115,6 +115,7 @@ pub struct ClaimBody {
     pub max: Option<i64>,
     /// Lease length, ms: 100 ms to the class maximum; default: the class default.
     #[serde(default)]
+    #[schema(minimum = 100)]
     pub lease_ms: Option<i64>,
     /// Long-poll: wait up to this many ms for work (0–30000, default 0; more
     /// is 400 `INVALID_REQUEST`).

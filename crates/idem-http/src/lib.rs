@@ -324,11 +324,11 @@ fn add_links(doc: &mut utoipa::openapi::OpenApi) {
 }
 
 /// Upper bounds (seconds) of the buckets every histogram is rendered with,
-/// e.g. `idem_http_request_seconds`: from 0.5 ms to the 30 s longest
-/// long-poll ([`MAX_WAIT_MS`]).
-pub const LATENCY_BUCKETS_SECONDS: [f64; 16] = [
+/// e.g. `idem_http_request_seconds`: from 0.5 ms to 60 s, past the 30 s
+/// longest long-poll ([`MAX_WAIT_MS`]), which lands in the 60 s bucket.
+pub const LATENCY_BUCKETS_SECONDS: [f64; 17] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0,
-    30.0,
+    30.0, 60.0,
 ];
 
 /// Installs the global Prometheus recorder once and returns its handle

@@ -480,6 +480,10 @@ async fn malformed_reports_are_400_and_change_nothing() {
         json!({"generation": 1, "outcome": "exploded"}),
         json!({"generation": 1}),
         json!({"generation": 1, "outcome": "committed", "result": {}}),
+        // A class idem decides itself, on any outcome (the document lists
+        // only the reportable ones).
+        json!({"generation": 1, "outcome": "succeeded", "result": {}, "failure_class": "budget_exhausted"}),
+        json!({"generation": 1, "outcome": "unknown", "failure_class": "attempts_exhausted"}),
     ] {
         srv.report(&aid, body.clone())
             .await
