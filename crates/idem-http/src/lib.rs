@@ -473,25 +473,17 @@ mod tests {
             .lines()
             .filter(|l| l.contains("path=\"/test/histogram\""))
             .collect();
-        assert!(
-            ours.iter()
-                .any(|l| l.starts_with("idem_http_request_seconds_bucket{")
-                    && l.contains("le=\"0.005\"")
-                    && l.ends_with(" 1")),
-            "{ours:?}"
-        );
-        assert!(
-            ours.iter()
-                .any(|l| l.starts_with("idem_http_request_seconds_bucket{")
-                    && l.contains("le=\"0.0025\"")
-                    && l.ends_with(" 0")),
-            "{ours:?}"
-        );
-        assert!(
-            ours.iter()
-                .any(|l| l.starts_with("idem_http_request_seconds_count{") && l.ends_with(" 1")),
-            "{ours:?}"
-        );
+        // A line of this series that starts with `prefix`, contains `label`
+        // and ends with the value `value`.
+        let has = |prefix: &str, label: &str, value: &str| {
+            ours.iter().any(|l| {
+                l.starts_with(prefix) && l.contains(label) && l.ends_with(&format!(" {value}"))
+            })
+        };
+        let bucket = "idem_http_request_seconds_bucket{";
+        assert!(has(bucket, "le=\"0.005\"", "1"), "{ours:?}");
+        assert!(has(bucket, "le=\"0.0025\"", "0"), "{ours:?}");
+        assert!(has("idem_http_request_seconds_count{", "", "1"), "{ours:?}");
         assert!(!ours.iter().any(|l| l.contains("quantile=")), "{ours:?}");
     }
 }

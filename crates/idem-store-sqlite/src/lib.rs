@@ -453,22 +453,33 @@ fn read_retries(
     }
 }
 
-/// One read transaction of [`ops::answer_retries`]; a transaction that does
-/// not end with `COMMIT` is rolled back, so none stays open (it would hold
-/// back checkpoints).
+/// One read transaction of [`ops::answer_retries`] ([`in_read_tx`]).
 fn read_retries_once(
     conn: &mut Connection,
     subs: &[ops::Submission],
     options: SqliteOptions,
 ) -> Result<Vec<Option<ops::SubmitOutcome>>, StoreError> {
+    in_read_tx(conn, options, |tx| {
+        futures::executor::block_on(ops::answer_retries(tx, subs))
+    })
+}
+
+/// Runs `f` in one read transaction on `conn`; a transaction that does not
+/// end with `COMMIT` is rolled back, so none stays open (it would hold back
+/// checkpoints, and the connection's next `BEGIN` would fail).
+///
+/// # Errors
+/// `f`'s error, or [`StoreError`] when `BEGIN` or `COMMIT` fails.
+fn in_read_tx<R>(
+    conn: &mut Connection,
+    options: SqliteOptions,
+    f: impl FnOnce(&mut SqliteTx<'_>) -> Result<R, StoreError>,
+) -> Result<R, StoreError> {
     control(conn, "BEGIN").map_err(db)?;
-    let res = {
-        let mut tx = SqliteTx {
-            conn: &mut *conn,
-            options,
-        };
-        futures::executor::block_on(ops::answer_retries(&mut tx, subs))
-    };
+    let res = f(&mut SqliteTx {
+        conn: &mut *conn,
+        options,
+    });
     if let Err(e) = control(conn, "COMMIT") {
         let _ = control(conn, "ROLLBACK");
         return Err(db(e));
@@ -744,16 +755,9 @@ fn read(
     options: SqliteOptions,
 ) -> Result<Output, StoreError> {
     with_reader(readers, path, |conn| {
-        control(conn, "BEGIN").map_err(db)?;
-        let res = {
-            let mut tx = SqliteTx {
-                conn: &mut *conn,
-                options,
-            };
-            futures::executor::block_on(ops::run(&mut tx, op))
-        };
-        let _ = control(conn, "COMMIT");
-        res
+        in_read_tx(conn, options, |tx| {
+            futures::executor::block_on(ops::run(tx, op))
+        })
     })
 }
 

@@ -734,14 +734,7 @@ async fn executor_key_limited_to_classes_claims_only_those() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_poll_claim_returns_work_submitted_while_waiting() {
     let srv = Server::fast().await;
-    let claim = {
-        let req = srv
-            .http
-            .post(format!("{}/v1/attempts/claim", srv.url))
-            .bearer_auth(&srv.keys.exec)
-            .json(&json!({"executor_id": "lp", "operations": ["generation.dispatch"], "wait_ms": 30000}));
-        tokio::spawn(crate::support::send(req))
-    };
+    let claim = srv.long_poll_claim();
     tokio::time::sleep(Duration::from_millis(200)).await;
     let t = srv
         .new_task("lp-1", "generation.dispatch", generation("x"))
@@ -763,14 +756,7 @@ async fn long_poll_claim_returns_work_submitted_while_waiting() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_ends_a_long_poll_claim_at_once() {
     let mut srv = Server::fast().await;
-    let claim = {
-        let req = srv
-            .http
-            .post(format!("{}/v1/attempts/claim", srv.url))
-            .bearer_auth(&srv.keys.exec)
-            .json(&json!({"executor_id": "lp", "operations": ["generation.dispatch"], "wait_ms": 30000}));
-        tokio::spawn(crate::support::send(req))
-    };
+    let claim = srv.long_poll_claim();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let started = std::time::Instant::now();
     let status = tokio::task::block_in_place(|| srv.terminate());

@@ -472,6 +472,17 @@ impl Server {
         self.post("/v1/attempts/claim", &self.keys.exec, body).await
     }
 
+    /// Starts a 30 s long-poll claim of `generation.dispatch` in the
+    /// background; its answer comes when work appears (or the server drains).
+    pub fn long_poll_claim(&self) -> tokio::task::JoinHandle<Resp> {
+        let req = self
+            .http
+            .post(format!("{}/v1/attempts/claim", self.url))
+            .bearer_auth(&self.keys.exec)
+            .json(&json!({"executor_id": "lp", "operations": ["generation.dispatch"], "wait_ms": 30000}));
+        tokio::spawn(send(req))
+    }
+
     /// Claims one attempt of `operation` (optional lease); returns the attempts list.
     pub async fn claim_op(&self, operation: &str, lease_ms: Option<i64>) -> Vec<Value> {
         let mut body = json!({"executor_id": "ex-1", "operations": [operation], "max": 1});
