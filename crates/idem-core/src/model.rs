@@ -35,6 +35,41 @@ impl Timestamp {
     /// RFC 3339 rendering (UTC, milliseconds). Out-of-range instants render
     /// as the raw millisecond count, which never happens for real clocks.
     pub fn to_rfc3339(self) -> String {
+        match self.rfc3339_bytes() {
+            Some(b) => String::from_utf8_lossy(&b).into_owned(),
+            None => self.to_rfc3339_slow(),
+        }
+    }
+
+    /// `YYYY-MM-DDTHH:MM:SS.mmmZ` (24 ASCII bytes) for years 0000–9999, the
+    /// text [`Timestamp::to_rfc3339_slow`] gives for them, written without the
+    /// format-description interpreter or an allocation: every answer carries
+    /// several timestamps. `None` outside those years.
+    fn rfc3339_bytes(self) -> Option<[u8; 24]> {
+        let t =
+            time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(self.0) * 1_000_000).ok()?;
+        let year = u32::try_from(t.year()).ok().filter(|y| *y <= 9999)?;
+        let mut b = *b"0000-00-00T00:00:00.000Z";
+        let mut put = |at: usize, width: usize, mut v: u32| {
+            for i in (at..at + width).rev() {
+                // A digit: `v % 10` is below 10.
+                b[i] = b'0' + (v % 10) as u8;
+                v /= 10;
+            }
+        };
+        put(0, 4, year);
+        put(5, 2, u32::from(u8::from(t.month())));
+        put(8, 2, u32::from(t.day()));
+        put(11, 2, u32::from(t.hour()));
+        put(14, 2, u32::from(t.minute()));
+        put(17, 2, u32::from(t.second()));
+        put(20, 3, u32::from(t.millisecond()));
+        Some(b)
+    }
+
+    /// [`Timestamp::to_rfc3339`] through `time`'s format description: any
+    /// year it can represent, or the raw millisecond count.
+    fn to_rfc3339_slow(self) -> String {
         let nanos = i128::from(self.0) * 1_000_000;
         match time::OffsetDateTime::from_unix_timestamp_nanos(nanos) {
             Ok(t) => {
@@ -61,7 +96,14 @@ impl Timestamp {
 
 impl Serialize for Timestamp {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.to_rfc3339())
+        match self.rfc3339_bytes() {
+            // Always ASCII; were it not, the slow path renders the same text.
+            Some(b) => match std::str::from_utf8(&b) {
+                Ok(text) => s.serialize_str(text),
+                Err(_) => s.serialize_str(&self.to_rfc3339_slow()),
+            },
+            None => s.serialize_str(&self.to_rfc3339_slow()),
+        }
     }
 }
 
@@ -486,7 +528,51 @@ impl ApiKey {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
+
+    proptest! {
+        /// The direct rendering is the format description's text, byte for
+        /// byte, over years 0000–9999 and either side of them (where it
+        /// hands over to the format description), and JSON carries it too.
+        #[test]
+        fn rfc3339_rendering_matches_the_format_description(
+            ms in prop_oneof![
+                -62_167_219_200_000i64..253_402_300_800_000,
+                -62_300_000_000_000i64..-62_167_219_200_000,
+                253_402_300_800_000i64..253_500_000_000_000,
+                Just(i64::MIN),
+                Just(i64::MAX),
+            ]
+        ) {
+            let t = Timestamp(ms);
+            let slow = t.to_rfc3339_slow();
+            prop_assert_eq!(t.to_rfc3339(), slow.clone());
+            prop_assert_eq!(serde_json::to_string(&t).ok(), Some(format!("\"{slow}\"")));
+        }
+    }
+
+    /// Every millisecond and second digit, leap days, the epoch and the ends
+    /// of the years the direct rendering covers.
+    #[test]
+    fn rfc3339_rendering_matches_at_the_edges() {
+        let mut cases = vec![
+            0,
+            -1,
+            951_782_400_000,     // 2000-02-29
+            253_402_300_799_999, // 9999-12-31T23:59:59.999Z
+            253_402_300_800_000, // 10000-01-01
+            -62_167_219_200_000, // 0000-01-01
+            -62_167_219_200_001, // the millisecond before
+        ];
+        cases.extend((0..1000).map(|ms| 1_795_000_059_000 + ms));
+        cases.extend((0..60).map(|s| 1_795_000_000_000 + s * 1000 + 7));
+        for ms in cases {
+            let t = Timestamp(ms);
+            assert_eq!(t.to_rfc3339(), t.to_rfc3339_slow(), "{ms}");
+        }
+    }
 
     #[test]
     fn timestamps_round_trip_through_rfc3339() {

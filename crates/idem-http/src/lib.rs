@@ -404,19 +404,86 @@ pub fn router(state: AppState) -> Router {
 
 async fn record_request(req: Request, next: Next) -> Response {
     let method = req.method().clone();
+    // The matched route (an `Arc<str>` inside: cloning it allocates nothing).
     let path = req
         .extensions()
         .get::<axum::extract::MatchedPath>()
-        .map(|p| p.as_str().to_owned())
-        .unwrap_or_else(|| "unmatched".to_owned());
+        .cloned();
     let started = std::time::Instant::now();
     let res = next.run(req).await;
-    let status = res.status().as_u16().to_string();
-    metrics::counter!("idem_http_requests_total", "method" => method.to_string(), "path" => path.clone(), "status" => status)
-        .increment(1);
-    metrics::histogram!("idem_http_request_seconds", "path" => path)
-        .record(started.elapsed().as_secs_f64());
+    REQUEST_METRICS.record(
+        &method,
+        path.as_ref().map_or("unmatched", |p| p.as_str()),
+        res.status().as_u16(),
+        started.elapsed().as_secs_f64(),
+    );
     res
+}
+
+/// The handles of `idem_http_requests_total` (by method, path, status) and
+/// `idem_http_request_seconds` (by path), registered with the recorder the
+/// first time their labels are seen. A request then costs a read lock and a
+/// lookup instead of a registration (label strings, key hashing) per metric.
+/// Paths are the router's matched routes (or `unmatched`), so the set stays
+/// as small as the API.
+static REQUEST_METRICS: std::sync::LazyLock<RequestMetrics> =
+    std::sync::LazyLock::new(RequestMetrics::default);
+
+#[derive(Default)]
+struct RequestMetrics {
+    by_path: std::sync::RwLock<std::collections::HashMap<Box<str>, PathMetrics>>,
+}
+
+/// One path's latency histogram and its request counters.
+struct PathMetrics {
+    seconds: metrics::Histogram,
+    totals: Vec<(axum::http::Method, u16, metrics::Counter)>,
+}
+
+impl PathMetrics {
+    /// The counter of `method` and `status`, if registered.
+    fn total(&self, method: &axum::http::Method, status: u16) -> Option<&metrics::Counter> {
+        self.totals
+            .iter()
+            .find(|(m, s, _)| m == method && *s == status)
+            .map(|(_, _, c)| c)
+    }
+}
+
+impl RequestMetrics {
+    /// Counts one request and records its latency (`seconds`).
+    fn record(&self, method: &axum::http::Method, path: &str, status: u16, seconds: f64) {
+        // A poisoned lock only means a panic elsewhere while registering: the
+        // map is whole either way.
+        {
+            let paths = self.by_path.read().unwrap_or_else(|e| e.into_inner());
+            if let Some(m) = paths.get(path)
+                && let Some(total) = m.total(method, status)
+            {
+                total.increment(1);
+                m.seconds.record(seconds);
+                return;
+            }
+        }
+        let mut paths = self.by_path.write().unwrap_or_else(|e| e.into_inner());
+        let m = paths.entry(path.into()).or_insert_with(|| PathMetrics {
+            seconds: metrics::histogram!("idem_http_request_seconds", "path" => path.to_owned()),
+            totals: Vec::new(),
+        });
+        if m.total(method, status).is_none() {
+            let counter = metrics::counter!(
+                "idem_http_requests_total",
+                "method" => method.to_string(),
+                "path" => path.to_owned(),
+                "status" => status.to_string()
+            );
+            m.totals.push((method.clone(), status, counter));
+        }
+        if let Some(total) = m.total(method, status) {
+            total.increment(1);
+        }
+        m.seconds.record(seconds);
+    }
 }
 
 /// Runs one sweep (lease expiry, backoff wake-ups, retention) every `every` until
@@ -485,5 +552,43 @@ mod tests {
         assert!(has(bucket, "le=\"0.0025\"", "0"), "{ours:?}");
         assert!(has("idem_http_request_seconds_count{", "", "1"), "{ours:?}");
         assert!(!ours.iter().any(|l| l.contains("quantile=")), "{ours:?}");
+    }
+
+    /// The cached handles count each (method, path, status) on its own line
+    /// and every request of a path in its histogram, as registering on every
+    /// request did.
+    #[test]
+    fn request_metrics_count_each_label_set() {
+        let handle = metrics_handle().unwrap();
+        let m = RequestMetrics::default();
+        let path = "/test/counted";
+        m.record(&axum::http::Method::GET, path, 200, 0.001);
+        m.record(&axum::http::Method::GET, path, 200, 0.001);
+        m.record(&axum::http::Method::POST, path, 200, 0.001);
+        m.record(&axum::http::Method::GET, path, 404, 0.001);
+        let text = handle.render();
+        let line = |method: &str, status: &str| {
+            format!(
+                "idem_http_requests_total{{method=\"{method}\",path=\"{path}\",status=\"{status}\"}}"
+            )
+        };
+        assert!(
+            text.contains(&format!("{} 2\n", line("GET", "200"))),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("{} 1\n", line("POST", "200"))),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("{} 1\n", line("GET", "404"))),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "idem_http_request_seconds_count{{path=\"{path}\"}} 4\n"
+            )),
+            "{text}"
+        );
     }
 }
