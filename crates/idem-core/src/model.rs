@@ -114,6 +114,38 @@ impl<'de> Deserialize<'de> for Timestamp {
     }
 }
 
+/// Contracts whose JSON each thread keeps (see [`serialize_contract`]).
+const CONTRACT_JSON_MEMO: usize = 8;
+
+/// Serializes a task's contract from a per-thread memo of its JSON text: a
+/// contract is frozen per operation class and configuration version, so the
+/// few a process sees are serialized once each instead of on every answer.
+/// The text is `serde_json`'s own rendering of the contract, embedded as a
+/// [`serde_json::value::RawValue`], so JSON output is byte for byte what
+/// serializing the contract gives.
+fn serialize_contract<S: Serializer>(contract: &Contract, s: S) -> Result<S::Ok, S::Error> {
+    use std::cell::RefCell;
+    thread_local! {
+        static MEMO: RefCell<Vec<(Contract, Box<serde_json::value::RawValue>)>> =
+            const { RefCell::new(Vec::new()) };
+    }
+    MEMO.with_borrow_mut(|memo| {
+        let at = match memo.iter().position(|(c, _)| c == contract) {
+            Some(at) => at,
+            None => {
+                let json =
+                    serde_json::value::to_raw_value(contract).map_err(serde::ser::Error::custom)?;
+                if memo.len() >= CONTRACT_JSON_MEMO {
+                    memo.remove(0);
+                }
+                memo.push((contract.clone(), json));
+                memo.len() - 1
+            }
+        };
+        memo[at].1.serialize(s)
+    })
+}
+
 /// Declares a string-valued enum with `as_str`, `Display` and `FromStr`, so
 /// the same words appear in SQL columns, JSON and logs.
 macro_rules! word_enum {
@@ -397,6 +429,7 @@ pub struct Task {
     /// Usage units consumed by all attempts.
     pub usage: i64,
     /// The contract frozen at acceptance.
+    #[serde(serialize_with = "serialize_contract")]
     pub contract: Contract,
     /// The cancellation record, if a cancel was requested.
     pub cancellation: Option<Cancellation>,
@@ -572,6 +605,38 @@ mod tests {
             let t = Timestamp(ms);
             assert_eq!(t.to_rfc3339(), t.to_rfc3339_slow(), "{ms}");
         }
+    }
+
+    /// A task's JSON carries its contract exactly as serializing the contract
+    /// gives it, the first time (memo filled) and after (memo hit), for more
+    /// contracts than the memo holds.
+    #[test]
+    fn task_json_carries_its_contract_verbatim() {
+        let config = crate::config::Config::bundled().unwrap();
+        let base = config
+            .contract(config.operations.keys().next().unwrap())
+            .unwrap();
+        for round in 0..2 {
+            for price in 0..(CONTRACT_JSON_MEMO as i64 + 3) {
+                let mut contract = base.clone();
+                contract.price = price;
+                let wrapped = ContractOf {
+                    contract: contract.clone(),
+                };
+                let json = serde_json::to_string(&wrapped).unwrap();
+                let expected = format!(
+                    "{{\"contract\":{}}}",
+                    serde_json::to_string(&contract).unwrap()
+                );
+                assert_eq!(json, expected, "round {round}, price {price}");
+            }
+        }
+    }
+
+    #[derive(Serialize)]
+    struct ContractOf {
+        #[serde(serialize_with = "serialize_contract")]
+        contract: Contract,
     }
 
     #[test]
