@@ -19,4 +19,5 @@ pub mod fingerprint;
 pub mod json;
 pub mod key;
 pub mod machine;
+pub mod memo;
 pub mod model;

@@ -35,9 +35,20 @@ impl Timestamp {
     /// RFC 3339 rendering (UTC, milliseconds). Out-of-range instants render
     /// as the raw millisecond count, which never happens for real clocks.
     pub fn to_rfc3339(self) -> String {
+        self.with_rfc3339(str::to_owned)
+    }
+
+    /// Calls `f` with [`Timestamp::to_rfc3339`]'s text, for years 0000–9999
+    /// from a stack buffer ([`Timestamp::rfc3339_bytes`]), else from
+    /// [`Timestamp::to_rfc3339_slow`].
+    fn with_rfc3339<R>(self, f: impl FnOnce(&str) -> R) -> R {
         match self.rfc3339_bytes() {
-            Some(b) => String::from_utf8_lossy(&b).into_owned(),
-            None => self.to_rfc3339_slow(),
+            // The buffer holds ASCII digits and separators only.
+            Some(b) => match std::str::from_utf8(&b) {
+                Ok(text) => f(text),
+                Err(_) => f(&self.to_rfc3339_slow()),
+            },
+            None => f(&self.to_rfc3339_slow()),
         }
     }
 
@@ -96,14 +107,7 @@ impl Timestamp {
 
 impl Serialize for Timestamp {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self.rfc3339_bytes() {
-            // Always ASCII; were it not, the slow path renders the same text.
-            Some(b) => match std::str::from_utf8(&b) {
-                Ok(text) => s.serialize_str(text),
-                Err(_) => s.serialize_str(&self.to_rfc3339_slow()),
-            },
-            None => s.serialize_str(&self.to_rfc3339_slow()),
-        }
+        self.with_rfc3339(|text| s.serialize_str(text))
     }
 }
 
@@ -125,24 +129,19 @@ const CONTRACT_JSON_MEMO: usize = 8;
 /// serializing the contract gives.
 fn serialize_contract<S: Serializer>(contract: &Contract, s: S) -> Result<S::Ok, S::Error> {
     use std::cell::RefCell;
+
+    use crate::memo::Recent;
+    type ContractJson = Recent<Contract, Box<serde_json::value::RawValue>>;
     thread_local! {
-        static MEMO: RefCell<Vec<(Contract, Box<serde_json::value::RawValue>)>> =
-            const { RefCell::new(Vec::new()) };
+        static MEMO: RefCell<ContractJson> = const { RefCell::new(Recent::new(CONTRACT_JSON_MEMO)) };
     }
     MEMO.with_borrow_mut(|memo| {
-        let at = match memo.iter().position(|(c, _)| c == contract) {
-            Some(at) => at,
-            None => {
-                let json =
-                    serde_json::value::to_raw_value(contract).map_err(serde::ser::Error::custom)?;
-                if memo.len() >= CONTRACT_JSON_MEMO {
-                    memo.remove(0);
-                }
-                memo.push((contract.clone(), json));
-                memo.len() - 1
-            }
-        };
-        memo[at].1.serialize(s)
+        memo.get_or_try_insert(
+            |c| c == contract,
+            || Ok((contract.clone(), serde_json::value::to_raw_value(contract)?)),
+        )
+        .map_err(|e: serde_json::Error| serde::ser::Error::custom(e))?
+        .serialize(s)
     })
 }
 

@@ -470,18 +470,20 @@ impl RequestMetrics {
             seconds: metrics::histogram!("idem_http_request_seconds", "path" => path.to_owned()),
             totals: Vec::new(),
         });
-        if m.total(method, status).is_none() {
-            let counter = metrics::counter!(
-                "idem_http_requests_total",
-                "method" => method.to_string(),
-                "path" => path.to_owned(),
-                "status" => status.to_string()
-            );
-            m.totals.push((method.clone(), status, counter));
-        }
-        if let Some(total) = m.total(method, status) {
-            total.increment(1);
-        }
+        let total = match m.total(method, status) {
+            Some(total) => total.clone(),
+            None => {
+                let total = metrics::counter!(
+                    "idem_http_requests_total",
+                    "method" => method.to_string(),
+                    "path" => path.to_owned(),
+                    "status" => status.to_string()
+                );
+                m.totals.push((method.clone(), status, total.clone()));
+                total
+            }
+        };
+        total.increment(1);
         m.seconds.record(seconds);
     }
 }

@@ -435,8 +435,8 @@ pub fn generate_api_key() -> String {
 pub const CONTRACT_MEMO: usize = 16;
 
 thread_local! {
-    static CONTRACTS: std::cell::RefCell<Vec<(Box<str>, idem_core::config::Contract)>> =
-        const { std::cell::RefCell::new(Vec::new()) };
+    static CONTRACTS: std::cell::RefCell<idem_core::memo::Recent<Box<str>, idem_core::config::Contract>> =
+        const { std::cell::RefCell::new(idem_core::memo::Recent::new(CONTRACT_MEMO)) };
 }
 
 /// Decodes a task's contract from the JSON text a backend stored.
@@ -450,21 +450,13 @@ thread_local! {
 /// # Errors
 /// The JSON error when `json` is not a contract (nothing is kept).
 pub fn decode_contract(json: &str) -> serde_json::Result<idem_core::config::Contract> {
-    if let Some(hit) = CONTRACTS.with_borrow(|memo| {
-        memo.iter()
-            .find(|(text, _)| &**text == json)
-            .map(|(_, c)| c.clone())
-    }) {
-        return Ok(hit);
-    }
-    let decoded: idem_core::config::Contract = serde_json::from_str(json)?;
     CONTRACTS.with_borrow_mut(|memo| {
-        if memo.len() >= CONTRACT_MEMO {
-            memo.remove(0);
-        }
-        memo.push((json.into(), decoded.clone()));
-    });
-    Ok(decoded)
+        memo.get_or_try_insert(
+            |text| &**text == json,
+            || Ok((json.into(), serde_json::from_str(json)?)),
+        )
+        .cloned()
+    })
 }
 
 #[cfg(test)]
