@@ -121,13 +121,19 @@ impl<'de> Deserialize<'de> for Timestamp {
 /// Contracts whose JSON each thread keeps (see [`serialize_contract`]).
 const CONTRACT_JSON_MEMO: usize = 8;
 
-/// Serializes a task's contract from a per-thread memo of its JSON text: a
-/// contract is frozen per operation class and configuration version, so the
-/// few a process sees are serialized once each instead of on every answer.
-/// The text is `serde_json`'s own rendering of the contract, embedded as a
-/// [`serde_json::value::RawValue`], so JSON output is byte for byte what
-/// serializing the contract gives.
-fn serialize_contract<S: Serializer>(contract: &Contract, s: S) -> Result<S::Ok, S::Error> {
+/// Runs `f` on the JSON text of `contract`, from a per-thread memo: a contract
+/// is frozen per operation class and configuration version, so the few a
+/// process sees are serialized once each instead of on every answer and every
+/// stored task. The text is `serde_json`'s own rendering of the contract, so
+/// it is byte for byte what serializing the contract gives.
+///
+/// # Errors
+/// When the contract cannot be serialized (not expected: it holds only
+/// numbers, strings and booleans).
+fn with_contract_json<R>(
+    contract: &Contract,
+    f: impl FnOnce(&serde_json::value::RawValue) -> R,
+) -> Result<R, serde_json::Error> {
     use std::cell::RefCell;
 
     use crate::memo::Recent;
@@ -140,9 +146,24 @@ fn serialize_contract<S: Serializer>(contract: &Contract, s: S) -> Result<S::Ok,
             |c| c == contract,
             || Ok((contract.clone(), serde_json::value::to_raw_value(contract)?)),
         )
-        .map_err(|e: serde_json::Error| serde::ser::Error::custom(e))?
-        .serialize(s)
+        .map(|json| f(json))
     })
+}
+
+/// The JSON text of `contract` (`serde_json::to_string(contract)`, byte for
+/// byte), as stores write it into a task's `contract` column, from the same
+/// per-thread memo as a task's JSON answer ([`with_contract_json`]).
+///
+/// # Errors
+/// When the contract cannot be serialized (not expected).
+pub fn contract_json(contract: &Contract) -> Result<String, serde_json::Error> {
+    with_contract_json(contract, |json| json.get().to_owned())
+}
+
+/// Serializes a task's contract from the per-thread memo of its JSON text
+/// ([`with_contract_json`]), embedded as a [`serde_json::value::RawValue`].
+fn serialize_contract<S: Serializer>(contract: &Contract, s: S) -> Result<S::Ok, S::Error> {
+    with_contract_json(contract, |json| json.serialize(s)).map_err(serde::ser::Error::custom)?
 }
 
 /// Declares a string-valued enum with `as_str`, `Display` and `FromStr`, so
@@ -628,6 +649,11 @@ mod tests {
                     serde_json::to_string(&contract).unwrap()
                 );
                 assert_eq!(json, expected, "round {round}, price {price}");
+                assert_eq!(
+                    contract_json(&contract).unwrap(),
+                    serde_json::to_string(&contract).unwrap(),
+                    "round {round}, price {price}"
+                );
             }
         }
     }

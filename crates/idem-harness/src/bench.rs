@@ -155,6 +155,73 @@ fn params(i: usize, salt: &str) -> Value {
     json!({"prompt": format!("render frame {i} {salt}"), "model": "v2", "steps": 30, "seed": i})
 }
 
+/// The `params` of request `i`, as [`params`] gives them, in the order its
+/// JSON object prints them (keys sorted), so [`submit_body`] writes the same
+/// bytes as serialising [`params`] would, without building a map per request.
+#[derive(Serialize)]
+struct Params<'a> {
+    model: &'static str,
+    prompt: PromptText<'a>,
+    seed: usize,
+    steps: u32,
+}
+
+/// `render frame {i} {salt}`, written straight into the body.
+struct PromptText<'a>(usize, &'a str);
+
+impl Serialize for PromptText<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&format_args!("render frame {} {}", self.0, self.1))
+    }
+}
+
+/// A submit body.
+#[derive(Serialize)]
+struct SubmitBody<'a> {
+    operation: &'static str,
+    params: Params<'a>,
+}
+
+/// The submit body of request `i`: `{"operation": …, "params": params(i)}`.
+///
+/// # Errors
+/// Only if serialising fails (it does not for these types).
+fn submit_body(i: usize, salt: &str) -> Result<Bytes> {
+    let body = SubmitBody {
+        operation: OPERATION,
+        params: Params {
+            model: "v2",
+            prompt: PromptText(i, salt),
+            seed: i,
+            steps: 30,
+        },
+    };
+    let mut buf = Vec::with_capacity(160);
+    serde_json::to_writer(&mut buf, &body)?;
+    Ok(Bytes::from(buf))
+}
+
+/// The operation class every bench request submits.
+const OPERATION: &str = "generation.dispatch";
+
+/// One request: its `Idempotency-Key` header (an RFC 9651 sf-string) and its
+/// body.
+#[derive(Clone)]
+struct Rendered {
+    key: HeaderValue,
+    body: Bytes,
+}
+
+impl Rendered {
+    /// The request with key `key` and the body of request `i`.
+    fn new(key: &str, i: usize, salt: &str) -> Result<Rendered> {
+        Ok(Rendered {
+            key: HeaderValue::from_str(&format!("\"{key}\""))?,
+            body: submit_body(i, salt)?,
+        })
+    }
+}
+
 /// Runs the bench and returns one result per mode.
 ///
 /// # Errors
@@ -260,15 +327,20 @@ impl Conn {
         })
     }
 
-    /// Posts the submit `body` under idempotency key `key`; returns the HTTP
-    /// status and the whole answer.
-    async fn submit(&mut self, target: &Target, key: &str, body: Bytes) -> Result<(u16, Bytes)> {
-        let req = hyper::Request::post("/v1/tasks")
-            .header(hyper::header::HOST, target.host.clone())
-            .header(hyper::header::AUTHORIZATION, target.auth.clone())
-            .header(hyper::header::CONTENT_TYPE, "application/json")
-            .header("idempotency-key", format!("\"{key}\""))
-            .body(Full::new(body))?;
+    /// Posts the submit `rendered`; returns the HTTP status and the whole
+    /// answer.
+    async fn submit(&mut self, target: &Target, rendered: &Rendered) -> Result<(u16, Bytes)> {
+        let mut req = hyper::Request::new(Full::new(rendered.body.clone()));
+        *req.method_mut() = hyper::Method::POST;
+        *req.uri_mut() = hyper::Uri::from_static("/v1/tasks");
+        let headers = req.headers_mut();
+        headers.insert(hyper::header::HOST, target.host.clone());
+        headers.insert(hyper::header::AUTHORIZATION, target.auth.clone());
+        headers.insert(
+            hyper::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        headers.insert(IDEMPOTENCY_KEY, rendered.key.clone());
         drive(&mut self.conn, self.sender.ready()).await??;
         let res = drive(&mut self.conn, self.sender.send_request(req)).await??;
         let status = res.status().as_u16();
@@ -290,25 +362,25 @@ async fn drive<T>(conn: &mut Driver, fut: impl Future<Output = T>) -> Result<T> 
     }
 }
 
-/// Submits `params` on `conn`, reconnecting once when the connection was lost;
-/// returns the HTTP status and the answer.
+/// The `Idempotency-Key` header's name.
+const IDEMPOTENCY_KEY: hyper::header::HeaderName =
+    hyper::header::HeaderName::from_static("idempotency-key");
+
+/// Submits `rendered` on `conn`, reconnecting once when the connection was
+/// lost; returns the HTTP status and the answer.
 async fn submit(
     conn: &mut Option<Conn>,
     target: &Target,
-    key: &str,
-    params: Value,
+    rendered: &Rendered,
 ) -> Result<(u16, Bytes)> {
-    let body = Bytes::from(serde_json::to_vec(
-        &json!({"operation": "generation.dispatch", "params": params}),
-    )?);
     if let Some(c) = conn.as_mut()
-        && let Ok(answer) = c.submit(target, key, body.clone()).await
+        && let Ok(answer) = c.submit(target, rendered).await
     {
         return Ok(answer);
     }
     *conn = None;
     let mut fresh = Conn::open(target).await?;
-    let answer = fresh.submit(target, key, body).await?;
+    let answer = fresh.submit(target, rendered).await?;
     *conn = Some(fresh);
     Ok(answer)
 }
@@ -338,8 +410,13 @@ struct Load {
     next: Arc<AtomicU64>,
     /// Requests in the mode.
     count: u64,
-    /// Keys seeded before the mode (replay, conflict, mixed, floor).
-    seeds: usize,
+    /// The seeded requests (replay, conflict, mixed, floor), rendered
+    /// before the clock starts: a replay resends a seed's exact bytes.
+    seeded: Arc<[Rendered]>,
+    /// The seeds' keys with other params (conflict, mixed).
+    conflicting: Arc<[Rendered]>,
+    /// The one request of [`Mode::Storm`].
+    storm: Rendered,
     salt: String,
     bar: indicatif::ProgressBar,
 }
@@ -373,7 +450,9 @@ impl Load {
             mode,
             next,
             count,
-            seeds,
+            seeded,
+            conflicting,
+            storm,
             salt,
             bar,
         } = self;
@@ -386,27 +465,22 @@ impl Load {
                 break;
             }
             let i = i as usize;
-            let seed = i % seeds;
-            let (key, body) = match mode {
-                Mode::New => (format!("new-{salt}-{i}"), params(i, &salt)),
-                Mode::Replay | Mode::Floor => (format!("seed-{salt}-{seed}"), params(seed, &salt)),
-                Mode::Conflict => (
-                    format!("seed-{salt}-{seed}"),
-                    params(seed + 1_000_000, &salt),
-                ),
-                Mode::Storm => (format!("storm-{salt}"), params(0, &salt)),
+            let seed = i % seeded.len();
+            let fresh = |i: usize| Rendered::new(&format!("new-{salt}-{i}"), i, &salt);
+            let rendered = match mode {
+                Mode::New => fresh(i)?,
+                Mode::Replay | Mode::Floor => seeded[seed].clone(),
+                Mode::Conflict => conflicting[seed].clone(),
+                Mode::Storm => storm.clone(),
                 Mode::Mixed => match i % 10 {
-                    0..=6 => (format!("new-{salt}-{i}"), params(i, &salt)),
-                    7 | 8 => (format!("seed-{salt}-{seed}"), params(seed, &salt)),
-                    _ => (
-                        format!("seed-{salt}-{seed}"),
-                        params(seed + 1_000_000, &salt),
-                    ),
+                    0..=6 => fresh(i)?,
+                    7 | 8 => seeded[seed].clone(),
+                    _ => conflicting[seed].clone(),
                 },
             };
             let t = Instant::now();
             let status =
-                match tokio::time::timeout(REQUEST_TIMEOUT, submit(&mut conn, &target, &key, body))
+                match tokio::time::timeout(REQUEST_TIMEOUT, submit(&mut conn, &target, &rendered))
                     .await
                 {
                     Ok(Ok((status, _))) => status,
@@ -449,19 +523,21 @@ async fn run_mode(
     let next = Arc::new(AtomicU64::new(0));
     // Seed keys for replay / conflict / mixed / floor.
     let seeds = opts.concurrency.max(16);
+    let seed_key = |i: usize| format!("seed-{salt}-{i}");
+    let seeded = (0..seeds)
+        .map(|i| Rendered::new(&seed_key(i), i, &salt))
+        .collect::<Result<Arc<[Rendered]>>>()?;
+    let conflicting = (0..seeds)
+        .map(|i| Rendered::new(&seed_key(i), i + 1_000_000, &salt))
+        .collect::<Result<Arc<[Rendered]>>>()?;
+    let storm = Rendered::new(&format!("storm-{salt}"), 0, &salt)?;
     let mut conn = None;
     if matches!(
         mode,
         Mode::Replay | Mode::Conflict | Mode::Mixed | Mode::Floor
     ) {
-        for i in 0..seeds {
-            let (status, _) = submit(
-                &mut conn,
-                target,
-                &format!("seed-{salt}-{i}"),
-                params(i, &salt),
-            )
-            .await?;
+        for rendered in seeded.iter() {
+            let (status, _) = submit(&mut conn, target, rendered).await?;
             if status != 201 {
                 bail!("seeding failed with HTTP {status}");
             }
@@ -469,13 +545,7 @@ async fn run_mode(
     }
     // The floor answers every request with one real replay answer's bytes.
     let floor = if mode == Mode::Floor {
-        let (status, answer) = submit(
-            &mut conn,
-            target,
-            &format!("seed-{salt}-0"),
-            params(0, &salt),
-        )
-        .await?;
+        let (status, answer) = submit(&mut conn, target, &seeded[0]).await?;
         if status != 201 {
             bail!("the replay the floor answers with got HTTP {status}");
         }
@@ -505,7 +575,9 @@ async fn run_mode(
         mode,
         next,
         count: opts.count as u64,
-        seeds,
+        seeded,
+        conflicting,
+        storm,
         salt,
         bar: bar.clone(),
     };
@@ -737,6 +809,23 @@ pub fn render(results: &[ModeResult]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A rendered body is byte for byte the JSON of `{"operation", "params":
+    /// params(i)}` (a replay must resend the seed's exact bytes), also for a
+    /// salt that needs escaping.
+    #[test]
+    fn rendered_bodies_are_the_params_json() {
+        for salt in ["0f3a-1", "q\"uote\\back\u{1}slash", "café"] {
+            for i in [0, 1, 17, 1_000_000, usize::MAX] {
+                let want =
+                    serde_json::to_vec(&json!({"operation": OPERATION, "params": params(i, salt)}))
+                        .unwrap();
+                let got = Rendered::new("k", i, salt).unwrap();
+                assert_eq!(got.body, want, "i={i} salt={salt:?}");
+                assert_eq!(got.key, "\"k\"");
+            }
+        }
+    }
 
     /// Every mode parses from the name it prints; anything else is refused
     /// with the list of names.

@@ -656,7 +656,8 @@ impl<'t> TaskValues<'t> {
             task,
             params: to_json("params", &task.params)?,
             state: task.state.as_str(),
-            contract: to_json("contract", &task.contract)?,
+            contract: idem_core::model::contract_json(&task.contract)
+                .map_err(|e| corrupt("contract", e))?,
             cancellation: opt_to_json("cancellation", task.cancellation.as_ref())?,
             delivery: opt_to_json("delivery", task.delivery.as_ref())?,
             failure: opt_to_json("failure", task.failure.as_ref())?,

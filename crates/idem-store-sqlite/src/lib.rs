@@ -1429,7 +1429,7 @@ fn task_values(t: &Task) -> Result<Vec<rusqlite::types::Value>, StoreError> {
         V::Integer(t.attempt_count),
         V::Integer(c.execute_count),
         V::Integer(t.usage),
-        V::Text(to_json(&t.contract)?),
+        V::Text(idem_core::model::contract_json(&t.contract).map_err(corrupt)?),
         opt_text(t.cancellation.as_ref().map(to_json).transpose()?),
         opt_text(t.delivery.as_ref().map(to_json).transpose()?),
         opt_text(t.failure.as_ref().map(to_json).transpose()?),
