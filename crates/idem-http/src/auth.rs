@@ -7,7 +7,7 @@ use std::sync::RwLock;
 
 use axum::http::request::Parts;
 use idem_core::model::{ApiKey, Role};
-use idem_store::hash_api_key;
+use idem_store::api_key_digest;
 
 use crate::AppState;
 use crate::problem::Problem;
@@ -68,8 +68,8 @@ impl FromRequestParts<AppState> for Caller {
 pub struct SubmitCaller {
     /// The key as cached or looked up.
     pub caller: Caller,
-    /// SHA-256 hex of the bearer token (the cache's key).
-    pub token_hash: String,
+    /// SHA-256 of the bearer token (the cache's key).
+    pub token_hash: [u8; 32],
     /// The bearer token, when the key came from the cache (to confirm it).
     cached_token: Option<String>,
 }
@@ -117,7 +117,7 @@ impl FromRequestParts<AppState> for SubmitCaller {
 /// own transaction checks that it is still live), else from the database.
 async fn submit_caller(parts: &Parts, state: &AppState) -> Result<SubmitCaller, Problem> {
     let token = bearer_token(parts)?;
-    let token_hash = hash_api_key(token);
+    let token_hash = api_key_digest(token);
     if let Some(key) = state.keys.get(&token_hash) {
         return Ok(SubmitCaller {
             caller: Caller(key),
@@ -128,7 +128,7 @@ async fn submit_caller(parts: &Parts, state: &AppState) -> Result<SubmitCaller, 
     let key = authenticate(state, token).await?;
     // Only keys that may submit at all are worth keeping.
     if key.has_role(Role::Client) {
-        state.keys.insert(token_hash.clone(), key.clone());
+        state.keys.insert(token_hash, key.clone());
     }
     Ok(SubmitCaller {
         caller: Caller(key),
@@ -168,24 +168,24 @@ async fn authenticate(state: &AppState, token: &str) -> Result<ApiKey, Problem> 
 /// Most keys a [`KeyCache`] holds; when full it starts again empty.
 pub const KEY_CACHE_MAX: usize = 10_000;
 
-/// Unrevoked API keys this process has authenticated, by the SHA-256 hex of
-/// their token (the plain token is never kept). A key's tenant, role and
+/// Unrevoked API keys this process has authenticated, by the SHA-256 of their
+/// token (the plain token is never kept). A key's tenant, role and
 /// operation grant never change after creation; only `revoked_at` does, and the
 /// one path that reads this cache (submit) has the store check revocation in
 /// its own transaction. A refused key is removed ([`KeyCache::remove`]).
 #[derive(Debug, Default)]
 pub struct KeyCache {
-    keys: RwLock<HashMap<String, ApiKey>>,
+    keys: RwLock<HashMap<[u8; 32], ApiKey>>,
 }
 
 impl KeyCache {
     /// The cached key of `token_hash`.
-    pub fn get(&self, token_hash: &str) -> Option<ApiKey> {
+    pub fn get(&self, token_hash: &[u8; 32]) -> Option<ApiKey> {
         self.keys.read().ok()?.get(token_hash).cloned()
     }
 
     /// Caches `key` (an unrevoked key just read from the database).
-    pub fn insert(&self, token_hash: String, key: ApiKey) {
+    pub fn insert(&self, token_hash: [u8; 32], key: ApiKey) {
         if let Ok(mut keys) = self.keys.write() {
             if keys.len() >= KEY_CACHE_MAX {
                 keys.clear();
@@ -195,7 +195,7 @@ impl KeyCache {
     }
 
     /// Forgets `token_hash` (its key was refused by the store).
-    pub fn remove(&self, token_hash: &str) {
+    pub fn remove(&self, token_hash: &[u8; 32]) {
         if let Ok(mut keys) = self.keys.write() {
             keys.remove(token_hash);
         }

@@ -19,7 +19,6 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{HeaderName, StatusCode};
-use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use idem_core::config::Config;
@@ -397,27 +396,97 @@ pub fn router(state: AppState) -> Router {
     })
     .with_state(state)
     .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
-    .layer(middleware::from_fn(record_request))
+    .layer(RecordRequestLayer)
     .layer(PropagateRequestIdLayer::new(request_id.clone()))
     .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
 }
 
-async fn record_request(req: Request, next: Next) -> Response {
-    let method = req.method().clone();
-    // The matched route (an `Arc<str>` inside: cloning it allocates nothing).
-    let path = req
-        .extensions()
-        .get::<axum::extract::MatchedPath>()
-        .cloned();
-    let started = std::time::Instant::now();
-    let res = next.run(req).await;
-    REQUEST_METRICS.record(
-        &method,
-        path.as_ref().map_or("unmatched", |p| p.as_str()),
-        res.status().as_u16(),
-        started.elapsed().as_secs_f64(),
-    );
-    res
+/// Counts and times every routed request ([`REQUEST_METRICS`]): a tower
+/// layer rather than `axum::middleware::from_fn`, which boxes each request's
+/// future and clones the inner service for every request.
+#[derive(Debug, Clone, Copy)]
+struct RecordRequestLayer;
+
+impl<S> tower::Layer<S> for RecordRequestLayer {
+    type Service = RecordRequest<S>;
+
+    fn layer(&self, inner: S) -> RecordRequest<S> {
+        RecordRequest { inner }
+    }
+}
+
+/// [`RecordRequestLayer`]'s service.
+#[derive(Debug, Clone)]
+struct RecordRequest<S> {
+    inner: S,
+}
+
+impl<S> tower::Service<Request> for RecordRequest<S>
+where
+    S: tower::Service<Request, Response = Response>,
+{
+    type Response = Response;
+    type Error = S::Error;
+    type Future = Recorded<S::Future>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request) -> Recorded<S::Future> {
+        let method = req.method().clone();
+        // The matched route (an `Arc<str>` inside: cloning it allocates
+        // nothing); the layer wraps each route, so routing has run.
+        let path = req
+            .extensions()
+            .get::<axum::extract::MatchedPath>()
+            .cloned();
+        Recorded {
+            started: std::time::Instant::now(),
+            inner: self.inner.call(req),
+            method,
+            path,
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A request's answer on its way: recorded in [`REQUEST_METRICS`] when it
+    /// is ready.
+    struct Recorded<F> {
+        #[pin]
+        inner: F,
+        method: axum::http::Method,
+        path: Option<axum::extract::MatchedPath>,
+        started: std::time::Instant,
+    }
+}
+
+impl<F, E> std::future::Future for Recorded<F>
+where
+    F: std::future::Future<Output = Result<Response, E>>,
+{
+    type Output = Result<Response, E>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let this = self.project();
+        let out = std::task::ready!(this.inner.poll(cx));
+        if let Ok(res) = &out {
+            REQUEST_METRICS.record(
+                this.method,
+                this.path.as_ref().map_or("unmatched", |p| p.as_str()),
+                res.status().as_u16(),
+                this.started.elapsed().as_secs_f64(),
+            );
+        }
+        std::task::Poll::Ready(out)
+    }
 }
 
 /// The handles of `idem_http_requests_total` (by method, path, status) and
@@ -554,6 +623,53 @@ mod tests {
         assert!(has(bucket, "le=\"0.0025\"", "0"), "{ours:?}");
         assert!(has("idem_http_request_seconds_count{", "", "1"), "{ours:?}");
         assert!(!ours.iter().any(|l| l.contains("quantile=")), "{ours:?}");
+    }
+
+    /// The value of the `idem_http_requests_total` line of `labels` in `text`
+    /// (0 when there is none yet).
+    fn requests_total(text: &str, labels: &str) -> u64 {
+        let prefix = format!("idem_http_requests_total{{{labels}}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .map_or(0, |v| v.trim().parse().unwrap())
+    }
+
+    /// Every request through the router is counted under its matched route
+    /// (`unmatched` for the fallback) and timed, by [`RecordRequestLayer`].
+    #[tokio::test]
+    async fn the_router_counts_requests_by_matched_route() {
+        use tower::ServiceExt;
+
+        let handle = metrics_handle().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let store =
+            idem_store_sqlite::open(dir.path().join("idem.db"), Default::default()).unwrap();
+        let app = router(AppState::new(store, Config::bundled().unwrap()));
+        let health = r#"method="GET",path="/healthz",status="200""#;
+        let unmatched = r#"method="GET",path="unmatched",status="404""#;
+        let before = handle.render();
+        for uri in ["/healthz", "/healthz", "/no/such/route", "/healthz"] {
+            let req = Request::builder()
+                .uri(uri)
+                .body(axum::body::Body::empty())
+                .unwrap();
+            app.clone().oneshot(req).await.unwrap();
+        }
+        let after = handle.render();
+        assert_eq!(
+            requests_total(&after, health) - requests_total(&before, health),
+            3,
+            "{after}"
+        );
+        assert_eq!(
+            requests_total(&after, unmatched) - requests_total(&before, unmatched),
+            1,
+            "{after}"
+        );
+        assert!(
+            after.contains(r#"idem_http_request_seconds_count{path="/healthz"}"#),
+            "{after}"
+        );
     }
 
     /// The cached handles count each (method, path, status) on its own line

@@ -416,8 +416,14 @@ pub fn schema_mismatch(what: &str, found: i64, known: i64) -> StoreError {
 
 /// SHA-256 hex of a plain API key: the only form in which keys are stored.
 pub fn hash_api_key(plain: &str) -> String {
+    hex::encode(api_key_digest(plain))
+}
+
+/// SHA-256 of a plain API key, 32 bytes: [`hash_api_key`] before its hex
+/// encoding (a process's cache of authenticated keys is keyed by it).
+pub fn api_key_digest(plain: &str) -> [u8; 32] {
     use sha2::{Digest, Sha256};
-    hex::encode(Sha256::digest(plain.as_bytes()))
+    Sha256::digest(plain.as_bytes()).into()
 }
 
 /// A new random plain API key: `idem_` and 64 hex digits (two UUID v4s: 256
