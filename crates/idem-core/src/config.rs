@@ -1,7 +1,7 @@
 //! Operation classes and the contract frozen onto each task (SPEC §5).
 //!
 //! The configuration is one TOML document (`[operations."<class>"]` tables).
-//! [`Config::from_toml`] parses and checks it; [`Config::apply_env`] applies
+//! [`Config::from_toml`] parses and checks it; [`Config::from_toml_with_env`] applies
 //! `IDEM_OPERATIONS__<CLASS>__<SECTION>__<FIELD>` overrides (class names
 //! upper-cased with `.` and `-` written as `_`). Parsing is pure: the caller
 //! reads files and the environment.

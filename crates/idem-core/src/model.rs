@@ -118,7 +118,7 @@ impl<'de> Deserialize<'de> for Timestamp {
     }
 }
 
-/// Contracts whose JSON each thread keeps (see [`serialize_contract`]).
+/// Contracts whose JSON each thread keeps (see [`with_contract_json`]).
 const CONTRACT_JSON_MEMO: usize = 8;
 
 /// Runs `f` on the JSON text of `contract`, from a per-thread memo: a contract
@@ -152,7 +152,7 @@ fn with_contract_json<R>(
 
 /// The JSON text of `contract` (`serde_json::to_string(contract)`, byte for
 /// byte), as stores write it into a task's `contract` column, from the same
-/// per-thread memo as a task's JSON answer ([`with_contract_json`]).
+/// per-thread memo as a task's JSON answer.
 ///
 /// # Errors
 /// When the contract cannot be serialized (not expected).

@@ -401,9 +401,11 @@ pub fn router(state: AppState) -> Router {
     .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
 }
 
-/// Counts and times every routed request ([`REQUEST_METRICS`]): a tower
-/// layer rather than `axum::middleware::from_fn`, which boxes each request's
-/// future and clones the inner service for every request.
+/// Counts and times every request the router answers ([`REQUEST_METRICS`]),
+/// under its matched route (`unmatched` for the fallback's 404; a 405 under
+/// the route it matched): a tower layer rather than `axum::middleware::from_fn`,
+/// which boxes each request's future and clones the inner service for every
+/// request.
 #[derive(Debug, Clone, Copy)]
 struct RecordRequestLayer;
 
@@ -424,6 +426,7 @@ struct RecordRequest<S> {
 impl<S> tower::Service<Request> for RecordRequest<S>
 where
     S: tower::Service<Request, Response = Response>,
+    S::Future: Unpin,
 {
     type Response = Response;
     type Error = S::Error;
@@ -453,33 +456,31 @@ where
     }
 }
 
-pin_project_lite::pin_project! {
-    /// A request's answer on its way: recorded in [`REQUEST_METRICS`] when it
-    /// is ready.
-    struct Recorded<F> {
-        #[pin]
-        inner: F,
-        method: axum::http::Method,
-        path: Option<axum::extract::MatchedPath>,
-        started: std::time::Instant,
-    }
+/// A request's answer on its way (axum's route future, which is `Unpin`):
+/// recorded in [`REQUEST_METRICS`] when it is ready. Dropped before that (the
+/// client went away), it records nothing.
+struct Recorded<F> {
+    inner: F,
+    method: axum::http::Method,
+    path: Option<axum::extract::MatchedPath>,
+    started: std::time::Instant,
 }
 
 impl<F, E> std::future::Future for Recorded<F>
 where
-    F: std::future::Future<Output = Result<Response, E>>,
+    F: std::future::Future<Output = Result<Response, E>> + Unpin,
 {
     type Output = Result<Response, E>;
 
     fn poll(
-        self: std::pin::Pin<&mut Self>,
+        mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Self::Output> {
-        let this = self.project();
-        let out = std::task::ready!(this.inner.poll(cx));
+        let this = &mut *self;
+        let out = std::task::ready!(std::pin::Pin::new(&mut this.inner).poll(cx));
         if let Ok(res) = &out {
             REQUEST_METRICS.record(
-                this.method,
+                &this.method,
                 this.path.as_ref().map_or("unmatched", |p| p.as_str()),
                 res.status().as_u16(),
                 this.started.elapsed().as_secs_f64(),
@@ -646,30 +647,37 @@ mod tests {
             idem_store_sqlite::open(dir.path().join("idem.db"), Default::default()).unwrap();
         let app = router(AppState::new(store, Config::bundled().unwrap()));
         let health = r#"method="GET",path="/healthz",status="200""#;
+        let not_allowed = r#"method="DELETE",path="/healthz",status="405""#;
         let unmatched = r#"method="GET",path="unmatched",status="404""#;
+        // The `/healthz` latency histogram's count.
+        let timed = |text: &str| {
+            text.lines()
+                .find_map(|l| {
+                    l.strip_prefix(r#"idem_http_request_seconds_count{path="/healthz"} "#)
+                })
+                .map_or(0, |v| v.trim().parse::<u64>().unwrap())
+        };
         let before = handle.render();
-        for uri in ["/healthz", "/healthz", "/no/such/route", "/healthz"] {
+        for (method, uri) in [
+            ("GET", "/healthz"),
+            ("GET", "/healthz"),
+            ("GET", "/no/such/route"),
+            ("DELETE", "/healthz"),
+            ("GET", "/healthz"),
+        ] {
             let req = Request::builder()
+                .method(method)
                 .uri(uri)
                 .body(axum::body::Body::empty())
                 .unwrap();
             app.clone().oneshot(req).await.unwrap();
         }
         let after = handle.render();
-        assert_eq!(
-            requests_total(&after, health) - requests_total(&before, health),
-            3,
-            "{after}"
-        );
-        assert_eq!(
-            requests_total(&after, unmatched) - requests_total(&before, unmatched),
-            1,
-            "{after}"
-        );
-        assert!(
-            after.contains(r#"idem_http_request_seconds_count{path="/healthz"}"#),
-            "{after}"
-        );
+        let grew = |labels: &str| requests_total(&after, labels) - requests_total(&before, labels);
+        assert_eq!(grew(health), 3, "{after}");
+        assert_eq!(grew(not_allowed), 1, "{after}");
+        assert_eq!(grew(unmatched), 1, "{after}");
+        assert_eq!(timed(&after) - timed(&before), 4, "{after}");
     }
 
     /// The cached handles count each (method, path, status) on its own line
