@@ -23,7 +23,6 @@ use hyper::client::conn::http1::{Connection, SendRequest};
 use hyper::header::HeaderValue;
 use hyper_util::rt::TokioIo;
 use serde::Serialize;
-use serde_json::{Value, json};
 use tokio::net::TcpStream;
 
 use crate::server;
@@ -151,19 +150,27 @@ pub struct ModeResult {
     pub statuses: BTreeMap<u16, u64>,
 }
 
-fn params(i: usize, salt: &str) -> Value {
-    json!({"prompt": format!("render frame {i} {salt}"), "model": "v2", "steps": 30, "seed": i})
-}
-
-/// The `params` of request `i`, as [`params`] gives them, in the order its
-/// JSON object prints them (keys sorted), so [`submit_body`] writes the same
-/// bytes as serialising [`params`] would, without building a map per request.
+/// The `params` of request `i`: `{"model": "v2", "prompt": "render frame
+/// {i} {salt}", "seed": i, "steps": 30}`, keys in the order a JSON object
+/// prints them (sorted), serialized without building a map per request.
 #[derive(Serialize)]
 struct Params<'a> {
     model: &'static str,
     prompt: PromptText<'a>,
     seed: usize,
     steps: u32,
+}
+
+impl Params<'_> {
+    /// The params of request `i` with `salt`.
+    fn of(i: usize, salt: &str) -> Params<'_> {
+        Params {
+            model: "v2",
+            prompt: PromptText(i, salt),
+            seed: i,
+            steps: 30,
+        }
+    }
 }
 
 /// `render frame {i} {salt}`, written straight into the body.
@@ -182,19 +189,15 @@ struct SubmitBody<'a> {
     params: Params<'a>,
 }
 
-/// The submit body of request `i`: `{"operation": …, "params": params(i)}`.
+/// The submit body of request `i`: `{"operation": …, "params": …}`
+/// ([`Params::of`]).
 ///
 /// # Errors
 /// Only if serialising fails (it does not for these types).
 fn submit_body(i: usize, salt: &str) -> Result<Bytes> {
     let body = SubmitBody {
         operation: OPERATION,
-        params: Params {
-            model: "v2",
-            prompt: PromptText(i, salt),
-            seed: i,
-            steps: 30,
-        },
+        params: Params::of(i, salt),
     };
     let mut buf = Vec::with_capacity(160);
     serde_json::to_writer(&mut buf, &body)?;
@@ -697,7 +700,7 @@ async fn sqlite_baseline(concurrency: usize, count: usize, s: &server::InProcess
                             format!("raw-{i}"),
                             format!("sha256:{:064x}", i),
                             uuid::Uuid::now_v7().to_string(),
-                            params(i, "raw").to_string(),
+                            serde_json::to_string(&Params::of(i, "raw"))?,
                             i as i64
                         ],
                     )?;
@@ -819,11 +822,18 @@ pub fn render(results: &[ModeResult]) -> String {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::{Value, json};
+
     use super::*;
+
+    /// A request's params as a JSON map: the oracle [`Params`] is held to.
+    fn params(i: usize, salt: &str) -> Value {
+        json!({"prompt": format!("render frame {i} {salt}"), "model": "v2", "steps": 30, "seed": i})
+    }
 
     /// A rendered body is byte for byte the JSON of `{"operation", "params":
     /// params(i)}` (a replay must resend the seed's exact bytes), also for a
-    /// salt that needs escaping.
+    /// salt that needs escaping; the baseline's params are the same JSON.
     #[test]
     fn rendered_bodies_are_the_params_json() {
         for salt in ["0f3a-1", "q\"uote\\back\u{1}slash", "café"] {
@@ -833,6 +843,10 @@ mod tests {
                         .unwrap();
                 let got = Rendered::new("k", i, salt).unwrap();
                 assert_eq!(got.body, want, "i={i} salt={salt:?}");
+                assert_eq!(
+                    serde_json::to_string(&Params::of(i, salt)).unwrap(),
+                    params(i, salt).to_string()
+                );
                 assert_eq!(got.key, "\"k\"");
             }
         }
