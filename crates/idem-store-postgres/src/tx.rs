@@ -448,36 +448,72 @@ fn api_key_from_row(row: &Row) -> Result<ApiKey> {
 
 // ---------------------------------------------------------------- tasks
 
-/// Task columns in the order of [`TaskValues::params`]; `version` is at index 9.
-const TASK_COLUMNS: [&str; 27] = [
-    "id",
-    "tenant",
-    "operation",
-    "idempotency_key",
-    "fingerprint",
-    "canonical_request",
-    "params",
-    "state",
-    "generation",
-    "version",
-    "event_seq",
-    "attempt_count",
-    "execute_count",
-    "usage",
-    "contract",
-    "cancellation",
-    "delivery",
-    "failure",
-    "api_key_id",
-    "next_kind",
-    "active_attempt_id",
-    "ready_at",
-    "deadline_at",
-    "terminal_at",
-    "key_expires_at",
-    "created_at",
-    "updated_at",
-];
+/// Declares the task columns once, in the order of [`TaskValues::params`]:
+/// [`TASK_COLUMNS`] (their names), [`TASK_COLUMN_TYPES`] (their PostgreSQL
+/// types) and [`TaskCols`] (where each is in a result).
+macro_rules! task_columns {
+    ($($field:ident: $ty:literal),+ $(,)?) => {
+        /// How many columns a task has.
+        const TASK_COLUMN_COUNT: usize = [$(stringify!($field)),+].len();
+
+        /// Task columns in the order of [`TaskValues::params`]; `version` is at
+        /// index 9.
+        const TASK_COLUMNS: [&str; TASK_COLUMN_COUNT] = [$(stringify!($field)),+];
+
+        /// PostgreSQL types of [`TASK_COLUMNS`], in order.
+        const TASK_COLUMN_TYPES: [&str; TASK_COLUMN_COUNT] = [$($ty),+];
+
+        /// Where each task column is in a result ([`At`]), found once per
+        /// result rather than by name for every row.
+        #[derive(Debug, Clone, Copy)]
+        struct TaskCols {
+            $($field: At,)+
+        }
+
+        impl TaskCols {
+            /// The task columns of a result with `columns`.
+            ///
+            /// # Errors
+            /// [`StoreError::Corrupt`] when one is missing.
+            fn of(columns: &[tokio_postgres::Column]) -> Result<TaskCols> {
+                Ok(TaskCols {
+                    $($field: At::find(columns, stringify!($field))?,)+
+                })
+            }
+        }
+    };
+}
+
+task_columns! {
+    id: "uuid",
+    tenant: "text",
+    operation: "text",
+    idempotency_key: "text",
+    fingerprint: "text",
+    canonical_request: "text",
+    params: "text",
+    state: "text",
+    generation: "bigint",
+    version: "bigint",
+    event_seq: "bigint",
+    attempt_count: "bigint",
+    execute_count: "bigint",
+    usage: "bigint",
+    contract: "text",
+    cancellation: "text",
+    delivery: "text",
+    failure: "text",
+    api_key_id: "uuid",
+    next_kind: "text",
+    active_attempt_id: "uuid",
+    ready_at: "bigint",
+    deadline_at: "bigint",
+    terminal_at: "bigint",
+    key_expires_at: "bigint",
+    created_at: "bigint",
+    updated_at: "bigint",
+}
+
 const VERSION_INDEX: usize = 9;
 
 static TASK_SELECT: LazyLock<String> = LazyLock::new(|| {
@@ -560,7 +596,7 @@ impl<'v> TaskArrays<'v> {
         }
     }
 
-    fn params(&self) -> [Param<'_>; 27] {
+    fn params(&self) -> [Param<'_>; TASK_COLUMN_COUNT] {
         [
             &self.ids,
             &self.tenants,
@@ -653,13 +689,6 @@ static TASKS_WITH_EVENTS_INSERT: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// PostgreSQL types of [`TASK_COLUMNS`], in order.
-const TASK_COLUMN_TYPES: [&str; 27] = [
-    "uuid", "text", "text", "text", "text", "text", "text", "text", "bigint", "bigint", "bigint",
-    "bigint", "bigint", "bigint", "text", "text", "text", "text", "uuid", "text", "uuid", "bigint",
-    "bigint", "bigint", "bigint", "bigint", "bigint",
-];
-
 static TASK_INSERT: LazyLock<String> = LazyLock::new(|| {
     let params: Vec<String> = (1..=TASK_COLUMNS.len()).map(|i| format!("${i}")).collect();
     format!(
@@ -732,7 +761,7 @@ impl<'t> TaskValues<'t> {
     }
 
     /// Parameters in [`TASK_COLUMNS`] order.
-    fn params(&self) -> [Param<'_>; 27] {
+    fn params(&self) -> [Param<'_>; TASK_COLUMN_COUNT] {
         let t = self.task;
         let c = &t.control;
         [
@@ -766,60 +795,6 @@ impl<'t> TaskValues<'t> {
         ]
     }
 }
-
-/// Declares [`TaskCols`]: the position of each task column in a result.
-macro_rules! task_cols {
-    ($($field:ident),+ $(,)?) => {
-        /// Where each task column is in a result ([`At`]), found once per
-        /// result rather than by name for every row.
-        #[derive(Debug, Clone, Copy)]
-        struct TaskCols {
-            $($field: At,)+
-        }
-
-        impl TaskCols {
-            /// The task columns of a result with `columns`.
-            ///
-            /// # Errors
-            /// [`StoreError::Corrupt`] when one is missing.
-            fn of(columns: &[tokio_postgres::Column]) -> Result<TaskCols> {
-                Ok(TaskCols {
-                    $($field: At::find(columns, stringify!($field))?,)+
-                })
-            }
-        }
-    };
-}
-
-task_cols!(
-    id,
-    operation,
-    idempotency_key,
-    fingerprint,
-    params,
-    state,
-    generation,
-    attempt_count,
-    usage,
-    contract,
-    cancellation,
-    delivery,
-    failure,
-    created_at,
-    updated_at,
-    tenant,
-    api_key_id,
-    canonical_request,
-    version,
-    event_seq,
-    execute_count,
-    next_kind,
-    active_attempt_id,
-    ready_at,
-    deadline_at,
-    terminal_at,
-    key_expires_at,
-);
 
 /// The task of `row`, whose result has its columns at `c`.
 fn task_from_row(row: &Row, c: &TaskCols) -> Result<Task> {
