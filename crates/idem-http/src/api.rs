@@ -326,34 +326,40 @@ pub async fn submit_task(
 /// 422 `IDEMPOTENCY_CONFLICT` conflict, 5xx error, any other 4xx invalid).
 pub(crate) fn count_submit(res: Result<bool, &Problem>) {
     let outcome = match res {
-        Ok(true) => 0,
-        Ok(false) => 1,
-        Err(p) if p.code == "IDEMPOTENCY_CONFLICT" => 2,
-        Err(p) if p.status == 401 => 3,
-        Err(p) if p.status == 403 => 4,
-        Err(p) if p.status >= 500 => 5,
-        Err(_) => 6,
+        Ok(true) => "replayed",
+        Ok(false) => "created",
+        Err(p) if p.code == "IDEMPOTENCY_CONFLICT" => "conflict",
+        Err(p) if p.status == 401 => "unauthenticated",
+        Err(p) if p.status == 403 => "forbidden",
+        Err(p) if p.status >= 500 => "error",
+        Err(_) => "invalid",
     };
-    SUBMITS[outcome].increment(1);
+    if let Some((_, counter)) = SUBMITS.iter().find(|(label, _)| *label == outcome) {
+        counter.increment(1);
+    }
 }
 
-/// The `outcome` labels of `idem_submits_total`, in [`SUBMITS`] order.
-const SUBMIT_OUTCOMES: [&str; 7] = [
-    "replayed",
-    "created",
-    "conflict",
-    "unauthenticated",
-    "forbidden",
-    "error",
-    "invalid",
-];
-
-/// `idem_submits_total`'s counter of each outcome, registered with the
-/// recorder once (the router installs it before any request) instead of on
-/// every submit.
-static SUBMITS: std::sync::LazyLock<[metrics::Counter; 7]> = std::sync::LazyLock::new(|| {
-    SUBMIT_OUTCOMES.map(|outcome| metrics::counter!("idem_submits_total", "outcome" => outcome))
-});
+/// `idem_submits_total`'s counter of each `outcome` label, registered with
+/// the recorder once (the router installs it before any request) instead of
+/// on every submit.
+static SUBMITS: std::sync::LazyLock<[(&str, metrics::Counter); 7]> =
+    std::sync::LazyLock::new(|| {
+        [
+            "replayed",
+            "created",
+            "conflict",
+            "unauthenticated",
+            "forbidden",
+            "error",
+            "invalid",
+        ]
+        .map(|outcome| {
+            (
+                outcome,
+                metrics::counter!("idem_submits_total", "outcome" => outcome),
+            )
+        })
+    });
 
 async fn submit_inner(
     st: &crate::AppState,

@@ -633,10 +633,10 @@ mod tests {
         assert!(!ours.iter().any(|l| l.contains("quantile=")), "{ours:?}");
     }
 
-    /// The value of the `idem_http_requests_total` line of `labels` in `text`
-    /// (0 when there is none yet).
-    fn requests_total(text: &str, labels: &str) -> u64 {
-        let prefix = format!("idem_http_requests_total{{{labels}}} ");
+    /// The value of series `name{labels}` in the exposition `text` (0 when
+    /// it is not there yet).
+    fn value(text: &str, name: &str, labels: &str) -> u64 {
+        let prefix = format!("{name}{{{labels}}} ");
         text.lines()
             .find_map(|l| l.strip_prefix(&prefix))
             .map_or(0, |v| v.trim().parse().unwrap())
@@ -656,14 +656,6 @@ mod tests {
         let health = r#"method="GET",path="/healthz",status="200""#;
         let not_allowed = r#"method="DELETE",path="/healthz",status="405""#;
         let unmatched = r#"method="GET",path="unmatched",status="404""#;
-        // The `/healthz` latency histogram's count.
-        let timed = |text: &str| {
-            text.lines()
-                .find_map(|l| {
-                    l.strip_prefix(r#"idem_http_request_seconds_count{path="/healthz"} "#)
-                })
-                .map_or(0, |v| v.trim().parse::<u64>().unwrap())
-        };
         let before = handle.render();
         for (method, uri) in [
             ("GET", "/healthz"),
@@ -680,11 +672,14 @@ mod tests {
             app.clone().oneshot(req).await.unwrap();
         }
         let after = handle.render();
-        let grew = |labels: &str| requests_total(&after, labels) - requests_total(&before, labels);
-        assert_eq!(grew(health), 3, "{after}");
-        assert_eq!(grew(not_allowed), 1, "{after}");
-        assert_eq!(grew(unmatched), 1, "{after}");
-        assert_eq!(timed(&after) - timed(&before), 4, "{after}");
+        let grew =
+            |name: &str, labels: &str| value(&after, name, labels) - value(&before, name, labels);
+        let total = "idem_http_requests_total";
+        assert_eq!(grew(total, health), 3, "{after}");
+        assert_eq!(grew(total, not_allowed), 1, "{after}");
+        assert_eq!(grew(total, unmatched), 1, "{after}");
+        let timed = r#"path="/healthz""#;
+        assert_eq!(grew("idem_http_request_seconds_count", timed), 4, "{after}");
     }
 
     /// The cached handles count each (method, path, status) on its own line
