@@ -820,20 +820,17 @@ fn api_key_row(r: &Row<'_>) -> rusqlite::Result<ApiKey> {
 }
 
 /// The task columns, in the order [`task_row`] reads and `task_values` binds
-/// them; a macro so that statements are built at compile time (the task read
-/// runs on every replay).
+/// them, each after `prefix` (`""`, or `"t."` for a join); a macro so that
+/// statements are built at compile time (the task read runs on every replay).
 macro_rules! task_columns {
     () => {
-        "id, tenant, operation, idempotency_key, fingerprint, canonical_request, params, state, \
-     generation, version, event_seq, attempt_count, execute_count, usage, contract, cancellation, delivery, failure, \
-     api_key_id, next_kind, active_attempt_id, ready_at, deadline_at, terminal_at, key_expires_at, created_at, updated_at"
+        task_columns!("")
     };
-}
-
-/// [`task_columns!`] of the table aliased `t` (for joins).
-macro_rules! joined_task_columns {
-    () => {
-        "t.id, t.tenant, t.operation, t.idempotency_key, t.fingerprint, t.canonical_request, t.params, t.state, t.generation, t.version, t.event_seq, t.attempt_count, t.execute_count, t.usage, t.contract, t.cancellation, t.delivery, t.failure, t.api_key_id, t.next_kind, t.active_attempt_id, t.ready_at, t.deadline_at, t.terminal_at, t.key_expires_at, t.created_at, t.updated_at"
+    ($prefix:literal) => {
+        task_columns!(@ $prefix; id, tenant, operation, idempotency_key, fingerprint, canonical_request, params, state, generation, version, event_seq, attempt_count, execute_count, usage, contract, cancellation, delivery, failure, api_key_id, next_kind, active_attempt_id, ready_at, deadline_at, terminal_at, key_expires_at, created_at, updated_at)
+    };
+    (@ $prefix:literal; $first:ident $(, $col:ident)*) => {
+        concat!($prefix, stringify!($first) $(, ", ", $prefix, stringify!($col))*)
     };
 }
 
@@ -841,7 +838,7 @@ macro_rules! joined_task_columns {
 /// row is missing), then the scope's fingerprint and task id.
 const SCOPE_WITH_TASK: &str = concat!(
     "SELECT ",
-    joined_task_columns!(),
+    task_columns!("t."),
     ", k.fingerprint, k.task_id FROM idempotency_keys k \
      LEFT JOIN tasks t ON t.id = k.task_id \
      WHERE k.tenant = ?1 AND k.operation = ?2 AND k.idempotency_key = ?3"
