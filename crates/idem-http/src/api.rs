@@ -334,31 +334,59 @@ pub(crate) fn count_submit(res: Result<bool, &Problem>) {
         Err(p) if p.status >= 500 => "error",
         Err(_) => "invalid",
     };
-    if let Some((_, counter)) = SUBMITS.iter().find(|(label, _)| *label == outcome) {
-        counter.increment(1);
+    SUBMITS.increment(outcome);
+}
+
+/// One counter's handle for each value of one label, registered with the
+/// recorder once (the router installs it before any request) instead of on
+/// every increment, so every value is listed, at 0, from the start.
+pub(crate) struct LabelledCounter<const N: usize> {
+    handles: [(&'static str, metrics::Counter); N],
+}
+
+impl<const N: usize> LabelledCounter<N> {
+    /// `name{label="v"}` for each `v` of `values`.
+    fn register(name: &'static str, label: &'static str, values: [&'static str; N]) -> Self {
+        LabelledCounter {
+            handles: values.map(|v| (v, metrics::counter!(name, label => v))),
+        }
+    }
+
+    /// Adds one to the series whose label is `value` (a value not registered
+    /// is not counted: every caller passes one of the registered values).
+    pub(crate) fn increment(&self, value: &str) {
+        if let Some((_, counter)) = self.handles.iter().find(|(v, _)| *v == value) {
+            counter.increment(1);
+        }
     }
 }
 
-/// `idem_submits_total`'s counter of each `outcome` label, registered with
-/// the recorder once (the router installs it before any request) instead of
-/// on every submit.
-static SUBMITS: std::sync::LazyLock<[(&str, metrics::Counter); 7]> =
+/// `idem_submits_total` by `outcome` (docs/operations.md).
+pub(crate) static SUBMITS: std::sync::LazyLock<LabelledCounter<7>> =
     std::sync::LazyLock::new(|| {
-        [
-            "replayed",
-            "created",
-            "conflict",
-            "unauthenticated",
-            "forbidden",
-            "error",
-            "invalid",
-        ]
-        .map(|outcome| {
-            (
-                outcome,
-                metrics::counter!("idem_submits_total", "outcome" => outcome),
-            )
-        })
+        LabelledCounter::register(
+            "idem_submits_total",
+            "outcome",
+            [
+                "replayed",
+                "created",
+                "conflict",
+                "unauthenticated",
+                "forbidden",
+                "error",
+                "invalid",
+            ],
+        )
+    });
+
+/// `idem_reports_total` by `result` (docs/operations.md).
+pub(crate) static REPORTS: std::sync::LazyLock<LabelledCounter<3>> =
+    std::sync::LazyLock::new(|| {
+        LabelledCounter::register(
+            "idem_reports_total",
+            "result",
+            ["applied", "stale", "refused"],
+        )
     });
 
 async fn submit_inner(
@@ -807,7 +835,7 @@ pub async fn report(
         })) => "stale",
         Err(_) => "refused",
     };
-    metrics::counter!("idem_reports_total", "result" => label).increment(1);
+    REPORTS.increment(label);
     let task = res?;
     if !task.state.is_terminal() {
         st.work.notify_waiters();

@@ -342,12 +342,74 @@ pub fn metrics_handle() -> Option<PrometheusHandle> {
     static HANDLE: std::sync::OnceLock<Option<PrometheusHandle>> = std::sync::OnceLock::new();
     HANDLE
         .get_or_init(|| {
-            PrometheusBuilder::new()
+            let handle = PrometheusBuilder::new()
                 .set_buckets(&LATENCY_BUCKETS_SECONDS)
                 .and_then(PrometheusBuilder::install_recorder)
-                .ok()
+                .ok();
+            if handle.is_some() {
+                describe_metrics();
+            }
+            handle
         })
         .clone()
+}
+
+/// Gives every idem metric its `# HELP` text and lists every counter from
+/// the start, at 0 (each label value of a labelled counter too), so a
+/// dashboard or `rate()` sees a series before its first event rather than a
+/// gap (docs/operations.md lists them).
+fn describe_metrics() {
+    use metrics::{Unit, describe_counter, describe_histogram};
+    describe_counter!(
+        "idem_submits_total",
+        Unit::Count,
+        "Submissions (POST /v1/tasks) by outcome: created, replayed, conflict, unauthenticated, forbidden, invalid, error."
+    );
+    describe_counter!(
+        "idem_reports_total",
+        Unit::Count,
+        "Executor reports by result: applied, stale (an old generation's, kept as evidence), refused."
+    );
+    describe_counter!(
+        "idem_attempts_leased_total",
+        Unit::Count,
+        "Attempts handed out by claims."
+    );
+    describe_counter!(
+        "idem_leases_expired_total",
+        Unit::Count,
+        "Leases the sweeper found expired."
+    );
+    describe_counter!(
+        "idem_tasks_woken_total",
+        Unit::Count,
+        "retry_wait tasks whose backoff passed."
+    );
+    describe_counter!(
+        "idem_keys_released_total",
+        Unit::Count,
+        "Idempotency keys removed after their retention."
+    );
+    describe_counter!(
+        "idem_http_requests_total",
+        Unit::Count,
+        "HTTP requests by method, matched route and status."
+    );
+    describe_histogram!(
+        "idem_http_request_seconds",
+        Unit::Seconds,
+        "HTTP request latency by matched route, until the answer's head is ready."
+    );
+    std::sync::LazyLock::force(&api::SUBMITS);
+    std::sync::LazyLock::force(&api::REPORTS);
+    for name in [
+        "idem_attempts_leased_total",
+        "idem_leases_expired_total",
+        "idem_tasks_woken_total",
+        "idem_keys_released_total",
+    ] {
+        metrics::counter!(name).increment(0);
+    }
 }
 
 /// The whole service as a router.

@@ -532,6 +532,97 @@ async fn events_record_the_acceptance_decision() {
     );
 }
 
+/// A fresh server's `/metrics`, before any submit, claim, report or sweep
+/// that counts: every idem counter is listed at 0 (each label value of a
+/// labelled one too), and each metric has its `# HELP` and `# TYPE` lines.
+#[tokio::test]
+async fn metrics_list_every_counter_at_zero_with_help_from_the_start() {
+    let srv = Server::start().await;
+    let m = srv.call(Method::GET, "/metrics", None, None).await;
+    m.ok(200);
+    let value = |series: &str| -> Option<f64> {
+        m.text
+            .lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    let mut series: Vec<String> = [
+        "created",
+        "replayed",
+        "conflict",
+        "unauthenticated",
+        "forbidden",
+        "invalid",
+        "error",
+    ]
+    .iter()
+    .map(|o| format!("idem_submits_total{{outcome=\"{o}\"}}"))
+    .collect();
+    series.extend(
+        ["applied", "stale", "refused"]
+            .iter()
+            .map(|r| format!("idem_reports_total{{result=\"{r}\"}}")),
+    );
+    series.extend(
+        [
+            "idem_attempts_leased_total",
+            "idem_leases_expired_total",
+            "idem_tasks_woken_total",
+            "idem_keys_released_total",
+        ]
+        .map(String::from),
+    );
+    for s in &series {
+        assert_eq!(value(s), Some(0.0), "{s} at 0 in:\n{}", m.text);
+    }
+    for (name, kind) in [
+        ("idem_submits_total", "counter"),
+        ("idem_reports_total", "counter"),
+        ("idem_attempts_leased_total", "counter"),
+        ("idem_leases_expired_total", "counter"),
+        ("idem_tasks_woken_total", "counter"),
+        ("idem_keys_released_total", "counter"),
+    ] {
+        for line in [format!("# HELP {name} "), format!("# TYPE {name} {kind}")] {
+            assert!(
+                m.text.lines().any(|l| l.starts_with(&line)),
+                "no `{line}` in:\n{}",
+                m.text
+            );
+        }
+    }
+    // The request metrics appear with their first request (the one above).
+    let again = srv.call(Method::GET, "/metrics", None, None).await;
+    again.ok(200);
+    for line in [
+        "# HELP idem_http_requests_total ",
+        "# TYPE idem_http_requests_total counter",
+        "# HELP idem_http_request_seconds ",
+        "# TYPE idem_http_request_seconds histogram",
+    ] {
+        assert!(
+            again.text.lines().any(|l| l.starts_with(line)),
+            "no `{line}` in:\n{}",
+            again.text
+        );
+    }
+    // And a submit counts under its outcome, the others staying at 0.
+    srv.submit("zero-1", "payment.release", payment(1))
+        .await
+        .ok(201);
+    let after = srv.call(Method::GET, "/metrics", None, None).await;
+    after.ok(200);
+    let count = |series: &str| -> Option<f64> {
+        after
+            .text
+            .lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    assert_eq!(count("idem_submits_total{outcome=\"created\"}"), Some(1.0));
+    assert_eq!(count("idem_submits_total{outcome=\"replayed\"}"), Some(0.0));
+}
+
 #[tokio::test]
 async fn request_ids_problem_types_and_operational_endpoints() {
     let srv = Server::start().await;
