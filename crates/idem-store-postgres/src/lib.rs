@@ -131,11 +131,15 @@ pub const SUBMIT_BATCH: usize = 64;
 pub const SUBMIT_LANES: usize = 2;
 
 /// Readers of retries in flight at once: submits whose scope this process has
-/// seen bound ([`ScopeHints`]) are answered by one read each batch, on lanes of
-/// their own, so they neither wait behind writes nor make batches of new keys
-/// smaller. At most an eighth of the pool: none in a pool of fewer than 8
-/// connections, where every submit is written.
-pub const RETRY_LANES: usize = 2;
+/// seen bound ([`ScopeHints`]) are answered by one read each batch, on a lane
+/// of its own, so they neither wait behind writes nor make batches of new keys
+/// smaller. One, measured on the project's 2-core machine (docs/benchmarks.md,
+/// eleventh session): one lane gathers what two shared, so its batches are
+/// larger, and PostgreSQL spent 17–20 µs of CPU per replay against 23–27 µs
+/// with two, while 10–12 % more replays were answered in alternating pairs
+/// (four lanes answered fewer than two). None in a pool of fewer than 8 connections, where every submit
+/// is written.
+pub const RETRY_LANES: usize = 1;
 
 type PendingSubmit = (Submission, oneshot::Sender<Result<SubmitOutcome>>);
 
@@ -473,7 +477,7 @@ impl PgBackend {
         }
         let (retries, rx) = mpsc::unbounded_channel();
         let queue = Arc::new(Mutex::new(rx));
-        // … the retry lanes at most an eighth, none in a pool under 8 (retries
+        // … the retry lane from a pool of 8 up, none under 8 (retries
         // are then written by the submit lanes, as any submit) …
         let retry_lanes = RETRY_LANES.min(options.max_size / 8);
         for _ in 0..retry_lanes {
