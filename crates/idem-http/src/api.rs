@@ -338,8 +338,11 @@ pub(crate) fn count_submit(res: Result<bool, &Problem>) {
 }
 
 /// One counter's handle for each value of one label, registered with the
-/// recorder once (the router installs it before any request) instead of on
-/// every increment, so every value is listed, at 0, from the start.
+/// recorder once instead of on every increment, so every value is listed, at
+/// 0, from the start. The handles are taken when [`crate::metrics_handle`]
+/// installs the recorder (`idem serve` calls it before anything counts); a
+/// static first used before any recorder is installed would hold no-op
+/// handles for the life of the process.
 pub(crate) struct LabelledCounter<const N: usize> {
     handles: [(&'static str, metrics::Counter); N],
 }
@@ -352,10 +355,13 @@ impl<const N: usize> LabelledCounter<N> {
         }
     }
 
-    /// Adds one to the series whose label is `value` (a value not registered
-    /// is not counted: every caller passes one of the registered values).
+    /// Adds one to the series whose label is `value`. A value not registered
+    /// is not counted (every caller passes one of the registered values; a
+    /// debug build asserts it).
     pub(crate) fn increment(&self, value: &str) {
-        if let Some((_, counter)) = self.handles.iter().find(|(v, _)| *v == value) {
+        let found = self.handles.iter().find(|(v, _)| *v == value);
+        debug_assert!(found.is_some(), "unregistered label value {value}");
+        if let Some((_, counter)) = found {
             counter.increment(1);
         }
     }

@@ -107,7 +107,7 @@ pub struct PgBackend {
     auths: mpsc::UnboundedSender<PendingAuth>,
     /// Submits of scopes seen bound wait here for a read ([`RETRY_LANES`]).
     retries: mpsc::UnboundedSender<PendingSubmit>,
-    /// Which scopes were seen bound; `None` without retry lanes.
+    /// Which scopes were seen bound; `None` without a retry lane.
     hints: Option<ScopeHints>,
 }
 
@@ -136,8 +136,9 @@ pub const SUBMIT_LANES: usize = 2;
 /// smaller. One, measured on the project's 2-core machine (docs/benchmarks.md,
 /// eleventh session): one lane gathers what two shared, so its batches are
 /// larger, and PostgreSQL spent 17–20 µs of CPU per replay against 23–27 µs
-/// with two, while 10–12 % more replays were answered in alternating pairs
-/// (four lanes answered fewer than two). None in a pool of fewer than 8 connections, where every submit
+/// with two (`scripts/cpu-per-request.sh`, two alternating pairs, 10–12 % more
+/// replays answered; three alternating `idem bench --mode replay` pairs gave
+/// +8 %, +17 % and −3 %). Four lanes answered fewer replays than two. None in a pool of fewer than 8 connections, where every submit
 /// is written.
 pub const RETRY_LANES: usize = 1;
 
@@ -491,7 +492,7 @@ impl PgBackend {
         let (auths, rx) = mpsc::unbounded_channel();
         let queue = Arc::new(Mutex::new(rx));
         // … and the authentication lanes at most a quarter: from a pool of 8 up,
-        // at least three connections (ten of the default 16) stay free for
+        // at least three connections (eleven of the default 16) stay free for
         // claims, reports and reads.
         for _ in 0..2.min((options.max_size / 4).max(1)) {
             tokio::spawn(auth_lane(

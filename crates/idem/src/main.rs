@@ -516,6 +516,10 @@ async fn serve(
     tracing::info!(%addr, store = store.kind(), config_version = %version, "idem listening on http://{addr}");
     println!("idem listening on http://{addr}");
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    // The metrics recorder before the sweeper's first tick (at once), so that
+    // sweep's counts (after a restart, every lease that ran out meanwhile) are
+    // recorded too; the router would install it only later.
+    let _ = idem_http::metrics_handle();
     let sweeper = tokio::spawn(idem_http::run_sweeper(
         store,
         work,
