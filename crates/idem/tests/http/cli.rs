@@ -39,6 +39,39 @@ async fn keys_commands_take_store_after_the_subcommand() {
     assert_eq!(String::from_utf8_lossy(&list.stdout).lines().count(), 1);
 }
 
+/// `idem task show|events|attempts` print what the API answers for the task,
+/// as indented JSON all through (the contract included).
+#[tokio::test]
+async fn task_commands_print_the_task_as_indented_json() {
+    let srv = Server::start().await;
+    let created = srv
+        .submit("show-1", "generation.dispatch", generation("a cat"))
+        .await;
+    let task = created.ok(201)["task"].clone();
+    let id = task["id"].as_str().expect("task id").to_owned();
+    let (ok, out, err) = srv.cli(&["task", "show", &id]);
+    assert!(ok, "{err}");
+    let shown: serde_json::Value = serde_json::from_str(&out).expect("task show prints JSON");
+    assert_eq!(shown, task, "the task as the API answers it");
+    assert!(
+        out.lines().any(|l| l.trim() == "\"contract\": {"),
+        "the contract is indented, not one compact line:\n{out}"
+    );
+    assert!(
+        out.lines().all(|l| l.len() < 120),
+        "no long compact line:\n{out}"
+    );
+    let (ok, out, err) = srv.cli(&["task", "events", &id]);
+    assert!(ok, "{err}");
+    let events: serde_json::Value = serde_json::from_str(&out).expect("task events prints JSON");
+    assert_eq!(events[0]["type"], json!("task_submitted"), "{out}");
+    let (ok, out, err) = srv.cli(&["task", "attempts", &id]);
+    assert!(ok, "{err}");
+    let attempts: serde_json::Value =
+        serde_json::from_str(&out).expect("task attempts prints JSON");
+    assert_eq!(attempts, json!([]), "no attempt yet");
+}
+
 #[tokio::test]
 async fn keys_list_and_revoke() {
     let srv = Server::start().await;
