@@ -406,8 +406,14 @@ impl ShutdownSignals {
     }
 }
 
+/// Prints `v` as indented JSON. It goes through a [`serde_json::Value`] first:
+/// a task's contract is serialized as embedded raw JSON (compact), which
+/// `to_string_pretty` would copy as it is instead of indenting.
 fn print_json(v: &impl serde::Serialize) -> Result<()> {
-    println!("{}", serde_json::to_string_pretty(v)?);
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&serde_json::to_value(v)?)?
+    );
     Ok(())
 }
 
