@@ -159,7 +159,9 @@ pub(crate) async fn apply(
             )));
         }
         if !told {
-            tracing::info!("another instance is applying migrations; waiting for it");
+            tracing::info!(
+                "another instance holds the migration lock (applying or checking migrations); waiting for it"
+            );
             told = true;
         }
         tokio::time::sleep(MIGRATION_LOCK_POLL).await;

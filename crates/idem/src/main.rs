@@ -410,11 +410,36 @@ impl ShutdownSignals {
 /// a task's contract is serialized as embedded raw JSON (compact), which
 /// `to_string_pretty` would copy as it is instead of indenting.
 fn print_json(v: &impl serde::Serialize) -> Result<()> {
-    println!(
-        "{}",
-        serde_json::to_string_pretty(&serde_json::to_value(v)?)?
-    );
-    Ok(())
+    say(serde_json::to_string_pretty(&serde_json::to_value(v)?)?)
+}
+
+/// Writes `text` and a newline to stdout, for the commands' output. When the
+/// reader has gone away (`idem task events ID | head`), the process ends
+/// quietly with status 0, as a pipeline expects, instead of the panic that
+/// `println!` gives on a broken pipe.
+///
+/// # Errors
+/// Any other write error.
+fn say(text: impl std::fmt::Display) -> Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match writeln!(out, "{text}").and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        other => Ok(other?),
+    }
+}
+
+/// [`say`] without the newline (for text that ends with its own).
+///
+/// # Errors
+/// Any write error but a broken pipe.
+fn say_raw(text: &str) -> Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        other => Ok(other?),
+    }
 }
 
 /// Opens the store, retrying while it is unavailable (the database is starting,
@@ -634,7 +659,7 @@ async fn run() -> Result<()> {
                         "created API key {} for tenant {} (role {}); the plain key is shown once",
                         key.id, key.tenant, key.role
                     );
-                    println!("{plain}");
+                    say(plain)?;
                 }
                 KeysCommand::Revoke { id } => match store.revoke_api_key(id).await? {
                     Some(k) => eprintln!("revoked {}", k.id),
@@ -646,7 +671,7 @@ async fn run() -> Result<()> {
                         let revoked = k
                             .revoked_at
                             .map_or_else(|| "-".to_owned(), |t| t.to_rfc3339());
-                        println!(
+                        say(format_args!(
                             "{}\t{}\t{}\t{}\t{}\t{}",
                             k.id,
                             k.tenant,
@@ -654,7 +679,7 @@ async fn run() -> Result<()> {
                             ops,
                             k.created_at.to_rfc3339(),
                             revoked
-                        );
+                        ))?;
                     }
                 }
             }
@@ -730,10 +755,10 @@ async fn run() -> Result<()> {
         Command::Gc { store } => {
             let s = open_existing_store(&store).await?;
             let stats = s.sweep(10_000).await?;
-            println!(
+            say(format_args!(
                 "expired {} leases, woke {} tasks, released {} idempotency keys",
                 stats.expired, stats.woken, stats.keys_released
-            );
+            ))?;
             Ok(())
         }
         Command::Bench {
@@ -766,10 +791,10 @@ async fn run() -> Result<()> {
             };
             if json {
                 for r in &results {
-                    println!("{}", serde_json::to_string(r)?);
+                    say(serde_json::to_string(r)?)?;
                 }
             } else {
-                print!("{}", idem_harness::bench::render(&results));
+                say_raw(&idem_harness::bench::render(&results))?;
             }
             let failed: Vec<String> = results
                 .iter()
@@ -818,14 +843,14 @@ async fn run() -> Result<()> {
             })
             .await?;
             if json {
-                println!("{}", serde_json::to_string(&report)?);
+                say(serde_json::to_string(&report)?)?;
             } else {
-                print!("{}", idem_harness::chaos::render(&report));
+                say_raw(&idem_harness::chaos::render(&report))?;
             }
             idem_harness::chaos::verdict(&report)
         }
         Command::Openapi => {
-            println!("{}", serde_json::to_string_pretty(&idem_http::openapi())?);
+            say(serde_json::to_string_pretty(&idem_http::openapi())?)?;
             Ok(())
         }
     }

@@ -39,6 +39,24 @@ async fn keys_commands_take_store_after_the_subcommand() {
     assert_eq!(String::from_utf8_lossy(&list.stdout).lines().count(), 1);
 }
 
+/// A command whose reader has gone away (`idem openapi | head -1`, the
+/// reader closed before the first write) ends quietly with status 0, not
+/// with a panic about a broken pipe.
+#[test]
+fn output_to_a_closed_pipe_ends_quietly() {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = Command::new(BIN)
+        .arg("openapi")
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {err}", out.status);
+    assert!(!err.contains("panicked"), "{err}");
+}
+
 /// `idem task show|events|attempts` print what the API answers for the task,
 /// as indented JSON all through (the contract included).
 #[tokio::test]
