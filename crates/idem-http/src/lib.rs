@@ -371,26 +371,6 @@ fn describe_metrics() {
         "Executor reports by result: applied, stale (an old generation's, kept as evidence), refused."
     );
     describe_counter!(
-        "idem_attempts_leased_total",
-        Unit::Count,
-        "Attempts handed out by claims."
-    );
-    describe_counter!(
-        "idem_leases_expired_total",
-        Unit::Count,
-        "Leases the sweeper found expired."
-    );
-    describe_counter!(
-        "idem_tasks_woken_total",
-        Unit::Count,
-        "retry_wait tasks whose backoff passed."
-    );
-    describe_counter!(
-        "idem_keys_released_total",
-        Unit::Count,
-        "Idempotency keys removed after their retention."
-    );
-    describe_counter!(
         "idem_http_requests_total",
         Unit::Count,
         "HTTP requests by method, matched route and status."
@@ -402,12 +382,25 @@ fn describe_metrics() {
     );
     std::sync::LazyLock::force(&api::SUBMITS);
     std::sync::LazyLock::force(&api::REPORTS);
-    for name in [
-        "idem_attempts_leased_total",
-        "idem_leases_expired_total",
-        "idem_tasks_woken_total",
-        "idem_keys_released_total",
+    for (name, help) in [
+        (
+            "idem_attempts_leased_total",
+            "Attempts handed out by claims.",
+        ),
+        (
+            "idem_leases_expired_total",
+            "Leases the sweeper found expired.",
+        ),
+        (
+            "idem_tasks_woken_total",
+            "retry_wait tasks whose backoff passed.",
+        ),
+        (
+            "idem_keys_released_total",
+            "Idempotency keys removed after their retention.",
+        ),
     ] {
+        describe_counter!(name, Unit::Count, help);
         metrics::counter!(name).increment(0);
     }
 }

@@ -413,31 +413,27 @@ fn print_json(v: &impl serde::Serialize) -> Result<()> {
     say(serde_json::to_string_pretty(&serde_json::to_value(v)?)?)
 }
 
-/// Writes `text` and a newline to stdout, for the commands' output. When the
-/// reader has gone away (`idem task events ID | head`), the process ends
-/// quietly with status 0, as a pipeline expects, instead of the panic that
-/// `println!` gives on a broken pipe.
-///
-/// # Errors
-/// Any other write error.
-fn say(text: impl std::fmt::Display) -> Result<()> {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    match writeln!(out, "{text}").and_then(|()| out.flush()) {
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
-        other => Ok(other?),
-    }
-}
-
-/// [`say`] without the newline (for text that ends with its own).
+/// Writes `text` and a newline to stdout ([`say_raw`]).
 ///
 /// # Errors
 /// Any write error but a broken pipe.
-fn say_raw(text: &str) -> Result<()> {
+fn say(text: impl std::fmt::Display) -> Result<()> {
+    say_raw(format_args!("{text}\n"))
+}
+
+/// Writes `text` to stdout, for the commands' output. A reader that has gone
+/// away (`idem task events ID | head`) is not an error: the rest of the output
+/// is dropped and the command still ends with its own status (a chaos run
+/// with violations still exits 1), instead of the panic `println!` gives on a
+/// broken pipe.
+///
+/// # Errors
+/// Any write error but a broken pipe.
+fn say_raw(text: impl std::fmt::Display) -> Result<()> {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
-    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+    match write!(out, "{text}").and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         other => Ok(other?),
     }
 }
@@ -794,7 +790,7 @@ async fn run() -> Result<()> {
                     say(serde_json::to_string(r)?)?;
                 }
             } else {
-                say_raw(&idem_harness::bench::render(&results))?;
+                say_raw(idem_harness::bench::render(&results))?;
             }
             let failed: Vec<String> = results
                 .iter()
@@ -845,7 +841,7 @@ async fn run() -> Result<()> {
             if json {
                 say(serde_json::to_string(&report)?)?;
             } else {
-                say_raw(&idem_harness::chaos::render(&report))?;
+                say_raw(idem_harness::chaos::render(&report))?;
             }
             idem_harness::chaos::verdict(&report)
         }

@@ -40,8 +40,8 @@ async fn keys_commands_take_store_after_the_subcommand() {
 }
 
 /// A command whose reader has gone away (`idem openapi | head -1`, the
-/// reader closed before the first write) ends quietly with status 0, not
-/// with a panic about a broken pipe.
+/// reader closed before the first write) ends quietly with its own status (0
+/// here), not with a panic about a broken pipe.
 #[test]
 fn output_to_a_closed_pipe_ends_quietly() {
     let (reader, writer) = std::io::pipe().unwrap();
