@@ -125,9 +125,9 @@ pub async fn migrate(url: &str) -> Result<Vec<i32>> {
 const MIGRATION_LOCK_POLL: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// Applies the pending migrations on `client`. While another instance holds
-/// the migration lock (it is migrating), waits for it: at most `lock_wait`
-/// (then [`StoreError::Unavailable`], which start-up retries), or for as long
-/// as it takes with `None` (`idem migrate`).
+/// the migration lock (it is migrating, or checking that nothing is pending),
+/// waits for it: at most `lock_wait` (then [`StoreError::Unavailable`], which
+/// start-up retries), or for as long as it takes with `None` (`idem migrate`).
 pub(crate) async fn apply(
     client: &mut tokio_postgres::Client,
     lock_wait: Option<std::time::Duration>,

@@ -349,9 +349,9 @@ fn warn_unknown_classes(ops: &[String]) {
     let config = match read_config(path.as_ref()) {
         Ok(config) => config,
         Err(e) => {
-            eprintln!(
+            tell(format_args!(
                 "warning: the configuration does not load ({e:#}); the operation classes were not checked"
-            );
+            ));
             return;
         }
     };
@@ -360,9 +360,9 @@ fn warn_unknown_classes(ops: &[String]) {
         |p| format!("IDEM_CONFIG={}", p.display()),
     );
     for op in ops.iter().filter(|o| !config.operations.contains_key(*o)) {
-        eprintln!(
+        tell(format_args!(
             "warning: `{op}` is not an operation class of {source}; this key cannot submit it until the server's configuration defines it"
-        );
+        ));
     }
 }
 
@@ -430,12 +430,37 @@ fn say(text: impl std::fmt::Display) -> Result<()> {
 /// # Errors
 /// Any write error but a broken pipe.
 fn say_raw(text: impl std::fmt::Display) -> Result<()> {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    match write!(out, "{text}").and_then(|()| out.flush()) {
+    match write_stdout(text) {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         other => Ok(other?),
     }
+}
+
+/// Writes `text` and a newline to stdout, and fails on every write error, a
+/// broken pipe included: for output that must not be lost without a word (a
+/// plain API key, shown once).
+///
+/// # Errors
+/// Any write error.
+fn say_strict(text: impl std::fmt::Display) -> std::io::Result<()> {
+    write_stdout(format_args!("{text}\n"))
+}
+
+/// Writes `text` to stdout and flushes it: the one place that writes there.
+fn write_stdout(text: impl std::fmt::Display) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    write!(out, "{text}").and_then(|()| out.flush())
+}
+
+/// Writes `text` and a newline to stderr, for messages to the operator. A
+/// write error (a reader of stderr that has gone away) is ignored, so the
+/// command still ends with its own status, instead of the panic `eprintln!`
+/// gives.
+fn tell(text: impl std::fmt::Display) {
+    use std::io::Write;
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(err, "{text}").and_then(|()| err.flush());
 }
 
 /// Opens the store, retrying while it is unavailable (the database is starting,
@@ -541,7 +566,7 @@ async fn serve(
         .with_context(|| format!("binding {listen}"))?;
     let addr = listener.local_addr()?;
     tracing::info!(%addr, store = store.kind(), config_version = %version, "idem listening on http://{addr}");
-    println!("idem listening on http://{addr}");
+    say(format_args!("idem listening on http://{addr}"))?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     // The metrics recorder before the sweeper's first tick (at once), so that
     // sweep's counts (after a restart, every lease that ran out meanwhile) are
@@ -596,7 +621,7 @@ async fn main() -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             // One readable line (with its causes), whatever RUST_BACKTRACE says.
-            eprintln!("error: {e:#}");
+            tell(format_args!("error: {e:#}"));
             std::process::ExitCode::FAILURE
         }
     }
@@ -651,14 +676,22 @@ async fn run() -> Result<()> {
                         bail!("no key to create");
                     };
                     let (key, plain) = store.create_api_key(&tenant, role, operations).await?;
-                    eprintln!(
+                    tell(format_args!(
                         "created API key {} for tenant {} (role {}); the plain key is shown once",
                         key.id, key.tenant, key.role
-                    );
-                    say(plain)?;
+                    ));
+                    // Shown once: a plain key nobody received must not pass for
+                    // success (exit 1, and the way out).
+                    say_strict(plain).with_context(|| {
+                        format!(
+                            "API key {id} was created but its plain key could not be written to stdout; \
+                             revoke it (idem keys revoke {id}) and create another",
+                            id = key.id
+                        )
+                    })?;
                 }
                 KeysCommand::Revoke { id } => match store.revoke_api_key(id).await? {
-                    Some(k) => eprintln!("revoked {}", k.id),
+                    Some(k) => tell(format_args!("revoked {}", k.id)),
                     None => bail!("no API key {id}"),
                 },
                 KeysCommand::List => {
@@ -739,12 +772,14 @@ async fn run() -> Result<()> {
                 )
             };
             if applied.is_empty() {
-                eprintln!("{kind} schema is up to date at version {known}; nothing to apply");
+                tell(format_args!(
+                    "{kind} schema is up to date at version {known}; nothing to apply"
+                ));
             } else {
-                eprintln!(
+                tell(format_args!(
                     "{kind}: applied migration(s) {}; schema now at version {known}",
                     applied.join(", ")
-                );
+                ));
             }
             Ok(())
         }

@@ -57,6 +57,69 @@ fn output_to_a_closed_pipe_ends_quietly() {
     assert!(!err.contains("panicked"), "{err}");
 }
 
+/// The plain key of `idem keys create` is shown once: when it cannot be
+/// written (the reader went away), the command fails (exit 1) and says which
+/// key to revoke, instead of passing an unusable key off as success.
+#[test]
+fn a_plain_key_nobody_received_fails_the_command() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = store_url(dir.path());
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = Command::new(BIN)
+        .args([
+            "keys", "create", "--tenant", "acme", "--role", "client", "--store", &store,
+        ])
+        .env_remove("IDEM_STORE")
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{:?}: {err}", out.status);
+    assert!(!err.contains("panicked"), "{err}");
+    let list = Command::new(BIN)
+        .args(["keys", "list", "--store", &store])
+        .env_remove("IDEM_STORE")
+        .output()
+        .expect("run idem");
+    let listed = String::from_utf8_lossy(&list.stdout);
+    let id = listed.split('\t').next().unwrap_or_default().trim();
+    assert!(!id.is_empty(), "the key was created: {listed}");
+    assert!(
+        err.contains(&format!("idem keys revoke {id}")),
+        "names the key to revoke: {err}"
+    );
+}
+
+/// A closed stderr (`idem keys revoke ID 2>&1 | head -0`) does not turn a
+/// command's own status into a panic: the message is dropped, the status kept.
+#[test]
+fn messages_to_a_closed_stderr_keep_the_status() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = store_url(dir.path());
+    let run = |args: &[&str]| {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        Command::new(BIN)
+            .args(args)
+            .args(["--store", &store])
+            .env_remove("IDEM_STORE")
+            .stdout(Stdio::null())
+            .stderr(writer)
+            .status()
+            .unwrap()
+    };
+    // `migrate` reports only on stderr, and succeeds.
+    assert_eq!(run(&["migrate"]).code(), Some(0));
+    // Revoking a key that does not exist fails: its error line is lost, its
+    // status (1, not a panic's 101) is not.
+    assert_eq!(
+        run(&["keys", "revoke", "00000000-0000-0000-0000-000000000000"]).code(),
+        Some(1)
+    );
+}
+
 /// `idem task show|events|attempts` print what the API answers for the task,
 /// as indented JSON all through (the contract included).
 #[tokio::test]
