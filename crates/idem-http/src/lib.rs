@@ -641,9 +641,17 @@ pub async fn run_sweeper(
                 if s.expired + s.woken > 0 {
                     work.notify_waiters();
                 }
-                metrics::counter!("idem_leases_expired_total").increment(s.expired as u64);
-                metrics::counter!("idem_tasks_woken_total").increment(s.woken as u64);
-                metrics::counter!("idem_keys_released_total").increment(s.keys_released as u64);
+                // Only what happened: the series exist (at 0) from start-up
+                // (`metrics_handle`), not from the first sweep.
+                for (name, n) in [
+                    ("idem_leases_expired_total", s.expired),
+                    ("idem_tasks_woken_total", s.woken),
+                    ("idem_keys_released_total", s.keys_released),
+                ] {
+                    if n > 0 {
+                        metrics::counter!(name).increment(n as u64);
+                    }
+                }
             }
             Err(e) => tracing::warn!(error = %e, "sweep failed"),
         }

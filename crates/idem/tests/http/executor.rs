@@ -185,6 +185,25 @@ async fn expired_lease_on_safe_class_fences_the_old_generation() {
     );
     let attempts = srv.attempts(&id).await;
     assert_eq!(attempt_of(&attempts, &a1_id)["state"], json!("expired"));
+    // The sweeper counts what it expired (it records nothing for an empty sweep).
+    let deadline = std::time::Instant::now() + POLL_TIMEOUT;
+    loop {
+        let m = srv.call(reqwest::Method::GET, "/metrics", None, None).await;
+        let expired = m
+            .text
+            .lines()
+            .find_map(|l| l.strip_prefix("idem_leases_expired_total "))
+            .map(str::trim)
+            .map(str::to_owned);
+        if expired.as_deref() == Some("1") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "idem_leases_expired_total should be 1, got {expired:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
     let a2 = srv.claim_one("generation.dispatch", None).await;
     assert_eq!(a2["number"], json!(2));
