@@ -103,7 +103,8 @@ pub struct LookupQuery {
 /// `POST /v1/attempts/claim` body.
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct ClaimBody {
-    /// Executor id recorded on the attempt (1–200 characters).
+    /// Executor id recorded on the attempt (1–200 characters, no control
+    /// characters).
     #[schema(min_length = 1, max_length = 200)]
     pub executor_id: String,
     /// Operation classes to claim from; default: every class the key is granted.
@@ -204,8 +205,10 @@ pub struct ReportBody {
     #[serde(default)]
     #[schema(minimum = 0)]
     pub usage: Option<i64>,
-    /// The external system's transaction id.
+    /// The external system's transaction id (1–200 characters, no control
+    /// characters).
     #[serde(default)]
+    #[schema(min_length = 1, max_length = 200)]
     pub external_txn_id: Option<String>,
 }
 
@@ -678,8 +681,10 @@ pub async fn claim(
 ) -> AppResult<Json<ClaimResponse>> {
     caller.require(Role::Executor)?;
     let body: ClaimBody = strict_typed(body)?;
-    if body.executor_id.is_empty() || body.executor_id.chars().count() > 200 {
-        return Err(Problem::invalid("`executor_id` must be 1–200 characters"));
+    if !is_short_text(&body.executor_id) {
+        return Err(Problem::invalid(
+            "`executor_id` must be 1–200 characters, none of them a control character",
+        ));
     }
     let operations: Vec<String> = match body.operations {
         Some(ops) => {
@@ -820,6 +825,15 @@ pub async fn report(
     caller.require(Role::Executor)?;
     let attempt_id = id;
     let (raw, body): (Value, ReportBody) = strict_body(body)?;
+    if body
+        .external_txn_id
+        .as_deref()
+        .is_some_and(|t| !is_short_text(t))
+    {
+        return Err(Problem::invalid(
+            "`external_txn_id` must be 1–200 characters, none of them a control character",
+        ));
+    }
     let report = Report {
         generation: body.generation,
         outcome: body.outcome,
@@ -866,6 +880,13 @@ pub async fn readyz(State(st): St) -> AppResult<Json<Health>> {
         status: "ok".into(),
         store: Some(st.store.kind().into()),
     }))
+}
+
+/// Whether `s` is an identifier-like text field: 1–200 characters (Unicode
+/// scalar values), none of them a control character (`executor_id`,
+/// `external_txn_id`; a NUL could not even be stored on PostgreSQL).
+fn is_short_text(s: &str) -> bool {
+    !s.is_empty() && s.chars().count() <= 200 && !s.chars().any(char::is_control)
 }
 
 #[cfg(test)]

@@ -10,10 +10,13 @@ use tokio_postgres::error::SqlState;
 /// - serialization failure (`40001`), deadlock (`40P01`) and unique violation
 ///   (`23505`, a concurrent writer got there first) → [`StoreError::Contention`]
 ///   (the whole transaction is run again);
-/// - data exceptions (`22…`), other integrity violations (`23…`, including the
-///   append-only triggers) and raised exceptions (`P0…`) → [`StoreError::Corrupt`];
-/// - program limits exceeded (`54…`, e.g. an index row too large) →
-///   [`StoreError::Rejected`];
+/// - text PostgreSQL cannot hold (`22021` a NUL character, `22P05` a character
+///   with no equivalent in the database's encoding) and program limits
+///   exceeded (`54…`, e.g. an index row too large) → [`StoreError::Rejected`]
+///   (the values can never be stored: 400, not a corrupt store);
+/// - other data exceptions (`22…`), other integrity violations (`23…`,
+///   including the append-only triggers) and raised exceptions (`P0…`) →
+///   [`StoreError::Corrupt`];
 /// - everything else (connection lost, timeouts, admin shutdown, resources,
 ///   no error code at all) → [`StoreError::Unavailable`] (HTTP 503).
 pub fn map_pg_error(e: tokio_postgres::Error) -> StoreError {
@@ -27,6 +30,10 @@ pub fn map_pg_error(e: tokio_postgres::Error) -> StoreError {
         || *code == SqlState::UNIQUE_VIOLATION
     {
         return StoreError::Contention(msg);
+    }
+    if *code == SqlState::CHARACTER_NOT_IN_REPERTOIRE || *code == SqlState::UNTRANSLATABLE_CHARACTER
+    {
+        return StoreError::Rejected(msg);
     }
     match code.code().get(..2) {
         Some("22" | "23" | "P0") => StoreError::Corrupt(msg),

@@ -350,6 +350,28 @@ fn claim_req(max: i64, lease_ms: Option<i64>) -> ClaimRequest {
     }
 }
 
+/// Text PostgreSQL cannot hold (a NUL character) is refused for good
+/// (`Rejected`, HTTP 400), not reported as a corrupt store, and writes nothing.
+#[tokio::test]
+async fn text_postgres_cannot_hold_is_rejected() {
+    let (_, store, key) = seeded::<&str>(&[], 'n').await;
+    store
+        .submit(submission("acme", "nul", key.id, 'n'))
+        .await
+        .unwrap();
+    let mut req = claim_req(1, None);
+    req.executor_id = "w\0x".into();
+    match store.claim(req).await {
+        Err(idem_store::StoreError::Rejected(msg)) => assert!(msg.contains("22021"), "{msg}"),
+        other => panic!("expected Rejected, got {other:?}"),
+    }
+    assert_eq!(
+        store.claim(claim_req(1, None)).await.unwrap().len(),
+        1,
+        "the refused claim leased nothing"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_expire_and_keys_are_released_by_the_sweeper() {
     let (url, store, key) = seeded::<&str>(&[], 'e').await;

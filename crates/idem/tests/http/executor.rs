@@ -703,9 +703,13 @@ async fn lease_ms_out_of_bounds_is_400() {
     assert_eq!(a.len(), 1);
     srv.new_task("lease-2", "payment.release", payment(2)).await;
     assert_eq!(srv.claim_op("payment.release", Some(100)).await.len(), 1);
-    // Other claim inputs.
+    // Other claim inputs; a due task stays unleased by every refused claim.
+    srv.new_task("lease-3", "payment.release", payment(3)).await;
     for body in [
         json!({"executor_id": "", "operations": ["payment.release"]}),
+        json!({"executor_id": "x".repeat(201), "operations": ["payment.release"]}),
+        json!({"executor_id": "w\u{0}x", "operations": ["payment.release"]}),
+        json!({"executor_id": "tab\there", "operations": ["payment.release"]}),
         json!({"executor_id": "ex", "operations": []}),
         json!({"executor_id": "ex", "operations": ["nope.op"]}),
         json!({"executor_id": "ex", "max": 0}),
@@ -713,6 +717,56 @@ async fn lease_ms_out_of_bounds_is_400() {
     ] {
         srv.claim(body).await.assert_problem(400, "INVALID_REQUEST");
     }
+    let a = srv.claim_op("payment.release", None).await;
+    assert_eq!(a.len(), 1, "lease-3 was still due");
+    // 200 characters of any script are an executor id.
+    srv.new_task("lease-4", "payment.release", payment(4)).await;
+    let long = "é".repeat(200);
+    let r = srv
+        .claim(json!({"executor_id": long, "operations": ["payment.release"]}))
+        .await;
+    assert_eq!(r.ok(200)["attempts"].as_array().map(Vec::len), Some(1));
+}
+
+/// `external_txn_id` is an identifier: 1–200 characters, no control
+/// characters (a NUL could not even be stored on PostgreSQL). A report that
+/// breaks this is a 400 that changes nothing and is not kept as evidence; the
+/// attempt can still be reported.
+#[tokio::test]
+async fn report_external_txn_id_is_checked() {
+    let srv = Server::fast().await;
+    let t = srv
+        .new_task("txn-1", "generation.dispatch", generation("cat"))
+        .await;
+    let id = s(&t["id"]);
+    let a = srv.claim_one("generation.dispatch", None).await;
+    let a_id = s(&a["id"]);
+    for txn in [
+        json!(""),
+        json!("\u{0}"),
+        json!("a\nb"),
+        json!("x".repeat(201)),
+    ] {
+        let r = srv
+            .report(
+                &a_id,
+                json!({"generation": 1, "outcome": "succeeded", "result": {}, "external_txn_id": txn}),
+            )
+            .await;
+        r.assert_problem(400, "INVALID_REQUEST");
+    }
+    let attempts = srv.attempts(&id).await;
+    assert_eq!(attempt_of(&attempts, &a_id)["state"], json!("leased"));
+    assert_eq!(attempt_of(&attempts, &a_id)["evidence"], json!([]));
+    let r = srv
+        .report(
+            &a_id,
+            json!({"generation": 1, "outcome": "succeeded", "result": {}, "external_txn_id": "txn-é-1"}),
+        )
+        .await;
+    let task = &r.ok(200)["task"];
+    assert_eq!(task["state"], json!("succeeded"));
+    assert_eq!(task["delivery"]["external_txn_id"], json!("txn-é-1"));
 }
 
 #[tokio::test]
