@@ -883,12 +883,27 @@ fn retry_after_transient(task: &mut Task, j: &mut Journal, now: Timestamp, messa
 /// (SPEC §2.5). `backoff` waits in `retry_wait`; otherwise the task is queued at once.
 fn next_execute(task: &mut Task, j: &mut Journal, now: Timestamp, backoff: bool, reason: &str) {
     let retry = &task.contract.retry;
+    // The failure says which limit ended the task, then what the last attempt
+    // reported (an executor may report a failure without a message).
+    let ended = |limit: String| {
+        if reason.is_empty() {
+            limit
+        } else {
+            format!("{limit}; last attempt: {reason}")
+        }
+    };
     if task.control.execute_count >= retry.max_attempts {
-        fail(task, j, now, FailureClass::AttemptsExhausted, reason);
+        let message = ended(format!("all {} attempts used", retry.max_attempts));
+        fail(task, j, now, FailureClass::AttemptsExhausted, &message);
     } else if now >= task.control.deadline_at {
-        fail(task, j, now, FailureClass::DeadlineExceeded, reason);
+        let message = ended("deadline passed".to_owned());
+        fail(task, j, now, FailureClass::DeadlineExceeded, &message);
     } else if task.usage > retry.usage_budget {
-        fail(task, j, now, FailureClass::BudgetExhausted, reason);
+        let message = ended(format!(
+            "usage {} over the budget of {}",
+            task.usage, retry.usage_budget
+        ));
+        fail(task, j, now, FailureClass::BudgetExhausted, &message);
     } else if backoff {
         let delay = retry.backoff.delay_ms(task.control.execute_count + 1);
         task.state = TaskState::RetryWait;

@@ -480,12 +480,20 @@ fn retry_limits_attempts_deadline_budget() {
     for n in 1..=5u128 {
         now = now.plus_ms(60_000);
         let mut a = claim_now(&mut t, &mut j, n, now);
-        let r = rep(a.generation, Outcome::Failed);
+        let mut r = rep(a.generation, Outcome::Failed);
+        if n == 5 {
+            r.message = Some("gpu timeout".into());
+        }
         report(&mut t, &mut a, &mut j, &r, now).unwrap();
     }
     assert_eq!(
         t.failure.as_ref().unwrap().class,
         FailureClass::AttemptsExhausted
+    );
+    // The failure names the limit, then what the last attempt said.
+    assert_eq!(
+        t.failure.as_ref().unwrap().message,
+        "all 5 attempts used; last attempt: gpu timeout"
     );
 
     let (mut t, mut j) = new_task("generation.dispatch");
@@ -518,6 +526,15 @@ fn retry_limits_attempts_deadline_budget() {
     assert_eq!(
         t.failure.as_ref().unwrap().class,
         FailureClass::BudgetExhausted
+    );
+    // A failure reported without a message still says what ended the task.
+    assert_eq!(
+        t.failure.as_ref().unwrap().message,
+        format!(
+            "usage {} over the budget of {}",
+            t.contract.retry.usage_budget + 1,
+            t.contract.retry.usage_budget
+        )
     );
 }
 
