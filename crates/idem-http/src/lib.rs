@@ -354,6 +354,12 @@ pub fn metrics_handle() -> Option<PrometheusHandle> {
         .clone()
 }
 
+/// The sweeper's counters (registered and described in [`describe_metrics`],
+/// counted in [`run_sweeper`]).
+const LEASES_EXPIRED: &str = "idem_leases_expired_total";
+const TASKS_WOKEN: &str = "idem_tasks_woken_total";
+const KEYS_RELEASED: &str = "idem_keys_released_total";
+
 /// Gives every idem metric its `# HELP` text and lists every counter from
 /// the start, at 0 (each label value of a labelled counter too), so a
 /// dashboard or `rate()` sees a series before its first event rather than a
@@ -387,16 +393,10 @@ fn describe_metrics() {
             "idem_attempts_leased_total",
             "Attempts handed out by claims.",
         ),
+        (LEASES_EXPIRED, "Leases the sweeper found expired."),
+        (TASKS_WOKEN, "retry_wait tasks whose backoff passed."),
         (
-            "idem_leases_expired_total",
-            "Leases the sweeper found expired.",
-        ),
-        (
-            "idem_tasks_woken_total",
-            "retry_wait tasks whose backoff passed.",
-        ),
-        (
-            "idem_keys_released_total",
+            KEYS_RELEASED,
             "Idempotency keys removed after their retention.",
         ),
     ] {
@@ -644,9 +644,9 @@ pub async fn run_sweeper(
                 // Only what happened: the series exist (at 0) from start-up
                 // (`metrics_handle`), not from the first sweep.
                 for (name, n) in [
-                    ("idem_leases_expired_total", s.expired),
-                    ("idem_tasks_woken_total", s.woken),
-                    ("idem_keys_released_total", s.keys_released),
+                    (LEASES_EXPIRED, s.expired),
+                    (TASKS_WOKEN, s.woken),
+                    (KEYS_RELEASED, s.keys_released),
                 ] {
                     if n > 0 {
                         metrics::counter!(name).increment(n as u64);

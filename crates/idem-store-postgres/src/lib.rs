@@ -138,8 +138,8 @@ pub const SUBMIT_LANES: usize = 2;
 /// larger, and PostgreSQL spent 17–20 µs of CPU per replay against 23–27 µs
 /// with two (`scripts/cpu-per-request.sh`, two alternating pairs, 10–12 % more
 /// replays answered; three alternating `idem bench --mode replay` pairs gave
-/// +8 %, +17 % and −3 %). Four lanes answered fewer replays than two. None in a pool of fewer than 8 connections, where every submit
-/// is written.
+/// +8 %, +17 % and −3 %). Four lanes answered fewer replays than two. None
+/// in a pool of fewer than 8 connections, where every submit is written.
 pub const RETRY_LANES: usize = 1;
 
 type PendingSubmit = (Submission, oneshot::Sender<Result<SubmitOutcome>>);

@@ -39,13 +39,20 @@ async fn keys_commands_take_store_after_the_subcommand() {
     assert_eq!(String::from_utf8_lossy(&list.stdout).lines().count(), 1);
 }
 
+/// The writing end of a pipe whose reader is already gone: every write to it
+/// fails with a broken pipe.
+fn closed_pipe() -> std::io::PipeWriter {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    writer
+}
+
 /// A command whose reader has gone away (`idem openapi | head -1`, the
 /// reader closed before the first write) ends quietly with its own status (0
 /// here), not with a panic about a broken pipe.
 #[test]
 fn output_to_a_closed_pipe_ends_quietly() {
-    let (reader, writer) = std::io::pipe().unwrap();
-    drop(reader);
+    let writer = closed_pipe();
     let out = Command::new(BIN)
         .arg("openapi")
         .stdout(writer)
@@ -64,8 +71,7 @@ fn output_to_a_closed_pipe_ends_quietly() {
 fn a_plain_key_nobody_received_fails_the_command() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = store_url(dir.path());
-    let (reader, writer) = std::io::pipe().unwrap();
-    drop(reader);
+    let writer = closed_pipe();
     let out = Command::new(BIN)
         .args([
             "keys", "create", "--tenant", "acme", "--role", "client", "--store", &store,
@@ -99,8 +105,7 @@ fn messages_to_a_closed_stderr_keep_the_status() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = store_url(dir.path());
     let run = |args: &[&str]| {
-        let (reader, writer) = std::io::pipe().unwrap();
-        drop(reader);
+        let writer = closed_pipe();
         Command::new(BIN)
             .args(args)
             .args(["--store", &store])
