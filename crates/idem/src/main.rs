@@ -101,7 +101,7 @@ enum Command {
     },
     /// Print the OpenAPI document.
     Openapi,
-    /// The seeds' payment case end to end over HTTP, as a readable report (exit 1 if a check fails).
+    /// The payment-release scenario end to end over HTTP against a simulated payout provider, as a readable report (exit 1 if a check fails).
     Demo {
         /// A running idem; default: an in-process server on a temporary SQLite store.
         #[arg(long)]
