@@ -211,10 +211,11 @@ pub struct Contract {
     pub fingerprint: Option<Vec<crate::fingerprint::JsonPointer>>,
     /// The JSON Schema the task's params were checked against at acceptance
     /// (the class's `params_schema`), frozen with the rest so the task records
-    /// what it was accepted under. Absent when the class has none.
+    /// what it was accepted under. Absent when the class has none. Shared,
+    /// not copied, by the contracts of one class (one per submit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
-    pub params_schema: Option<serde_json::Value>,
+    pub params_schema: Option<std::sync::Arc<serde_json::Value>>,
 }
 
 impl Contract {
@@ -376,7 +377,10 @@ impl Config {
             windows: class.windows.clone(),
             config_version: self.version(),
             fingerprint: Some(class.fingerprint.clone()),
-            params_schema: class.params_schema.as_ref().map(|s| s.document().clone()),
+            params_schema: class
+                .params_schema
+                .as_ref()
+                .map(|s| std::sync::Arc::new(s.document().clone())),
         })
     }
 }
@@ -488,7 +492,7 @@ mod tests {
             assert!(schema.validate(&bad).is_err(), "{bad}");
         }
         let contract = c.contract("payment.release").unwrap();
-        assert_eq!(contract.params_schema.as_ref(), Some(schema.document()));
+        assert_eq!(contract.params_schema.as_deref(), Some(schema.document()));
         assert_eq!(
             contract.params_schema.unwrap()["properties"]["currency"]["pattern"],
             "^[A-Z]{3}$"
