@@ -211,8 +211,8 @@ pub struct Contract {
     pub fingerprint: Option<Vec<crate::fingerprint::JsonPointer>>,
     /// The JSON Schema the task's params were checked against at acceptance
     /// (the class's `params_schema`), frozen with the rest so the task records
-    /// what it was accepted under. Absent when the class has none. Shared,
-    /// not copied, by the contracts of one class (one per submit).
+    /// what it was accepted under. Absent when the class has none.
+    // Shared, not copied, by the contracts of one class (one per submit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub params_schema: Option<std::sync::Arc<serde_json::Value>>,
