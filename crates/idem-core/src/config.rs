@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::fingerprint::JsonPointer;
+use crate::schema::ParamsSchema;
 
 /// The bundled default configuration (also shipped as `examples/idem.toml`).
 pub const DEFAULT_TOML: &str = include_str!("../../../examples/idem.toml");
@@ -160,6 +161,11 @@ pub struct OperationClass {
     /// JSON pointers of the material fields; empty = all params.
     #[serde(default)]
     pub fingerprint: Vec<JsonPointer>,
+    /// JSON Schema the submit's `params` must match, if any (written as a
+    /// TOML table; compiled by [`Config::check`]). A submit that does not
+    /// match is 400 `INVALID_REQUEST` and consumes no key (SPEC §5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub params_schema: Option<ParamsSchema>,
     /// Retry policy.
     pub retry: RetryPolicy,
     /// Lease bounds.
@@ -203,6 +209,13 @@ pub struct Contract {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<Vec<String>>))]
     pub fingerprint: Option<Vec<crate::fingerprint::JsonPointer>>,
+    /// The JSON Schema the task's params were checked against at acceptance
+    /// (the class's `params_schema`), frozen with the rest so the task records
+    /// what it was accepted under. Absent when the class has none.
+    // Shared, not copied, by the contracts of one class (one per submit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
+    pub params_schema: Option<std::sync::Arc<serde_json::Value>>,
 }
 
 impl Contract {
@@ -281,10 +294,12 @@ impl Config {
         Config::from_toml(&text)
     }
 
-    /// Checks every class (SPEC §2.9 retention rule, positive bounds).
+    /// Checks every class (SPEC §2.9 retention rule, positive bounds) and
+    /// compiles its `params_schema`.
     ///
     /// # Errors
-    /// The first rule broken.
+    /// The first rule broken; [`ConfigError::Invalid`] naming the class for a
+    /// schema that does not compile.
     pub fn check(&self) -> Result<(), ConfigError> {
         if self.operations.is_empty() {
             return Err(ConfigError::Empty);
@@ -335,6 +350,9 @@ impl Config {
                     required_ms,
                 });
             }
+            if let Some(schema) = &class.params_schema {
+                schema.compile().map_err(|e| invalid(&e.to_string()))?;
+            }
         }
         Ok(())
     }
@@ -359,6 +377,10 @@ impl Config {
             windows: class.windows.clone(),
             config_version: self.version(),
             fingerprint: Some(class.fingerprint.clone()),
+            params_schema: class
+                .params_schema
+                .as_ref()
+                .map(|s| std::sync::Arc::new(s.document().clone())),
         })
     }
 }
@@ -451,6 +473,72 @@ mod tests {
         assert_eq!(g.price, 50);
         assert!(c.operations["generation.dispatch"].fingerprint.is_empty());
         assert_eq!(c.operations["payment.release"].fingerprint.len(), 3);
+    }
+
+    #[test]
+    fn bundled_payment_schema_is_compiled_and_frozen_into_the_contract() {
+        let c = Config::bundled().unwrap();
+        let class = &c.operations["payment.release"];
+        let schema = class.params_schema.as_ref().unwrap();
+        let ok = serde_json::json!({"payee": "p", "amount": 1, "currency": "EUR"});
+        schema.validate(&ok).unwrap();
+        for bad in [
+            serde_json::json!({"payee": "p", "amount": 1}),
+            serde_json::json!({"payee": "p", "amount": -5, "currency": "EUR"}),
+            serde_json::json!({"payee": "p", "amount": 1.5, "currency": "EUR"}),
+            serde_json::json!({"payee": "", "amount": 1, "currency": "EUR"}),
+            serde_json::json!({"payee": "p", "amount": 1, "currency": "eur"}),
+        ] {
+            assert!(schema.validate(&bad).is_err(), "{bad}");
+        }
+        let contract = c.contract("payment.release").unwrap();
+        assert_eq!(contract.params_schema.as_deref(), Some(schema.document()));
+        assert_eq!(
+            contract.params_schema.unwrap()["properties"]["currency"]["pattern"],
+            "^[A-Z]{3}$"
+        );
+        assert!(
+            c.contract("generation.dispatch")
+                .unwrap()
+                .params_schema
+                .is_none()
+        );
+        // The schema is part of the configuration's version and its TOML form.
+        let back = Config::from_toml(&c.to_toml().unwrap()).unwrap();
+        assert_eq!(back, c);
+        let mut lax = c.clone();
+        lax.operations
+            .get_mut("payment.release")
+            .unwrap()
+            .params_schema = None;
+        assert_ne!(lax.version(), c.version());
+    }
+
+    #[test]
+    fn a_schema_that_does_not_compile_names_its_class() {
+        let text = DEFAULT_TOML.replace(
+            r#"properties.payee = { type = "string", minLength = 1 }"#,
+            r#"properties.payee = { type = "text" }"#,
+        );
+        let e = Config::from_toml(&text).unwrap_err().to_string();
+        assert!(
+            e.starts_with("operation class `payment.release`: params_schema does not compile: "),
+            "{e}"
+        );
+        // An environment override may replace the whole schema with an inline table.
+        let e = Config::from_toml_with_env(
+            DEFAULT_TOML,
+            [(
+                "IDEM_OPERATIONS__GENERATION_DISPATCH__PARAMS_SCHEMA".to_owned(),
+                r#"{ "$ref" = "https://example.invalid/s.json" }"#.to_owned(),
+            )],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("operation class `generation.dispatch`: params_schema does not compile"),
+            "{e}"
+        );
     }
 
     #[test]

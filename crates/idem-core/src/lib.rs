@@ -10,6 +10,7 @@
 //! - [`key`]: the `Idempotency-Key` header (RFC 9651 sf-string or bare token).
 //! - [`config`]: operation classes, their retry and fee policy, and the
 //!   [`config::Contract`] frozen onto each task at acceptance.
+//! - [`schema`]: the JSON Schema a class's params must match.
 //! - [`model`]: tasks, attempts, cancellation, delivery, failure.
 //! - [`machine`]: the task state machine: every transition as one pure
 //!   function returning the new records and the events to append.
@@ -21,3 +22,4 @@ pub mod key;
 pub mod machine;
 pub mod memo;
 pub mod model;
+pub mod schema;

@@ -581,8 +581,38 @@ fn short(id: Uuid) -> String {
     format!("…{}", &s[s.len() - 8..])
 }
 
+/// An amount of integer minor units of `currency` (cents for EUR), as
+/// `EUR 12.50 (1250 minor units)`.
 fn money(amount: i64, currency: &str) -> String {
-    format!("{currency} {}.{:02}", amount / 100, amount % 100)
+    format!(
+        "{currency} {}.{:02} ({amount} minor units)",
+        amount / 100,
+        amount % 100
+    )
+}
+
+/// The `currency` of a payment's params (`?` when it has none).
+fn currency_of(params: &serde_json::Value) -> &str {
+    params["currency"].as_str().unwrap_or("?")
+}
+
+/// What idem charged for a delivery, with units: `a charge of EUR 1.00 (100
+/// minor units)`. idem's fees are integer minor units of no named currency
+/// (SPEC §5); the demo reads them in the payment's currency.
+fn charge(amount: Option<i64>, currency: &str) -> String {
+    amount.map_or_else(
+        || "no charge".to_owned(),
+        |c| format!("a charge of {}", money(c, currency)),
+    )
+}
+
+/// A cancellation's fee, with units: `a cancellation fee of EUR 0.14 (14
+/// minor units)` (as [`charge`]).
+fn cancel_fee(amount: Option<i64>, currency: &str) -> String {
+    amount.map_or_else(
+        || "no cancellation fee".to_owned(),
+        |f| format!("a cancellation fee of {}", money(f, currency)),
+    )
 }
 
 fn status_of(r: &Result<impl Sized, ClientError>) -> String {
@@ -866,18 +896,18 @@ impl Demo {
             .submit_with_retry(OPERATION, &params, &key, &policy)
             .await
             .context("the agent's later retry")?;
-        let charge = again.task.delivery.as_ref().map(|d| d.charge);
+        let delivered_charge = again.task.delivery.as_ref().map(|d| d.charge);
         let txn = again
             .task
             .delivery
             .as_ref()
             .and_then(|d| d.external_txn_id.clone());
         self.say(format!(
-            "Later the agent sends the same request once more: {} again, replayed, same task {}, now {} with charge {} and the recorded transaction {}.",
+            "Later the agent sends the same request once more: {} again, replayed, same task {}, now {} with {} for the delivery and the recorded transaction {}.",
             again.status,
             short(again.task.id),
             again.task.state,
-            charge.map_or("none".into(), |c| c.to_string()),
+            charge(delivered_charge, currency_of(&again.task.params)),
             txn.clone().unwrap_or_else(|| "none".into())
         ));
         let ack1 = self.agent_patient.ack_delivery(task_id).await;
@@ -904,10 +934,10 @@ impl Demo {
         let events = self.reader.events(task_id).await?;
         let delivered = events.iter().filter(|e| e.kind == "delivered").count();
         self.say(format!(
-            "The provider moved money {} for this task; idem recorded {} with charge {}.",
+            "The provider moved money {} for this task; idem recorded {} with {}.",
             times(self.provider.money_moved(task_id)),
             count(delivered, "delivery"),
-            charge.unwrap_or(0)
+            charge(delivered_charge, currency_of(&again.task.params))
         ));
         self.say("Invariant: one key names one business operation, so every retry returns the same task and the payment happens once.");
         self.check(
@@ -922,7 +952,7 @@ impl Demo {
             Invariant::OneDeliveryOneCharge,
             self.provider.money_moved(task_id) == 1
                 && delivered == 1
-                && charge == Some(again.task.contract.price)
+                && delivered_charge == Some(again.task.contract.price)
                 && txn.as_deref() == Some(payout.txn.as_str())
                 && again.task.attempt_count == 1,
             "one attempt, one payout, one delivery charged the contract price",
@@ -997,7 +1027,7 @@ impl Demo {
             "Afterwards task {} is {} with its original amount {} and payee {}; the provider received {}.",
             short(after.id),
             if unchanged { "untouched" } else { "CHANGED" },
-            money(after.params["amount"].as_i64().unwrap_or(0), "EUR"),
+            money(after.params["amount"].as_i64().unwrap_or(0), currency_of(&after.params)),
             after.params["payee"].as_str().unwrap_or("?"),
             match self.provider.total_pay_requests() - pays_before {
                 0 => "no new payment request".to_owned(),
@@ -1089,10 +1119,10 @@ impl Demo {
             .as_ref()
             .and_then(|d| d.external_txn_id.clone());
         self.say(format!(
-            "The agent now reads task {}: {}, charge {}, transaction {}. The provider received {} and {} for it, and paid {}.",
+            "The agent now reads task {}: {} with {} for the delivery, transaction {}. The provider received {} and {} for it, and paid {}.",
             short(done.id),
             done.state,
-            done.delivery.as_ref().map_or(0, |d| d.charge),
+            charge(done.delivery.as_ref().map(|d| d.charge), currency_of(&done.params)),
             delivery_txn.clone().unwrap_or_else(|| "none".into()),
             count(self.provider.pay_requests(task.id), "payment request"),
             count(self.provider.lookups(task.id), "lookup"),
@@ -1269,7 +1299,7 @@ impl Demo {
         let (payout, _) = self.provider.pay(a.task_id, a.id, &a.params);
         let cancel = self.agent_patient.cancel(task.id).await?;
         self.say(format!(
-            "Task {} ({} to acct-dave): executor-1 has just paid (transaction {}) when the agent asks to cancel: {} with status `{}` (recorded, not yet decided).",
+            "Task {}, {} to acct-dave: executor-1 has just paid (transaction {}) when the agent asks to cancel: {} with status `{}` (recorded, not yet decided).",
             short(task.id),
             money(5000, "EUR"),
             payout.txn,
@@ -1286,13 +1316,13 @@ impl Demo {
             .await?;
         let again = self.agent_patient.cancel(task.id).await?;
         let c = done.cancellation.clone();
-        let charge = done.delivery.as_ref().map(|d| d.charge);
+        let delivered_charge = done.delivery.as_ref().map(|d| d.charge);
         self.say(format!(
-            "The executor's success report arrives first: task {}, charge {}. The cancellation became `{}` with fee {}; asking again answers {} `{}`.",
+            "The executor's success report arrives first: task {} with {} for the delivery. The cancellation became `{}` with {}, equal to the delivery's charge (after delivery a cancellation costs the full price); asking again answers {} `{}`.",
             done.state,
-            charge.map_or("none".into(), |c| c.to_string()),
+            charge(delivered_charge, currency_of(&done.params)),
             c.as_ref().map_or("none".into(), |c| c.status.to_string()),
-            c.as_ref().and_then(|c| c.fee).map_or("none".into(), |f| f.to_string()),
+            cancel_fee(c.as_ref().and_then(|c| c.fee), currency_of(&done.params)),
             again.status,
             again.cancellation.status
         ));
@@ -1304,8 +1334,8 @@ impl Demo {
         self.check(
             Invariant::CancelOrDeliverNeverBoth,
             done.state == TaskState::Succeeded
-                && c.as_ref().is_some_and(|c| c.status == CancelStatus::TooLate && c.fee == charge)
-                && charge == Some(done.contract.price)
+                && c.as_ref().is_some_and(|c| c.status == CancelStatus::TooLate && c.fee == delivered_charge)
+                && delivered_charge == Some(done.contract.price)
                 && again.status == 200
                 && again.cancellation.status == CancelStatus::TooLate,
             "when delivery wins, the cancellation is `too_late` and its fee is the delivery's charge",
@@ -1320,7 +1350,7 @@ impl Demo {
         let cancel = self.agent_patient.cancel(task.id).await?;
         let hb2 = self.exec.heartbeat(a.id, a.generation, Some(4)).await?;
         self.say(format!(
-            "Task {} ({} to acct-erin): executor-1 is still preparing (heartbeat: cancel requested = {}) when the agent cancels: {} `{}`. The next heartbeat says cancel requested = {}.",
+            "Task {}, {} to acct-erin: executor-1 is still preparing (heartbeat: cancel requested = {}) when the agent cancels: {} `{}`. The next heartbeat says cancel requested = {}.",
             short(task.id),
             money(7500, "EUR"),
             hb1.cancel_requested,
@@ -1337,10 +1367,10 @@ impl Demo {
         let expected_fee = fees["cancel_after_start_fixed"].as_i64().unwrap_or(0)
             + 4 * fees["usage_unit_price"].as_i64().unwrap_or(0);
         self.say(format!(
-            "The executor stops without paying and reports cancelled with 4 usage units: task {}, cancellation `{}`, fee {} (fixed fee plus incurred usage), generation raised from {} to {}.",
+            "The executor stops without paying and reports cancelled with 4 usage units: task {}, cancellation `{}` with {}: the fixed fee plus 4 units × the unit price, and no delivery charge; generation raised from {} to {}.",
             stopped.state,
             c.as_ref().map_or("none".into(), |c| c.status.to_string()),
-            c.as_ref().and_then(|c| c.fee).map_or("none".into(), |f| f.to_string()),
+            cancel_fee(c.as_ref().and_then(|c| c.fee), currency_of(&stopped.params)),
             a.generation,
             stopped.generation
         ));
@@ -1651,8 +1681,18 @@ mod tests {
     fn ids_and_money_read_well() {
         let id = Uuid::parse_str("0192f0c4-0000-7000-8000-00000000abcd").unwrap();
         assert_eq!(short(id), "…0000abcd");
-        assert_eq!(money(1250, "EUR"), "EUR 12.50");
-        assert_eq!(money(5, "EUR"), "EUR 0.05");
+        assert_eq!(money(1250, "EUR"), "EUR 12.50 (1250 minor units)");
+        assert_eq!(money(5, "EUR"), "EUR 0.05 (5 minor units)");
+        assert_eq!(
+            charge(Some(100), "EUR"),
+            "a charge of EUR 1.00 (100 minor units)"
+        );
+        assert_eq!(charge(None, "EUR"), "no charge");
+        assert_eq!(
+            cancel_fee(Some(14), "EUR"),
+            "a cancellation fee of EUR 0.14 (14 minor units)"
+        );
+        assert_eq!(cancel_fee(None, "EUR"), "no cancellation fee");
         assert_eq!(count(2, "delivery"), "2 deliveries");
         assert_eq!(count(1, "payout"), "1 payout");
         let lines = wrap("one two three four", 12, "  ", "    ");
@@ -1664,5 +1704,19 @@ mod tests {
         let report = run(DemoOptions::default()).await.unwrap();
         println!("{report}");
         assert!(report.passed, "{report}");
+        // Amounts, charges and fees carry their units and say which is which.
+        let text = report
+            .to_string()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        for said in [
+            "release EUR 12.50 (1250 minor units) to acct-alice",
+            "1 delivery with a charge of EUR 1.00 (100 minor units)",
+            "`too_late` with a cancellation fee of EUR 1.00 (100 minor units), equal to the delivery's charge",
+            "`confirmed` with a cancellation fee of EUR 0.14 (14 minor units): the fixed fee plus 4 units",
+        ] {
+            assert!(text.contains(said), "{said:?} in {text}");
+        }
     }
 }

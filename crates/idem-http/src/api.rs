@@ -15,6 +15,7 @@ use idem_core::machine::Report;
 use idem_core::model::{
     Attempt, AttemptKind, Cancellation, Event, FailureClass, Outcome, Role, Task, Timestamp,
 };
+use idem_core::schema::SchemaError;
 use idem_store::ops::{ClaimRequest, Submission, SubmitOutcome};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -267,7 +268,8 @@ fn body_bytes(body: Result<Bytes, BytesRejection>) -> AppResult<Bytes> {
 }
 
 /// A task or attempt id from the path; anything that is not a UUID (including
-/// bytes that are not UTF-8) is a 404 problem: no such resource.
+/// bytes that are not UTF-8) is a 404 problem saying so (`` `x` is not a task
+/// id (a UUID)``).
 pub struct IdPath(pub Uuid);
 
 impl<S: Send + Sync> axum::extract::FromRequestParts<S> for IdPath {
@@ -277,13 +279,43 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for IdPath {
         parts: &mut axum::http::request::Parts,
         state: &S,
     ) -> Result<Self, Problem> {
+        let what = if parts.uri.path().starts_with("/v1/attempts/") {
+            "an attempt id"
+        } else {
+            "a task id"
+        };
         let Path(raw) = Path::<String>::from_request_parts(parts, state)
             .await
-            .map_err(|_| Problem::not_found())?;
-        Uuid::parse_str(&raw)
-            .map(IdPath)
-            .map_err(|_| Problem::not_found())
+            .map_err(|_| Problem::not_found(format!("the path's id is not {what} (a UUID)")))?;
+        Uuid::parse_str(&raw).map(IdPath).map_err(|_| {
+            Problem::not_found(format!(
+                "`{}` is not {what} (a UUID)",
+                crate::problem::shorten(&raw)
+            ))
+        })
     }
+}
+
+/// The 404 detail for task `id`, the same whether it does not exist or
+/// belongs to another tenant or to a class the key is not granted.
+fn no_task(id: Uuid) -> impl FnOnce() -> String {
+    move || format!("no task {id} for this tenant")
+}
+
+/// The 404 detail for attempt `id` (as [`no_task`]).
+fn no_attempt(id: Uuid) -> impl FnOnce() -> String {
+    move || format!("no attempt {id} for this tenant")
+}
+
+/// 400 `INVALID_REQUEST` for an operation class this configuration does not
+/// define, listing the ones it does.
+fn unknown_operation(st: &crate::AppState, operation: &str) -> Problem {
+    let classes: Vec<&str> = st.config.operations.keys().map(String::as_str).collect();
+    Problem::invalid(format!(
+        "unknown operation `{}`; configured classes: {}",
+        crate::problem::shorten(operation),
+        classes.join(", ")
+    ))
 }
 
 fn request_id(headers: &HeaderMap) -> String {
@@ -518,7 +550,7 @@ fn prepare_submission(
         .contracts
         .get(&prepared.operation)
         .cloned()
-        .ok_or_else(|| Problem::invalid("unknown operation"))?;
+        .ok_or_else(|| unknown_operation(st, &prepared.operation))?;
     Ok(Submission {
         tenant: caller.0.tenant.clone(),
         operation: prepared.operation.clone(),
@@ -544,13 +576,15 @@ fn prepare_submission(
 fn prepare_body(st: &crate::AppState, bytes: &[u8]) -> AppResult<crate::prepared::PreparedBody> {
     let body: SubmitBody = strict_typed_bytes(bytes)?;
     let Some(class) = st.config.operations.get(&body.operation) else {
-        return Err(Problem::invalid(format!(
-            "unknown operation `{}`",
-            body.operation
-        )));
+        return Err(unknown_operation(st, &body.operation));
     };
     if !body.params.is_object() {
         return Err(Problem::invalid("`params` must be a JSON object"));
+    }
+    if let Some(schema) = &class.params_schema {
+        schema
+            .validate(&body.params)
+            .map_err(|e| schema_problem(&body.operation, e))?;
     }
     let canonical = canonical_request(&body.operation, &body.params, &class.fingerprint)
         .map_err(|e| Problem::invalid(e.to_string()))?;
@@ -560,6 +594,37 @@ fn prepare_body(st: &crate::AppState, bytes: &[u8]) -> AppResult<crate::prepared
         fingerprint: canonical.fingerprint.to_string(),
         canonical_request: canonical.canonical,
     })
+}
+
+/// The problem for params that do not match their class's schema: 400
+/// `INVALID_REQUEST` whose `detail` names each failing pointer and whose
+/// `errors` lists them (SPEC §5 `params_schema`).
+fn schema_problem(operation: &str, e: SchemaError) -> Problem {
+    match &e {
+        SchemaError::Mismatch { violations, .. } => {
+            let mut p = Problem::invalid(format!(
+                "`params` do not match the params_schema of `{operation}`: {e}; nothing was created and the Idempotency-Key was not used"
+            ));
+            p.errors = Some(
+                violations
+                    .iter()
+                    .map(|v| crate::problem::InvalidValue {
+                        pointer: v.pointer.clone(),
+                        message: v.message.clone(),
+                    })
+                    .collect(),
+            );
+            p
+        }
+        SchemaError::Compile(_) => {
+            tracing::error!(error = %e, operation, "params schema does not compile");
+            Problem::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "INTERNAL",
+                "internal error",
+            )
+        }
+    }
 }
 
 /// Look a task up by scope after a timeout.
@@ -583,13 +648,21 @@ pub async fn lookup_task(
     if !st.config.operations.contains_key(&operation) {
         // As a submit answers it: a class this server does not know is a bad
         // request, not a task that does not exist.
-        return Err(Problem::invalid(format!("unknown operation `{operation}`")));
+        return Err(unknown_operation(&st, &operation));
     }
     caller.require_grant(&operation)?;
     let task = caller
         .store(&st)
         .find_task(&caller.0.tenant, &operation, key.as_str())
-        .await??;
+        .await?
+        .map_err(|r| {
+            Problem::refused(r, || {
+                format!(
+                    "no task of `{operation}` with Idempotency-Key `{}` for this tenant",
+                    crate::problem::shorten(key.as_str())
+                )
+            })
+        })?;
     Ok(Json(TaskEnvelope { task }))
 }
 
@@ -605,7 +678,8 @@ pub async fn get_task(
     let task = caller
         .store(&st)
         .get_task(Some(&caller.0.tenant), id)
-        .await??;
+        .await?
+        .map_err(|r| Problem::refused(r, no_task(id)))?;
     Ok(Json(TaskEnvelope { task }))
 }
 
@@ -621,7 +695,8 @@ pub async fn list_attempts(
     let attempts = caller
         .store(&st)
         .list_attempts(Some(&caller.0.tenant), id)
-        .await??;
+        .await?
+        .map_err(|r| Problem::refused(r, no_task(id)))?;
     Ok(Json(AttemptsEnvelope { attempts }))
 }
 
@@ -637,7 +712,8 @@ pub async fn list_events(
     let events = caller
         .store(&st)
         .list_events(Some(&caller.0.tenant), id)
-        .await??;
+        .await?
+        .map_err(|r| Problem::refused(r, no_task(id)))?;
     Ok(Json(EventsEnvelope { events }))
 }
 
@@ -646,7 +722,11 @@ pub async fn list_events(
     responses((status = 200, description = "confirmed or too_late", body = CancelResponse), (status = 202, description = "requested", body = CancelResponse), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")))]
 pub async fn cancel_task(State(st): St, caller: Caller, IdPath(id): IdPath) -> AppResult<Response> {
     caller.require(Role::Client)?;
-    let (task, cancellation) = caller.store(&st).cancel(&caller.0.tenant, id).await??;
+    let (task, cancellation) = caller
+        .store(&st)
+        .cancel(&caller.0.tenant, id)
+        .await?
+        .map_err(|r| Problem::refused(r, no_task(id)))?;
     let status = if cancellation.status == idem_core::model::CancelStatus::Requested {
         StatusCode::ACCEPTED
     } else {
@@ -667,7 +747,8 @@ pub async fn acknowledge_delivery(
     let task = caller
         .store(&st)
         .acknowledge_delivery(&caller.0.tenant, id)
-        .await??;
+        .await?
+        .map_err(|r| Problem::refused(r, no_task(id)))?;
     Ok(Json(TaskEnvelope { task }))
 }
 
@@ -693,7 +774,7 @@ pub async fn claim(
             }
             for op in &ops {
                 if !st.config.operations.contains_key(op) {
-                    return Err(Problem::invalid(format!("unknown operation `{op}`")));
+                    return Err(unknown_operation(&st, op));
                 }
                 caller.require_grant(op)?;
             }
@@ -787,7 +868,8 @@ pub async fn heartbeat(
     let ack = caller
         .store(&st)
         .heartbeat(&caller.0.tenant, attempt_id, body.generation, body.usage)
-        .await??;
+        .await?
+        .map_err(|r| Problem::refused(r, no_attempt(attempt_id)))?;
     Ok(Json(HeartbeatResponse {
         lease_expires_at: ack.lease_expires_at,
         cancel_requested: ack.cancel_requested,
@@ -809,7 +891,8 @@ pub async fn acknowledge(
     let task = caller
         .store(&st)
         .acknowledge(&caller.0.tenant, attempt_id, body.generation, raw)
-        .await??;
+        .await?
+        .map_err(|r| Problem::refused(r, no_attempt(attempt_id)))?;
     Ok(Json(TaskEnvelope { task }))
 }
 
@@ -856,7 +939,7 @@ pub async fn report(
         Err(_) => "refused",
     };
     REPORTS.increment(label);
-    let task = res?;
+    let task = res.map_err(|r| Problem::refused(r, no_attempt(attempt_id)))?;
     if !task.state.is_terminal() {
         st.work.notify_waiters();
     }

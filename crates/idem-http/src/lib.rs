@@ -441,7 +441,14 @@ pub fn router(state: AppState) -> Router {
             }
         }),
     )
-    .fallback(|| async { Problem::not_found() })
+    .fallback(
+        |method: axum::http::Method, uri: axum::http::Uri| async move {
+            Problem::not_found(format!(
+                "no such path: {method} {}",
+                problem::shorten(uri.path())
+            ))
+        },
+    )
     .method_not_allowed_fallback(|| async {
         Problem::new(
             StatusCode::METHOD_NOT_ALLOWED,

@@ -27,8 +27,22 @@ pub struct Problem {
     /// For `STALE_GENERATION`: the task's current generation.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub current_generation: Option<i64>,
+    /// For `INVALID_REQUEST` from a class's `params_schema`: each failing
+    /// value, by its JSON Pointer into the request body (`/params/...`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub errors: Option<Vec<InvalidValue>>,
     #[serde(skip)]
     retry_after: bool,
+}
+
+/// One value of a request that breaks a rule (a member of [`Problem::errors`]).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct InvalidValue {
+    /// RFC 6901 JSON Pointer into the request body, e.g. `/params/currency`
+    /// (for a missing member: where it would be).
+    pub pointer: String,
+    /// What is wrong, e.g. `"currency" is a required property`.
+    pub message: String,
 }
 
 impl Problem {
@@ -45,6 +59,7 @@ impl Problem {
             code: code.to_owned(),
             task_id: None,
             current_generation: None,
+            errors: None,
             retry_after: false,
         }
     }
@@ -54,9 +69,20 @@ impl Problem {
         Problem::new(StatusCode::BAD_REQUEST, "INVALID_REQUEST", detail)
     }
 
-    /// 404 `NOT_FOUND` (also for other tenants' records: existence is not leaked).
-    pub fn not_found() -> Problem {
-        Problem::new(StatusCode::NOT_FOUND, "NOT_FOUND", "no such resource")
+    /// 404 `NOT_FOUND` saying what was not found: a path, an id that is not
+    /// a UUID, or a record (also for other tenants' records, with the same
+    /// text: existence is not leaked).
+    pub fn not_found(detail: impl Into<String>) -> Problem {
+        Problem::new(StatusCode::NOT_FOUND, "NOT_FOUND", detail)
+    }
+
+    /// `r` as a problem, with `missing()` as the detail of its 404 (e.g. `no
+    /// task <id> for this tenant`).
+    pub fn refused(r: Refusal, missing: impl FnOnce() -> String) -> Problem {
+        match r {
+            Refusal::NotFound => Problem::not_found(missing()),
+            other => other.into(),
+        }
     }
 
     /// 401 `UNAUTHENTICATED`.
@@ -76,6 +102,22 @@ impl Problem {
             "PAYLOAD_TOO_LARGE",
             format!("request body exceeds {limit} bytes"),
         )
+    }
+}
+
+/// Longest piece of a request (a path, an id, a class name) a problem's
+/// `detail` quotes, in characters.
+pub const MAX_QUOTED_CHARS: usize = 100;
+
+/// `text` cut to [`MAX_QUOTED_CHARS`] characters (ending `…` when cut), to be
+/// quoted in a `detail`.
+pub fn shorten(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.chars().count() <= MAX_QUOTED_CHARS {
+        std::borrow::Cow::Borrowed(text)
+    } else {
+        let mut cut: String = text.chars().take(MAX_QUOTED_CHARS - 1).collect();
+        cut.push('…');
+        std::borrow::Cow::Owned(cut)
     }
 }
 
@@ -114,12 +156,19 @@ impl From<Refusal> for Problem {
     fn from(r: Refusal) -> Problem {
         use idem_core::machine::Rejection;
         match r {
-            Refusal::NotFound => Problem::not_found(),
+            Refusal::NotFound => Problem::not_found("no such record for this tenant"),
             Refusal::Machine(Rejection::StaleGeneration { presented, current }) => {
                 let mut p = Problem::new(
                     StatusCode::CONFLICT,
                     "STALE_GENERATION",
-                    if presented == current {
+                    if presented > current {
+                        // Generations only grow, one per claim: this one was
+                        // never handed out (an executor bug or a mixed-up
+                        // attempt), so it never held any lease.
+                        format!(
+                            "generation {presented} is newer than the task's current generation {current}: it was never issued; nothing changed, and a report is kept as evidence"
+                        )
+                    } else if presented == current {
                         // Heartbeats, acks and reports all end here: the lease
                         // ran out, or the attempt already ended (reported).
                         format!(

@@ -183,6 +183,10 @@ enum KeysCommand {
         /// Comma-separated operation classes the key is limited to (default: all).
         #[arg(long, value_delimiter = ',')]
         operations: Option<Vec<String>>,
+        /// TOML configuration `--operations` is checked against, as `serve`
+        /// takes it; default: the bundled one.
+        #[arg(long, env = "IDEM_CONFIG")]
+        config: Option<PathBuf>,
     },
     /// Revoke a key by id.
     Revoke {
@@ -311,7 +315,8 @@ fn config_from(path: Option<&PathBuf>, overrides: Vec<(String, String)>) -> Resu
 /// Checks the arguments of `keys create` before anything is opened: the role,
 /// the tenant (1–128 visible ASCII characters: it is part of every scope's
 /// primary key) and the operation classes (trimmed; none empty; a warning for
-/// each the configuration does not define). Returns them ready to store.
+/// each the configuration at `config`, else the bundled one, does not
+/// define). Returns them ready to store.
 ///
 /// # Errors
 /// A message naming the refused argument.
@@ -319,6 +324,7 @@ fn key_to_create(
     tenant: &str,
     role: &str,
     operations: Option<&[String]>,
+    config: Option<&PathBuf>,
 ) -> Result<(String, Role, Option<Vec<String>>)> {
     let role: Role = role
         .parse()
@@ -335,18 +341,18 @@ fn key_to_create(
         if ops.iter().any(String::is_empty) {
             bail!("--operations lists an empty class name");
         }
-        warn_unknown_classes(ops);
+        warn_unknown_classes(ops, config);
     }
     Ok((tenant.to_owned(), role, operations))
 }
 
-/// Warns (on stderr) about each of `ops` that the configuration `idem serve`
-/// would load here (`IDEM_CONFIG`, else the bundled one) does not define: a key
-/// limited to it can submit nothing until the server's configuration has it.
-/// Only a warning, since the server may run with another configuration.
-fn warn_unknown_classes(ops: &[String]) {
-    let path = std::env::var_os("IDEM_CONFIG").map(PathBuf::from);
-    let config = match read_config(path.as_ref()) {
+/// Warns (on stderr) about each of `ops` that the configuration at `path`
+/// (`--config` / `IDEM_CONFIG`, as `idem serve` takes it; else the bundled
+/// one) does not define: a key limited to it can submit nothing until the
+/// server's configuration has it. Only a warning, since the server may run
+/// with another configuration.
+fn warn_unknown_classes(ops: &[String], path: Option<&PathBuf>) {
+    let config = match read_config(path) {
         Ok(config) => config,
         Err(e) => {
             tell(format_args!(
@@ -357,7 +363,7 @@ fn warn_unknown_classes(ops: &[String]) {
     };
     let source = path.map_or_else(
         || "the bundled configuration".to_owned(),
-        |p| format!("IDEM_CONFIG={}", p.display()),
+        |p| format!("the configuration {}", p.display()),
     );
     for op in ops.iter().filter(|o| !config.operations.contains_key(*o)) {
         tell(format_args!(
@@ -663,7 +669,13 @@ async fn run() -> Result<()> {
                     tenant,
                     role,
                     operations,
-                } => Some(key_to_create(tenant, role, operations.as_deref())?),
+                    config,
+                } => Some(key_to_create(
+                    tenant,
+                    role,
+                    operations.as_deref(),
+                    config.as_ref(),
+                )?),
                 _ => None,
             };
             let store = match command {

@@ -10,6 +10,7 @@ mod cli;
 mod contract;
 mod executor;
 mod grants;
+mod messages;
 mod multi_pg;
 mod sdk;
 mod submit;

@@ -739,7 +739,7 @@ async fn pg_outage_gives_503_writes_nothing_partial_and_recovers_without_restart
             while !stop.load(Ordering::SeqCst) {
                 let key = format!("load-{w}-{n}-{}", ikey());
                 let r = a
-                    .submit(&key, "payment.release", payment(100 * w + n))
+                    .submit(&key, "payment.release", payment(100 * w + n + 1))
                     .await;
                 sent.lock().expect("lock").push((key, r));
                 n += 1;
@@ -856,7 +856,7 @@ async fn pg_outage_gives_503_writes_nothing_partial_and_recovers_without_restart
                 it.nth(1).and_then(|x| x.parse().ok()).expect("worker"),
                 it.next().and_then(|x| x.parse().ok()).expect("n"),
             );
-            (k.as_str(), payment(100 * w + n))
+            (k.as_str(), payment(100 * w + n + 1))
         })
         .collect();
     for key in &unavailable {

@@ -326,8 +326,12 @@ async fn scopes_are_per_tenant_and_operation_and_never_leak() {
         )
         .await;
     nobody.assert_problem(404, "NOT_FOUND");
+    // The details differ only by the key they name.
     assert_eq!(
-        r.json["detail"], nobody.json["detail"],
+        r.json["detail"]
+            .as_str()
+            .map(|d| d.replace("`shared-key`", "`nobody`")),
+        nobody.json["detail"].as_str().map(str::to_owned),
         "no existence leak in the detail"
     );
     // A random id is the same 404.
@@ -351,7 +355,8 @@ async fn concurrent_identical_submits_yield_exactly_one_task() {
                 .submit_req(&srv.keys.acme)
                 .header("Idempotency-Key", key.clone())
                 .body(
-                    json!({"operation": "payment.release", "params": payment(round)}).to_string(),
+                    json!({"operation": "payment.release", "params": payment(round + 1)})
+                        .to_string(),
                 );
             set.spawn(send(req));
         }
