@@ -34,9 +34,14 @@ mod api;
 pub mod auth;
 pub mod prepared;
 pub mod problem;
+mod serve;
 
 pub use api::{ClaimBody, HeartbeatBody, ReportBody, SubmitBody};
 use problem::Problem;
+pub use serve::{
+    ACCEPT_ERROR_PAUSE, CONNECTIONS_CLOSED, DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT,
+    RESERVED_DESCRIPTORS, ServeLimits, default_max_connections, open_file_limit, serve,
+};
 
 /// Request bodies above this many bytes get 413 `PAYLOAD_TOO_LARGE` (SPEC §4).
 pub const BODY_LIMIT_BYTES: usize = 1024 * 1024;
@@ -621,7 +626,11 @@ impl RequestMetrics {
 }
 
 /// Runs one sweep (lease expiry, backoff wake-ups, retention) every `every` until
-/// `shutdown` resolves. Errors are logged and retried on the next tick.
+/// `shutdown` resolves. Errors are retried on the next tick and logged (WARN
+/// `sweep failed`) when they differ from the previous sweep's, so a store that
+/// stays down (or a SQLite file removed under it, which fails every sweep)
+/// logs one line, not one per tick; the first sweep that works again logs
+/// `sweeps work again` (INFO).
 pub async fn run_sweeper(
     store: Store,
     work: Arc<Notify>,
@@ -631,6 +640,7 @@ pub async fn run_sweeper(
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(shutdown);
+    let mut failing: Option<String> = None;
     loop {
         tokio::select! {
             () = &mut shutdown => return,
@@ -638,6 +648,9 @@ pub async fn run_sweeper(
         }
         match store.sweep(500).await {
             Ok(s) => {
+                if failing.take().is_some() {
+                    tracing::info!("sweeps work again");
+                }
                 if s.expired + s.woken > 0 {
                     work.notify_waiters();
                 }
@@ -653,7 +666,13 @@ pub async fn run_sweeper(
                     }
                 }
             }
-            Err(e) => tracing::warn!(error = %e, "sweep failed"),
+            Err(e) => {
+                let message = e.to_string();
+                if failing.as_ref() != Some(&message) {
+                    tracing::warn!(error = %message, "sweep failed");
+                    failing = Some(message);
+                }
+            }
         }
     }
 }
