@@ -391,6 +391,14 @@ fn describe_metrics() {
         Unit::Seconds,
         "HTTP request latency by matched route, until the answer's head is ready."
     );
+    describe_counter!(
+        serve::CONNECTIONS_CLOSED,
+        Unit::Count,
+        "Connections idem closed: header_timeout (request headers not complete in time), idle_timeout (no request in time after the last answer), over_capacity (closed at accept: IDEM_MAX_CONNECTIONS open)."
+    );
+    for reason in serve::CLOSE_REASONS {
+        metrics::counter!(serve::CONNECTIONS_CLOSED, "reason" => reason).increment(0);
+    }
     std::sync::LazyLock::force(&api::SUBMITS);
     std::sync::LazyLock::force(&api::REPORTS);
     for (name, help) in [

@@ -56,6 +56,12 @@ pub const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
 /// `header_timeout`, `idle_timeout`, `over_capacity`.
 pub const CONNECTIONS_CLOSED: &str = "idem_http_connections_closed_total";
 
+/// The `reason` labels of [`CONNECTIONS_CLOSED`].
+pub const CLOSE_REASONS: [&str; 3] = [HEADER_TIMEOUT, IDLE_TIMEOUT, OVER_CAPACITY];
+const HEADER_TIMEOUT: &str = "header_timeout";
+const IDLE_TIMEOUT: &str = "idle_timeout";
+const OVER_CAPACITY: &str = "over_capacity";
+
 /// The bounds of [`serve`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ServeLimits {
@@ -143,7 +149,7 @@ pub async fn serve(
             }
         };
         let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
-            metrics::counter!(CONNECTIONS_CLOSED, "reason" => "over_capacity").increment(1);
+            metrics::counter!(CONNECTIONS_CLOSED, "reason" => OVER_CAPACITY).increment(1);
             tracing::debug!(max_connections = max, "connection refused: too many open");
             drop(stream);
             continue;
@@ -316,8 +322,8 @@ impl Activity {
         loop {
             let phase = *self.phase.lock().unwrap_or_else(|e| e.into_inner());
             let (deadline, reason) = match phase {
-                Phase::Head { deadline } => (deadline, "header_timeout"),
-                Phase::Idle { deadline } => (deadline, "idle_timeout"),
+                Phase::Head { deadline } => (deadline, HEADER_TIMEOUT),
+                Phase::Idle { deadline } => (deadline, IDLE_TIMEOUT),
                 Phase::Busy { .. } => {
                     self.changed.notified().await;
                     continue;

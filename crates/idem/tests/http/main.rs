@@ -12,5 +12,6 @@ mod executor;
 mod grants;
 mod multi_pg;
 mod sdk;
+mod serving;
 mod submit;
 mod support;
