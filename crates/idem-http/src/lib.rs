@@ -34,9 +34,14 @@ mod api;
 pub mod auth;
 pub mod prepared;
 pub mod problem;
+mod serve;
 
 pub use api::{ClaimBody, HeartbeatBody, ReportBody, SubmitBody};
 use problem::Problem;
+pub use serve::{
+    ACCEPT_ERROR_PAUSE, CONNECTIONS_CLOSED, DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT,
+    RESERVED_DESCRIPTORS, ServeLimits, default_max_connections, open_file_limit, serve,
+};
 
 /// Request bodies above this many bytes get 413 `PAYLOAD_TOO_LARGE` (SPEC §4).
 pub const BODY_LIMIT_BYTES: usize = 1024 * 1024;
@@ -386,6 +391,14 @@ fn describe_metrics() {
         Unit::Seconds,
         "HTTP request latency by matched route, until the answer's head is ready."
     );
+    describe_counter!(
+        serve::CONNECTIONS_CLOSED,
+        Unit::Count,
+        "Connections idem closed: header_timeout (request headers not complete in time), idle_timeout (no request in time after the last answer), over_capacity (closed at accept: IDEM_MAX_CONNECTIONS open)."
+    );
+    for reason in serve::CLOSE_REASONS {
+        metrics::counter!(serve::CONNECTIONS_CLOSED, "reason" => reason).increment(0);
+    }
     std::sync::LazyLock::force(&api::SUBMITS);
     std::sync::LazyLock::force(&api::REPORTS);
     for (name, help) in [
@@ -628,7 +641,11 @@ impl RequestMetrics {
 }
 
 /// Runs one sweep (lease expiry, backoff wake-ups, retention) every `every` until
-/// `shutdown` resolves. Errors are logged and retried on the next tick.
+/// `shutdown` resolves. Errors are retried on the next tick and logged (WARN
+/// `sweep failed`) when they differ from the previous sweep's, so a store that
+/// stays down (or a SQLite file removed under it, which fails every sweep)
+/// logs one line, not one per tick; the first sweep that works again logs
+/// `sweeps work again` (INFO).
 pub async fn run_sweeper(
     store: Store,
     work: Arc<Notify>,
@@ -638,6 +655,7 @@ pub async fn run_sweeper(
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(shutdown);
+    let mut failing: Option<String> = None;
     loop {
         tokio::select! {
             () = &mut shutdown => return,
@@ -645,6 +663,9 @@ pub async fn run_sweeper(
         }
         match store.sweep(500).await {
             Ok(s) => {
+                if failing.take().is_some() {
+                    tracing::info!("sweeps work again");
+                }
                 if s.expired + s.woken > 0 {
                     work.notify_waiters();
                 }
@@ -660,7 +681,13 @@ pub async fn run_sweeper(
                     }
                 }
             }
-            Err(e) => tracing::warn!(error = %e, "sweep failed"),
+            Err(e) => {
+                let message = e.to_string();
+                if failing.as_ref() != Some(&message) {
+                    tracing::warn!(error = %message, "sweep failed");
+                    failing = Some(message);
+                }
+            }
         }
     }
 }

@@ -1,6 +1,5 @@
 //! `idem`: the one binary (SPEC §6): `serve`, `keys`, `task`, `migrate`, `gc`, `demo`, `bench`, `chaos`.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -55,9 +54,11 @@ struct StoreArgs {
 enum Command {
     /// Run the HTTP service.
     Serve {
-        /// Address to listen on (port 0 picks a free port; the address is logged).
+        /// `HOST:PORT` to listen on; HOST is an IP address or a name (the first
+        /// address it resolves to that binds is used); port 0 picks a free port
+        /// (the address is logged).
         #[arg(long, env = "IDEM_LISTEN", default_value = "127.0.0.1:8787")]
-        listen: SocketAddr,
+        listen: String,
         /// TOML configuration of operation classes; default: the bundled one.
         #[arg(long, env = "IDEM_CONFIG")]
         config: Option<PathBuf>,
@@ -72,6 +73,22 @@ enum Command {
         /// process exits anyway (status 1), ms; a second signal exits at once.
         #[arg(long, env = "IDEM_SHUTDOWN_GRACE_MS", default_value_t = 20_000)]
         shutdown_grace_ms: u64,
+        /// A connection whose request headers are not complete this long after
+        /// it opened (or after the first byte of a later request) is closed, ms.
+        #[arg(long, env = "IDEM_HEADER_TIMEOUT_MS", default_value_t = 30_000,
+              value_parser = clap::value_parser!(u64).range(1..))]
+        header_timeout_ms: u64,
+        /// A keep-alive connection with no request for this long after its last
+        /// answer is closed, ms.
+        #[arg(long, env = "IDEM_IDLE_TIMEOUT_MS", default_value_t = 75_000,
+              value_parser = clap::value_parser!(u64).range(1..))]
+        idle_timeout_ms: u64,
+        /// Most connections open at once; one more is closed as soon as it is
+        /// accepted. Default: the soft open-file limit less 64 and the
+        /// PostgreSQL pool size.
+        #[arg(long, env = "IDEM_MAX_CONNECTIONS",
+              value_parser = clap::value_parser!(u64).range(1..))]
+        max_connections: Option<u64>,
         #[command(flatten)]
         store: StoreArgs,
     },
@@ -550,14 +567,53 @@ fn lock_sqlite_for_serve(args: &StoreArgs) -> Result<Option<std::fs::File>> {
     }
 }
 
-async fn serve(
-    listen: SocketAddr,
+/// Binds `listen` (`HOST:PORT`, HOST an IP address or a name): the first
+/// address it resolves to that binds.
+///
+/// # Errors
+/// A message naming `listen` when it does not resolve, or when none of its
+/// addresses binds (with the last address's error).
+async fn bind(listen: &str) -> Result<tokio::net::TcpListener> {
+    let addrs: Vec<std::net::SocketAddr> = tokio::net::lookup_host(listen)
+        .await
+        .with_context(|| format!("--listen `{listen}` does not resolve to an address (expected HOST:PORT, e.g. 127.0.0.1:8787 or localhost:8787)"))?
+        .collect();
+    let mut last = None;
+    for addr in &addrs {
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(listener) => return Ok(listener),
+            Err(e) => last = Some((addr, e)),
+        }
+    }
+    match last {
+        Some((addr, e)) => Err(e).with_context(|| format!("binding {addr} (--listen `{listen}`)")),
+        None => bail!("--listen `{listen}` resolves to no address"),
+    }
+}
+
+/// How `serve` runs, from `idem serve`'s flags.
+struct ServeArgs {
+    listen: String,
     config: Option<PathBuf>,
     sweep_ms: u64,
     store_wait: Duration,
     shutdown_grace: Duration,
-    store_args: StoreArgs,
-) -> Result<()> {
+    header_timeout: Duration,
+    idle_timeout: Duration,
+    max_connections: Option<u64>,
+}
+
+async fn serve(args: ServeArgs, store_args: StoreArgs) -> Result<()> {
+    let ServeArgs {
+        listen,
+        config,
+        sweep_ms,
+        store_wait,
+        shutdown_grace,
+        header_timeout,
+        idle_timeout,
+        max_connections,
+    } = args;
     let config = load_config(config.as_ref())?;
     let _serve_lock = lock_sqlite_for_serve(&store_args)?;
     let store = open_store_waiting(&store_args, store_wait).await?;
@@ -567,10 +623,28 @@ async fn serve(
     let draining = state.clone();
     // Before "listening" is printed: whoever starts us may signal from then on.
     let mut signals = ShutdownSignals::install()?;
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .with_context(|| format!("binding {listen}"))?;
+    let listener = bind(&listen).await?;
     let addr = listener.local_addr()?;
+    let pool = if store.kind() == "postgres" {
+        store_args.pg_pool_size
+    } else {
+        0
+    };
+    let limits = idem_http::ServeLimits {
+        header_timeout,
+        idle_timeout,
+        max_connections: max_connections.map_or_else(
+            || idem_http::default_max_connections(pool),
+            |n| usize::try_from(n).unwrap_or(usize::MAX),
+        ),
+    };
+    tracing::info!(
+        header_timeout_ms = header_timeout.as_millis() as u64,
+        idle_timeout_ms = idle_timeout.as_millis() as u64,
+        max_connections = limits.max_connections,
+        open_file_limit = idem_http::open_file_limit(),
+        "connection limits"
+    );
     tracing::info!(%addr, store = store.kind(), config_version = %version, "idem listening on http://{addr}");
     say(format_args!("idem listening on http://{addr}"))?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -604,22 +678,30 @@ async fn serve(
                 tracing::warn!(grace_ms = shutdown_grace.as_millis() as u64, "open requests outlasted the shutdown grace period: exiting");
             }
         }
+        tracing::warn!("{STOPPED_CUT}");
         std::process::exit(1);
     });
-    axum::serve(listener, idem_http::router(state))
-        .with_graceful_shutdown(async move {
-            signals.next().await;
-            tracing::info!("shutting down: answering open requests");
-            // Long-polling claims answer now, so the shutdown does not wait
-            // out their `wait_ms`.
-            draining.drain();
-            let _ = signalled.send(signals);
-        })
-        .await?;
+    idem_http::serve(listener, idem_http::router(state), limits, async move {
+        signals.next().await;
+        tracing::info!("shutting down: answering open requests");
+        // Long-polling claims answer now, so the shutdown does not wait
+        // out their `wait_ms`.
+        draining.drain();
+        let _ = signalled.send(signals);
+    })
+    .await?;
     let _ = stop_tx.send(true);
     let _ = sweeper.await;
+    tracing::info!("{STOPPED}");
     Ok(())
 }
+
+/// The last line `serve` logs after a graceful shutdown (info).
+const STOPPED: &str = "idem stopped";
+
+/// The last line `serve` logs when a second signal or the grace period ends
+/// it with open requests (warn; exit status 1).
+const STOPPED_CUT: &str = "idem stopped with requests still open (exit status 1)";
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
@@ -650,17 +732,22 @@ async fn run() -> Result<()> {
             sweep_interval_ms,
             store_wait_ms,
             shutdown_grace_ms,
+            header_timeout_ms,
+            idle_timeout_ms,
+            max_connections,
             store,
         } => {
-            serve(
+            let args = ServeArgs {
                 listen,
                 config,
-                sweep_interval_ms,
-                Duration::from_millis(store_wait_ms),
-                Duration::from_millis(shutdown_grace_ms),
-                store,
-            )
-            .await
+                sweep_ms: sweep_interval_ms,
+                store_wait: Duration::from_millis(store_wait_ms),
+                shutdown_grace: Duration::from_millis(shutdown_grace_ms),
+                header_timeout: Duration::from_millis(header_timeout_ms),
+                idle_timeout: Duration::from_millis(idle_timeout_ms),
+                max_connections,
+            };
+            serve(args, store).await
         }
         Command::Keys { command, store } => {
             // A refused `keys create` must not create the database first.

@@ -13,5 +13,6 @@ mod grants;
 mod messages;
 mod multi_pg;
 mod sdk;
+mod serving;
 mod submit;
 mod support;

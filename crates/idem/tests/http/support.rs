@@ -252,11 +252,20 @@ impl Server {
         self.dir.path().join("idem.db")
     }
 
+    /// What the server wrote to stderr so far (its log; `RUST_LOG` is
+    /// `warn` unless the options set it).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("server running").id()
+    }
+
     fn spawn(&mut self) {
         let mut cmd = Command::new(BIN);
         cmd.arg("serve")
-            .arg("--listen")
-            .arg("127.0.0.1:0")
             .arg("--store")
             .arg(self.store())
             .arg("--sweep-interval-ms")
@@ -266,6 +275,7 @@ impl Server {
         }
         cmd.env_remove("IDEM_CONFIG")
             .env_remove("IDEM_STORE")
+            .env("IDEM_LISTEN", "127.0.0.1:0")
             .env("RUST_LOG", "warn");
         for (k, v) in &self.opts.env {
             cmd.env(k, v);
