@@ -8,20 +8,22 @@ use idem_core::machine::Report;
 use idem_core::model::{AttemptState, Outcome, Role, TaskState};
 use idem_store::Store;
 use idem_store::ops::{ClaimRequest, Submission, SubmitOutcome};
-use idem_store_postgres::{PgOptions, connect, testing::fresh_database};
+use idem_store_postgres::testing::{TestDatabase, fresh_database};
+use idem_store_postgres::{PgOptions, connect};
 use serde_json::json;
 use uuid::Uuid;
 
 async fn store() -> Store {
-    connect(&fresh_database().await, PgOptions::default())
-        .await
-        .unwrap()
+    idem_store_postgres::testing::fresh_store(PgOptions::default()).await
 }
 
 /// A store on a fresh database (and its URL), an admin key of tenant `acme`,
 /// and one task submitted with it per idempotency key in `keys`, fingerprint
 /// `fp`.
-async fn seeded<K: AsRef<str>>(keys: &[K], fp: char) -> (String, Store, idem_core::model::ApiKey) {
+async fn seeded<K: AsRef<str>>(
+    keys: &[K],
+    fp: char,
+) -> (TestDatabase, Store, idem_core::model::ApiKey) {
     let url = fresh_database().await;
     let store = connect(&url, PgOptions::default()).await.unwrap();
     let (key, _) = store
@@ -354,7 +356,7 @@ fn claim_req(max: i64, lease_ms: Option<i64>) -> ClaimRequest {
 /// (`Rejected`, HTTP 400), not reported as a corrupt store, and writes nothing.
 #[tokio::test]
 async fn text_postgres_cannot_hold_is_rejected() {
-    let (_, store, key) = seeded::<&str>(&[], 'n').await;
+    let (_db, store, key) = seeded::<&str>(&[], 'n').await;
     store
         .submit(submission("acme", "nul", key.id, 'n'))
         .await
@@ -666,7 +668,11 @@ async fn lost_commit_answer_never_reports_a_new_key_as_replayed() {
     let port = cfg.get_ports().first().copied().unwrap_or(5432);
     let proxy = lost_commit::start(format!("{host}:{port}").parse().unwrap()).await;
     let db = cfg.get_dbname().unwrap_or("test").to_owned();
-    let via = format!("postgres://postgres@127.0.0.1:{}/{db}", proxy.port);
+    // Plain TCP: the proxy reads the protocol to find COMMIT answers.
+    let via = format!(
+        "postgres://postgres@127.0.0.1:{}/{db}?sslmode=disable",
+        proxy.port
+    );
     let store = connect(&via, PgOptions::default()).await.unwrap();
     let (key, _) = store
         .create_api_key("acme", Role::Client, None)
@@ -1093,7 +1099,7 @@ async fn a_silent_link_ends_in_unavailable_within_the_operation_timeout() {
     let paused = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let port = pausable_proxy(std::sync::Arc::clone(&paused)).await;
     let via = url.replace("127.0.0.1:5432", &format!("127.0.0.1:{port}"));
-    assert_ne!(via, url, "the test database URL names 127.0.0.1:5432");
+    assert_ne!(via, *url, "the test database URL names 127.0.0.1:5432");
     let mut opts = PgOptions::default();
     opts.operation_timeout = std::time::Duration::from_secs(2);
     opts.pool_timeout = std::time::Duration::from_secs(1);
