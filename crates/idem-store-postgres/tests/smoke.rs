@@ -329,9 +329,62 @@ async fn unreachable_database_is_unavailable() {
         .await
         .unwrap_err();
     assert!(
-        matches!(err, idem_store::StoreError::Unavailable(_)),
+        matches!(&err, idem_store::StoreError::Unavailable(m)
+            if m.starts_with("PostgreSQL at 127.0.0.1:1 (database none) is unavailable: error connecting to server")),
         "{err:?}"
     );
+}
+
+/// The test helper's message for a server it cannot use is PostgreSQL's own,
+/// with the fix.
+#[tokio::test]
+async fn the_test_helper_says_what_postgres_said_and_the_fix() {
+    use idem_store_postgres::testing::{server_url, unreachable_server_message, with_database};
+    let url = with_database(&server_url(), "idem_no_such_test_db");
+    let e = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    let msg = unreachable_server_message(&url, &e);
+    assert!(
+        msg.contains("database \"idem_no_such_test_db\" does not exist"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("create it: `createdb -h 127.0.0.1 -p 5432 -U postgres idem_no_such_test_db`"),
+        "{msg}"
+    );
+    assert!(!msg.contains("db error"), "{msg}");
+}
+
+/// A scratch database is dropped with its guard; a `fresh_store` keeps its
+/// own until its last clone is dropped.
+#[tokio::test]
+async fn scratch_databases_are_dropped_with_their_guard() {
+    let server = raw(&fresh_url_server()).await;
+    let exists = async |name: &str| -> bool {
+        server
+            .query_one(
+                "SELECT count(*) FROM pg_database WHERE datname = $1",
+                &[&name],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+            == 1
+    };
+    let db = fresh_database().await;
+    let name = db.name().to_owned();
+    let store = connect(&db, PgOptions::default()).await.unwrap();
+    assert!(exists(&name).await);
+    drop(db);
+    assert!(!exists(&name).await, "{name} was not dropped");
+    drop(store);
+    // A `fresh_store` keeps its database while any clone lives.
+    let store = idem_store_postgres::testing::fresh_store(PgOptions::default()).await;
+    let copy = store.clone();
+    drop(store);
+    copy.ping().await.unwrap();
 }
 
 async fn raw(url: &str) -> tokio_postgres::Client {

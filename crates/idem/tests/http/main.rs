@@ -11,6 +11,7 @@ mod contract;
 mod executor;
 mod grants;
 mod multi_pg;
+mod pg_start;
 mod sdk;
 mod submit;
 mod support;
