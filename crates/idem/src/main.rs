@@ -678,6 +678,9 @@ async fn run() -> Result<()> {
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        // A log line that cannot be written (stderr closed) is dropped; the
+        // default reports that with `eprintln!`, which panics on a closed stderr.
+        .log_internal_errors(false)
         .init();
     let cli = Cli::parse();
     match cli.command {
