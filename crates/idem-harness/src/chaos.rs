@@ -2528,7 +2528,9 @@ pub async fn run(opts: ChaosOptions) -> Result<ChaosReport> {
             Db::Sqlite(PathBuf::from(u.trim_start_matches("sqlite://"))),
         ),
         Some(u) if postgres => (u.clone(), Db::connect_pg(u).await?),
-        Some(u) => bail!("--store must start with sqlite:// or postgres://, got `{u}`"),
+        Some(u) => {
+            bail!("--store must start with sqlite://, postgres:// or postgresql://, got `{u}`")
+        }
     };
     let db = Arc::new(db);
     // A tenant of its own: the run's tasks are told apart from anything else in the store.

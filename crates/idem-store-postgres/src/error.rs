@@ -5,6 +5,8 @@ use std::error::Error as _;
 use idem_store::StoreError;
 use tokio_postgres::error::SqlState;
 
+use crate::target::Target;
+
 /// Maps a tokio-postgres error to a [`StoreError`]:
 ///
 /// - serialization failure (`40001`), deadlock (`40P01`) and unique violation
@@ -60,15 +62,17 @@ pub(crate) fn pg_error_text(e: &tokio_postgres::Error) -> String {
 }
 
 /// Whether `e` may pass by itself, so that trying again later can succeed: no
-/// SQLSTATE at all (I/O error, refused or closed connection), or a class that
-/// names a passing condition: `08` connection exception, `40` transaction
-/// rollback, `53` insufficient resources, `57` operator intervention (admin
-/// shutdown, the database starting up), `58` system error (PostgreSQL
-/// Appendix A). Everything else (`28` a role or password refused, `3D` no
-/// such database, `42` missing privileges …) stays until an operator acts.
+/// SQLSTATE at all (I/O error, refused or closed connection) unless it is a
+/// TLS failure ([`is_tls_failure`]), or a class that names a passing
+/// condition: `08` connection exception, `40` transaction rollback, `53`
+/// insufficient resources, `57` operator intervention (admin shutdown, the
+/// database starting up), `58` system error (PostgreSQL Appendix A).
+/// Everything else (`28` a role, password or `pg_hba.conf` refusal, `3D` no
+/// such database, `42` missing privileges, a certificate that does not verify
+/// …) stays until an operator acts.
 pub(crate) fn is_transient(e: &tokio_postgres::Error) -> bool {
     match e.as_db_error() {
-        None => true,
+        None => !is_tls_failure(e),
         Some(db) => matches!(
             db.code().code().get(..2),
             Some("08" | "40" | "53" | "57" | "58")
@@ -76,23 +80,64 @@ pub(crate) fn is_transient(e: &tokio_postgres::Error) -> bool {
     }
 }
 
-/// An error while connecting at start-up: [`StoreError::Unavailable`] when it
-/// may pass ([`is_transient`]), else [`StoreError::Config`] (a wrong role,
-/// password or database name in the URL), so that start-up stops at once.
-pub(crate) fn connect_error(e: deadpool_postgres::PoolError) -> StoreError {
+/// Whether `e` is a TLS failure that trying again cannot fix: the handshake
+/// failed in rustls (a certificate that does not verify, no common protocol
+/// …), or the server does not offer TLS where the `sslmode` requires it. A
+/// connection cut during the handshake is an I/O error and passes.
+pub(crate) fn is_tls_failure(e: &tokio_postgres::Error) -> bool {
+    let mut src = e.source();
+    while let Some(s) = src {
+        if s.downcast_ref::<rustls::Error>().is_some()
+            || s.downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
+        {
+            return true;
+        }
+        src = s.source();
+    }
+    // tokio-postgres's own words when the server answers the TLS request with "no".
+    e.to_string().contains("server does not support TLS")
+}
+
+/// An error while connecting at start-up to `target`, naming it:
+/// [`StoreError::Unavailable`] when it may pass ([`is_transient`]), else
+/// [`StoreError::Config`] (a wrong role, password or database name in the URL,
+/// a `pg_hba.conf` refusal, a TLS failure), so that start-up stops at once.
+pub(crate) fn connect_error(e: deadpool_postgres::PoolError, target: &Target) -> StoreError {
     match e {
-        deadpool_postgres::PoolError::Backend(e) => connect_pg_error(e),
-        other => pool_error(other),
+        deadpool_postgres::PoolError::Backend(e) => connect_pg_error(e, target),
+        other => StoreError::Unavailable(format!(
+            "PostgreSQL at {}:{} (database {}): connection pool: {other}",
+            target.host, target.port, target.database
+        )),
     }
 }
 
 /// As [`connect_error`], for a connection made without the pool.
-pub(crate) fn connect_pg_error(e: tokio_postgres::Error) -> StoreError {
+pub(crate) fn connect_pg_error(e: tokio_postgres::Error, target: &Target) -> StoreError {
+    let at = format!(
+        "PostgreSQL at {}:{} (database {})",
+        target.host, target.port, target.database
+    );
+    if is_tls_failure(&e) {
+        return StoreError::Config(format!(
+            "TLS to {at} failed ({}): {}",
+            target.tls_description(),
+            pg_error_text(&e)
+        ));
+    }
     if is_transient(&e) {
-        return map_pg_error(e);
+        return match map_pg_error(e) {
+            StoreError::Unavailable(msg) => {
+                StoreError::Unavailable(format!("{at} is unavailable: {msg}"))
+            }
+            other => other,
+        };
     }
     StoreError::Config(format!(
-        "PostgreSQL refused the connection: {}",
+        "{at} refused the connection ({}): {}",
+        target.tls_description(),
         pg_error_text(&e)
     ))
 }
@@ -108,10 +153,4 @@ pub(crate) fn pool_error(e: deadpool_postgres::PoolError) -> StoreError {
 /// A stored value that does not decode.
 pub(crate) fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt(format!("{what}: {e}"))
-}
-
-/// Parses a PostgreSQL URL; a malformed one is [`StoreError::Config`].
-pub(crate) fn parse_url(url: &str) -> Result<tokio_postgres::Config, StoreError> {
-    url.parse()
-        .map_err(|e| StoreError::Config(format!("invalid PostgreSQL URL: {e}")))
 }

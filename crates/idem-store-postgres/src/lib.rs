@@ -30,16 +30,19 @@ use idem_core::model::ApiKey;
 use idem_store::ops::{Submission, SubmitOutcome};
 use idem_store::{Backend, BoxFuture, Op, Output, Result, ScopeHints, Store, StoreError, ops};
 use tokio::sync::{Mutex, mpsc, oneshot};
-use tokio_postgres::{IsolationLevel, NoTls};
+use tokio_postgres::IsolationLevel;
 
 mod error;
 mod migrate;
+mod target;
+mod tls;
 mod tx;
 
 pub mod testing;
 
 pub use error::map_pg_error;
 pub use migrate::{MIGRATION_LOCK_TIMEOUT_MS, MIGRATIONS, migrate};
+pub use target::{RootCerts, SslMode, Target};
 pub use tx::PgTx;
 use tx::Pipelined;
 
@@ -70,6 +73,11 @@ pub struct PgOptions {
     /// `false` it changes no schema and refuses a database whose schema is
     /// not this binary's: for tools that only read or administer a store.
     pub migrate: bool,
+    /// Whether applying migrations may create idem's schema in a database that
+    /// already holds other tables and no idem schema (default `false`: refused
+    /// with [`StoreError::Migration`], so a mistyped URL cannot put idem's
+    /// tables into an application's database; `idem migrate` sets it).
+    pub allow_other_tables: bool,
 }
 
 impl Default for PgOptions {
@@ -82,6 +90,7 @@ impl Default for PgOptions {
             max_retries: 5,
             operation_timeout: Duration::from_secs(30),
             migrate: true,
+            allow_other_tables: false,
         }
     }
 }
@@ -401,9 +410,10 @@ pub async fn connect(url: &str, options: PgOptions) -> Result<Store> {
     Ok(Store::new(PgBackend::connect(url, options).await?))
 }
 
-/// The tokio-postgres configuration of `url` with idem's session settings added.
-fn session_config(url: &str, options: &PgOptions) -> Result<tokio_postgres::Config> {
-    let mut cfg = error::parse_url(url)?;
+/// The tokio-postgres configuration of `url` with idem's session settings
+/// added, and where it points.
+fn session_config(url: &str, options: &PgOptions) -> Result<(tokio_postgres::Config, Target)> {
+    let (mut cfg, target) = target::parse(url)?;
     // Generic plans: idem's statements are point and range lookups on indexed
     // columns whose best plan does not depend on the values, and with array
     // parameters (`unnest`, `= ANY`) PostgreSQL otherwise re-plans the submit
@@ -426,7 +436,7 @@ fn session_config(url: &str, options: &PgOptions) -> Result<tokio_postgres::Conf
     if cfg.get_connect_timeout().is_none() {
         cfg.connect_timeout(options.pool_timeout);
     }
-    Ok(cfg)
+    Ok((cfg, target))
 }
 
 impl PgBackend {
@@ -436,10 +446,10 @@ impl PgBackend {
     /// # Errors
     /// As [`connect`].
     pub async fn connect(url: &str, options: PgOptions) -> Result<PgBackend> {
-        let cfg = session_config(url, &options)?;
+        let (cfg, target) = session_config(url, &options)?;
         let manager = Manager::from_config(
             cfg,
-            NoTls,
+            tls::connector(&target)?,
             ManagerConfig {
                 // `Verified` runs an empty query before a pooled connection is
                 // reused, so connections broken by a server restart are dropped
@@ -458,9 +468,18 @@ impl PgBackend {
                 StoreError::Unavailable(format!("cannot build the connection pool: {e}"))
             })?;
         {
-            let mut client = pool.get().await.map_err(error::connect_error)?;
+            let mut client = pool
+                .get()
+                .await
+                .map_err(|e| error::connect_error(e, &target))?;
             if options.migrate {
-                migrate::apply(&mut client, Some(MIGRATION_WAIT)).await?;
+                migrate::apply(
+                    &mut client,
+                    Some(MIGRATION_WAIT),
+                    options.allow_other_tables,
+                    &target,
+                )
+                .await?;
             } else {
                 migrate::check(&client).await?;
             }
@@ -758,7 +777,7 @@ mod tests {
 
     #[test]
     fn session_options_are_appended() {
-        let cfg = session_config(
+        let (cfg, _) = session_config(
             "postgres://u@localhost:5432/db?options=-c%20search_path%3Dx",
             &PgOptions::default(),
         )

@@ -2,10 +2,9 @@
 //! that holds a transaction-scoped advisory lock, so several instances starting
 //! at once migrate exactly once (RUST-NOTES §4.7).
 
+use crate::error::{connect_pg_error, is_transient, map_pg_error, pg_error_text};
+use crate::target::Target;
 use idem_store::{Result, StoreError};
-use tokio_postgres::NoTls;
-
-use crate::error::{connect_pg_error, is_transient, map_pg_error, parse_url, pg_error_text};
 
 /// The migrations of this binary: `(version, SQL)`, ascending.
 pub const MIGRATIONS: &[(i32, &str)] = &[
@@ -102,22 +101,78 @@ fn step_error(version: i32, e: &tokio_postgres::Error) -> StoreError {
 /// versions it applied (empty when the schema was up to date).
 ///
 /// # Errors
-/// [`StoreError::Config`] when `url` does not parse or the server refuses the
-/// role or database; [`StoreError::Unavailable`] when the database cannot be
-/// reached; [`StoreError::Migration`] when a migration fails or the schema is
-/// newer than this binary.
+/// [`StoreError::Config`] when `url` does not parse (or names no database),
+/// the server refuses the role or database, or TLS fails;
+/// [`StoreError::Unavailable`] when the database cannot be reached;
+/// [`StoreError::Migration`] when a migration fails or the schema is newer
+/// than this binary. Unlike [`crate::connect`], it creates idem's schema in a
+/// database that already holds other tables (next to them).
 pub async fn migrate(url: &str) -> Result<Vec<i32>> {
-    let config = parse_url(url)?;
-    let (mut client, connection) = config.connect(NoTls).await.map_err(connect_pg_error)?;
+    let (config, target) = crate::target::parse(url)?;
+    let tls = crate::tls::connector(&target)?;
+    let (mut client, connection) = config
+        .connect(tls)
+        .await
+        .map_err(|e| connect_pg_error(e, &target))?;
     let conn = tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::warn!(error = %e, "migration connection closed with an error");
         }
     });
-    let res = apply(&mut client, None).await;
+    let res = apply(&mut client, None, true, &target).await;
     drop(client);
     let _ = conn.await;
     res
+}
+
+/// Most table names a refusal lists.
+const LISTED_TABLES: usize = 5;
+
+/// Refuses a database whose current schema (`current_schema()`, normally
+/// `public`) holds tables, views or sequences but no `schema_migrations`: an
+/// application's database, most likely reached through a mistyped URL. An
+/// empty database and an idem database pass.
+///
+/// # Errors
+/// [`StoreError::Migration`] naming the database, a few of its tables and the
+/// way out (`idem migrate`).
+async fn other_tables(tx: &tokio_postgres::Transaction<'_>, target: &Target) -> Result<()> {
+    let rows = tx
+        .query(
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+              WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p', 'v', 'm', 'f', 'S')
+              ORDER BY c.relname",
+            &[],
+        )
+        .await
+        .map_err(migration_error)?;
+    let names: Vec<String> = rows
+        .iter()
+        .map(|r| r.try_get::<_, String>(0))
+        .collect::<Result<_, _>>()
+        .map_err(migration_error)?;
+    if names.is_empty() || names.iter().any(|n| n == "schema_migrations") {
+        return Ok(());
+    }
+    let mut listed = names
+        .iter()
+        .take(LISTED_TABLES)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if names.len() > LISTED_TABLES {
+        listed.push_str(", …");
+    }
+    Err(StoreError::Migration(format!(
+        "database {} at {}:{} already holds {} table(s) that are not idem's ({listed}) and no idem \
+         schema; refusing to create idem's tables next to them. Check the database name in the \
+         store URL; if this database really is meant for idem, run `idem migrate` with the same \
+         --store first",
+        target.database,
+        target.host,
+        target.port,
+        names.len()
+    )))
 }
 
 /// How often a migration that finds another instance migrating checks
@@ -128,9 +183,13 @@ const MIGRATION_LOCK_POLL: std::time::Duration = std::time::Duration::from_milli
 /// the migration lock (it is migrating, or checking that nothing is pending),
 /// waits for it: at most `lock_wait` (then [`StoreError::Unavailable`], which
 /// start-up retries), or for as long as it takes with `None` (`idem migrate`).
+/// Without `allow_other_tables`, refuses (nothing created) a database whose
+/// current schema holds tables but no idem schema ([`other_tables`]).
 pub(crate) async fn apply(
     client: &mut tokio_postgres::Client,
     lock_wait: Option<std::time::Duration>,
+    allow_other_tables: bool,
+    target: &Target,
 ) -> Result<Vec<i32>> {
     let tx = client.transaction().await.map_err(map_pg_error)?;
     // `CREATE TABLE IF NOT EXISTS` below would log a NOTICE on every start; a
@@ -165,6 +224,9 @@ pub(crate) async fn apply(
             told = true;
         }
         tokio::time::sleep(MIGRATION_LOCK_POLL).await;
+    }
+    if !allow_other_tables {
+        other_tables(&tx, target).await?;
     }
     tx.batch_execute(
         "CREATE TABLE IF NOT EXISTS schema_migrations (

@@ -1,14 +1,19 @@
-//! Test support: a fresh, uniquely named database per test.
+//! Test support: a fresh, uniquely named database per test, dropped when the
+//! test ends.
 //!
 //! The server is taken from `IDEM_TEST_PG_URL` (default
 //! `postgres://postgres@127.0.0.1:5432/test`); the role needs `CREATEDB`.
-//! Databases are named `idem_t_<unix seconds>_<random>`. Ones created more
-//! than ten minutes ago that nobody is connected to are dropped on the way
-//! (best effort), so test runs do not pile up databases.
+//! Databases are named `idem_t_<unix seconds>_<random>`; each is dropped when
+//! its [`TestDatabase`] is (at the end of the test, also when it panics). Ones
+//! created more than ten minutes ago that nobody is connected to (left by an
+//! interrupted run) are dropped on the way, best effort.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use idem_store::{Backend, BoxFuture, Op, Output, Result, Store};
 use tokio_postgres::NoTls;
+
+use crate::{PgBackend, PgOptions};
 
 /// The SQL of a claim's scan (`Tx::claimable`), to check its plan.
 pub const CLAIMABLE_SQL: &str = crate::tx::CLAIMABLE;
@@ -38,19 +43,91 @@ pub fn with_database(url: &str, db: &str) -> String {
     out
 }
 
-/// Creates an empty database on the test server and returns its URL.
-/// Safe to call from tests running in parallel.
+/// A scratch database on the test server: derefs to its URL; dropping it drops
+/// the database (`DROP DATABASE … WITH (FORCE)`, which also ends the sessions
+/// still connected to it), so keep it alive as long as the test uses the
+/// database.
+#[derive(Debug)]
+pub struct TestDatabase {
+    /// The database's URL.
+    url: String,
+    /// The database's name.
+    name: String,
+    /// The URL of the server's maintenance database, to drop it from.
+    server: String,
+}
+
+impl TestDatabase {
+    /// The database's URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The database's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl std::ops::Deref for TestDatabase {
+    type Target = String;
+
+    fn deref(&self) -> &String {
+        &self.url
+    }
+}
+
+impl AsRef<str> for TestDatabase {
+    fn as_ref(&self) -> &str {
+        &self.url
+    }
+}
+
+impl std::fmt::Display for TestDatabase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.url)
+    }
+}
+
+impl Drop for TestDatabase {
+    /// Drops the database from a thread of its own, with a runtime of its own:
+    /// `drop` cannot await, and it may run on a runtime that is blocked here.
+    fn drop(&mut self) {
+        let server = self.server.clone();
+        let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
+        let done = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(async move {
+                let Ok((client, connection)) = tokio_postgres::connect(&server, NoTls).await else {
+                    return;
+                };
+                let conn = tokio::spawn(connection);
+                let _ = client.batch_execute(&sql).await;
+                drop(client);
+                let _ = conn.await;
+            });
+        });
+        let _ = done.join();
+    }
+}
+
+/// Creates an empty database on the test server; it is dropped with the
+/// returned guard. Safe to call from tests running in parallel.
 ///
 /// # Panics
-/// When the test server cannot be reached or refuses `CREATE DATABASE`: this
-/// is a test helper, and a test without its database cannot run.
-pub async fn fresh_database() -> String {
+/// When the test server cannot be reached or refuses `CREATE DATABASE`, with
+/// PostgreSQL's own message and what to do about it: this is a test helper, and
+/// a test without its database cannot run.
+pub async fn fresh_database() -> TestDatabase {
     let server = server_url();
     let (client, connection) = match tokio_postgres::connect(&server, NoTls).await {
         Ok(c) => c,
-        Err(e) => {
-            panic!("cannot connect to the test PostgreSQL at {server} (set IDEM_TEST_PG_URL): {e}")
-        }
+        Err(e) => panic!("{}", unreachable_server_message(&server, &e)),
     };
     let conn = tokio::spawn(connection);
     let secs = SystemTime::now()
@@ -64,12 +141,337 @@ pub async fn fresh_database() -> String {
         .batch_execute(&format!("CREATE DATABASE {name}"))
         .await
     {
-        panic!("CREATE DATABASE {name} failed on {server}: {e:?}");
+        panic!(
+            "CREATE DATABASE {name} failed on the test PostgreSQL at {}: {} \
+             (the role in IDEM_TEST_PG_URL needs CREATEDB)",
+            crate::Target::of_url(&server).map_or_else(|_| server.clone(), |t| t.to_string()),
+            crate::error::pg_error_text(&e)
+        );
     }
     drop_stale(&client, secs).await;
     drop(client);
     let _ = conn.await;
-    with_database(&server, &name)
+    TestDatabase {
+        url: with_database(&server, &name),
+        name,
+        server,
+    }
+}
+
+/// What [`fresh_database`] says when it cannot connect to the test server at
+/// `server`: PostgreSQL's own message and the fix.
+pub fn unreachable_server_message(server: &str, e: &tokio_postgres::Error) -> String {
+    let target = crate::Target::of_url(server).ok();
+    let at = target
+        .as_ref()
+        .map_or_else(|| server.to_owned(), |t| t.to_string());
+    let text = crate::error::pg_error_text(e);
+    let fix = match (e.code(), &target) {
+        (Some(code), Some(t)) if *code == tokio_postgres::error::SqlState::INVALID_CATALOG_NAME => {
+            format!(
+                "create it: `createdb -h {} -p {} -U {} {}`",
+                t.host,
+                t.port,
+                t.user.as_deref().unwrap_or("postgres"),
+                t.database
+            )
+        }
+        _ => "start PostgreSQL there or point IDEM_TEST_PG_URL at a server whose role has CREATEDB"
+            .to_owned(),
+    };
+    format!("cannot connect to the test PostgreSQL at {at} (IDEM_TEST_PG_URL): {text}; {fix}")
+}
+
+/// A [`Store`] on a [`fresh_database`], connected with `options`; the database
+/// is dropped once the last clone of the store is.
+///
+/// # Panics
+/// As [`fresh_database`], and when connecting fails.
+pub async fn fresh_store(options: PgOptions) -> Store {
+    let db = fresh_database().await;
+    let backend = match PgBackend::connect(&db, options).await {
+        Ok(b) => b,
+        Err(e) => panic!("connecting to the fresh database {}: {e}", db.name()),
+    };
+    Store::new(WithDatabase { backend, _db: db })
+}
+
+/// A [`PgBackend`] that owns its scratch database: the database is dropped
+/// after the backend (fields drop in order).
+struct WithDatabase {
+    backend: PgBackend,
+    _db: TestDatabase,
+}
+
+impl Backend for WithDatabase {
+    fn execute(&self, op: Op) -> BoxFuture<'_, Result<Output>> {
+        self.backend.execute(op)
+    }
+
+    fn runs_detached(&self, op: &Op) -> bool {
+        self.backend.runs_detached(op)
+    }
+
+    fn ping(&self) -> BoxFuture<'_, Result<()>> {
+        self.backend.ping()
+    }
+
+    fn kind(&self) -> &'static str {
+        self.backend.kind()
+    }
+}
+
+/// A throwaway PostgreSQL cluster with TLS on, for the TLS tests: its own data
+/// directory under the system temp dir, listening on `127.0.0.1` and
+/// `127.0.0.2` on a free port, `ssl=on` with a server certificate (for
+/// `localhost` and `127.0.0.1`, not `127.0.0.2`) signed by a CA made here, and
+/// a `pg_hba.conf` that accepts TLS connections only (`hostssl`, trust), so a
+/// plain one is refused with PostgreSQL's own "no pg_hba.conf entry … no
+/// encryption". Stopped and removed on drop (also when the test panics).
+///
+/// Needs `initdb` and `pg_ctl` (`IDEM_TEST_PG_BIN`, else `pg_config
+/// --bindir`) and the `openssl` CLI; as root it runs them as `postgres`
+/// (`runuser`), since PostgreSQL refuses to run as root.
+#[derive(Debug)]
+pub struct TlsCluster {
+    /// Everything of the cluster: data, socket, certificates, log.
+    dir: std::path::PathBuf,
+    bin: std::path::PathBuf,
+    /// Whether the server was started (and must be stopped).
+    started: bool,
+    /// Whether commands run through `runuser -u postgres`.
+    as_postgres: bool,
+    /// The port it listens on.
+    pub port: u16,
+    /// The CA that signed the server's certificate (PEM).
+    pub ca: std::path::PathBuf,
+    /// Another CA, which did not (PEM).
+    pub wrong_ca: std::path::PathBuf,
+}
+
+impl TlsCluster {
+    /// Makes the certificates, initialises the cluster and starts it.
+    ///
+    /// # Errors
+    /// Which step failed, with the tool's output.
+    pub fn start() -> std::result::Result<TlsCluster, String> {
+        let dir =
+            std::env::temp_dir().join(format!("idem-tls-pg-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(dir.join("sock")).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let bin = std::env::var_os("IDEM_TEST_PG_BIN")
+            .map(std::path::PathBuf::from)
+            .or_else(|| {
+                let out = std::process::Command::new("pg_config")
+                    .arg("--bindir")
+                    .output()
+                    .ok()?;
+                let text = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+                (out.status.success() && !text.is_empty()).then(|| text.into())
+            })
+            .unwrap_or_else(|| "/usr/lib/postgresql/15/bin".into());
+        let root = std::process::Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| format!("finding a free port: {e}"))?
+            .port();
+        let mut cluster = TlsCluster {
+            ca: dir.join("ca.pem"),
+            wrong_ca: dir.join("wrong-ca.pem"),
+            dir,
+            bin,
+            started: false,
+            as_postgres: root,
+            port,
+        };
+        cluster.make_certificates()?;
+        if root {
+            run(std::process::Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(&cluster.dir))?;
+        }
+        let data = cluster.dir.join("data");
+        run(cluster.pg_command("initdb").arg("-D").arg(&data).args([
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--no-sync",
+            "--no-instructions",
+        ]))?;
+        let d = cluster.dir.display();
+        let conf = format!(
+            "\nlisten_addresses = '127.0.0.1,127.0.0.2'\nport = {port}\n\
+             unix_socket_directories = '{d}/sock'\nssl = on\n\
+             ssl_cert_file = '{d}/server.crt'\nssl_key_file = '{d}/server.key'\n\
+             fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n\
+             shared_buffers = 16MB\nmax_connections = 60\n"
+        );
+        append(&data.join("postgresql.conf"), &conf)?;
+        std::fs::write(
+            data.join("pg_hba.conf"),
+            "local all all trust\nhostssl all all 127.0.0.1/32 trust\nhostssl all all 127.0.0.2/32 trust\n",
+        )
+        .map_err(|e| format!("writing pg_hba.conf: {e}"))?;
+        run(cluster
+            .pg_command("pg_ctl")
+            .arg("-D")
+            .arg(&data)
+            .arg("-l")
+            .arg(cluster.dir.join("log"))
+            .args(["-w", "-t", "60", "start"]))
+        .map_err(|e| {
+            let log = std::fs::read_to_string(cluster.dir.join("log")).unwrap_or_default();
+            format!("{e}\n{log}")
+        })?;
+        cluster.started = true;
+        Ok(cluster)
+    }
+
+    /// `postgres://postgres@{host}:{port}/{database}?{query}`.
+    pub fn url(&self, host: &str, database: &str, query: &str) -> String {
+        format!(
+            "postgres://postgres@{host}:{}/{database}?{query}",
+            self.port
+        )
+    }
+
+    /// Creates an empty database `name` on this cluster (over TLS, not
+    /// verified: the cluster is this process's own).
+    ///
+    /// # Errors
+    /// PostgreSQL's message.
+    pub async fn create_database(&self, name: &str) -> std::result::Result<(), String> {
+        let url = self.url("127.0.0.1", "postgres", "sslmode=require");
+        let (cfg, target) = crate::target::parse(&url).map_err(|e| e.to_string())?;
+        let tls = crate::tls::connector(&target).map_err(|e| e.to_string())?;
+        let (client, connection) = cfg
+            .connect(tls)
+            .await
+            .map_err(|e| crate::error::pg_error_text(&e))?;
+        let conn = tokio::spawn(connection);
+        let res = client
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .map_err(|e| crate::error::pg_error_text(&e));
+        drop(client);
+        let _ = conn.await;
+        res
+    }
+
+    /// A command of PostgreSQL's `bin` directory, as `postgres` when root.
+    fn pg_command(&self, tool: &str) -> std::process::Command {
+        let path = self.bin.join(tool);
+        if self.as_postgres {
+            let mut c = std::process::Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(path);
+            c
+        } else {
+            std::process::Command::new(path)
+        }
+    }
+
+    /// The CA, the server's key and certificate (SAN `localhost`,
+    /// `127.0.0.1`), and the wrong CA, as P-256 keys (fast to make).
+    fn make_certificates(&self) -> std::result::Result<(), String> {
+        let d = &self.dir;
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        for (name, cn) in [("ca", "idem test CA"), ("wrong-ca", "idem wrong CA")] {
+            run(std::process::Command::new("openssl")
+                .args(["req", "-x509"])
+                .args(ec)
+                .arg("-keyout")
+                .arg(d.join(format!("{name}.key")))
+                .arg("-out")
+                .arg(d.join(format!("{name}.pem")))
+                .args(["-days", "2", "-subj", &format!("/CN={cn}")])
+                .args(["-addext", "basicConstraints=critical,CA:TRUE"])
+                .args(["-addext", "keyUsage=critical,keyCertSign,cRLSign"]))?;
+        }
+        run(std::process::Command::new("openssl")
+            .arg("req")
+            .args(ec)
+            .arg("-keyout")
+            .arg(d.join("server.key"))
+            .arg("-out")
+            .arg(d.join("server.csr"))
+            .args(["-subj", "/CN=localhost"]))?;
+        std::fs::write(
+            d.join("server.ext"),
+            "subjectAltName = DNS:localhost, IP:127.0.0.1\nbasicConstraints = CA:FALSE\n\
+             keyUsage = critical, digitalSignature\nextendedKeyUsage = serverAuth\n",
+        )
+        .map_err(|e| format!("writing server.ext: {e}"))?;
+        run(std::process::Command::new("openssl")
+            .args(["x509", "-req", "-days", "2", "-set_serial", "2"])
+            .arg("-in")
+            .arg(d.join("server.csr"))
+            .arg("-CA")
+            .arg(d.join("ca.pem"))
+            .arg("-CAkey")
+            .arg(d.join("ca.key"))
+            .arg("-out")
+            .arg(d.join("server.crt"))
+            .arg("-extfile")
+            .arg(d.join("server.ext")))?;
+        // PostgreSQL refuses a key others can read.
+        run(std::process::Command::new("chmod")
+            .arg("600")
+            .arg(d.join("server.key")))?;
+        Ok(())
+    }
+}
+
+impl Drop for TlsCluster {
+    fn drop(&mut self) {
+        if self.started {
+            let _ = self
+                .pg_command("pg_ctl")
+                .arg("-D")
+                .arg(self.dir.join("data"))
+                .args(["-m", "immediate", "-w", "stop"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Runs `cmd`; its output in the error when it fails.
+fn run(cmd: &mut std::process::Command) -> std::result::Result<(), String> {
+    let out = cmd
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("{cmd:?}: {e}"))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(format!(
+        "{cmd:?} failed ({}): {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    ))
+}
+
+/// Appends `text` to the file at `path`.
+fn append(path: &std::path::Path, text: &str) -> std::result::Result<(), String> {
+    use std::io::Write;
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(path)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// Drops test databases created more than ten minutes ago (best effort: a database

@@ -8,20 +8,22 @@ use idem_core::machine::Report;
 use idem_core::model::{AttemptState, Outcome, Role, TaskState};
 use idem_store::Store;
 use idem_store::ops::{ClaimRequest, Submission, SubmitOutcome};
-use idem_store_postgres::{PgOptions, connect, testing::fresh_database};
+use idem_store_postgres::testing::{TestDatabase, fresh_database};
+use idem_store_postgres::{PgOptions, connect};
 use serde_json::json;
 use uuid::Uuid;
 
 async fn store() -> Store {
-    connect(&fresh_database().await, PgOptions::default())
-        .await
-        .unwrap()
+    idem_store_postgres::testing::fresh_store(PgOptions::default()).await
 }
 
 /// A store on a fresh database (and its URL), an admin key of tenant `acme`,
 /// and one task submitted with it per idempotency key in `keys`, fingerprint
 /// `fp`.
-async fn seeded<K: AsRef<str>>(keys: &[K], fp: char) -> (String, Store, idem_core::model::ApiKey) {
+async fn seeded<K: AsRef<str>>(
+    keys: &[K],
+    fp: char,
+) -> (TestDatabase, Store, idem_core::model::ApiKey) {
     let url = fresh_database().await;
     let store = connect(&url, PgOptions::default()).await.unwrap();
     let (key, _) = store
@@ -327,9 +329,62 @@ async fn unreachable_database_is_unavailable() {
         .await
         .unwrap_err();
     assert!(
-        matches!(err, idem_store::StoreError::Unavailable(_)),
+        matches!(&err, idem_store::StoreError::Unavailable(m)
+            if m.starts_with("PostgreSQL at 127.0.0.1:1 (database none) is unavailable: error connecting to server")),
         "{err:?}"
     );
+}
+
+/// The test helper's message for a server it cannot use is PostgreSQL's own,
+/// with the fix.
+#[tokio::test]
+async fn the_test_helper_says_what_postgres_said_and_the_fix() {
+    use idem_store_postgres::testing::{server_url, unreachable_server_message, with_database};
+    let url = with_database(&server_url(), "idem_no_such_test_db");
+    let e = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    let msg = unreachable_server_message(&url, &e);
+    assert!(
+        msg.contains("database \"idem_no_such_test_db\" does not exist"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("create it: `createdb -h 127.0.0.1 -p 5432 -U postgres idem_no_such_test_db`"),
+        "{msg}"
+    );
+    assert!(!msg.contains("db error"), "{msg}");
+}
+
+/// A scratch database is dropped with its guard; a `fresh_store` keeps its
+/// own until its last clone is dropped.
+#[tokio::test]
+async fn scratch_databases_are_dropped_with_their_guard() {
+    let server = raw(&fresh_url_server()).await;
+    let exists = async |name: &str| -> bool {
+        server
+            .query_one(
+                "SELECT count(*) FROM pg_database WHERE datname = $1",
+                &[&name],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+            == 1
+    };
+    let db = fresh_database().await;
+    let name = db.name().to_owned();
+    let store = connect(&db, PgOptions::default()).await.unwrap();
+    assert!(exists(&name).await);
+    drop(db);
+    assert!(!exists(&name).await, "{name} was not dropped");
+    drop(store);
+    // A `fresh_store` keeps its database while any clone lives.
+    let store = idem_store_postgres::testing::fresh_store(PgOptions::default()).await;
+    let copy = store.clone();
+    drop(store);
+    copy.ping().await.unwrap();
 }
 
 async fn raw(url: &str) -> tokio_postgres::Client {
@@ -354,7 +409,7 @@ fn claim_req(max: i64, lease_ms: Option<i64>) -> ClaimRequest {
 /// (`Rejected`, HTTP 400), not reported as a corrupt store, and writes nothing.
 #[tokio::test]
 async fn text_postgres_cannot_hold_is_rejected() {
-    let (_, store, key) = seeded::<&str>(&[], 'n').await;
+    let (_db, store, key) = seeded::<&str>(&[], 'n').await;
     store
         .submit(submission("acme", "nul", key.id, 'n'))
         .await
@@ -666,7 +721,11 @@ async fn lost_commit_answer_never_reports_a_new_key_as_replayed() {
     let port = cfg.get_ports().first().copied().unwrap_or(5432);
     let proxy = lost_commit::start(format!("{host}:{port}").parse().unwrap()).await;
     let db = cfg.get_dbname().unwrap_or("test").to_owned();
-    let via = format!("postgres://postgres@127.0.0.1:{}/{db}", proxy.port);
+    // Plain TCP: the proxy reads the protocol to find COMMIT answers.
+    let via = format!(
+        "postgres://postgres@127.0.0.1:{}/{db}?sslmode=disable",
+        proxy.port
+    );
     let store = connect(&via, PgOptions::default()).await.unwrap();
     let (key, _) = store
         .create_api_key("acme", Role::Client, None)
@@ -1093,7 +1152,7 @@ async fn a_silent_link_ends_in_unavailable_within_the_operation_timeout() {
     let paused = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let port = pausable_proxy(std::sync::Arc::clone(&paused)).await;
     let via = url.replace("127.0.0.1:5432", &format!("127.0.0.1:{port}"));
-    assert_ne!(via, url, "the test database URL names 127.0.0.1:5432");
+    assert_ne!(via, *url, "the test database URL names 127.0.0.1:5432");
     let mut opts = PgOptions::default();
     opts.operation_timeout = std::time::Duration::from_secs(2);
     opts.pool_timeout = std::time::Duration::from_secs(1);

@@ -270,7 +270,7 @@ async fn open_store_with(args: &StoreArgs, migrate: bool) -> Result<Store> {
         .await?
         .context("opening the SQLite store");
     }
-    if args.store.starts_with("postgres://") || args.store.starts_with("postgresql://") {
+    if is_postgres(&args.store) {
         let mut options =
             idem_store_postgres::PgOptions::default().with_max_size(args.pg_pool_size);
         options.migrate = migrate;
@@ -279,7 +279,49 @@ async fn open_store_with(args: &StoreArgs, migrate: bool) -> Result<Store> {
             .context("connecting to PostgreSQL");
     }
     bail!(
-        "--store must start with sqlite:// or postgres://, got `{}`",
+        "--store must start with sqlite://, postgres:// or postgresql://, got `{}`",
+        args.store
+    )
+}
+
+/// Whether `store` is a PostgreSQL URL (`postgres://` or `postgresql://`).
+fn is_postgres(store: &str) -> bool {
+    store.starts_with("postgres://") || store.starts_with("postgresql://")
+}
+
+/// Logs where the data of `args` goes, before it is opened: the SQLite file's
+/// absolute path, or PostgreSQL's host, port, database, role and `sslmode`
+/// (never the password).
+///
+/// # Errors
+/// A PostgreSQL URL that does not parse or names no database (refused before
+/// anything is connected), a store that is neither SQLite nor PostgreSQL.
+fn log_store_location(args: &StoreArgs) -> Result<()> {
+    if let Some(path) = args.store.strip_prefix("sqlite://") {
+        let absolute =
+            std::path::absolute(path).map_or_else(|_| path.to_owned(), |p| p.display().to_string());
+        tracing::info!(store = "sqlite", path = %absolute, "store: SQLite file {absolute}");
+        return Ok(());
+    }
+    if is_postgres(&args.store) {
+        let target = idem_store_postgres::Target::of_url(&args.store)
+            .context("reading the PostgreSQL store URL")?;
+        tracing::info!(
+            store = "postgres",
+            host = %target.host,
+            port = target.port,
+            database = %target.database,
+            user = %target.user.as_deref().unwrap_or("-"),
+            sslmode = %target.ssl_mode.as_str(),
+            "store: PostgreSQL database {} at {}:{}",
+            target.database,
+            target.host,
+            target.port
+        );
+        return Ok(());
+    }
+    bail!(
+        "--store must start with sqlite://, postgres:// or postgresql://, got `{}`",
         args.store
     )
 }
@@ -615,6 +657,7 @@ async fn serve(args: ServeArgs, store_args: StoreArgs) -> Result<()> {
         max_connections,
     } = args;
     let config = load_config(config.as_ref())?;
+    log_store_location(&store_args)?;
     let _serve_lock = lock_sqlite_for_serve(&store_args)?;
     let store = open_store_waiting(&store_args, store_wait).await?;
     let version = config.version();
@@ -723,6 +766,9 @@ async fn run() -> Result<()> {
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        // A log line that cannot be written (stderr closed) is dropped; the
+        // default reports that with `eprintln!`, which panics on a closed stderr.
+        .log_internal_errors(false)
         .init();
     let cli = Cli::parse();
     match cli.command {
@@ -750,6 +796,7 @@ async fn run() -> Result<()> {
             serve(args, store).await
         }
         Command::Keys { command, store } => {
+            log_store_location(&store)?;
             // A refused `keys create` must not create the database first.
             let create = match &command {
                 KeysCommand::Create {
@@ -837,6 +884,7 @@ async fn run() -> Result<()> {
             }
         }
         Command::Migrate { store } => {
+            log_store_location(&store)?;
             let (kind, applied, known) = if let Some(path) = store.store.strip_prefix("sqlite://") {
                 let path = path.to_owned();
                 let applied =
@@ -848,9 +896,7 @@ async fn run() -> Result<()> {
                     applied.iter().map(i64::to_string).collect::<Vec<_>>(),
                     idem_store_sqlite::MIGRATIONS.len().to_string(),
                 )
-            } else if store.store.starts_with("postgres://")
-                || store.store.starts_with("postgresql://")
-            {
+            } else if is_postgres(&store.store) {
                 let applied = idem_store_postgres::migrate(&store.store)
                     .await
                     .context("migrating the PostgreSQL store")?;
@@ -866,7 +912,7 @@ async fn run() -> Result<()> {
                 )
             } else {
                 bail!(
-                    "--store must start with sqlite:// or postgres://, got `{}`",
+                    "--store must start with sqlite://, postgres:// or postgresql://, got `{}`",
                     store.store
                 )
             };

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_store_postgres::testing::fresh_database;
+use idem_store_postgres::testing::{TestDatabase, fresh_database};
 use serde_json::{Value, json};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Barrier;
@@ -27,7 +27,7 @@ const RECOVERY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A fresh database with the standard keys, and one server per entry of `envs`
 /// (each entry: that server's extra environment).
-async fn cluster(envs: &[&[(&str, &str)]]) -> (String, Keys, Vec<Arc<Server>>) {
+async fn cluster(envs: &[&[(&str, &str)]]) -> (TestDatabase, Keys, Vec<Arc<Server>>) {
     let url = fresh_database().await;
     // The CLI runs the migrations before any server starts.
     let keys = Server::create_keys(&url);

@@ -1,0 +1,285 @@
+//! What a store URL says: where the data goes (host, port, database, role)
+//! and how the connection is secured (`sslmode`, `sslrootcert`, as libpq
+//! documents them: <https://www.postgresql.org/docs/current/libpq-ssl.html>).
+
+use std::path::PathBuf;
+
+use idem_store::StoreError;
+use tokio_postgres::config::{Host, SslMode as DriverSslMode};
+
+/// `sslmode` of a store URL (libpq's names; `allow` is not supported).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SslMode {
+    /// Plain TCP only.
+    Disable,
+    /// TLS when the server offers it, else plain; the default (libpq's).
+    Prefer,
+    /// TLS or nothing; the certificate is checked only when `sslrootcert` is
+    /// given (then as with `verify-ca`).
+    Require,
+    /// TLS, with the server's certificate chain checked against the root
+    /// certificates; the host name is not.
+    VerifyCa,
+    /// As `verify-ca`, and the certificate must name the host of the URL.
+    VerifyFull,
+}
+
+impl SslMode {
+    /// The URL spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SslMode::Disable => "disable",
+            SslMode::Prefer => "prefer",
+            SslMode::Require => "require",
+            SslMode::VerifyCa => "verify-ca",
+            SslMode::VerifyFull => "verify-full",
+        }
+    }
+
+    fn parse(value: &str) -> Result<SslMode, StoreError> {
+        Ok(match value {
+            "disable" => SslMode::Disable,
+            "prefer" => SslMode::Prefer,
+            "require" => SslMode::Require,
+            "verify-ca" => SslMode::VerifyCa,
+            "verify-full" => SslMode::VerifyFull,
+            other => {
+                return Err(StoreError::Config(format!(
+                    "sslmode={other} in the PostgreSQL URL is not one of disable, prefer, require, \
+                     verify-ca, verify-full"
+                )));
+            }
+        })
+    }
+}
+
+/// Where the root certificates that check the server's certificate come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RootCerts {
+    /// The platform's trust store (`sslrootcert=system`, or no `sslrootcert`
+    /// with `verify-ca` / `verify-full`).
+    System,
+    /// A PEM file of one or more certificates (`sslrootcert=PATH`).
+    File(PathBuf),
+}
+
+/// How much of the server's certificate is checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verify {
+    /// Nothing: the connection is encrypted, the peer not authenticated.
+    Nothing,
+    /// The chain up to a root certificate, not the host name.
+    Chain,
+    /// The chain and the host name.
+    Full,
+}
+
+/// Where a PostgreSQL store URL points and how it connects. `Display` gives
+/// `host:port/database` (never the password).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Target {
+    /// The host (several joined with `,`; a Unix socket directory as its path).
+    pub host: String,
+    /// The port (of the first host; 5432 when the URL gives none).
+    pub port: u16,
+    /// The database.
+    pub database: String,
+    /// The role, when the URL names one.
+    pub user: Option<String>,
+    /// `sslmode` (default `prefer`).
+    pub ssl_mode: SslMode,
+    /// `sslrootcert`, when given.
+    pub root_certs: Option<RootCerts>,
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}/{}", self.host, self.port, self.database)
+    }
+}
+
+impl Target {
+    /// What `url` says; see [`parse`].
+    ///
+    /// # Errors
+    /// As [`parse`].
+    pub fn of_url(url: &str) -> Result<Target, StoreError> {
+        parse(url).map(|(_, t)| t)
+    }
+
+    /// How much of the server's certificate is checked (libpq: `require`
+    /// with a root certificate behaves as `verify-ca`).
+    pub(crate) fn verify(&self) -> Verify {
+        match (self.ssl_mode, &self.root_certs) {
+            (SslMode::VerifyFull, _) => Verify::Full,
+            (SslMode::VerifyCa, _) => Verify::Chain,
+            (SslMode::Require | SslMode::Prefer, Some(_)) => Verify::Chain,
+            _ => Verify::Nothing,
+        }
+    }
+
+    /// `sslmode=…` and where the root certificates come from, for messages.
+    pub fn tls_description(&self) -> String {
+        let mut text = format!("sslmode={}", self.ssl_mode.as_str());
+        if self.verify() != Verify::Nothing {
+            match &self.root_certs {
+                Some(RootCerts::File(p)) => {
+                    text.push_str(&format!(", root certificates from {}", p.display()));
+                }
+                _ => text.push_str(", the platform's root certificates"),
+            }
+        }
+        text
+    }
+}
+
+/// Parses a `postgres://` / `postgresql://` URL: the driver's configuration
+/// (with `sslmode` reduced to what the driver knows, `sslrootcert` taken out)
+/// and the [`Target`].
+///
+/// # Errors
+/// [`StoreError::Config`] when the URL does not parse, names no host or no
+/// database (PostgreSQL would otherwise pick the role's own database), gives an
+/// unknown `sslmode`, or `sslrootcert=system` with a mode weaker than
+/// `verify-full` (libpq refuses that too).
+pub fn parse(url: &str) -> Result<(tokio_postgres::Config, Target), StoreError> {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let mut ssl_mode = None;
+    let mut root_certs = None;
+    let mut kept = Vec::new();
+    for pair in query.into_iter().flat_map(|q| q.split('&')) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let value = percent_encoding::percent_decode_str(value)
+            .decode_utf8()
+            .map_err(|e| StoreError::Config(format!("invalid PostgreSQL URL: {key}: {e}")))?;
+        match key {
+            "sslmode" => ssl_mode = Some(SslMode::parse(&value)?),
+            "sslrootcert" if value == "system" => root_certs = Some(RootCerts::System),
+            "sslrootcert" => root_certs = Some(RootCerts::File(PathBuf::from(value.as_ref()))),
+            _ => kept.push(pair),
+        }
+    }
+    let ssl_mode = match (ssl_mode, &root_certs) {
+        (None, Some(RootCerts::System)) => SslMode::VerifyFull,
+        (Some(m), Some(RootCerts::System)) if m != SslMode::VerifyFull => {
+            return Err(StoreError::Config(format!(
+                "sslrootcert=system needs sslmode=verify-full (or no sslmode), not sslmode={}",
+                m.as_str()
+            )));
+        }
+        (m, _) => m.unwrap_or(SslMode::Prefer),
+    };
+    let driver_url = if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    let mut cfg: tokio_postgres::Config = driver_url
+        .parse()
+        .map_err(|e| StoreError::Config(format!("invalid PostgreSQL URL: {e}")))?;
+    cfg.ssl_mode(match ssl_mode {
+        SslMode::Disable => DriverSslMode::Disable,
+        SslMode::Prefer => DriverSslMode::Prefer,
+        _ => DriverSslMode::Require,
+    });
+    let hosts: Vec<String> = cfg
+        .get_hosts()
+        .iter()
+        .map(|h| match h {
+            Host::Tcp(name) => name.clone(),
+            #[cfg(unix)]
+            Host::Unix(path) => path.display().to_string(),
+        })
+        .collect();
+    if hosts.is_empty() {
+        return Err(StoreError::Config(
+            "the PostgreSQL URL names no host: postgres://USER@HOST:PORT/DATABASE".into(),
+        ));
+    }
+    let database = match cfg.get_dbname() {
+        Some(db) if !db.is_empty() => db.to_owned(),
+        _ => {
+            return Err(StoreError::Config(format!(
+                "the PostgreSQL URL names no database: add it after the host \
+                 (postgres://USER@{}:{}/DATABASE); PostgreSQL would otherwise use the \
+                 database named after the role",
+                hosts.join(","),
+                cfg.get_ports().first().copied().unwrap_or(5432)
+            )));
+        }
+    };
+    let target = Target {
+        host: hosts.join(","),
+        port: cfg.get_ports().first().copied().unwrap_or(5432),
+        database,
+        user: cfg.get_user().map(str::to_owned),
+        ssl_mode,
+        root_certs,
+    };
+    Ok((cfg, target))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tls_parameters_are_read_and_taken_out() {
+        let (cfg, t) = parse(
+            "postgresql://u:secret@db.example:6432/app?sslmode=verify-full&sslrootcert=%2Fetc%2Fca.pem&application_name=x",
+        )
+        .unwrap();
+        assert_eq!(t.to_string(), "db.example:6432/app");
+        assert_eq!(t.user.as_deref(), Some("u"));
+        assert_eq!(t.ssl_mode, SslMode::VerifyFull);
+        assert_eq!(t.root_certs, Some(RootCerts::File("/etc/ca.pem".into())));
+        assert_eq!(t.verify(), Verify::Full);
+        assert_eq!(cfg.get_ssl_mode(), DriverSslMode::Require);
+        assert_eq!(cfg.get_application_name(), Some("x"));
+        assert!(!t.tls_description().contains("secret"));
+    }
+
+    #[test]
+    fn libpq_defaults_and_require_with_a_root_certificate() {
+        let (cfg, t) = parse("postgres://u@h/db").unwrap();
+        assert_eq!((t.ssl_mode, t.verify()), (SslMode::Prefer, Verify::Nothing));
+        assert_eq!(cfg.get_ssl_mode(), DriverSslMode::Prefer);
+        assert_eq!(t.port, 5432);
+        let t = Target::of_url("postgres://u@h/db?sslmode=require&sslrootcert=/ca.pem").unwrap();
+        assert_eq!(t.verify(), Verify::Chain);
+        let t = Target::of_url("postgres://u@h/db?sslmode=require").unwrap();
+        assert_eq!(t.verify(), Verify::Nothing);
+        let t = Target::of_url("postgres://u@h/db?sslrootcert=system").unwrap();
+        assert_eq!(t.ssl_mode, SslMode::VerifyFull);
+    }
+
+    #[test]
+    fn refusals_say_what_is_wrong() {
+        let e = Target::of_url("postgres://postgres@127.0.0.1:5432").unwrap_err();
+        assert!(
+            e.to_string().contains(
+                "the PostgreSQL URL names no database: add it after the host (postgres://USER@127.0.0.1:5432/DATABASE)"
+            ),
+            "{e}"
+        );
+        assert!(matches!(e, StoreError::Config(_)));
+        let e = Target::of_url("postgres://postgres@127.0.0.1:5432/").unwrap_err();
+        assert!(e.to_string().contains("names no database"), "{e}");
+        let e = Target::of_url("postgres://h/db?sslmode=allow").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("sslmode=allow in the PostgreSQL URL is not one of disable, prefer"),
+            "{e}"
+        );
+        let e = Target::of_url("postgres://h/db?sslmode=require&sslrootcert=system").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("sslrootcert=system needs sslmode=verify-full"),
+            "{e}"
+        );
+    }
+}
