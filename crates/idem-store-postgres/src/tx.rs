@@ -8,7 +8,7 @@ use idem_core::model::{
     ApiKey, Attempt, AttemptKind, AttemptState, Event, Evidence, Role, Task, TaskControl,
     TaskState, Timestamp,
 };
-use idem_store::ops::{self, Submission, SubmitOutcome};
+use idem_store::ops::{Submission, SubmitOutcome, SubmitPlan};
 use idem_store::{ExistingScope, Result, ScopeRow, StoreError, Tx};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -148,27 +148,26 @@ impl<'a> PgTx<'a> {
     }
 }
 
-/// What [`PgTx::submit_pipelined`] did.
-pub(crate) enum Pipelined {
-    /// Committed; one answer per submission, in request order.
-    Committed(Vec<SubmitOutcome>),
-    /// A submitting key is revoked: rolled back, nothing written. Run the batch
-    /// as an ordinary transaction, which refuses that key's submissions only.
-    KeyRevoked,
-}
+/// A submit batch to run as one pipelined transaction
+/// ([`PgTx::submit_pipelined`]).
+pub(crate) struct Pipelined<'s>(pub(crate) &'s [Submission]);
 
 impl PgTx<'_> {
-    /// Submits `subs` with the statements of the generic path
-    /// ([`idem_store::ops`] `SubmitBatch`) in two round trips instead of five,
+    /// Runs the [`SubmitPlan`] of `subs` in two round trips instead of five,
     /// using the protocol's pipelining. Round trip 1: `BEGIN`, the clock and key
     /// check, the scope rows. Round trip 2: the new tasks with their events and
     /// `COMMIT` (a batch that won every scope), or the read-back of the taken
     /// scopes and `COMMIT` (a batch that won none, so wrote nothing). A batch
     /// with both sends the tasks and the read-back, and commits in a third round
     /// trip once every answer is decoded. Each statement still runs in order in
-    /// one READ COMMITTED transaction, with its own snapshot, so the answers are
-    /// the generic path's, and nothing can fail after a `COMMIT` that wrote
-    /// something. Only on an autocommit [`PgTx`] (the connection itself).
+    /// one READ COMMITTED transaction, with its own snapshot, and the plan
+    /// decides every answer, so the answers are those of [`SubmitPlan::run`],
+    /// and nothing can fail after a `COMMIT` that wrote something. Only on an
+    /// autocommit [`PgTx`] (the connection itself).
+    ///
+    /// Answers `None`, with nothing written, when a submitting key is revoked:
+    /// run the batch as an ordinary transaction, which refuses that key's
+    /// submissions only.
     ///
     /// A failed statement aborts the transaction, and PostgreSQL then ends a
     /// pipelined `COMMIT` as a rollback: errors are read in statement order and
@@ -176,11 +175,14 @@ impl PgTx<'_> {
     /// `ROLLBACK` is sent, so the connection goes back to the pool idle.
     ///
     /// # Errors
-    /// As the generic path: [`StoreError::Contention`] (run it again; also when
-    /// a taken scope's row vanished before the read-back), [`StoreError::Unavailable`]
-    /// (connection lost; if during `COMMIT`, the outcome is unknown),
-    /// [`StoreError::Corrupt`].
-    pub(crate) async fn submit_pipelined(&self, subs: &[Submission]) -> Result<Pipelined> {
+    /// As [`SubmitPlan::run`]: [`StoreError::Contention`] (run it again; also
+    /// when a taken scope's row vanished before the read-back),
+    /// [`StoreError::Unavailable`] (connection lost; if during `COMMIT`, the
+    /// outcome is unknown), [`StoreError::Corrupt`].
+    pub(crate) async fn submit_pipelined(
+        &self,
+        subs: &[Submission],
+    ) -> Result<Option<Vec<SubmitOutcome>>> {
         let Conn::Auto(client) = &self.conn else {
             return Err(StoreError::Corrupt(
                 "a pipelined submit opens its own transaction".into(),
@@ -198,52 +200,55 @@ impl PgTx<'_> {
         &self,
         client: &deadpool_postgres::Client,
         subs: &[Submission],
-    ) -> Result<Pipelined> {
+    ) -> Result<Option<Vec<SubmitOutcome>>> {
         let keys_stmt = self.statement(NOW_AND_LIVE_KEYS).await?;
         let scopes_stmt = self.statement(SCOPES_INSERT).await?;
         let tasks_stmt = self.statement(&TASKS_WITH_EVENTS_INSERT).await?;
         let lookup_stmt = self.statement(&SCOPES_WITH_TASKS).await?;
-        let ids = ops::submitting_keys(subs);
-        let rows = ops::scope_rows(subs);
-        let scope_arrays = ScopeArrays::new(&rows);
-        let keys_params: [Param<'_>; 1] = [&ids];
-        let scope_params = scope_arrays.params();
-        // Round trip 1. `biased` polls in order, so the requests go out in order.
-        // Should BEGIN fail, the scope insert would fail too: its foreign key to
-        // `tasks` is checked at commit, and there is no task yet.
-        let (begun, keys, inserted) = tokio::join!(
-            biased;
-            client.batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED"),
-            client.query(&keys_stmt, &keys_params),
-            client.query(&scopes_stmt, &scope_params),
-        );
-        begun.map_err(map_pg_error)?;
-        let (now, live) = now_and_live(&keys.map_err(map_pg_error)?)?;
-        let won = scopes_won(&rows, &inserted.map_err(map_pg_error)?)?;
-        if live.len() < ids.len() {
+        let mut plan = SubmitPlan::new(subs);
+        let (now, live, won) = {
+            let scope_arrays = ScopeArrays::new(plan.scope_rows());
+            let keys = plan.keys();
+            let keys_params: [Param<'_>; 1] = [&keys];
+            let scope_params = scope_arrays.params();
+            // Round trip 1. `biased` polls in order, so the requests go out in
+            // order. Should BEGIN fail, the scope insert would fail too: its
+            // foreign key to `tasks` is checked at commit, and there is no task yet.
+            let (begun, keys, inserted) = tokio::join!(
+                biased;
+                client.batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED"),
+                client.query(&keys_stmt, &keys_params),
+                client.query(&scopes_stmt, &scope_params),
+            );
+            begun.map_err(map_pg_error)?;
+            let (now, live) = now_and_live(&keys.map_err(map_pg_error)?)?;
+            let won = scopes_won(plan.scope_rows(), &inserted.map_err(map_pg_error)?)?;
+            (now, live, won)
+        };
+        if !plan.check_keys(&live) {
             client
                 .batch_execute("ROLLBACK")
                 .await
                 .map_err(map_pg_error)?;
-            return Ok(Pipelined::KeyRevoked);
+            return Ok(None);
         }
-        let (created, journals) = ops::accept_winners(subs, &rows, &won, now);
-        let taken = ops::taken_scopes(subs, &won);
-        let lookup = ScopeLookup::new(&taken);
+        let accepted = plan.accept(&won, now)?;
+        let (created, journals) = accepted.new_tasks();
+        let lookup = ScopeLookup::new(accepted.taken());
         let lookup_params = lookup.params();
-        if taken.is_empty() {
+        if accepted.taken().is_empty() {
             // Round trip 2 of a batch of new scopes only: tasks and events, COMMIT.
             // Nothing is left to decode after COMMIT, so no error can follow it.
             let (tasks_written, committed) = tokio::join!(
                 biased;
-                self.insert_new_tasks(&tasks_stmt, &created, &journals),
+                self.insert_new_tasks(&tasks_stmt, created, journals),
                 client.batch_execute("COMMIT"),
             );
             // In statement order: a failed insert turned COMMIT into a rollback.
             tasks_written?;
             committed.map_err(map_pg_error)?;
-            return answers(ops::answer_batch(subs, &won, created, Vec::new())?)
-                .map(Pipelined::Committed);
+            drop(lookup);
+            return accepted.answer_all(Vec::new()).map(Some);
         }
         if created.is_empty() {
             // Round trip 2 of a batch that won no scope (replays and conflicts
@@ -257,68 +262,27 @@ impl PgTx<'_> {
             );
             let existing = existing.map_err(map_pg_error)?;
             committed.map_err(map_pg_error)?;
-            let existing = existing_scopes(&taken, &existing)?;
-            return answers(ops::answer_batch(subs, &won, created, existing)?)
-                .map(Pipelined::Committed);
+            let existing = existing_scopes(accepted.taken(), &existing)?;
+            drop(lookup);
+            return accepted.answer_all(existing).map(Some);
         }
         // Round trip 2 of a batch with both: tasks and events, then the read-back,
         // a later statement, so it sees the scope rows that beat this batch
-        // (committed, RUST-NOTES §4.3) and the tasks this batch just wrote (two
-        // submissions of one scope in a batch). COMMIT waits for round trip 3,
-        // once every answer is decoded: any failure until then writes nothing.
+        // (committed) and the tasks this batch just wrote (two submissions of
+        // one scope in a batch). COMMIT waits for round trip 3, once every
+        // answer is decoded: any failure until then writes nothing.
         let (tasks_written, existing) = tokio::join!(
             biased;
-            self.insert_new_tasks(&tasks_stmt, &created, &journals),
+            self.insert_new_tasks(&tasks_stmt, created, journals),
             client.query(&lookup_stmt, &lookup_params),
         );
         tasks_written?;
-        let existing = existing_scopes(&taken, &existing.map_err(map_pg_error)?)?;
-        let outcomes = answers(ops::answer_batch(subs, &won, created, existing)?)?;
+        let existing = existing_scopes(accepted.taken(), &existing.map_err(map_pg_error)?)?;
+        drop(lookup);
+        let outcomes = accepted.answer_all(existing)?;
         client.batch_execute("COMMIT").await.map_err(map_pg_error)?;
-        Ok(Pipelined::Committed(outcomes))
+        Ok(Some(outcomes))
     }
-}
-
-impl PgTx<'_> {
-    /// Answers retries from what is committed, in one statement and without a
-    /// transaction: one answer per submission, in order, `Some` for each whose
-    /// scope row is bound and whose API key is live (a replay or a conflict,
-    /// exactly as [`ops::answer_batch`] gives it on the write path), `None` for
-    /// the others (a scope never bound or released by retention, a revoked
-    /// key): nothing was written for them, and [`PgTx::submit_pipelined`]
-    /// creates their tasks or refuses their keys.
-    ///
-    /// One statement has one snapshot, so a scope row and its task are read
-    /// together, and two submissions of one scope get the same answer. The write
-    /// path reads a taken scope the same way, in a later statement (RUST-NOTES
-    /// §4.3): a scope whose row is committed answers the same here as there.
-    ///
-    /// # Errors
-    /// [`StoreError::Unavailable`] (connection lost), [`StoreError::Corrupt`]
-    /// (a row that does not decode, a scope row without its task).
-    pub(crate) async fn answer_retries(
-        &self,
-        subs: &[Submission],
-    ) -> Result<Vec<Option<SubmitOutcome>>> {
-        let scopes = ops::taken_scopes(subs, &vec![false; subs.len()]);
-        let lookup = ScopeLookup::new(&scopes);
-        let key_ids: Vec<Uuid> = subs.iter().map(|s| s.api_key_id).collect();
-        let [tenants, operations, keys] = lookup.params();
-        let params: [Param<'_>; 4] = [tenants, operations, keys, &key_ids];
-        let rows = self.query(&LIVE_SCOPES_WITH_TASKS, &params).await?;
-        let existing = existing_scopes(&scopes, &rows)?;
-        ops::answer_batch(subs, &vec![false; subs.len()], Vec::new(), existing)
-    }
-}
-
-/// Every answer of a batch, or [`StoreError::Contention`] when a scope row
-/// vanished before it was read back (released by retention in between): the
-/// batch rolls back and runs again, as on the generic path.
-fn answers(outcomes: Vec<Option<SubmitOutcome>>) -> Result<Vec<SubmitOutcome>> {
-    outcomes
-        .into_iter()
-        .map(|o| o.ok_or_else(|| StoreError::Contention("scope row vanished; retry".into())))
-        .collect()
 }
 
 // ---------------------------------------------------------------- decoding
@@ -1227,6 +1191,22 @@ impl Tx for PgTx<'_> {
         let lookup = ScopeLookup::new(scopes);
         let rows = self.query(&SCOPES_WITH_TASKS, &lookup.params()).await?;
         existing_scopes(scopes, &rows)
+    }
+
+    /// One statement, so one snapshot: a scope row and its task are read
+    /// together, and two submissions of one scope get the same answer; a
+    /// scope of a revoked key is left out, as a missing one.
+    async fn live_scopes_with_tasks(&mut self, subs: &[Submission]) -> Result<Vec<ExistingScope>> {
+        if subs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let scopes: Vec<(String, String, String)> = subs.iter().map(Submission::scope).collect();
+        let lookup = ScopeLookup::new(&scopes);
+        let key_ids: Vec<Uuid> = subs.iter().map(|s| s.api_key_id).collect();
+        let [tenants, operations, keys] = lookup.params();
+        let params: [Param<'_>; 4] = [tenants, operations, keys, &key_ids];
+        let rows = self.query(&LIVE_SCOPES_WITH_TASKS, &params).await?;
+        existing_scopes(&scopes, &rows)
     }
 
     async fn insert_tasks_with_events(
