@@ -40,6 +40,7 @@ use tokio_postgres::NoTls;
 
 mod error;
 mod migrate;
+mod rows;
 mod run;
 mod tx;
 
