@@ -1,6 +1,7 @@
 //! [`Tx`] over one SQLite transaction (the writer's, or a reader's), and the
 //! mapping between rows and the model.
 
+use std::sync::LazyLock;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use idem_core::model::{
@@ -89,20 +90,112 @@ fn api_key_row(r: &Row<'_>) -> rusqlite::Result<ApiKey> {
     })
 }
 
-/// The task columns, in the order [`task_row`] reads and `task_values` binds
-/// them, each after `prefix` (`""`, or `"t."` for a join); a macro so that
-/// statements are built at compile time (the task read runs on every replay).
+/// The one list of the task table's columns: calls `$then!` with `$args`,
+/// `;`, and the column names in table order. Everything else (the SELECT
+/// lists, the INSERT and UPDATE placeholders, [`Col`]'s positions, which
+/// [`task_row`] reads and [`task_values`] fills) is generated from it.
+macro_rules! with_task_columns {
+    ($then:ident!($($args:tt)*)) => {
+        $then! { $($args)*; id, tenant, operation, idempotency_key, fingerprint, canonical_request, params, state, generation, version, event_seq, attempt_count, execute_count, usage, contract, cancellation, delivery, failure, api_key_id, next_kind, active_attempt_id, ready_at, deadline_at, terminal_at, key_expires_at, created_at, updated_at }
+    };
+}
+
+/// The task columns, comma-separated, each after `prefix` (`""`, or `"t."`
+/// for a join): a literal, so statements are built at compile time (the task
+/// read runs on every replay).
 macro_rules! task_columns {
     () => {
         task_columns!("")
     };
     ($prefix:literal) => {
-        task_columns!(@ $prefix; id, tenant, operation, idempotency_key, fingerprint, canonical_request, params, state, generation, version, event_seq, attempt_count, execute_count, usage, contract, cancellation, delivery, failure, api_key_id, next_kind, active_attempt_id, ready_at, deadline_at, terminal_at, key_expires_at, created_at, updated_at)
+        with_task_columns!(task_columns!(@ $prefix))
     };
     (@ $prefix:literal; $first:ident $(, $col:ident)*) => {
         concat!($prefix, stringify!($first) $(, ", ", $prefix, stringify!($col))*)
     };
 }
+
+/// Declares [`Col`], [`TASK_COLUMN_NAMES`] and [`TASK_COLUMN_COUNT`].
+macro_rules! task_positions {
+    (; $($col:ident),+) => {
+        /// A task column, by its position in a task SELECT list and in
+        /// [`task_values`] (0-based; its SQL parameter is `?` and one more).
+        #[allow(non_camel_case_types)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        enum Col {
+            $($col),+
+        }
+
+        /// The task columns' names, by [`Col`].
+        const TASK_COLUMN_NAMES: &[&str] = &[$(stringify!($col)),+];
+
+        /// How many columns a task has.
+        const TASK_COLUMN_COUNT: usize = TASK_COLUMN_NAMES.len();
+    };
+}
+
+with_task_columns!(task_positions!());
+
+impl Col {
+    /// The column's position.
+    const fn at(self) -> usize {
+        self as usize
+    }
+}
+
+/// The columns a task update writes (the others are fixed at acceptance);
+/// `version` is incremented by the statement itself.
+const TASK_UPDATED: &[Col] = &[
+    Col::state,
+    Col::generation,
+    Col::version,
+    Col::event_seq,
+    Col::attempt_count,
+    Col::execute_count,
+    Col::usage,
+    Col::cancellation,
+    Col::delivery,
+    Col::failure,
+    Col::next_kind,
+    Col::active_attempt_id,
+    Col::ready_at,
+    Col::terminal_at,
+    Col::key_expires_at,
+    Col::updated_at,
+];
+
+/// `INSERT INTO tasks` of every column, bound from [`task_values`].
+static TASK_INSERT: LazyLock<String> = LazyLock::new(|| {
+    let places: Vec<String> = (1..=TASK_COLUMN_COUNT).map(|i| format!("?{i}")).collect();
+    format!(
+        "INSERT INTO tasks ({}) VALUES ({})",
+        task_columns!(),
+        places.join(", ")
+    )
+});
+
+/// The compare-and-set update of [`TASK_UPDATED`], bound from [`task_values`]
+/// then the expected version and generation.
+static TASK_UPDATE: LazyLock<String> = LazyLock::new(|| {
+    let set: Vec<String> = TASK_UPDATED
+        .iter()
+        .map(|&c| {
+            let name = TASK_COLUMN_NAMES.get(c.at()).copied().unwrap_or_default();
+            if c == Col::version {
+                "version = version + 1".to_owned()
+            } else {
+                format!("{name} = ?{}", c.at() + 1)
+            }
+        })
+        .collect();
+    format!(
+        "UPDATE tasks SET {} WHERE id = ?{} AND version = ?{} AND generation = ?{}",
+        set.join(", "),
+        Col::id.at() + 1,
+        TASK_COLUMN_COUNT + 1,
+        TASK_COLUMN_COUNT + 2
+    )
+});
 
 /// A scope row joined with its task: [`task_columns!`] (NULL when the task
 /// row is missing), then the scope's fingerprint and task id.
@@ -124,51 +217,55 @@ fn text<'r>(r: &'r Row<'_>, i: usize) -> rusqlite::Result<&'r str> {
 /// The contract stored as `json` ([`idem_store::decode_contract`]).
 fn contract(json: &str) -> rusqlite::Result<idem_core::config::Contract> {
     idem_store::decode_contract(json).map_err(|e| {
-        rusqlite::Error::FromSqlConversionFailure(14, rusqlite::types::Type::Text, Box::new(e))
+        rusqlite::Error::FromSqlConversionFailure(
+            Col::contract.at(),
+            rusqlite::types::Type::Text,
+            Box::new(e),
+        )
     })
 }
 
-/// Columns [`task_row`] reads: [`task_columns!`], 0 to 26.
-const TASK_COLUMN_COUNT: usize = 27;
-
 fn task_row(r: &Row<'_>) -> rusqlite::Result<Task> {
+    use Col as C;
     Ok(Task {
-        id: uuid(text(r, 0)?)?,
-        operation: r.get(2)?,
-        idempotency_key: r.get(3)?,
-        fingerprint: r.get(4)?,
-        params: from_json(text(r, 6)?)?,
-        state: word::<TaskState>(text(r, 7)?)?,
-        generation: r.get(8)?,
-        attempt_count: r.get(11)?,
-        usage: r.get(13)?,
-        contract: contract(text(r, 14)?)?,
-        cancellation: opt_json(r.get(15)?)?,
-        delivery: opt_json(r.get(16)?)?,
-        failure: opt_json(r.get(17)?)?,
-        created_at: Timestamp(r.get(25)?),
-        updated_at: Timestamp(r.get(26)?),
+        id: uuid(text(r, C::id.at())?)?,
+        operation: r.get(C::operation.at())?,
+        idempotency_key: r.get(C::idempotency_key.at())?,
+        fingerprint: r.get(C::fingerprint.at())?,
+        params: from_json(text(r, C::params.at())?)?,
+        state: word::<TaskState>(text(r, C::state.at())?)?,
+        generation: r.get(C::generation.at())?,
+        attempt_count: r.get(C::attempt_count.at())?,
+        usage: r.get(C::usage.at())?,
+        contract: contract(text(r, C::contract.at())?)?,
+        cancellation: opt_json(r.get(C::cancellation.at())?)?,
+        delivery: opt_json(r.get(C::delivery.at())?)?,
+        failure: opt_json(r.get(C::failure.at())?)?,
+        created_at: Timestamp(r.get(C::created_at.at())?),
+        updated_at: Timestamp(r.get(C::updated_at.at())?),
         control: TaskControl {
-            tenant: r.get(1)?,
-            canonical_request: r.get(5)?,
-            version: r.get(9)?,
-            event_seq: r.get(10)?,
-            execute_count: r.get(12)?,
-            api_key_id: uuid(text(r, 18)?)?,
+            tenant: r.get(C::tenant.at())?,
+            canonical_request: r.get(C::canonical_request.at())?,
+            version: r.get(C::version.at())?,
+            event_seq: r.get(C::event_seq.at())?,
+            execute_count: r.get(C::execute_count.at())?,
+            api_key_id: uuid(text(r, C::api_key_id.at())?)?,
             next_kind: r
-                .get::<_, Option<String>>(19)?
+                .get::<_, Option<String>>(C::next_kind.at())?
                 .as_deref()
                 .map(word::<AttemptKind>)
                 .transpose()?,
             active_attempt_id: r
-                .get::<_, Option<String>>(20)?
+                .get::<_, Option<String>>(C::active_attempt_id.at())?
                 .as_deref()
                 .map(uuid)
                 .transpose()?,
-            ready_at: Timestamp(r.get(21)?),
-            deadline_at: Timestamp(r.get(22)?),
-            terminal_at: r.get::<_, Option<i64>>(23)?.map(Timestamp),
-            key_expires_at: r.get::<_, Option<i64>>(24)?.map(Timestamp),
+            ready_at: Timestamp(r.get(C::ready_at.at())?),
+            deadline_at: Timestamp(r.get(C::deadline_at.at())?),
+            terminal_at: r.get::<_, Option<i64>>(C::terminal_at.at())?.map(Timestamp),
+            key_expires_at: r
+                .get::<_, Option<i64>>(C::key_expires_at.at())?
+                .map(Timestamp),
         },
     })
 }
@@ -372,12 +469,7 @@ impl Tx for SqliteTx<'_> {
     async fn insert_task(&mut self, t: &Task) -> Result<(), StoreError> {
         let values = task_values(t)?;
         self.conn
-            .prepare_cached(concat!(
-                "INSERT INTO tasks (",
-                task_columns!(),
-                ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, \
-                 ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27)"
-            ))
+            .prepare_cached(&TASK_INSERT)
             .and_then(|mut s| s.execute(rusqlite::params_from_iter(values.iter())))
             .map_err(db)?;
         Ok(())
@@ -404,18 +496,12 @@ impl Tx for SqliteTx<'_> {
         let values = task_values(t)?;
         let n = self
             .conn
-            .prepare_cached(
-                "UPDATE tasks SET state = ?8, generation = ?9, version = version + 1, event_seq = ?11, \
-                 attempt_count = ?12, execute_count = ?13, usage = ?14, cancellation = ?16, delivery = ?17, \
-                 failure = ?18, next_kind = ?20, active_attempt_id = ?21, ready_at = ?22, terminal_at = ?24, \
-                 key_expires_at = ?25, updated_at = ?27 \
-                 WHERE id = ?1 AND version = ?28 AND generation = ?29",
-            )
+            .prepare_cached(&TASK_UPDATE)
             .and_then(|mut s| {
                 let mut all = values;
                 all.push(expected_version.into());
                 all.push(expected_generation.into());
-                // Parameters 2..7, 10, 15, 19, 23, 26 are the immutable columns: bound, unused.
+                // The columns fixed at acceptance are bound, unused.
                 s.execute(rusqlite::params_from_iter(all.iter()))
             })
             .map_err(db)?;
@@ -674,40 +760,107 @@ impl Tx for SqliteTx<'_> {
     }
 }
 
-/// Every task column in `task_columns!()` order, as SQL values.
+/// Every task column as an SQL value, at its [`Col`] position.
 fn task_values(t: &Task) -> Result<Vec<rusqlite::types::Value>, StoreError> {
     use rusqlite::types::Value as V;
     let text = |s: &str| V::Text(s.to_owned());
     let opt_text = |s: Option<String>| s.map_or(V::Null, V::Text);
     let opt_int = |i: Option<i64>| i.map_or(V::Null, V::Integer);
     let c = &t.control;
-    Ok(vec![
-        V::Text(t.id.to_string()),
-        text(&c.tenant),
-        text(&t.operation),
-        text(&t.idempotency_key),
-        text(&t.fingerprint),
-        text(&c.canonical_request),
-        V::Text(to_json(&t.params)?),
-        text(t.state.as_str()),
-        V::Integer(t.generation),
-        V::Integer(c.version),
-        V::Integer(c.event_seq),
-        V::Integer(t.attempt_count),
-        V::Integer(c.execute_count),
-        V::Integer(t.usage),
-        V::Text(idem_core::model::contract_json(&t.contract).map_err(corrupt)?),
-        opt_text(t.cancellation.as_ref().map(to_json).transpose()?),
-        opt_text(t.delivery.as_ref().map(to_json).transpose()?),
-        opt_text(t.failure.as_ref().map(to_json).transpose()?),
-        V::Text(c.api_key_id.to_string()),
-        opt_text(c.next_kind.map(|k| k.as_str().to_owned())),
-        opt_text(c.active_attempt_id.map(|id| id.to_string())),
-        V::Integer(c.ready_at.0),
-        V::Integer(c.deadline_at.0),
-        opt_int(c.terminal_at.map(|t| t.0)),
-        opt_int(c.key_expires_at.map(|t| t.0)),
-        V::Integer(t.created_at.0),
-        V::Integer(t.updated_at.0),
-    ])
+    let columns = [
+        (Col::id, V::Text(t.id.to_string())),
+        (Col::tenant, text(&c.tenant)),
+        (Col::operation, text(&t.operation)),
+        (Col::idempotency_key, text(&t.idempotency_key)),
+        (Col::fingerprint, text(&t.fingerprint)),
+        (Col::canonical_request, text(&c.canonical_request)),
+        (Col::params, V::Text(to_json(&t.params)?)),
+        (Col::state, text(t.state.as_str())),
+        (Col::generation, V::Integer(t.generation)),
+        (Col::version, V::Integer(c.version)),
+        (Col::event_seq, V::Integer(c.event_seq)),
+        (Col::attempt_count, V::Integer(t.attempt_count)),
+        (Col::execute_count, V::Integer(c.execute_count)),
+        (Col::usage, V::Integer(t.usage)),
+        (
+            Col::contract,
+            V::Text(idem_core::model::contract_json(&t.contract).map_err(corrupt)?),
+        ),
+        (
+            Col::cancellation,
+            opt_text(t.cancellation.as_ref().map(to_json).transpose()?),
+        ),
+        (
+            Col::delivery,
+            opt_text(t.delivery.as_ref().map(to_json).transpose()?),
+        ),
+        (
+            Col::failure,
+            opt_text(t.failure.as_ref().map(to_json).transpose()?),
+        ),
+        (Col::api_key_id, V::Text(c.api_key_id.to_string())),
+        (
+            Col::next_kind,
+            opt_text(c.next_kind.map(|k| k.as_str().to_owned())),
+        ),
+        (
+            Col::active_attempt_id,
+            opt_text(c.active_attempt_id.map(|id| id.to_string())),
+        ),
+        (Col::ready_at, V::Integer(c.ready_at.0)),
+        (Col::deadline_at, V::Integer(c.deadline_at.0)),
+        (Col::terminal_at, opt_int(c.terminal_at.map(|t| t.0))),
+        (Col::key_expires_at, opt_int(c.key_expires_at.map(|t| t.0))),
+        (Col::created_at, V::Integer(t.created_at.0)),
+        (Col::updated_at, V::Integer(t.updated_at.0)),
+    ];
+    let mut values = vec![V::Null; TASK_COLUMN_COUNT];
+    for (col, value) in columns {
+        if let Some(slot) = values.get_mut(col.at()) {
+            *slot = value;
+        }
+    }
+    Ok(values)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// The one column list names every column of the migrated `tasks` table
+    /// and nothing else, and the statements generated from it prepare.
+    #[test]
+    fn the_column_list_is_the_task_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut conn = Connection::open(dir.path().join("idem.db")).unwrap();
+        crate::migrate(&mut conn).unwrap();
+        let mut stmt = conn
+            .prepare("SELECT name FROM pragma_table_info('tasks')")
+            .unwrap();
+        let mut table: Vec<String> = stmt
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        drop(stmt);
+        let mut listed: Vec<String> = TASK_COLUMN_NAMES.iter().map(|c| (*c).to_owned()).collect();
+        table.sort();
+        listed.sort();
+        assert_eq!(listed, table);
+        for sql in [TASK_INSERT.as_str(), TASK_UPDATE.as_str(), SCOPE_WITH_TASK] {
+            conn.prepare(sql).unwrap();
+        }
+        assert!(
+            TASK_UPDATE.contains("version = version + 1"),
+            "{}",
+            *TASK_UPDATE
+        );
+        assert!(
+            TASK_UPDATE.ends_with("?28 AND generation = ?29"),
+            "{}",
+            *TASK_UPDATE
+        );
+    }
 }
