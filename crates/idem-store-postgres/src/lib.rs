@@ -8,9 +8,16 @@
 //!
 //! - Entry points: [`connect`] (pool + migrations, returns a [`Store`]) and
 //!   [`migrate`] (migrations only, for `idem migrate`).
+//! - Layout: this file holds the options, the pool and the connection's set-up;
+//!   `run.rs` how operations run (the submit, retry and authentication lanes
+//!   on [`idem_store::batch`], one transaction per operation, contention
+//!   retries, deadlines); `tx.rs` the [`idem_store::Tx`] implementation
+//!   with the pipelined [`idem_store::ops::SubmitPlan`]; `error.rs` the
+//!   mapping of PostgreSQL errors.
 //! - Correctness lives in the database: the scope is the primary key of
 //!   `idempotency_keys` (`INSERT … ON CONFLICT DO NOTHING`, then a separate
-//!   `SELECT`, RUST-NOTES §4.3); every task write is a compare-and-set on
+//!   `SELECT`: under READ COMMITTED a new statement sees the row that won,
+//!   committed); every task write is a compare-and-set on
 //!   `(version, generation)`; claims and sweeps lock with `FOR UPDATE SKIP
 //!   LOCKED`; leases and backoff are decided by the database clock
 //!   (`clock_timestamp()`), one clock for all instances.
@@ -25,15 +32,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
-use idem_core::model::ApiKey;
-use idem_store::ops::{Submission, SubmitOutcome};
-use idem_store::{Backend, BoxFuture, Op, Output, Result, ScopeHints, Store, StoreError, ops};
-use tokio::sync::{Mutex, mpsc, oneshot};
-use tokio_postgres::IsolationLevel;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use idem_store::ops::{Authenticate, Call, Submit};
+use idem_store::{Result, ScopeHints, Store, StoreError, batch};
+use tokio::sync::mpsc;
 
 mod error;
 mod migrate;
+mod rows;
+mod run;
 mod target;
 mod tls;
 mod tx;
@@ -44,7 +51,6 @@ pub use error::map_pg_error;
 pub use migrate::{MIGRATION_LOCK_TIMEOUT_MS, MIGRATIONS, migrate};
 pub use target::{RootCerts, SslMode, Target};
 pub use tx::PgTx;
-use tx::Pipelined;
 
 /// Pool and session settings of the PostgreSQL backend.
 #[derive(Debug, Clone)]
@@ -111,11 +117,11 @@ pub struct PgBackend {
     /// [`PgOptions::operation_timeout`].
     operation_timeout: Duration,
     /// Submits wait here for the next batch (group commit, see [`SUBMIT_BATCH`]).
-    submits: mpsc::UnboundedSender<PendingSubmit>,
+    submits: mpsc::UnboundedSender<Call<Submit>>,
     /// Authentications wait here for the next lookup (see [`AUTH_BATCH`]).
-    auths: mpsc::UnboundedSender<PendingAuth>,
+    auths: mpsc::UnboundedSender<Call<Authenticate>>,
     /// Submits of scopes seen bound wait here for a read ([`RETRY_LANES`]).
-    retries: mpsc::UnboundedSender<PendingSubmit>,
+    retries: mpsc::UnboundedSender<Call<Submit>>,
     /// Which scopes were seen bound; `None` without a retry lane.
     hints: Option<ScopeHints>,
 }
@@ -132,271 +138,24 @@ pub const MIGRATION_WAIT: Duration = Duration::from_secs(2);
 /// then answers every caller. A lone submit is a batch of one.
 pub const SUBMIT_BATCH: usize = 64;
 
-/// Batches in flight at once. Two, measured on the project's 2-core machine
-/// (docs/benchmarks.md, sixth session): new keys at 0.98–1.07× pgbench with
-/// two lanes against 0.81–0.93× with four and 0.79–0.90× with eight, in
-/// alternating runs; fewer lanes make larger batches, and a larger batch
-/// costs PostgreSQL less per key. One lane measured 0.93–0.95×.
+/// Batches in flight at once: fewer lanes make larger batches, and a larger
+/// batch costs PostgreSQL less per key (the figures are in
+/// `docs/benchmarks.md`).
 pub const SUBMIT_LANES: usize = 2;
 
 /// Readers of retries in flight at once: submits whose scope this process has
 /// seen bound ([`ScopeHints`]) are answered by one read each batch, on a lane
 /// of its own, so they neither wait behind writes nor make batches of new keys
-/// smaller. One, measured on the project's 2-core machine (docs/benchmarks.md,
-/// eleventh session): one lane gathers what two shared, so its batches are
-/// larger, and PostgreSQL spent 17–20 µs of CPU per replay against 23–27 µs
-/// with two (`scripts/cpu-per-request.sh`, two alternating pairs, 10–12 % more
-/// replays answered; three alternating `idem bench --mode replay` pairs gave
-/// +8 %, +17 % and −3 %). Four lanes answered fewer replays than two. None
-/// in a pool of fewer than 8 connections, where every submit is written.
+/// smaller; one lane gathers larger batches than two sharing the work
+/// (`docs/benchmarks.md`). None in a pool of fewer than 8 connections, where
+/// every submit is written.
 pub const RETRY_LANES: usize = 1;
-
-type PendingSubmit = (Submission, oneshot::Sender<Result<SubmitOutcome>>);
-
-/// An authentication waiting for the next lookup batch: the SHA-256 hex of the
-/// bearer token and where to answer.
-type PendingAuth = (String, oneshot::Sender<Result<Option<ApiKey>>>);
 
 /// How many times a batcher yields to the runtime to let more work join a batch.
 const LINGER_YIELDS: usize = 4;
 
 /// Most authentications one lookup answers together.
 pub const AUTH_BATCH: usize = 128;
-
-/// Waits for the first queued item, then takes whatever else is queued, up to
-/// `max`; `None` once the backend is gone. The lock lets several lanes share
-/// one queue without splitting a burst item by item. `held` is the lane's
-/// connection: kept while work is already queued, given back to the pool before
-/// the lane waits.
-async fn next_batch<T>(
-    queue: &Mutex<mpsc::UnboundedReceiver<T>>,
-    max: usize,
-    held: &mut Option<Object>,
-) -> Option<Vec<T>> {
-    let mut rx = match queue.try_lock() {
-        Ok(rx) if !rx.is_empty() => rx,
-        other => {
-            drop(other);
-            *held = None;
-            queue.lock().await
-        }
-    };
-    let first = rx.recv().await?;
-    let mut batch = vec![first];
-    // Drain what is queued; then let the runtime run once more (requests being
-    // parsed may be about to enqueue) and keep going while that brought more.
-    for _ in 0..LINGER_YIELDS {
-        let before = batch.len();
-        while batch.len() < max {
-            match rx.try_recv() {
-                Ok(item) => batch.push(item),
-                Err(_) => break,
-            }
-        }
-        if batch.len() >= max {
-            break;
-        }
-        tokio::task::yield_now().await;
-        if batch.len() == before && rx.is_empty() {
-            break;
-        }
-    }
-    Some(batch)
-}
-
-/// The lane's held connection, or a fresh one from the pool when it has none
-/// (or it was closed).
-async fn lane_client<'h>(pool: &Pool, held: &'h mut Option<Object>) -> Result<&'h mut Object> {
-    if held.as_ref().is_some_and(|c| c.is_closed()) {
-        *held = None;
-    }
-    if held.is_none() {
-        *held = Some(pool.get().await.map_err(error::pool_error)?);
-    }
-    held.as_mut()
-        .ok_or_else(|| StoreError::Corrupt("lane connection vanished".into()))
-}
-
-/// Every request authenticates against the database (a revoked key is refused at
-/// once); concurrent lookups share one `WHERE key_hash = ANY($1)` statement.
-async fn auth_lane(
-    pool: Pool,
-    deadline: Duration,
-    queue: Arc<Mutex<mpsc::UnboundedReceiver<PendingAuth>>>,
-) {
-    let mut held = None;
-    while let Some(batch) = next_batch(&queue, AUTH_BATCH, &mut held).await {
-        let hashes: Vec<String> = batch.iter().map(|(h, _)| h.clone()).collect();
-        let found = within(deadline, async {
-            match lane_client(&pool, &mut held).await {
-                Ok(client) => PgTx::autocommit(client).api_keys_by_hashes(&hashes).await,
-                Err(e) => Err(e),
-            }
-        })
-        .await;
-        if found.is_err() {
-            forget(&mut held);
-        }
-        match found {
-            Ok(keys) => {
-                for (hash, reply) in batch {
-                    let _ = reply.send(Ok(keys.get(&hash).cloned()));
-                }
-            }
-            Err(e) => {
-                for (_, reply) in batch {
-                    let _ = reply.send(Err(e.clone()));
-                }
-            }
-        }
-    }
-}
-
-/// Answers the submits whose scope [`ScopeHints`] has seen bound: each batch
-/// with one read on the lane's connection ([`PgTx::answer_retries`]). A
-/// submission that read cannot answer (its scope row is gone or its key
-/// revoked) goes on to the submit lanes (`writes`), which answer it as if it
-/// had never been here. When the database fails the read (`Unavailable`, 503:
-/// retry with the same key), every caller of the batch gets that error; after
-/// any other failure (a row that does not decode) each submission is read on
-/// its own, and only those that still fail go on to the submit lanes, which
-/// fail them alone.
-async fn retry_lane(
-    pool: Pool,
-    deadline: Duration,
-    queue: Arc<Mutex<mpsc::UnboundedReceiver<PendingSubmit>>>,
-    writes: mpsc::UnboundedSender<PendingSubmit>,
-) {
-    let mut held = None;
-    while let Some(batch) = next_batch(&queue, SUBMIT_BATCH, &mut held).await {
-        let (subs, replies): (Vec<Submission>, Vec<_>) = batch.into_iter().unzip();
-        let answers = match read_retries(&pool, &mut held, &subs, deadline).await {
-            Ok(answers) if answers.len() == subs.len() => answers,
-            Ok(_) => vec![None; subs.len()],
-            // The database failed the read (or missed the deadline): the write
-            // path would meet the same, after waiting as long again. Every
-            // caller gets the error (503) and retries with its key.
-            Err(e) if e.is_retryable() => {
-                forget(&mut held);
-                for reply in replies {
-                    let _ = reply.send(Err(e.clone()));
-                }
-                continue;
-            }
-            // One row failed the whole read (it does not decode): read each
-            // submission on its own, so only that one goes on to the submit
-            // lanes (which fail it alone) and the others are still answered
-            // without a write.
-            Err(e) => {
-                tracing::debug!(error = %e, "reading retries failed; reading them one by one");
-                let mut answers = Vec::with_capacity(subs.len());
-                for sub in &subs {
-                    let one =
-                        read_retries(&pool, &mut held, std::slice::from_ref(sub), deadline).await;
-                    answers.push(one.ok().and_then(|mut a| a.pop()).flatten());
-                }
-                answers
-            }
-        };
-        for ((sub, reply), answer) in subs.into_iter().zip(replies).zip(answers) {
-            match answer {
-                Some(outcome) => {
-                    let _ = reply.send(Ok(outcome));
-                }
-                None => {
-                    if let Err(mpsc::error::SendError((_, reply))) = writes.send((sub, reply)) {
-                        let _ = reply.send(Err(StoreError::Unavailable(
-                            "the submit batcher has stopped".into(),
-                        )));
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// [`PgTx::answer_retries`] on the lane's connection, within `deadline`.
-async fn read_retries(
-    pool: &Pool,
-    held: &mut Option<Object>,
-    subs: &[Submission],
-    deadline: Duration,
-) -> Result<Vec<Option<SubmitOutcome>>> {
-    within(deadline, async {
-        let client = lane_client(pool, held).await?;
-        PgTx::autocommit(client).answer_retries(subs).await
-    })
-    .await
-}
-
-async fn submit_lane(
-    pool: Pool,
-    max_retries: u32,
-    deadline: Duration,
-    queue: Arc<Mutex<mpsc::UnboundedReceiver<PendingSubmit>>>,
-) {
-    let mut held = None;
-    while let Some(batch) = next_batch(&queue, SUBMIT_BATCH, &mut held).await {
-        let (subs, replies): (Vec<Submission>, Vec<_>) = batch.into_iter().unzip();
-        let op = Op::SubmitBatch(subs);
-        let res = PgBackend::run_held_within(&pool, &mut held, &op, max_retries, deadline).await;
-        match res {
-            Ok(Output::SubmittedBatch(outcomes)) if outcomes.len() == replies.len() => {
-                for (reply, outcome) in replies.into_iter().zip(outcomes) {
-                    let _ = reply.send(Ok(outcome));
-                }
-            }
-            Ok(_) => {
-                for reply in replies {
-                    let _ = reply.send(Err(StoreError::Corrupt(
-                        "submit batch answered the wrong shape".into(),
-                    )));
-                }
-            }
-            // The database or the connection failed (possibly while committing:
-            // the outcome is unknown): every caller gets 503 and retries with its
-            // key, which then answers created-or-replayed truthfully. Submitting
-            // each again here would report a task this batch created as a replay,
-            // and would wait out the pool timeout once per submission.
-            Err(e) if replies.len() == 1 || e.is_retryable() => {
-                for reply in replies {
-                    let _ = reply.send(Err(e.clone()));
-                }
-            }
-            Err(_) => {
-                // One submission's values failed the batch (e.g. a row over an
-                // index limit, nothing written): submit each on its own so only
-                // that one fails. (`op` is the batch built above; were it not,
-                // the dropped replies would answer "batcher stopped".)
-                let subs = match op {
-                    Op::SubmitBatch(subs) => subs,
-                    _ => Vec::new(),
-                };
-                for (sub, reply) in subs.into_iter().zip(replies) {
-                    let one = PgBackend::run(
-                        pool.clone(),
-                        Op::SubmitBatch(vec![sub]),
-                        max_retries,
-                        deadline,
-                    )
-                    .await;
-                    let answer = match one {
-                        Ok(Output::SubmittedBatch(mut outcomes)) if outcomes.len() == 1 => {
-                            outcomes.pop().ok_or_else(|| {
-                                StoreError::Corrupt("submit answered no outcome".into())
-                            })
-                        }
-                        Ok(_) => Err(StoreError::Corrupt(
-                            "submit batch answered the wrong shape".into(),
-                        )),
-                        Err(e) => Err(e),
-                    };
-                    let _ = reply.send(answer);
-                }
-            }
-        }
-    }
-}
 
 /// Connects to `url` (`postgres://user@host:port/db`), applies pending
 /// migrations and returns the store.
@@ -484,37 +243,34 @@ impl PgBackend {
                 migrate::check(&client).await?;
             }
         }
-        let (submits, rx) = mpsc::unbounded_channel();
-        let queue = Arc::new(Mutex::new(rx));
+        let (submits, queue) = batch::queue();
         // Lanes hold a connection while work is queued: at most half the pool.
         for _ in 0..SUBMIT_LANES.min((options.max_size / 2).max(1)) {
-            tokio::spawn(submit_lane(
+            tokio::spawn(run::submit_lane(
                 pool.clone(),
                 options.max_retries,
                 options.operation_timeout,
                 Arc::clone(&queue),
             ));
         }
-        let (retries, rx) = mpsc::unbounded_channel();
-        let queue = Arc::new(Mutex::new(rx));
+        let (retries, queue) = batch::queue();
         // … the retry lane from a pool of 8 up, none under 8 (retries
         // are then written by the submit lanes, as any submit) …
         let retry_lanes = RETRY_LANES.min(options.max_size / 8);
         for _ in 0..retry_lanes {
-            tokio::spawn(retry_lane(
+            tokio::spawn(run::retry_lane(
                 pool.clone(),
                 options.operation_timeout,
                 Arc::clone(&queue),
                 submits.clone(),
             ));
         }
-        let (auths, rx) = mpsc::unbounded_channel();
-        let queue = Arc::new(Mutex::new(rx));
+        let (auths, queue) = batch::queue();
         // … and the authentication lanes at most a quarter: from a pool of 8 up,
         // at least three connections (eleven of the default 16) stay free for
         // claims, reports and reads.
         for _ in 0..2.min((options.max_size / 4).max(1)) {
-            tokio::spawn(auth_lane(
+            tokio::spawn(run::auth_lane(
                 pool.clone(),
                 options.operation_timeout,
                 Arc::clone(&queue),
@@ -535,245 +291,11 @@ impl PgBackend {
     pub fn pool(&self) -> &Pool {
         &self.pool
     }
-
-    /// Runs `op` on `client`: reads in autocommit, writes in one READ COMMITTED
-    /// transaction; a submit batch pipelined ([`PgTx::submit_pipelined`]).
-    async fn run_on(client: &mut Object, op: &Op) -> Result<Output> {
-        match op {
-            Op::SubmitBatch(subs) => Ok(Output::SubmittedBatch(
-                PgBackend::submit_on(client, subs).await?,
-            )),
-            _ => PgBackend::run_tx(client, op).await,
-        }
-    }
-
-    /// A submit batch pipelined; a batch with a revoked key runs as an ordinary
-    /// transaction instead (it refuses that key's submissions only).
-    async fn submit_on(client: &mut Object, subs: &[Submission]) -> Result<Vec<SubmitOutcome>> {
-        let done = PgTx::autocommit(client).submit_pipelined(subs).await?;
-        match done {
-            Pipelined::Committed(outcomes) => Ok(outcomes),
-            Pipelined::KeyRevoked => PgBackend::submit_tx(client, subs.to_vec()).await,
-        }
-    }
-
-    /// `subs` through the generic path, in one ordinary transaction.
-    async fn submit_tx(client: &mut Object, subs: Vec<Submission>) -> Result<Vec<SubmitOutcome>> {
-        match PgBackend::run_tx(client, &Op::SubmitBatch(subs)).await? {
-            Output::SubmittedBatch(outcomes) => Ok(outcomes),
-            _ => Err(StoreError::Corrupt(
-                "submit batch answered the wrong shape".into(),
-            )),
-        }
-    }
-
-    /// Runs `op` through [`ops::run`]: reads in autocommit, writes in one READ
-    /// COMMITTED transaction.
-    async fn run_tx(client: &mut Object, op: &Op) -> Result<Output> {
-        if !op.writes() {
-            // Reads run in autocommit: one round trip per statement, no BEGIN/COMMIT.
-            return ops::run(&mut PgTx::autocommit(client), op).await;
-        }
-        let tx = client
-            .build_transaction()
-            .isolation_level(IsolationLevel::ReadCommitted)
-            .start()
-            .await
-            .map_err(map_pg_error)?;
-        let mut pg = PgTx::new(tx);
-        let res = ops::run(&mut pg, op).await;
-        let Some(tx) = pg.into_inner() else {
-            return Err(StoreError::Corrupt(
-                "a writing operation lost its transaction".into(),
-            ));
-        };
-        match res {
-            Ok(out) => {
-                tx.commit().await.map_err(map_pg_error)?;
-                Ok(out)
-            }
-            Err(e) => {
-                // Best effort: dropping the transaction rolls back as well.
-                let _ = tx.rollback().await;
-                Err(e)
-            }
-        }
-    }
-
-    /// Runs `op` on the held connection (taken from the pool when there is
-    /// none), again after a short backoff on contention, at most `max_retries`
-    /// times; after any error the connection goes back to the pool, which checks
-    /// it before reuse. A lane passes its own `held`, kept across batches.
-    async fn run_held(
-        pool: &Pool,
-        held: &mut Option<Object>,
-        op: &Op,
-        max_retries: u32,
-    ) -> Result<Output> {
-        let mut retries = 0u32;
-        loop {
-            let res = match lane_client(pool, held).await {
-                Ok(client) => PgBackend::run_on(client, op).await,
-                Err(e) => Err(e),
-            };
-            match res {
-                Ok(out) => return Ok(out),
-                Err(StoreError::Contention(msg)) if retries < max_retries => {
-                    *held = None;
-                    retries += 1;
-                    tracing::debug!(retries, %msg, "contention; running the transaction again");
-                    tokio::time::sleep(backoff(retries)).await;
-                }
-                Err(e) => {
-                    *held = None;
-                    return Err(e);
-                }
-            }
-        }
-    }
-
-    /// [`PgBackend::run_held_within`] on a connection taken from the pool for
-    /// this operation only.
-    async fn run(pool: Pool, op: Op, max_retries: u32, deadline: Duration) -> Result<Output> {
-        PgBackend::run_held_within(&pool, &mut None, &op, max_retries, deadline).await
-    }
-
-    /// [`PgBackend::run_held`] within `deadline`; after a failure the held
-    /// connection is not used again ([`forget`]).
-    async fn run_held_within(
-        pool: &Pool,
-        held: &mut Option<Object>,
-        op: &Op,
-        max_retries: u32,
-        deadline: Duration,
-    ) -> Result<Output> {
-        let res = within(deadline, PgBackend::run_held(pool, held, op, max_retries)).await;
-        if res.is_err() {
-            forget(held);
-        }
-        res
-    }
-}
-
-/// `work`, or [`StoreError::Unavailable`] once `deadline` has passed (the
-/// work is dropped: a write's outcome is then unknown, as after a lost
-/// connection, and its caller retries with the same key).
-async fn within<T>(deadline: Duration, work: impl Future<Output = Result<T>>) -> Result<T> {
-    tokio::time::timeout(deadline, work)
-        .await
-        .unwrap_or_else(|_| {
-            Err(StoreError::Unavailable(format!(
-                "no answer from PostgreSQL within {} ms; the connection was dropped \
-             (a write's outcome is unknown: retry with the same idempotency key)",
-                deadline.as_millis()
-            )))
-        })
-}
-
-/// Drops `held` without giving it back to the pool: after an error or a
-/// missed deadline the connection may be mid-transaction or dead, and is
-/// closed instead of being checked and reused.
-fn forget(held: &mut Option<Object>) {
-    if let Some(conn) = held.take() {
-        drop(Object::take(conn));
-    }
-}
-
-/// A jittered pause before retry number `n` (1-based): up to 2, 4, 8, 16, 32 ms …
-/// capped at 100 ms, at least half of it.
-fn backoff(n: u32) -> Duration {
-    let cap_us: u64 = (1_000u64 << n.min(7)).min(100_000);
-    // Random bits from the OS RNG (through UUID v4; no extra dependency).
-    let r = (uuid::Uuid::new_v4().as_u128() & u128::from(u64::MAX)) as u64;
-    Duration::from_micros(cap_us / 2 + r % (cap_us / 2 + 1))
-}
-
-impl Backend for PgBackend {
-    fn execute(&self, op: Op) -> BoxFuture<'_, Result<Output>> {
-        let max_retries = self.max_retries;
-        if let Op::Authenticate { plain } = &op {
-            let hash = idem_store::hash_api_key(plain);
-            return Box::pin(async move {
-                let (reply, answer) = oneshot::channel();
-                self.auths.send((hash, reply)).map_err(|_| {
-                    StoreError::Unavailable("the authentication batcher has stopped".into())
-                })?;
-                let key = answer.await.map_err(|_| {
-                    StoreError::Unavailable("the authentication batcher has stopped".into())
-                })??;
-                Ok(Output::ApiKey(key))
-            });
-        }
-        if let Op::Submit(sub) = op {
-            return Box::pin(async move {
-                let (reply, answer) = oneshot::channel();
-                // A scope not seen yet is written, and remembered once answered.
-                let unseen = self.hints.as_ref().and_then(|h| {
-                    let scope = h.hash(&sub);
-                    (!h.seen(scope)).then_some((h, scope))
-                });
-                let queue = if self.hints.is_some() && unseen.is_none() {
-                    &self.retries
-                } else {
-                    &self.submits
-                };
-                queue.send((sub, reply)).map_err(|_| {
-                    StoreError::Unavailable("the submit batcher has stopped".into())
-                })?;
-                let outcome = answer.await.map_err(|_| {
-                    StoreError::Unavailable("the submit batcher has stopped".into())
-                })??;
-                if let Some((hints, scope)) = unseen {
-                    hints.remember(scope, &outcome);
-                }
-                Ok(Output::Submitted(outcome))
-            });
-        }
-        // `Store::execute` already runs writing operations on their own task, so a
-        // dropped caller never cuts a transaction (or its COMMIT) short.
-        Box::pin(PgBackend::run(
-            self.pool.clone(),
-            op,
-            max_retries,
-            self.operation_timeout,
-        ))
-    }
-
-    /// Submits are answered by the submit lanes, tasks of their own: a dropped
-    /// caller never cuts a batch short.
-    fn runs_detached(&self, op: &Op) -> bool {
-        matches!(op, Op::Submit(_))
-    }
-
-    fn ping(&self) -> BoxFuture<'_, Result<()>> {
-        Box::pin(within(self.operation_timeout, async move {
-            let client = self.pool.get().await.map_err(error::pool_error)?;
-            let answered = client.simple_query("SELECT 1").await;
-            if answered.is_err() {
-                let _ = Object::take(client);
-            }
-            answered.map_err(map_pg_error)?;
-            Ok(())
-        }))
-    }
-
-    fn kind(&self) -> &'static str {
-        "postgres"
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn backoff_is_bounded() {
-        for n in 1..20 {
-            let d = backoff(n);
-            assert!(d <= Duration::from_millis(100), "{d:?}");
-            assert!(d >= Duration::from_micros(500), "{d:?}");
-        }
-    }
 
     #[test]
     fn session_options_are_appended() {

@@ -10,7 +10,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use idem_store::{Backend, BoxFuture, Op, Output, Result, Store};
+use idem_store::{Backend, BoxFuture, Op, Result, Store};
 use tokio_postgres::NoTls;
 
 use crate::{PgBackend, PgOptions};
@@ -204,7 +204,7 @@ struct WithDatabase {
 }
 
 impl Backend for WithDatabase {
-    fn execute(&self, op: Op) -> BoxFuture<'_, Result<Output>> {
+    fn execute(&self, op: Op) -> BoxFuture<'_, ()> {
         self.backend.execute(op)
     }
 

@@ -783,10 +783,10 @@ async fn a_batch_that_fails_after_its_inserts_commits_nothing() {
     .await
     .unwrap();
     let out = store
-        .execute(idem_store::Op::SubmitBatch(vec![
+        .submit_batch(vec![
             submission("acme", "direct", key.id, 'a'),
             submission("acme", "undecodable", key.id, 'a'),
-        ]))
+        ])
         .await;
     assert!(out.is_err(), "{out:?}");
     let written: i64 = db

@@ -1087,13 +1087,7 @@ pub async fn revoked_key_submits_nothing(store: Store) {
     }
     let other = live.submission(SAFE, "live-key", params(SAFE, 3), &contract);
     let batch = vec![fresh.clone(), other.clone(), before.clone(), other.clone()];
-    let out = match must(
-        store.execute(crate::ops::Op::SubmitBatch(batch)).await,
-        "batch",
-    ) {
-        crate::ops::Output::SubmittedBatch(o) => o,
-        other => panic!("SubmitBatch answered {other:?}"),
-    };
+    let out = must(store.submit_batch(batch).await, "batch");
     assert!(
         matches!(
             out.as_slice(),
@@ -1143,13 +1137,7 @@ pub async fn batch_answers_as_if_submitted_one_after_another(store: Store) {
         other,
         fresh,
     ];
-    let out = match must(
-        store.execute(crate::ops::Op::SubmitBatch(batch)).await,
-        "batch",
-    ) {
-        crate::ops::Output::SubmittedBatch(o) => o,
-        other => panic!("SubmitBatch answered {other:?}"),
-    };
+    let out = must(store.submit_batch(batch).await, "batch");
     let [
         SubmitOutcome::Conflict { task_id: c0 },
         SubmitOutcome::Created(new),

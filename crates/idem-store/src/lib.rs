@@ -7,11 +7,19 @@
 //!   append events, claim scan with `SKIP LOCKED` …). SQLite and PostgreSQL each
 //!   implement it once.
 //! - [`ops`]: every operation of the service (submit, claim, report, cancel,
-//!   sweep …) written once, generically over [`Tx`], as "load → pure state
-//!   machine ([`idem_core::machine`]) → write back with compare-and-set + journal".
+//!   sweep …), one struct each with its typed reply, written once generically
+//!   over [`Tx`] as "load → pure state machine ([`idem_core::machine`]) →
+//!   write back with compare-and-set + journal"; one file per family, and the
+//!   one [`ops::SubmitPlan`] every submit runs.
+//! - [`batch`]: the group-commit batcher both backends use (gather, linger,
+//!   fall back to one by one).
+//! - [`retries`]: which scopes this process saw bound, and the read-only
+//!   answer of a retry.
 //! - [`Backend`]: runs one [`Op`] in one transaction (retrying on serialization
-//!   failures where the database asks for it) and answers [`Output`].
-//! - [`Store`]: the typed, cloneable handle the HTTP layer and the CLI use.
+//!   failures where the database asks for it) and answers through the op's
+//!   reply channel.
+//! - [`Store`] (`store.rs`): the typed, cloneable handle the HTTP layer and
+//!   the CLI use; all its methods.
 //! - `conformance` (feature): the suite every backend must pass, unchanged.
 //!
 //! Correctness lives in the database: the scope `(tenant, operation,
@@ -21,19 +29,21 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 
 use idem_core::machine::Rejection;
 use idem_core::model::{ApiKey, Attempt, Event, Evidence, Task, Timestamp};
 use uuid::Uuid;
 
+pub mod batch;
 #[cfg(feature = "conformance")]
 pub mod conformance;
-pub mod hints;
 pub mod ops;
+pub mod retries;
+mod store;
 
-pub use hints::ScopeHints;
-pub use ops::{Op, Output};
+pub use ops::Op;
+pub use retries::ScopeHints;
+pub use store::Store;
 
 /// Errors of the storage layer. Business refusals (conflict, stale generation …)
 /// are not errors: they are part of each operation's output.
@@ -204,6 +214,39 @@ pub trait Tx: Send {
         }
     }
 
+    /// For each submission, in order, its scope row and the task it names
+    /// when its API key is live; `None` when its key is revoked (or gone) or
+    /// its scope is free. For answering retries without a write
+    /// ([`retries::answer`]). Backends may override the default (the key
+    /// check, then [`Tx::scopes_with_tasks`] of the live keys' scopes) with
+    /// one statement.
+    fn live_scopes_with_tasks(
+        &mut self,
+        subs: &[ops::Submission],
+    ) -> impl Future<Output = Result<Vec<ExistingScope>>> + Send {
+        async move {
+            let mut keys: Vec<Uuid> = subs.iter().map(|s| s.api_key_id).collect();
+            keys.sort_unstable();
+            keys.dedup();
+            let (_, live) = self.now_and_live_api_keys(&keys).await?;
+            let asked: Vec<usize> = (0..subs.len())
+                .filter(|&i| live.contains(&subs[i].api_key_id))
+                .collect();
+            let scopes: Vec<(String, String, String)> =
+                asked.iter().map(|&i| subs[i].scope()).collect();
+            let found = if scopes.is_empty() {
+                Vec::new()
+            } else {
+                self.scopes_with_tasks(&scopes).await?
+            };
+            let mut out: Vec<ExistingScope> = vec![None; subs.len()];
+            for (i, f) in asked.into_iter().zip(found) {
+                out[i] = f;
+            }
+            Ok(out)
+        }
+    }
+
     /// For each `(tenant, operation, key)`, its scope row and the task it names,
     /// read in new statements (default: one scope at a time).
     fn scopes_with_tasks(
@@ -295,17 +338,21 @@ pub trait Tx: Send {
     ) -> impl Future<Output = Result<Vec<Uuid>>> + Send;
 }
 
-/// A database that can run one [`Op`] as one transaction.
+/// A database that runs [`Op`]s, each as one transaction (or one savepoint of
+/// a transaction it shares with others, answered after the shared commit).
 pub trait Backend: Send + Sync + 'static {
-    /// Runs `op` in its own transaction and commits (or rolls back on error).
-    /// Retries [`StoreError::Contention`] a bounded number of times. Callers go
-    /// through [`Store::execute`], which runs writing operations on their own
-    /// task, so a backend need not detach them again.
-    fn execute(&self, op: Op) -> BoxFuture<'_, Result<Output>>;
+    /// Runs `op` and answers through its reply channel once its transaction
+    /// committed (or with the error that rolled it back); retries
+    /// [`StoreError::Contention`] a bounded number of times. The future may
+    /// end before the answer is sent (the backend handed `op` to a writer or
+    /// batcher of its own). Callers go through [`Store`], which runs writing
+    /// operations on their own task unless [`Backend::runs_detached`], so a
+    /// backend need not detach them again.
+    fn execute(&self, op: Op) -> BoxFuture<'_, ()>;
     /// Whether `execute(op)` already runs to its commit or rollback when the
     /// caller's future is dropped (the backend hands `op` to a writer thread or
-    /// batcher task of its own); [`Store::execute`] then does not spawn a task
-    /// for it. Default: `false`.
+    /// batcher task of its own); [`Store`] then does not spawn a task for it.
+    /// Default: `false`.
     fn runs_detached(&self, op: &Op) -> bool {
         let _ = op;
         false
@@ -326,72 +373,6 @@ pub enum Refusal {
     /// The state machine refused (stale generation, already reported, invalid report …).
     #[error(transparent)]
     Machine(#[from] Rejection),
-}
-
-/// The cloneable handle to a store.
-#[derive(Clone)]
-pub struct Store {
-    backend: Arc<dyn Backend>,
-    grant: Option<Arc<Vec<String>>>,
-}
-
-impl std::fmt::Debug for Store {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store")
-            .field("kind", &self.backend.kind())
-            .finish()
-    }
-}
-
-impl Store {
-    /// Wraps a backend.
-    pub fn new(backend: impl Backend) -> Store {
-        Store {
-            backend: Arc::new(backend),
-            grant: None,
-        }
-    }
-
-    /// `sqlite` or `postgres`.
-    pub fn kind(&self) -> &'static str {
-        self.backend.kind()
-    }
-
-    /// Readiness probe.
-    ///
-    /// # Errors
-    /// [`StoreError::Unavailable`] when the database does not answer.
-    pub async fn ping(&self) -> Result<()> {
-        self.backend.ping().await
-    }
-
-    /// Runs one operation in one transaction.
-    ///
-    /// # Errors
-    /// Storage failures only; refusals are in the output.
-    /// Writing operations run on their own task, so the transaction reaches its
-    /// commit (or rollback) even when the caller is dropped, e.g. because the
-    /// HTTP client disconnected (SPEC §7).
-    pub async fn execute(&self, op: Op) -> Result<Output> {
-        let op = match &self.grant {
-            // A submit touches only its own scope, whose operation the caller
-            // names (the HTTP layer refuses an ungranted one first): nothing to
-            // filter, and left unwrapped it joins the backend's submit batches.
-            Some(_) if matches!(op, Op::Submit(_) | Op::SubmitBatch(_)) => op,
-            Some(ops) => Op::Granted {
-                operations: ops.as_ref().clone(),
-                op: Box::new(op),
-            },
-            None => op,
-        };
-        if !op.writes() || self.backend.runs_detached(&op) {
-            return self.backend.execute(op).await;
-        }
-        let backend = Arc::clone(&self.backend);
-        tokio::spawn(async move { backend.execute(op).await })
-            .await
-            .map_err(|e| StoreError::Unavailable(format!("store task failed: {e}")))?
-    }
 }
 
 /// [`StoreError::Migration`] for a store whose schema is at version `found`

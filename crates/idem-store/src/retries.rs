@@ -1,9 +1,19 @@
-//! Which scopes a process has seen bound: a routing hint for retries.
+//! Retries answered without a write: which scopes a process has seen bound
+//! ([`ScopeHints`], a routing hint) and the read-only answer of a submit to
+//! such a scope ([`answer`], [`answer_batch`]), used by both backends.
+//!
+//! A backend sends a submit whose scope is in its hints to a retry lane, which
+//! answers a batch of them with one read: a replay or a conflict exactly as
+//! the write path's [`SubmitPlan`] answers a taken scope, without the write
+//! lock, a transaction or an insert attempt. What the read cannot answer (a
+//! scope never bound or released by retention, a revoked key, a hash
+//! collision) goes on to the write path as if it had never been here.
 
 use std::hash::BuildHasher;
 use std::sync::Arc;
 
-use crate::ops::{Submission, SubmitOutcome};
+use crate::ops::{Call, Submission, Submit, SubmitOutcome, SubmitPlan};
+use crate::{Result, Tx, batch};
 
 /// Most scopes [`ScopeHints`] remembers (a few MiB in all).
 pub const SCOPE_HINTS: usize = 262_144;
@@ -71,6 +81,54 @@ impl ScopeHints {
     pub fn remember(&self, h: ScopeHash, outcome: &SubmitOutcome) {
         if !matches!(outcome, SubmitOutcome::KeyRevoked { .. }) {
             self.seen.insert(h.0, ());
+        }
+    }
+}
+
+/// Answers retries without writing: for each submission, in order, `Some`
+/// replay or conflict when its API key is live and its scope row is bound
+/// (read by [`Tx::live_scopes_with_tasks`], answered by the same
+/// [`SubmitPlan`] as the write path), `None` when its key is revoked or its
+/// scope is not bound: those must go through the write path, which refuses
+/// the key or creates the task. Reads only.
+///
+/// # Errors
+/// Any [`crate::StoreError`] of the reads; [`crate::StoreError::Corrupt`]
+/// when a scope row names a missing task.
+pub async fn answer<T: Tx>(tx: &mut T, subs: &[Submission]) -> Result<Vec<Option<SubmitOutcome>>> {
+    let existing = tx.live_scopes_with_tasks(subs).await?;
+    SubmitPlan::new(subs).read_only().answer(existing)
+}
+
+/// Answers a retry lane's batch `calls` with `read` (one read for the batch:
+/// [`answer`] in one of the backend's read transactions). When the read fails in a
+/// way one row may have caused (any error but [`crate::StoreError::is_retryable`],
+/// e.g. a row that does not decode), each submission is read on its own
+/// ([`batch::or_one_by_one`]). A submission the read answers gets its
+/// answer; one it cannot answer, or whose own read failed that way, goes to
+/// `write` (the write path answers it, or fails it alone); when the database
+/// failed the read (a retryable error: the write path would meet the same),
+/// its caller gets that error (503: retry with the same key).
+pub async fn answer_batch(
+    calls: Vec<Call<Submit>>,
+    read: &mut impl batch::RunBatch<Submission, Out = Option<SubmitOutcome>>,
+    mut write: impl FnMut(Call<Submit>),
+) {
+    let (subs, replies): (Vec<Submission>, Vec<_>) =
+        calls.into_iter().map(|c| (c.op.0, c.reply)).unzip();
+    let answers = batch::or_one_by_one(&subs, read, |e| !e.is_retryable()).await;
+    for ((sub, reply), answer) in subs.into_iter().zip(replies).zip(answers) {
+        match answer {
+            Ok(Some(outcome)) => {
+                let _ = reply.send(Ok(outcome));
+            }
+            Err(e) if e.is_retryable() => {
+                let _ = reply.send(Err(e));
+            }
+            Ok(None) | Err(_) => write(Call {
+                op: Submit(sub),
+                reply,
+            }),
         }
     }
 }

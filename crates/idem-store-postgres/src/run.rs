@@ -1,0 +1,451 @@
+//! How operations run on PostgreSQL: every operation in one READ COMMITTED
+//! transaction (reads in autocommit) on a pooled connection, run again on
+//! contention, within a deadline; submits, retries and authentications in
+//! lanes that batch them ([`idem_store::batch`]). Each operation runs on a
+//! tokio task of its own (the lanes, or the one [`idem_store::Store`]
+//! spawns), so a caller that drops its future (client disconnect, HTTP
+//! timeout) never interrupts a commit.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::{Object, Pool};
+use idem_store::batch::{self, Queue};
+use idem_store::ops::{
+    Authenticate, Call, Operation, Runner, Submission, Submit, SubmitBatch, SubmitOutcome,
+};
+use idem_store::{Backend, BoxFuture, Op, Result, StoreError, retries};
+use tokio::sync::mpsc;
+use tokio_postgres::IsolationLevel;
+
+use crate::tx::Pipelined;
+use crate::{AUTH_BATCH, LINGER_YIELDS, PgBackend, PgTx, SUBMIT_BATCH, error, map_pg_error};
+
+const SUBMITS_STOPPED: &str = "the submit batcher has stopped";
+const AUTHS_STOPPED: &str = "the authentication batcher has stopped";
+
+/// The lane's held connection, or a fresh one from the pool when it has none
+/// (or it was closed).
+async fn lane_client<'h>(pool: &Pool, held: &'h mut Option<Object>) -> Result<&'h mut Object> {
+    if held.as_ref().is_some_and(|c| c.is_closed()) {
+        *held = None;
+    }
+    if held.is_none() {
+        *held = Some(pool.get().await.map_err(error::pool_error)?);
+    }
+    held.as_mut()
+        .ok_or_else(|| StoreError::Corrupt("lane connection vanished".into()))
+}
+
+/// Every request authenticates against the database (a revoked key is refused at
+/// once); concurrent lookups share one `WHERE key_hash = ANY($1)` statement.
+pub(crate) async fn auth_lane(
+    pool: Pool,
+    deadline: Duration,
+    queue: Arc<Queue<Call<Authenticate>>>,
+) {
+    let mut held = None;
+    while let Some(batch) = queue
+        .next_batch(AUTH_BATCH, LINGER_YIELDS, || held = None)
+        .await
+    {
+        let hashes: Vec<String> = batch
+            .iter()
+            .map(|c| idem_store::hash_api_key(&c.op.plain))
+            .collect();
+        let found = within(deadline, async {
+            match lane_client(&pool, &mut held).await {
+                Ok(client) => PgTx::autocommit(client).api_keys_by_hashes(&hashes).await,
+                Err(e) => Err(e),
+            }
+        })
+        .await;
+        if found.is_err() {
+            forget(&mut held);
+        }
+        match found {
+            Ok(keys) => {
+                for (hash, call) in hashes.iter().zip(batch) {
+                    call.answer(Ok(keys.get(hash).cloned()));
+                }
+            }
+            Err(e) => {
+                for call in batch {
+                    call.answer(Err(e.clone()));
+                }
+            }
+        }
+    }
+}
+
+/// Answers the submits whose scope [`idem_store::ScopeHints`] has seen bound:
+/// each batch with one read on the lane's connection ([`retries::answer`],
+/// one statement), through [`retries::answer_batch`]: what the read cannot
+/// answer goes on to the submit lanes (`writes`).
+pub(crate) async fn retry_lane(
+    pool: Pool,
+    deadline: Duration,
+    queue: Arc<Queue<Call<Submit>>>,
+    writes: mpsc::UnboundedSender<Call<Submit>>,
+) {
+    let mut held = None;
+    while let Some(batch) = queue
+        .next_batch(SUBMIT_BATCH, LINGER_YIELDS, || held = None)
+        .await
+    {
+        let mut read = LaneReads {
+            pool: &pool,
+            held: &mut held,
+            deadline,
+        };
+        retries::answer_batch(batch, &mut read, |call| {
+            if let Err(mpsc::error::SendError(call)) = writes.send(call) {
+                call.answer(Err(StoreError::Unavailable(SUBMITS_STOPPED.into())));
+            }
+        })
+        .await;
+    }
+}
+
+/// Writes each batch of queued submits as one pipelined transaction
+/// ([`Pipelined`]), and one by one when the batch failed in a way one
+/// submission may have caused (a row over an index limit: nothing written).
+/// When the database or the connection failed (possibly while committing: the
+/// outcome is unknown), every caller gets 503 and retries with its key, which
+/// then answers created-or-replayed truthfully: submitting each again here
+/// would report a task this batch created as a replay, and would wait out the
+/// pool timeout once per submission.
+pub(crate) async fn submit_lane(
+    pool: Pool,
+    max_retries: u32,
+    deadline: Duration,
+    queue: Arc<Queue<Call<Submit>>>,
+) {
+    let mut held = None;
+    while let Some(batch) = queue
+        .next_batch(SUBMIT_BATCH, LINGER_YIELDS, || held = None)
+        .await
+    {
+        let (subs, replies): (Vec<Submission>, Vec<_>) =
+            batch.into_iter().map(|c| (c.op.0, c.reply)).unzip();
+        let mut run = LaneSubmits {
+            pool: &pool,
+            held: &mut held,
+            max_retries,
+            deadline,
+        };
+        let results = batch::or_one_by_one(&subs, &mut run, |e| !e.is_retryable()).await;
+        for (reply, result) in replies.into_iter().zip(results) {
+            let _ = reply.send(result);
+        }
+    }
+}
+
+/// Answers retries with one statement on the lane's connection
+/// ([`retries::answer`]), within `deadline`.
+struct LaneReads<'a> {
+    pool: &'a Pool,
+    held: &'a mut Option<Object>,
+    deadline: Duration,
+}
+
+impl batch::RunBatch<Submission> for LaneReads<'_> {
+    type Out = Option<SubmitOutcome>;
+    async fn run(&mut self, subs: &[Submission]) -> Result<Vec<Option<SubmitOutcome>>> {
+        let res = within(self.deadline, async {
+            let client = lane_client(self.pool, self.held).await?;
+            retries::answer(&mut PgTx::autocommit(client), subs).await
+        })
+        .await;
+        if res.is_err() {
+            forget(self.held);
+        }
+        res
+    }
+}
+
+/// Writes a submit batch pipelined on the lane's connection.
+struct LaneSubmits<'a> {
+    pool: &'a Pool,
+    held: &'a mut Option<Object>,
+    max_retries: u32,
+    deadline: Duration,
+}
+
+impl batch::RunBatch<Submission> for LaneSubmits<'_> {
+    type Out = SubmitOutcome;
+    async fn run(&mut self, subs: &[Submission]) -> Result<Vec<SubmitOutcome>> {
+        run_held_within(
+            self.pool,
+            self.held,
+            self.max_retries,
+            self.deadline,
+            &Pipelined(subs),
+        )
+        .await
+    }
+}
+
+/// Work that runs on one connection as one transaction.
+pub(crate) trait Work: Sync {
+    /// Its result.
+    type Out: Send;
+    /// Runs it on `client` and commits.
+    fn run_on(&self, client: &mut Object) -> impl Future<Output = Result<Self::Out>> + Send;
+}
+
+/// An operation, run through [`Operation::run`]: reads in autocommit (one
+/// round trip per statement, no BEGIN/COMMIT: each statement of a READ
+/// COMMITTED transaction takes its own snapshot anyway), writes in one READ
+/// COMMITTED transaction.
+struct Generic<'o, O>(&'o O);
+
+impl<O: Operation> Work for Generic<'_, O> {
+    type Out = O::Reply;
+    async fn run_on(&self, client: &mut Object) -> Result<O::Reply> {
+        if !O::WRITES {
+            return self.0.run(&mut PgTx::autocommit(client)).await;
+        }
+        let tx = client
+            .build_transaction()
+            .isolation_level(IsolationLevel::ReadCommitted)
+            .start()
+            .await
+            .map_err(map_pg_error)?;
+        let mut pg = PgTx::new(tx);
+        let res = self.0.run(&mut pg).await;
+        let Some(tx) = pg.into_inner() else {
+            return Err(StoreError::Corrupt(
+                "a writing operation lost its transaction".into(),
+            ));
+        };
+        match res {
+            Ok(out) => {
+                tx.commit().await.map_err(map_pg_error)?;
+                Ok(out)
+            }
+            Err(e) => {
+                // Best effort: dropping the transaction rolls back as well.
+                let _ = tx.rollback().await;
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Work for Pipelined<'_> {
+    type Out = Vec<SubmitOutcome>;
+    /// The submit plan pipelined; a batch with a revoked key runs as an
+    /// ordinary transaction instead (it refuses that key's submissions only).
+    async fn run_on(&self, client: &mut Object) -> Result<Vec<SubmitOutcome>> {
+        if let Some(outcomes) = PgTx::autocommit(client).submit_pipelined(self.0).await? {
+            return Ok(outcomes);
+        }
+        Generic(&SubmitBatch(self.0.to_vec())).run_on(client).await
+    }
+}
+
+/// Runs `work` on the held connection (taken from the pool when there is
+/// none), again after a short backoff on contention, at most `max_retries`
+/// times; after any error the connection goes back to the pool, which checks
+/// it before reuse.
+async fn run_held<W: Work>(
+    pool: &Pool,
+    held: &mut Option<Object>,
+    max_retries: u32,
+    work: &W,
+) -> Result<W::Out> {
+    let mut retries = 0u32;
+    loop {
+        let res = match lane_client(pool, held).await {
+            Ok(client) => work.run_on(client).await,
+            Err(e) => Err(e),
+        };
+        match res {
+            Ok(out) => return Ok(out),
+            Err(StoreError::Contention(msg)) if retries < max_retries => {
+                *held = None;
+                retries += 1;
+                tracing::debug!(retries, %msg, "contention; running the transaction again");
+                tokio::time::sleep(backoff(retries)).await;
+            }
+            Err(e) => {
+                *held = None;
+                return Err(e);
+            }
+        }
+    }
+}
+
+/// [`run_held`] within `deadline`; after a failure the held connection is not
+/// used again ([`forget`]). A lane passes its own `held`, kept across batches.
+async fn run_held_within<W: Work>(
+    pool: &Pool,
+    held: &mut Option<Object>,
+    max_retries: u32,
+    deadline: Duration,
+    work: &W,
+) -> Result<W::Out> {
+    let res = within(deadline, run_held(pool, held, max_retries, work)).await;
+    if res.is_err() {
+        forget(held);
+    }
+    res
+}
+
+/// `work`, or [`StoreError::Unavailable`] once `deadline` has passed (the
+/// work is dropped: a write's outcome is then unknown, as after a lost
+/// connection, and its caller retries with the same key).
+pub(crate) async fn within<T>(
+    deadline: Duration,
+    work: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    tokio::time::timeout(deadline, work)
+        .await
+        .unwrap_or_else(|_| {
+            Err(StoreError::Unavailable(format!(
+                "no answer from PostgreSQL within {} ms; the connection was dropped \
+             (a write's outcome is unknown: retry with the same idempotency key)",
+                deadline.as_millis()
+            )))
+        })
+}
+
+/// Drops `held` without giving it back to the pool: after an error or a
+/// missed deadline the connection may be mid-transaction or dead, and is
+/// closed instead of being checked and reused.
+fn forget(held: &mut Option<Object>) {
+    if let Some(conn) = held.take() {
+        drop(Object::take(conn));
+    }
+}
+
+/// A jittered pause before retry number `n` (1-based): up to 2, 4, 8, 16, 32 ms …
+/// capped at 100 ms, at least half of it.
+fn backoff(n: u32) -> Duration {
+    let cap_us: u64 = (1_000u64 << n.min(7)).min(100_000);
+    // Random bits from the OS RNG (through UUID v4; no extra dependency).
+    let r = (uuid::Uuid::new_v4().as_u128() & u128::from(u64::MAX)) as u64;
+    Duration::from_micros(cap_us / 2 + r % (cap_us / 2 + 1))
+}
+
+/// Each operation on a connection of its own from the pool.
+struct Pooled {
+    pool: Pool,
+    max_retries: u32,
+    deadline: Duration,
+}
+
+impl Runner for Pooled {
+    async fn run<O: Operation>(&mut self, op: &O) -> Result<O::Reply> {
+        let mut held = None;
+        run_held_within(
+            &self.pool,
+            &mut held,
+            self.max_retries,
+            self.deadline,
+            &Generic(op),
+        )
+        .await
+    }
+}
+
+impl PgBackend {
+    /// A submit: to the retry lane when its scope was seen bound, else to the
+    /// submit lanes; a scope not seen yet is remembered once answered.
+    async fn submit(&self, call: Call<Submit>) {
+        let Call { op, reply } = call;
+        let unseen = self.hints.as_ref().and_then(|h| {
+            let scope = h.hash(&op.0);
+            (!h.seen(scope)).then_some((h, scope))
+        });
+        let queue = if self.hints.is_some() && unseen.is_none() {
+            &self.retries
+        } else {
+            &self.submits
+        };
+        let (inner, answer) = Call::new(op);
+        if let Err(mpsc::error::SendError(inner)) = queue.send(inner) {
+            inner.answer(Err(StoreError::Unavailable(SUBMITS_STOPPED.into())));
+        }
+        let outcome = answer
+            .await
+            .unwrap_or_else(|_| Err(StoreError::Unavailable(SUBMITS_STOPPED.into())));
+        if let (Some((hints, scope)), Ok(o)) = (unseen, &outcome) {
+            hints.remember(scope, o);
+        }
+        let _ = reply.send(outcome);
+    }
+}
+
+impl Backend for PgBackend {
+    fn execute(&self, op: Op) -> BoxFuture<'_, ()> {
+        match op {
+            Op::Authenticate(call) => {
+                if let Err(mpsc::error::SendError(call)) = self.auths.send(call) {
+                    call.answer(Err(StoreError::Unavailable(AUTHS_STOPPED.into())));
+                }
+                Box::pin(async {})
+            }
+            Op::Submit(call) => Box::pin(self.submit(call)),
+            // A submit batch is pipelined, as the submit lanes write theirs.
+            Op::SubmitBatch(call) => Box::pin(async move {
+                let res = run_held_within(
+                    &self.pool,
+                    &mut None,
+                    self.max_retries,
+                    self.operation_timeout,
+                    &Pipelined(&call.op.0),
+                )
+                .await;
+                call.answer(res);
+            }),
+            // `Store` already runs writing operations on their own task, so a
+            // dropped caller never cuts a transaction (or its COMMIT) short.
+            op => Box::pin(async move {
+                let mut runner = Pooled {
+                    pool: self.pool.clone(),
+                    max_retries: self.max_retries,
+                    deadline: self.operation_timeout,
+                };
+                op.run_with(&mut runner).await.send();
+            }),
+        }
+    }
+
+    /// Submits are answered by the submit lanes, tasks of their own: a dropped
+    /// caller never cuts a batch short.
+    fn runs_detached(&self, op: &Op) -> bool {
+        matches!(op, Op::Submit(_))
+    }
+
+    fn ping(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(within(self.operation_timeout, async move {
+            let client = self.pool.get().await.map_err(error::pool_error)?;
+            let answered = client.simple_query("SELECT 1").await;
+            if answered.is_err() {
+                let _ = Object::take(client);
+            }
+            answered.map_err(map_pg_error)?;
+            Ok(())
+        }))
+    }
+
+    fn kind(&self) -> &'static str {
+        "postgres"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_is_bounded() {
+        for n in 1..20 {
+            let d = backoff(n);
+            assert!(d <= Duration::from_millis(100), "{d:?}");
+            assert!(d >= Duration::from_micros(500), "{d:?}");
+        }
+    }
+}

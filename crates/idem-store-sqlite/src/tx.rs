@@ -1,0 +1,866 @@
+//! [`Tx`] over one SQLite transaction (the writer's, or a reader's), and the
+//! mapping between rows and the model.
+
+use std::sync::LazyLock;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use idem_core::model::{
+    ApiKey, Attempt, AttemptKind, AttemptState, Event, Evidence, Role, Task, TaskControl,
+    TaskState, Timestamp,
+};
+use idem_store::{ExistingScope, ScopeRow, StoreError, Tx};
+use rusqlite::{Connection, OptionalExtension, Row, params};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use uuid::Uuid;
+
+use crate::SqliteOptions;
+
+/// A database error: busy, locked and constraint violations are
+/// [`StoreError::Contention`] (run again), anything else
+/// [`StoreError::Unavailable`].
+pub(crate) fn db(e: rusqlite::Error) -> StoreError {
+    match e.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => {
+            StoreError::Contention(e.to_string())
+        }
+        Some(rusqlite::ErrorCode::ConstraintViolation) => StoreError::Contention(e.to_string()),
+        _ => StoreError::Unavailable(e.to_string()),
+    }
+}
+
+fn corrupt(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(e.to_string())
+}
+
+/// This process's clock, ms, shifted by [`SqliteOptions::clock_offset_ms`].
+fn clock(options: SqliteOptions) -> Timestamp {
+    let ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0);
+    Timestamp(ms.saturating_add(options.clock_offset_ms))
+}
+
+/// The open transaction on the writer (or a reader) connection.
+pub(crate) struct SqliteTx<'a> {
+    pub(crate) conn: &'a mut Connection,
+    pub(crate) options: SqliteOptions,
+}
+
+fn to_json<T: Serialize>(v: &T) -> Result<String, StoreError> {
+    serde_json::to_string(v).map_err(corrupt)
+}
+
+fn from_json<T: DeserializeOwned>(s: &str) -> rusqlite::Result<T> {
+    serde_json::from_str(s).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e))
+    })
+}
+
+fn word<T: std::str::FromStr>(s: &str) -> rusqlite::Result<T>
+where
+    T::Err: std::error::Error + Send + Sync + 'static,
+{
+    s.parse().map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e))
+    })
+}
+
+fn uuid(s: &str) -> rusqlite::Result<Uuid> {
+    Uuid::parse_str(s).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e))
+    })
+}
+
+fn opt_json<T: DeserializeOwned>(s: Option<String>) -> rusqlite::Result<Option<T>> {
+    s.as_deref().map(from_json).transpose()
+}
+
+const API_KEY_COLUMNS: &str = "id, tenant, role, operations, created_at, revoked_at";
+
+fn api_key_row(r: &Row<'_>) -> rusqlite::Result<ApiKey> {
+    Ok(ApiKey {
+        id: uuid(&r.get::<_, String>(0)?)?,
+        tenant: r.get(1)?,
+        role: word::<Role>(&r.get::<_, String>(2)?)?,
+        operations: opt_json(r.get(3)?)?,
+        created_at: Timestamp(r.get(4)?),
+        revoked_at: r.get::<_, Option<i64>>(5)?.map(Timestamp),
+    })
+}
+
+/// The one list of the task table's columns: calls `$then!` with `$args`,
+/// `;`, and the column names in table order. Everything else (the SELECT
+/// lists, the INSERT and UPDATE placeholders, [`Col`]'s positions, which
+/// [`task_row`] reads and [`task_values`] fills) is generated from it.
+macro_rules! with_task_columns {
+    ($then:ident!($($args:tt)*)) => {
+        $then! { $($args)*; id, tenant, operation, idempotency_key, fingerprint, canonical_request, params, state, generation, version, event_seq, attempt_count, execute_count, usage, contract, cancellation, delivery, failure, api_key_id, next_kind, active_attempt_id, ready_at, deadline_at, terminal_at, key_expires_at, created_at, updated_at }
+    };
+}
+
+/// The task columns, comma-separated, each after `prefix` (`""`, or `"t."`
+/// for a join): a literal, so statements are built at compile time (the task
+/// read runs on every replay).
+macro_rules! task_columns {
+    () => {
+        task_columns!("")
+    };
+    ($prefix:literal) => {
+        with_task_columns!(task_columns!(@ $prefix))
+    };
+    (@ $prefix:literal; $first:ident $(, $col:ident)*) => {
+        concat!($prefix, stringify!($first) $(, ", ", $prefix, stringify!($col))*)
+    };
+}
+
+/// Declares [`Col`], [`TASK_COLUMN_NAMES`] and [`TASK_COLUMN_COUNT`].
+macro_rules! task_positions {
+    (; $($col:ident),+) => {
+        /// A task column, by its position in a task SELECT list and in
+        /// [`task_values`] (0-based; its SQL parameter is `?` and one more).
+        #[allow(non_camel_case_types)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        enum Col {
+            $($col),+
+        }
+
+        /// The task columns' names, by [`Col`].
+        const TASK_COLUMN_NAMES: &[&str] = &[$(stringify!($col)),+];
+
+        /// How many columns a task has.
+        const TASK_COLUMN_COUNT: usize = TASK_COLUMN_NAMES.len();
+    };
+}
+
+with_task_columns!(task_positions!());
+
+impl Col {
+    /// The column's position.
+    const fn at(self) -> usize {
+        self as usize
+    }
+}
+
+/// The columns a task update writes (the others are fixed at acceptance);
+/// `version` is incremented by the statement itself.
+const TASK_UPDATED: &[Col] = &[
+    Col::state,
+    Col::generation,
+    Col::version,
+    Col::event_seq,
+    Col::attempt_count,
+    Col::execute_count,
+    Col::usage,
+    Col::cancellation,
+    Col::delivery,
+    Col::failure,
+    Col::next_kind,
+    Col::active_attempt_id,
+    Col::ready_at,
+    Col::terminal_at,
+    Col::key_expires_at,
+    Col::updated_at,
+];
+
+/// `INSERT INTO tasks` of every column, bound from [`task_values`].
+static TASK_INSERT: LazyLock<String> = LazyLock::new(|| {
+    let places: Vec<String> = (1..=TASK_COLUMN_COUNT).map(|i| format!("?{i}")).collect();
+    format!(
+        "INSERT INTO tasks ({}) VALUES ({})",
+        task_columns!(),
+        places.join(", ")
+    )
+});
+
+/// The compare-and-set update of [`TASK_UPDATED`], bound from [`task_values`]
+/// then the expected version and generation.
+static TASK_UPDATE: LazyLock<String> = LazyLock::new(|| {
+    let set: Vec<String> = TASK_UPDATED
+        .iter()
+        .map(|&c| {
+            let name = TASK_COLUMN_NAMES.get(c.at()).copied().unwrap_or_default();
+            if c == Col::version {
+                "version = version + 1".to_owned()
+            } else {
+                format!("{name} = ?{}", c.at() + 1)
+            }
+        })
+        .collect();
+    format!(
+        "UPDATE tasks SET {} WHERE id = ?{} AND version = ?{} AND generation = ?{}",
+        set.join(", "),
+        Col::id.at() + 1,
+        TASK_COLUMN_COUNT + 1,
+        TASK_COLUMN_COUNT + 2
+    )
+});
+
+/// A scope row joined with its task: [`task_columns!`] (NULL when the task
+/// row is missing), then the scope's fingerprint and task id.
+const SCOPE_WITH_TASK: &str = concat!(
+    "SELECT ",
+    task_columns!("t."),
+    ", k.fingerprint, k.task_id FROM idempotency_keys k \
+     LEFT JOIN tasks t ON t.id = k.task_id \
+     WHERE k.tenant = ?1 AND k.operation = ?2 AND k.idempotency_key = ?3"
+);
+
+/// Column `i` as text borrowed from the row (no copy before it is parsed).
+fn text<'r>(r: &'r Row<'_>, i: usize) -> rusqlite::Result<&'r str> {
+    r.get_ref(i)?.as_str().map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, Box::new(e))
+    })
+}
+
+/// The contract stored as `json` ([`idem_store::decode_contract`]).
+fn contract(json: &str) -> rusqlite::Result<idem_core::config::Contract> {
+    idem_store::decode_contract(json).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(
+            Col::contract.at(),
+            rusqlite::types::Type::Text,
+            Box::new(e),
+        )
+    })
+}
+
+fn task_row(r: &Row<'_>) -> rusqlite::Result<Task> {
+    use Col as C;
+    Ok(Task {
+        id: uuid(text(r, C::id.at())?)?,
+        operation: r.get(C::operation.at())?,
+        idempotency_key: r.get(C::idempotency_key.at())?,
+        fingerprint: r.get(C::fingerprint.at())?,
+        params: from_json(text(r, C::params.at())?)?,
+        state: word::<TaskState>(text(r, C::state.at())?)?,
+        generation: r.get(C::generation.at())?,
+        attempt_count: r.get(C::attempt_count.at())?,
+        usage: r.get(C::usage.at())?,
+        contract: contract(text(r, C::contract.at())?)?,
+        cancellation: opt_json(r.get(C::cancellation.at())?)?,
+        delivery: opt_json(r.get(C::delivery.at())?)?,
+        failure: opt_json(r.get(C::failure.at())?)?,
+        created_at: Timestamp(r.get(C::created_at.at())?),
+        updated_at: Timestamp(r.get(C::updated_at.at())?),
+        control: TaskControl {
+            tenant: r.get(C::tenant.at())?,
+            canonical_request: r.get(C::canonical_request.at())?,
+            version: r.get(C::version.at())?,
+            event_seq: r.get(C::event_seq.at())?,
+            execute_count: r.get(C::execute_count.at())?,
+            api_key_id: uuid(text(r, C::api_key_id.at())?)?,
+            next_kind: r
+                .get::<_, Option<String>>(C::next_kind.at())?
+                .as_deref()
+                .map(word::<AttemptKind>)
+                .transpose()?,
+            active_attempt_id: r
+                .get::<_, Option<String>>(C::active_attempt_id.at())?
+                .as_deref()
+                .map(uuid)
+                .transpose()?,
+            ready_at: Timestamp(r.get(C::ready_at.at())?),
+            deadline_at: Timestamp(r.get(C::deadline_at.at())?),
+            terminal_at: r.get::<_, Option<i64>>(C::terminal_at.at())?.map(Timestamp),
+            key_expires_at: r
+                .get::<_, Option<i64>>(C::key_expires_at.at())?
+                .map(Timestamp),
+        },
+    })
+}
+
+const ATTEMPT_COLUMNS: &str = "id, task_id, number, generation, kind, state, executor_id, leased_at, lease_expires_at, \
+     lease_ms, usage, external_txn_id, report";
+
+fn attempt_row(r: &Row<'_>) -> rusqlite::Result<Attempt> {
+    Ok(Attempt {
+        id: uuid(&r.get::<_, String>(0)?)?,
+        task_id: uuid(&r.get::<_, String>(1)?)?,
+        number: r.get(2)?,
+        generation: r.get(3)?,
+        kind: word::<AttemptKind>(&r.get::<_, String>(4)?)?,
+        state: word::<AttemptState>(&r.get::<_, String>(5)?)?,
+        executor_id: r.get(6)?,
+        leased_at: Timestamp(r.get(7)?),
+        lease_expires_at: Timestamp(r.get(8)?),
+        lease_ms: r.get(9)?,
+        usage: r.get(10)?,
+        external_txn_id: r.get(11)?,
+        report: opt_json(r.get(12)?)?,
+        evidence: Vec::new(),
+    })
+}
+
+fn decode(e: rusqlite::Error) -> StoreError {
+    match e {
+        rusqlite::Error::FromSqlConversionFailure(..) | rusqlite::Error::InvalidColumnType(..) => {
+            corrupt(e)
+        }
+        other => db(other),
+    }
+}
+
+impl SqliteTx<'_> {
+    fn ids(&mut self, sql: &str, params: impl rusqlite::Params) -> Result<Vec<Uuid>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(sql).map_err(db)?;
+        let rows = stmt
+            .query_map(params, |r| uuid(&r.get::<_, String>(0)?))
+            .map_err(db)?;
+        rows.collect::<rusqlite::Result<Vec<_>>>().map_err(decode)
+    }
+}
+
+/// The claimable tasks of tenant `?1` in class `?2` ready at `?3` (ms), oldest
+/// first (`ready_at`, then `id`), at most `?4`: an ordered walk of the partial
+/// index `tasks_claim_order`, whose predicate it repeats word for word.
+pub const CLAIMABLE_IN_CLASS: &str = "SELECT id, ready_at FROM tasks WHERE tenant = ?1 AND operation = ?2 \
+     AND active_attempt_id IS NULL AND (state = 'queued' OR state = 'retry_wait' OR state = 'reconciling') \
+     AND ready_at <= ?3 \
+     ORDER BY ready_at, id LIMIT ?4";
+
+impl Tx for SqliteTx<'_> {
+    async fn now(&mut self) -> Result<Timestamp, StoreError> {
+        Ok(clock(self.options))
+    }
+
+    async fn insert_api_key(&mut self, key: &ApiKey, hash: &str) -> Result<(), StoreError> {
+        let ops = key.operations.as_ref().map(to_json).transpose()?;
+        self.conn
+            .prepare_cached("INSERT INTO api_keys (id, tenant, role, operations, key_hash, created_at, revoked_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)")
+            .and_then(|mut s| {
+                s.execute(params![
+                    key.id.to_string(),
+                    key.tenant,
+                    key.role.as_str(),
+                    ops,
+                    hash,
+                    key.created_at.0,
+                    key.revoked_at.map(|t| t.0)
+                ])
+            })
+            .map_err(db)?;
+        Ok(())
+    }
+
+    async fn api_key_by_hash(&mut self, hash: &str) -> Result<Option<ApiKey>, StoreError> {
+        let sql = format!("SELECT {API_KEY_COLUMNS} FROM api_keys WHERE key_hash = ?1");
+        self.conn
+            .prepare_cached(&sql)
+            .and_then(|mut s| s.query_row([hash], api_key_row).optional())
+            .map_err(decode)
+    }
+
+    async fn api_key(&mut self, id: Uuid) -> Result<Option<ApiKey>, StoreError> {
+        let sql = format!("SELECT {API_KEY_COLUMNS} FROM api_keys WHERE id = ?1");
+        self.conn
+            .prepare_cached(&sql)
+            .and_then(|mut s| s.query_row([id.to_string()], api_key_row).optional())
+            .map_err(decode)
+    }
+
+    async fn revoke_api_key(
+        &mut self,
+        id: Uuid,
+        at: Timestamp,
+    ) -> Result<Option<ApiKey>, StoreError> {
+        self.conn
+            .prepare_cached(
+                "UPDATE api_keys SET revoked_at = ?2 WHERE id = ?1 AND revoked_at IS NULL",
+            )
+            .and_then(|mut s| s.execute(params![id.to_string(), at.0]))
+            .map_err(db)?;
+        self.api_key(id).await
+    }
+
+    async fn list_api_keys(&mut self) -> Result<Vec<ApiKey>, StoreError> {
+        let sql = format!("SELECT {API_KEY_COLUMNS} FROM api_keys ORDER BY created_at, id");
+        let mut stmt = self.conn.prepare_cached(&sql).map_err(db)?;
+        let rows = stmt.query_map([], api_key_row).map_err(db)?;
+        rows.collect::<rusqlite::Result<Vec<_>>>().map_err(decode)
+    }
+
+    async fn insert_scope(&mut self, row: &ScopeRow) -> Result<bool, StoreError> {
+        let n = self
+            .conn
+            .prepare_cached(
+                "INSERT INTO idempotency_keys (tenant, operation, idempotency_key, fingerprint, task_id) \
+                 VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT DO NOTHING",
+            )
+            .and_then(|mut s| {
+                s.execute(params![
+                    row.tenant,
+                    row.operation,
+                    row.idempotency_key,
+                    row.fingerprint,
+                    row.task_id.to_string()
+                ])
+            })
+            .map_err(db)?;
+        Ok(n == 1)
+    }
+
+    async fn scope(
+        &mut self,
+        tenant: &str,
+        operation: &str,
+        key: &str,
+    ) -> Result<Option<ScopeRow>, StoreError> {
+        self.conn
+            .prepare_cached(
+                "SELECT fingerprint, task_id FROM idempotency_keys \
+                 WHERE tenant = ?1 AND operation = ?2 AND idempotency_key = ?3",
+            )
+            .and_then(|mut s| {
+                s.query_row(params![tenant, operation, key], |r| {
+                    Ok(ScopeRow {
+                        tenant: tenant.to_owned(),
+                        operation: operation.to_owned(),
+                        idempotency_key: key.to_owned(),
+                        fingerprint: r.get(0)?,
+                        task_id: uuid(&r.get::<_, String>(1)?)?,
+                    })
+                })
+                .optional()
+            })
+            .map_err(decode)
+    }
+
+    /// One statement per scope (the scope row joined with its task) instead
+    /// of the default's two; same rows, same snapshot (one transaction).
+    async fn scopes_with_tasks(
+        &mut self,
+        scopes: &[(String, String, String)],
+    ) -> Result<Vec<ExistingScope>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(SCOPE_WITH_TASK).map_err(decode)?;
+        let mut out = Vec::with_capacity(scopes.len());
+        for (tenant, operation, key) in scopes {
+            let found = stmt
+                .query_row(params![tenant, operation, key], |r| {
+                    let row = ScopeRow {
+                        tenant: tenant.clone(),
+                        operation: operation.clone(),
+                        idempotency_key: key.clone(),
+                        fingerprint: r.get(TASK_COLUMN_COUNT)?,
+                        task_id: uuid(text(r, TASK_COLUMN_COUNT + 1)?)?,
+                    };
+                    // No task row joined: `t.id` is NULL.
+                    let task = match r.get_ref(0)? {
+                        rusqlite::types::ValueRef::Null => None,
+                        _ => Some(task_row(r)?),
+                    };
+                    Ok((row, task))
+                })
+                .optional()
+                .map_err(decode)?;
+            out.push(found);
+        }
+        Ok(out)
+    }
+
+    async fn delete_scope(&mut self, task_id: Uuid) -> Result<(), StoreError> {
+        self.conn
+            .prepare_cached("DELETE FROM idempotency_keys WHERE task_id = ?1")
+            .and_then(|mut s| s.execute([task_id.to_string()]))
+            .map_err(db)?;
+        Ok(())
+    }
+
+    async fn insert_task(&mut self, t: &Task) -> Result<(), StoreError> {
+        let values = task_values(t)?;
+        self.conn
+            .prepare_cached(&TASK_INSERT)
+            .and_then(|mut s| s.execute(rusqlite::params_from_iter(values.iter())))
+            .map_err(db)?;
+        Ok(())
+    }
+
+    async fn task(&mut self, id: Uuid, _lock: bool) -> Result<Option<Task>, StoreError> {
+        // The writer holds the only write transaction (BEGIN IMMEDIATE): rows are locked.
+        self.conn
+            .prepare_cached(concat!(
+                "SELECT ",
+                task_columns!(),
+                " FROM tasks WHERE id = ?1"
+            ))
+            .and_then(|mut s| s.query_row([id.to_string()], task_row).optional())
+            .map_err(decode)
+    }
+
+    async fn update_task(
+        &mut self,
+        t: &Task,
+        expected_version: i64,
+        expected_generation: i64,
+    ) -> Result<(), StoreError> {
+        let values = task_values(t)?;
+        let n = self
+            .conn
+            .prepare_cached(&TASK_UPDATE)
+            .and_then(|mut s| {
+                let mut all = values;
+                all.push(expected_version.into());
+                all.push(expected_generation.into());
+                // The columns fixed at acceptance are bound, unused.
+                s.execute(rusqlite::params_from_iter(all.iter()))
+            })
+            .map_err(db)?;
+        if n == 1 {
+            Ok(())
+        } else {
+            Err(StoreError::Contention(format!(
+                "task {} changed concurrently",
+                t.id
+            )))
+        }
+    }
+
+    async fn insert_attempt(&mut self, a: &Attempt) -> Result<(), StoreError> {
+        let sql = format!(
+            "INSERT INTO attempts ({ATTEMPT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
+        );
+        let report = a.report.as_ref().map(to_json).transpose()?;
+        self.conn
+            .prepare_cached(&sql)
+            .and_then(|mut s| {
+                s.execute(params![
+                    a.id.to_string(),
+                    a.task_id.to_string(),
+                    a.number,
+                    a.generation,
+                    a.kind.as_str(),
+                    a.state.as_str(),
+                    a.executor_id,
+                    a.leased_at.0,
+                    a.lease_expires_at.0,
+                    a.lease_ms,
+                    a.usage,
+                    a.external_txn_id,
+                    report
+                ])
+            })
+            .map_err(db)?;
+        Ok(())
+    }
+
+    async fn update_attempt(&mut self, a: &Attempt) -> Result<(), StoreError> {
+        let report = a.report.as_ref().map(to_json).transpose()?;
+        let n = self
+            .conn
+            .prepare_cached(
+                "UPDATE attempts SET state = ?3, lease_expires_at = ?4, usage = ?5, external_txn_id = ?6, report = ?7 \
+                 WHERE id = ?1 AND generation = ?2",
+            )
+            .and_then(|mut s| {
+                s.execute(params![
+                    a.id.to_string(),
+                    a.generation,
+                    a.state.as_str(),
+                    a.lease_expires_at.0,
+                    a.usage,
+                    a.external_txn_id,
+                    report
+                ])
+            })
+            .map_err(db)?;
+        if n == 1 {
+            Ok(())
+        } else {
+            Err(StoreError::Contention(format!(
+                "attempt {} changed concurrently",
+                a.id
+            )))
+        }
+    }
+
+    async fn attempt(&mut self, id: Uuid) -> Result<Option<Attempt>, StoreError> {
+        let sql = format!("SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE id = ?1");
+        self.conn
+            .prepare_cached(&sql)
+            .and_then(|mut s| s.query_row([id.to_string()], attempt_row).optional())
+            .map_err(decode)
+    }
+
+    async fn attempts(&mut self, task_id: Uuid) -> Result<Vec<Attempt>, StoreError> {
+        let sql =
+            format!("SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE task_id = ?1 ORDER BY number");
+        let mut attempts = {
+            let mut stmt = self.conn.prepare_cached(&sql).map_err(db)?;
+            let rows = stmt
+                .query_map([task_id.to_string()], attempt_row)
+                .map_err(db)?;
+            rows.collect::<rusqlite::Result<Vec<_>>>().map_err(decode)?
+        };
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT attempt_id, received_at, generation, outcome, body, disposition FROM evidence \
+                 WHERE task_id = ?1 ORDER BY id",
+            )
+            .map_err(db)?;
+        let rows = stmt
+            .query_map([task_id.to_string()], |r| {
+                Ok((
+                    uuid(&r.get::<_, String>(0)?)?,
+                    Evidence {
+                        received_at: Timestamp(r.get(1)?),
+                        generation: r.get(2)?,
+                        outcome: r.get(3)?,
+                        body: from_json(&r.get::<_, String>(4)?)?,
+                        disposition: r.get(5)?,
+                    },
+                ))
+            })
+            .map_err(db)?;
+        for row in rows {
+            let (attempt_id, ev) = row.map_err(decode)?;
+            if let Some(a) = attempts.iter_mut().find(|a| a.id == attempt_id) {
+                a.evidence.push(ev);
+            }
+        }
+        Ok(attempts)
+    }
+
+    async fn insert_evidence(
+        &mut self,
+        task_id: Uuid,
+        attempt_id: Uuid,
+        ev: &Evidence,
+    ) -> Result<(), StoreError> {
+        let body = to_json(&ev.body)?;
+        self.conn
+            .prepare_cached(
+                "INSERT INTO evidence (task_id, attempt_id, received_at, generation, outcome, body, disposition) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            )
+            .and_then(|mut s| {
+                s.execute(params![
+                    task_id.to_string(),
+                    attempt_id.to_string(),
+                    ev.received_at.0,
+                    ev.generation,
+                    ev.outcome,
+                    body,
+                    ev.disposition
+                ])
+            })
+            .map_err(db)?;
+        Ok(())
+    }
+
+    async fn insert_events(&mut self, task_id: Uuid, events: &[Event]) -> Result<(), StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "INSERT INTO events (task_id, seq, type, at, data) VALUES (?1, ?2, ?3, ?4, ?5)",
+            )
+            .map_err(db)?;
+        let id = task_id.to_string();
+        for e in events {
+            let data = to_json(&e.data)?;
+            stmt.execute(params![id, e.seq, e.kind, e.at.0, data])
+                .map_err(db)?;
+        }
+        Ok(())
+    }
+
+    async fn events(&mut self, task_id: Uuid) -> Result<Vec<Event>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT seq, type, at, data FROM events WHERE task_id = ?1 ORDER BY seq",
+            )
+            .map_err(db)?;
+        let rows = stmt
+            .query_map([task_id.to_string()], |r| {
+                Ok(Event {
+                    seq: r.get(0)?,
+                    kind: r.get(1)?,
+                    at: Timestamp(r.get(2)?),
+                    data: from_json(&r.get::<_, String>(3)?)?,
+                })
+            })
+            .map_err(db)?;
+        rows.collect::<rusqlite::Result<Vec<_>>>().map_err(decode)
+    }
+
+    async fn claimable(
+        &mut self,
+        tenant: &str,
+        operations: &[String],
+        now: Timestamp,
+        limit: i64,
+    ) -> Result<Vec<Uuid>, StoreError> {
+        // One ordered walk of `tasks_claim_order` per distinct class, each
+        // stopping at the limit, then the oldest across classes (migration 3):
+        // a claim's cost follows its limit, not the backlog.
+        let mut classes: Vec<&str> = operations.iter().map(String::as_str).collect();
+        classes.sort_unstable();
+        classes.dedup();
+        let mut stmt = self.conn.prepare_cached(CLAIMABLE_IN_CLASS).map_err(db)?;
+        let mut found: Vec<(i64, String)> = Vec::new();
+        for class in classes {
+            let rows = stmt
+                .query_map(params![tenant, class, now.0, limit], |r| {
+                    Ok((r.get::<_, i64>(1)?, r.get::<_, String>(0)?))
+                })
+                .map_err(db)?;
+            for row in rows {
+                found.push(row.map_err(decode)?);
+            }
+        }
+        found.sort_unstable();
+        found.truncate(usize::try_from(limit).unwrap_or(0));
+        found
+            .into_iter()
+            .map(|(_, id)| uuid(&id).map_err(decode))
+            .collect()
+    }
+
+    async fn expired_leases(
+        &mut self,
+        now: Timestamp,
+        limit: i64,
+    ) -> Result<Vec<(Uuid, Uuid)>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT task_id, id FROM attempts WHERE state IN ('leased', 'acknowledged') AND lease_expires_at <= ?1 \
+                 ORDER BY lease_expires_at LIMIT ?2",
+            )
+            .map_err(db)?;
+        let rows = stmt
+            .query_map(params![now.0, limit], |r| {
+                Ok((
+                    uuid(&r.get::<_, String>(0)?)?,
+                    uuid(&r.get::<_, String>(1)?)?,
+                ))
+            })
+            .map_err(db)?;
+        rows.collect::<rusqlite::Result<Vec<_>>>().map_err(decode)
+    }
+
+    async fn due_wakeups(&mut self, now: Timestamp, limit: i64) -> Result<Vec<Uuid>, StoreError> {
+        self.ids(
+            "SELECT id FROM tasks WHERE state = 'retry_wait' AND ready_at <= ?1 ORDER BY ready_at LIMIT ?2",
+            params![now.0, limit],
+        )
+    }
+
+    async fn expired_scopes(
+        &mut self,
+        now: Timestamp,
+        limit: i64,
+    ) -> Result<Vec<Uuid>, StoreError> {
+        self.ids(
+            "SELECT t.id FROM tasks t JOIN idempotency_keys k ON k.task_id = t.id \
+             WHERE t.key_expires_at IS NOT NULL AND t.key_expires_at <= ?1 ORDER BY t.key_expires_at LIMIT ?2",
+            params![now.0, limit],
+        )
+    }
+}
+
+/// Every task column as an SQL value, at its [`Col`] position.
+fn task_values(t: &Task) -> Result<Vec<rusqlite::types::Value>, StoreError> {
+    use rusqlite::types::Value as V;
+    let text = |s: &str| V::Text(s.to_owned());
+    let opt_text = |s: Option<String>| s.map_or(V::Null, V::Text);
+    let opt_int = |i: Option<i64>| i.map_or(V::Null, V::Integer);
+    let c = &t.control;
+    let columns = [
+        (Col::id, V::Text(t.id.to_string())),
+        (Col::tenant, text(&c.tenant)),
+        (Col::operation, text(&t.operation)),
+        (Col::idempotency_key, text(&t.idempotency_key)),
+        (Col::fingerprint, text(&t.fingerprint)),
+        (Col::canonical_request, text(&c.canonical_request)),
+        (Col::params, V::Text(to_json(&t.params)?)),
+        (Col::state, text(t.state.as_str())),
+        (Col::generation, V::Integer(t.generation)),
+        (Col::version, V::Integer(c.version)),
+        (Col::event_seq, V::Integer(c.event_seq)),
+        (Col::attempt_count, V::Integer(t.attempt_count)),
+        (Col::execute_count, V::Integer(c.execute_count)),
+        (Col::usage, V::Integer(t.usage)),
+        (
+            Col::contract,
+            V::Text(idem_core::model::contract_json(&t.contract).map_err(corrupt)?),
+        ),
+        (
+            Col::cancellation,
+            opt_text(t.cancellation.as_ref().map(to_json).transpose()?),
+        ),
+        (
+            Col::delivery,
+            opt_text(t.delivery.as_ref().map(to_json).transpose()?),
+        ),
+        (
+            Col::failure,
+            opt_text(t.failure.as_ref().map(to_json).transpose()?),
+        ),
+        (Col::api_key_id, V::Text(c.api_key_id.to_string())),
+        (
+            Col::next_kind,
+            opt_text(c.next_kind.map(|k| k.as_str().to_owned())),
+        ),
+        (
+            Col::active_attempt_id,
+            opt_text(c.active_attempt_id.map(|id| id.to_string())),
+        ),
+        (Col::ready_at, V::Integer(c.ready_at.0)),
+        (Col::deadline_at, V::Integer(c.deadline_at.0)),
+        (Col::terminal_at, opt_int(c.terminal_at.map(|t| t.0))),
+        (Col::key_expires_at, opt_int(c.key_expires_at.map(|t| t.0))),
+        (Col::created_at, V::Integer(t.created_at.0)),
+        (Col::updated_at, V::Integer(t.updated_at.0)),
+    ];
+    let mut values = vec![V::Null; TASK_COLUMN_COUNT];
+    for (col, value) in columns {
+        if let Some(slot) = values.get_mut(col.at()) {
+            *slot = value;
+        }
+    }
+    Ok(values)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// The one column list names every column of the migrated `tasks` table
+    /// and nothing else, and the statements generated from it prepare.
+    #[test]
+    fn the_column_list_is_the_task_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut conn = Connection::open(dir.path().join("idem.db")).unwrap();
+        crate::migrate(&mut conn).unwrap();
+        let mut stmt = conn
+            .prepare("SELECT name FROM pragma_table_info('tasks')")
+            .unwrap();
+        let mut table: Vec<String> = stmt
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        drop(stmt);
+        let mut listed: Vec<String> = TASK_COLUMN_NAMES.iter().map(|c| (*c).to_owned()).collect();
+        table.sort();
+        listed.sort();
+        assert_eq!(listed, table);
+        for sql in [TASK_INSERT.as_str(), TASK_UPDATE.as_str(), SCOPE_WITH_TASK] {
+            conn.prepare(sql).unwrap();
+        }
+        assert!(
+            TASK_UPDATE.contains("version = version + 1"),
+            "{}",
+            *TASK_UPDATE
+        );
+        assert!(
+            TASK_UPDATE.ends_with("?28 AND generation = ?29"),
+            "{}",
+            *TASK_UPDATE
+        );
+    }
+}

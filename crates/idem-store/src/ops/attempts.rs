@@ -1,0 +1,141 @@
+//! Reports on a leased attempt: heartbeats, device acknowledgments and
+//! outcome reports (SPEC §2.4–2.6).
+
+use idem_core::machine::{self, HeartbeatAck, Journal, Rejection};
+use idem_core::model::{Attempt, Task, Timestamp};
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::{Access, Grant, Operation, owned_task, persist};
+use crate::{Refusal, Result, Tx};
+
+/// Extend a lease.
+#[derive(Debug, Clone)]
+pub struct Heartbeat {
+    /// Tenant.
+    pub tenant: String,
+    /// The caller's grant.
+    pub grant: Grant,
+    /// Attempt.
+    pub attempt_id: Uuid,
+    /// Generation held.
+    pub generation: i64,
+    /// Attempt usage so far.
+    pub usage: Option<i64>,
+}
+
+impl Operation for Heartbeat {
+    type Reply = Result<HeartbeatAck, Refusal>;
+    const WRITES: bool = true;
+    async fn run<T: Tx>(&self, tx: &mut T) -> Result<Self::Reply> {
+        let access = Access {
+            tenant: Some(&self.tenant),
+            grant: &self.grant,
+        };
+        Ok(
+            on_attempt(tx, &access, self.attempt_id, |task, attempt, j, now| {
+                machine::heartbeat(task, attempt, j, self.generation, self.usage, now)
+            })
+            .await?
+            .map(|(_, ack)| ack),
+        )
+    }
+}
+
+/// Device "command acknowledged".
+#[derive(Debug, Clone)]
+pub struct Acknowledge {
+    /// Tenant.
+    pub tenant: String,
+    /// The caller's grant.
+    pub grant: Grant,
+    /// Attempt.
+    pub attempt_id: Uuid,
+    /// Generation held.
+    pub generation: i64,
+    /// Raw body (evidence).
+    pub body: Value,
+}
+
+impl Operation for Acknowledge {
+    type Reply = Result<Task, Refusal>;
+    const WRITES: bool = true;
+    async fn run<T: Tx>(&self, tx: &mut T) -> Result<Self::Reply> {
+        let access = Access {
+            tenant: Some(&self.tenant),
+            grant: &self.grant,
+        };
+        Ok(
+            on_attempt(tx, &access, self.attempt_id, |task, attempt, j, now| {
+                machine::acknowledge(task, attempt, j, self.generation, self.body.clone(), now)
+            })
+            .await?
+            .map(|(task, ())| task),
+        )
+    }
+}
+
+/// Report an outcome.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// Tenant.
+    pub tenant: String,
+    /// The caller's grant.
+    pub grant: Grant,
+    /// Attempt.
+    pub attempt_id: Uuid,
+    /// The report.
+    pub report: machine::Report,
+}
+
+impl Operation for Report {
+    type Reply = Result<Task, Refusal>;
+    const WRITES: bool = true;
+    async fn run<T: Tx>(&self, tx: &mut T) -> Result<Self::Reply> {
+        let access = Access {
+            tenant: Some(&self.tenant),
+            grant: &self.grant,
+        };
+        Ok(
+            on_attempt(tx, &access, self.attempt_id, |task, attempt, j, now| {
+                machine::report(task, attempt, j, &self.report, now)
+            })
+            .await?
+            .map(|(task, ())| task),
+        )
+    }
+}
+
+/// Loads attempt and task (task locked first, then the attempt reloaded), checks
+/// the tenant, applies `f`, and persists everything unless `f` refused the input
+/// as invalid (which changes nothing).
+async fn on_attempt<T: Tx, R>(
+    tx: &mut T,
+    access: &Access<'_>,
+    attempt_id: Uuid,
+    f: impl FnOnce(&mut Task, &mut Attempt, &mut Journal, Timestamp) -> Result<R, Rejection>,
+) -> Result<Result<(Task, R), Refusal>> {
+    let Some(a) = tx.attempt(attempt_id).await? else {
+        return Ok(Err(Refusal::NotFound));
+    };
+    let mut task = match owned_task(tx, a.task_id, access, true).await? {
+        Ok(t) => t,
+        Err(e) => return Ok(Err(e)),
+    };
+    let Some(mut attempt) = tx.attempt(attempt_id).await? else {
+        return Ok(Err(Refusal::NotFound));
+    };
+    let now = tx.now().await?;
+    let loaded = (task.control.version, task.generation);
+    let before = attempt.clone();
+    let mut j = Journal::default();
+    let res = f(&mut task, &mut attempt, &mut j, now);
+    if let Err(Rejection::InvalidReport(_)) = res {
+        return Ok(res.map(|r| (task, r)).map_err(Refusal::from));
+    }
+    if attempt != before {
+        tx.update_attempt(&attempt).await?;
+    }
+    persist(tx, &task, loaded, &j).await?;
+    Ok(res.map(|r| (task, r)).map_err(Refusal::from))
+}

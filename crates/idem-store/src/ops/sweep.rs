@@ -1,0 +1,77 @@
+//! The sweep: expire leases, wake backoffs, release keys past retention
+//! (SPEC §2.5, §2.9).
+
+use idem_core::machine::{self, Journal};
+
+use super::{Operation, persist};
+use crate::{Result, Tx};
+
+/// What one sweep did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SweepStats {
+    /// Leases expired.
+    pub expired: usize,
+    /// `retry_wait` tasks woken.
+    pub woken: usize,
+    /// Idempotency keys removed after retention.
+    pub keys_released: usize,
+}
+
+/// Expire leases, wake backoffs, remove keys past retention (at most `limit` each).
+#[derive(Debug, Clone)]
+pub struct Sweep {
+    /// Batch size per kind.
+    pub limit: i64,
+}
+
+impl Operation for Sweep {
+    type Reply = SweepStats;
+    const WRITES: bool = true;
+    async fn run<T: Tx>(&self, tx: &mut T) -> Result<SweepStats> {
+        let limit = self.limit;
+        let now = tx.now().await?;
+        let mut stats = SweepStats::default();
+        for (task_id, attempt_id) in tx.expired_leases(now, limit).await? {
+            let (Some(mut task), Some(mut attempt)) =
+                (tx.task(task_id, true).await?, tx.attempt(attempt_id).await?)
+            else {
+                continue;
+            };
+            if !attempt.state.is_active() || attempt.lease_expires_at > now {
+                continue;
+            }
+            let loaded = (task.control.version, task.generation);
+            let mut j = Journal::default();
+            machine::expire_lease(&mut task, &mut attempt, &mut j, now);
+            tx.update_attempt(&attempt).await?;
+            persist(tx, &task, loaded, &j).await?;
+            stats.expired += 1;
+        }
+        for task_id in tx.due_wakeups(now, limit).await? {
+            let Some(mut task) = tx.task(task_id, true).await? else {
+                continue;
+            };
+            let loaded = (task.control.version, task.generation);
+            let mut j = Journal::default();
+            if machine::wake(&mut task, &mut j, now) {
+                persist(tx, &task, loaded, &j).await?;
+                stats.woken += 1;
+            }
+        }
+        for task_id in tx.expired_scopes(now, limit).await? {
+            let Some(mut task) = tx.task(task_id, true).await? else {
+                continue;
+            };
+            if !task.state.is_terminal() || task.control.key_expires_at.is_none_or(|t| t > now) {
+                continue;
+            }
+            let loaded = (task.control.version, task.generation);
+            let mut j = Journal::default();
+            tx.delete_scope(task_id).await?;
+            machine::release_key(&mut task, &mut j, now);
+            persist(tx, &task, loaded, &j).await?;
+            stats.keys_released += 1;
+        }
+        Ok(stats)
+    }
+}

@@ -1,0 +1,329 @@
+//! [`Store`]: the typed, cloneable handle the HTTP layer and the CLI use.
+//! Every method builds one operation ([`crate::ops`]), hands it to the
+//! backend with its reply channel and waits for the typed reply.
+
+use std::sync::Arc;
+
+use idem_core::machine::{HeartbeatAck, Report};
+use idem_core::model::{ApiKey, Attempt, Cancellation, Event, Role, Task};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::ops::{
+    self, Call, ClaimRequest, Claimed, Grant, Op, Operation, Submission, SubmitOutcome, SweepStats,
+};
+use crate::{Backend, Refusal, Result, StoreError};
+
+/// The cloneable handle to a store.
+#[derive(Clone)]
+pub struct Store {
+    backend: Arc<dyn Backend>,
+    grant: Grant,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("kind", &self.backend.kind())
+            .finish()
+    }
+}
+
+impl Store {
+    /// Wraps a backend.
+    pub fn new(backend: impl Backend) -> Store {
+        Store {
+            backend: Arc::new(backend),
+            grant: None,
+        }
+    }
+
+    /// `sqlite` or `postgres`.
+    pub fn kind(&self) -> &'static str {
+        self.backend.kind()
+    }
+
+    /// Readiness probe.
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] when the database does not answer.
+    pub async fn ping(&self) -> Result<()> {
+        self.backend.ping().await
+    }
+
+    /// This store acting for a key limited to `operations` (`None`: all classes):
+    /// every task read or change of another class answers [`Refusal::NotFound`].
+    pub fn granted(&self, operations: Option<Vec<String>>) -> Store {
+        let mut s = self.clone();
+        s.grant = operations.map(Arc::new);
+        s
+    }
+
+    /// Runs `op` in one transaction and waits for its reply.
+    ///
+    /// Writing operations run to their commit (or rollback) even when the
+    /// caller is dropped, e.g. because the HTTP client disconnected (SPEC §7):
+    /// on the backend's own writer or batcher when it has one
+    /// ([`Backend::runs_detached`]), else on a task of their own.
+    ///
+    /// # Errors
+    /// Storage failures only; refusals are in the reply.
+    async fn call<O: Operation>(&self, op: O) -> Result<O::Reply>
+    where
+        Op: From<Call<O>>,
+    {
+        let (call, answer) = Call::new(op);
+        let op = Op::from(call);
+        if !O::WRITES || self.backend.runs_detached(&op) {
+            self.backend.execute(op).await;
+        } else {
+            let backend = Arc::clone(&self.backend);
+            tokio::spawn(async move { backend.execute(op).await });
+        }
+        answer
+            .await
+            .map_err(|_| StoreError::Unavailable("store task failed: no answer".into()))?
+    }
+
+    /// Creates an API key; returns the record and the plain key.
+    ///
+    /// # Errors
+    /// Storage failures ([`StoreError`]).
+    pub async fn create_api_key(
+        &self,
+        tenant: &str,
+        role: Role,
+        operations: Option<Vec<String>>,
+    ) -> Result<(ApiKey, String)> {
+        self.call(ops::CreateApiKey {
+            tenant: tenant.to_owned(),
+            role,
+            operations,
+        })
+        .await
+    }
+
+    /// Revokes an API key; `None` when no such key.
+    ///
+    /// # Errors
+    /// Storage failures ([`StoreError`]).
+    pub async fn revoke_api_key(&self, id: Uuid) -> Result<Option<ApiKey>> {
+        self.call(ops::RevokeApiKey { id }).await
+    }
+
+    /// Lists API keys, oldest first.
+    ///
+    /// # Errors
+    /// Storage failures ([`StoreError`]).
+    pub async fn list_api_keys(&self) -> Result<Vec<ApiKey>> {
+        self.call(ops::ListApiKeys).await
+    }
+
+    /// Finds the key a bearer token names (revoked keys included; check `revoked_at`).
+    ///
+    /// # Errors
+    /// Storage failures ([`StoreError`]).
+    pub async fn authenticate(&self, plain: &str) -> Result<Option<ApiKey>> {
+        self.call(ops::Authenticate {
+            plain: plain.to_owned(),
+        })
+        .await
+    }
+
+    /// Submits a task (SPEC §2.1–2.3). A submit touches only its own scope,
+    /// whose operation the caller names (the HTTP layer refuses an ungranted
+    /// one first), so the grant does not apply.
+    ///
+    /// # Errors
+    /// Storage failures ([`StoreError`]); business refusals are in the value.
+    pub async fn submit(&self, s: Submission) -> Result<SubmitOutcome> {
+        self.call(ops::Submit(s)).await
+    }
+
+    /// Submits several tasks in one transaction; the outcomes, in request
+    /// order, are those of submitting each in order.
+    ///
+    /// # Errors
+    /// Storage failures ([`StoreError`]); nothing of the batch was written.
+    pub async fn submit_batch(&self, subs: Vec<Submission>) -> Result<Vec<SubmitOutcome>> {
+        self.call(ops::SubmitBatch(subs)).await
+    }
+
+    /// Reads a task of `tenant` (`None`: any tenant).
+    ///
+    /// # Errors
+    /// Storage failures ([`StoreError`]); business refusals are in the value.
+    pub async fn get_task(&self, tenant: Option<&str>, id: Uuid) -> Result<Result<Task, Refusal>> {
+        self.call(ops::GetTask {
+            tenant: tenant.map(str::to_owned),
+            grant: self.grant.clone(),
+            id,
+        })
+        .await
+    }
+
+    /// Looks a task up by scope.
+    ///
+    /// # Errors
+    /// Storage failures ([`StoreError`]); business refusals are in the value.
+    pub async fn find_task(
+        &self,
+        tenant: &str,
+        operation: &str,
+        idempotency_key: &str,
+    ) -> Result<Result<Task, Refusal>> {
+        self.call(ops::FindTask {
+            tenant: tenant.to_owned(),
+            grant: self.grant.clone(),
+            operation: operation.to_owned(),
+            idempotency_key: idempotency_key.to_owned(),
+        })
+        .await
+    }
+
+    /// Attempts of a task, with evidence.
+    ///
+    /// # Errors
+    /// Storage failures ([`StoreError`]); business refusals are in the value.
+    pub async fn list_attempts(
+        &self,
+        tenant: Option<&str>,
+        task_id: Uuid,
+    ) -> Result<Result<Vec<Attempt>, Refusal>> {
+        self.call(ops::ListAttempts {
+            tenant: tenant.map(str::to_owned),
+            grant: self.grant.clone(),
+            task_id,
+        })
+        .await
+    }
+
+    /// Event history of a task.
+    ///
+    /// # Errors
+    /// Storage failures ([`StoreError`]); business refusals are in the value.
+    pub async fn list_events(
+        &self,
+        tenant: Option<&str>,
+        task_id: Uuid,
+    ) -> Result<Result<Vec<Event>, Refusal>> {
+        self.call(ops::ListEvents {
+            tenant: tenant.map(str::to_owned),
+            grant: self.grant.clone(),
+            task_id,
+        })
+        .await
+    }
+
+    /// Leases up to `req.max` attempts (`req.operations` already limited to
+    /// the key's grant).
+    ///
+    /// # Errors
+    /// Storage failures ([`StoreError`]).
+    pub async fn claim(&self, req: ClaimRequest) -> Result<Vec<Claimed>> {
+        self.call(ops::Claim(req)).await
+    }
+
+    /// Extends a lease.
+    ///
+    /// # Errors
+    /// Storage failures ([`StoreError`]); business refusals are in the value.
+    pub async fn heartbeat(
+        &self,
+        tenant: &str,
+        attempt_id: Uuid,
+        generation: i64,
+        usage: Option<i64>,
+    ) -> Result<Result<HeartbeatAck, Refusal>> {
+        self.call(ops::Heartbeat {
+            tenant: tenant.to_owned(),
+            grant: self.grant.clone(),
+            attempt_id,
+            generation,
+            usage,
+        })
+        .await
+    }
+
+    /// Device acknowledgment of a command.
+    ///
+    /// # Errors
+    /// Storage failures ([`StoreError`]); business refusals are in the value.
+    pub async fn acknowledge(
+        &self,
+        tenant: &str,
+        attempt_id: Uuid,
+        generation: i64,
+        body: Value,
+    ) -> Result<Result<Task, Refusal>> {
+        self.call(ops::Acknowledge {
+            tenant: tenant.to_owned(),
+            grant: self.grant.clone(),
+            attempt_id,
+            generation,
+            body,
+        })
+        .await
+    }
+
+    /// Applies a report.
+    ///
+    /// # Errors
+    /// Storage failures ([`StoreError`]); business refusals are in the value.
+    pub async fn report(
+        &self,
+        tenant: &str,
+        attempt_id: Uuid,
+        report: Report,
+    ) -> Result<Result<Task, Refusal>> {
+        self.call(ops::Report {
+            tenant: tenant.to_owned(),
+            grant: self.grant.clone(),
+            attempt_id,
+            report,
+        })
+        .await
+    }
+
+    /// Requests cancellation.
+    ///
+    /// # Errors
+    /// Storage failures ([`StoreError`]); business refusals are in the value.
+    pub async fn cancel(
+        &self,
+        tenant: &str,
+        task_id: Uuid,
+    ) -> Result<Result<(Task, Cancellation), Refusal>> {
+        self.call(ops::Cancel {
+            tenant: tenant.to_owned(),
+            grant: self.grant.clone(),
+            task_id,
+        })
+        .await
+    }
+
+    /// Acknowledges delivery.
+    ///
+    /// # Errors
+    /// Storage failures ([`StoreError`]); business refusals are in the value.
+    pub async fn acknowledge_delivery(
+        &self,
+        tenant: &str,
+        task_id: Uuid,
+    ) -> Result<Result<Task, Refusal>> {
+        self.call(ops::AcknowledgeDelivery {
+            tenant: tenant.to_owned(),
+            grant: self.grant.clone(),
+            task_id,
+        })
+        .await
+    }
+
+    /// One sweep: expire leases, wake backoffs, remove keys past retention.
+    ///
+    /// # Errors
+    /// Storage failures ([`StoreError`]).
+    pub async fn sweep(&self, limit: i64) -> Result<SweepStats> {
+        self.call(ops::Sweep { limit }).await
+    }
+}
