@@ -23,8 +23,7 @@
 //! numbers are compared as IEEE-754 doubles, so `1`, `1.0`, `1e0` and `10e-1`
 //! are the same value (RFC 8785 §3.2.2.3). String escapes are normalised
 //! (`"\u0061"` equals `"a"`). Integers beyond ±(2^53−1) would collide, which
-//! is why `params` must come from [`crate::json::parse_strict`]
-//! (RUST-NOTES §4 item 11).
+//! is why `params` must come from [`crate::json::parse_strict`].
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -3,7 +3,7 @@
 //! idem fingerprints what the client sent (SPEC §1 "canonical request"), so
 //! the body must be read without any silent loss of information. Plain
 //! `serde_json::from_slice::<Value>` loses information in two ways
-//! (RUST-NOTES §4 item 11):
+//! (both would let two different requests share one fingerprint):
 //!
 //! - a repeated object member name keeps only the **last** value
 //!   (`{"a":1,"a":2}` reads as `{"a":2}`), so two different bodies would get

@@ -27,7 +27,7 @@ pub enum KeyError {
     #[error("the Idempotency-Key header is required")]
     Missing,
     /// More than one `Idempotency-Key` header line (RFC 9651 §3.3 allows one
-    /// Item; RUST-NOTES §4 item 12). Lines are not combined.
+    /// Item). Lines are not combined.
     #[error("the Idempotency-Key header must appear exactly once")]
     Multiple,
     /// The value is empty, blank, too long, not visible ASCII, or a quoted

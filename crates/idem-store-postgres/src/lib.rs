@@ -177,7 +177,7 @@ fn session_config(url: &str, options: &PgOptions) -> Result<(tokio_postgres::Con
     // columns whose best plan does not depend on the values, and with array
     // parameters (`unnest`, `= ANY`) PostgreSQL otherwise re-plans the submit
     // key check and the replay read-back on every execution (custom plans look
-    // cheaper because they know the array length). Replays: +10 % (benchmarks.md).
+    // cheaper because they know the array length).
     let ours = format!(
         "-c synchronous_commit=on -c plan_cache_mode=force_generic_plan \
          -c statement_timeout={} -c idle_in_transaction_session_timeout={}",

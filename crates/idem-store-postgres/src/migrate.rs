@@ -1,6 +1,7 @@
 //! Versioned migrations: `migrations/NNNN_*.sql`, applied in one transaction
 //! that holds a transaction-scoped advisory lock, so several instances starting
-//! at once migrate exactly once (RUST-NOTES §4.7).
+//! at once migrate exactly once (a session-level advisory lock would outlive
+//! the migration on a pooled connection; a transaction-scoped one ends with it).
 
 use crate::error::{connect_pg_error, is_transient, map_pg_error, pg_error_text};
 use crate::target::Target;

@@ -964,7 +964,7 @@ async fn migration_three_does_not_deadlock_with_an_old_claim() {
     let u = url.clone();
     let migration = tokio::spawn(async move { idem_store_postgres::migrate(&u).await });
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    // The old instance writes on: this used to be chosen as a deadlock victim.
+    // The old instance writes on: it must not be chosen as a deadlock victim.
     old.batch_execute("UPDATE tasks SET version = version + 1")
         .await
         .unwrap();
@@ -1365,8 +1365,8 @@ async fn retries_are_answered_without_writing() {
 /// longer decodes fails its own retries, never the healthy replays that share
 /// its read, and those are still answered without a write: the database is
 /// read-only here, so a healthy retry sent on to the write path would fail too
-/// (found by breaker reviews: the read's error first answered the whole batch,
-/// then sent it all to the write path).
+/// (neither the read's error answering the whole batch, nor the whole batch
+/// sent on to the write path).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_unreadable_task_fails_only_its_own_retries() {
     let n = 32;
