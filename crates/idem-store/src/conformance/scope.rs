@@ -120,19 +120,20 @@ pub async fn same_request_under_changed_fingerprint_fields_replays(store: Store)
     }
     assert_history(&store, t.id).await;
 
-    // A task accepted before the fields were frozen in contracts is compared
-    // by its whole canonical params (RFC 8785: 1000 and 1000.0 are one number).
-    let mut legacy = contract.clone();
-    legacy.fingerprint = None;
-    let key = "fields-changed-legacy";
+    // A task whose contract names no fingerprint fields (`fingerprint: None`)
+    // is compared by its whole canonical params (RFC 8785: 1000 and 1000.0 are
+    // one number).
+    let mut whole = contract.clone();
+    whole.fingerprint = None;
+    let key = "fields-changed-whole-params";
     let p = json!({"payee": "a", "amount": 1000, "currency": "EUR"});
-    let s1 = c.submission(NON_SAFE, key, p, &legacy);
+    let s1 = c.submission(NON_SAFE, key, p, &whole);
     let t = created(c.submit(s1.clone()).await);
     let mut again = c.submission(
         NON_SAFE,
         key,
         json!({"currency": "EUR", "amount": 1000.0, "payee": "a"}),
-        &legacy,
+        &whole,
     );
     again.fingerprint = format!("{}-other-fields", s1.fingerprint);
     assert_eq!(replayed(c.submit(again).await).id, t.id);
@@ -140,7 +141,7 @@ pub async fn same_request_under_changed_fingerprint_fields_replays(store: Store)
         NON_SAFE,
         key,
         json!({"payee": "a", "amount": 1000, "currency": "EUR", "memo": "m"}),
-        &legacy,
+        &whole,
     );
     other.fingerprint = format!("{}-other-fields", s1.fingerprint);
     match c.submit(other).await {
