@@ -1,0 +1,499 @@
+//! The run: options, the drive from start to quiescence, the read-back of
+//! every task, statistics, the rendered report and the verdict.
+
+use super::*;
+
+/// Options of a chaos run.
+#[derive(Debug, Clone)]
+pub struct ChaosOptions {
+    /// Seed of the plan.
+    pub seed: u64,
+    /// Client operations.
+    pub ops: usize,
+    /// `sqlite://PATH` or `postgres://…`; `None`: a temporary SQLite file.
+    pub store: Option<String>,
+    /// The `idem` binary to run as `idem serve`.
+    pub idem_bin: PathBuf,
+    /// Concurrent client operations.
+    pub clients: usize,
+    /// Executor claim loops.
+    pub executors: usize,
+    /// Progress lines on stderr.
+    pub progress: bool,
+}
+
+/// Figures of a run.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Stats {
+    /// Tasks of the run.
+    pub tasks: usize,
+    /// Delivered.
+    pub succeeded: usize,
+    /// Failed.
+    pub failed: usize,
+    /// Cancelled.
+    pub cancelled: usize,
+    /// Not terminal.
+    pub open: usize,
+    /// Attempts of any kind.
+    pub attempts: usize,
+    /// Execute attempts.
+    pub execute_attempts: usize,
+    /// Reconcile attempts.
+    pub reconcile_attempts: usize,
+    /// Reports kept as evidence with disposition `stale_generation`.
+    pub stale_reports_kept: usize,
+    /// Submissions (final answers after retries).
+    pub submissions: usize,
+    /// `201 created` answers.
+    pub created: usize,
+    /// Replays (including scope lookups).
+    pub replays: usize,
+    /// 422 conflicts.
+    pub conflicts: usize,
+    /// Submissions without an answer after all retries.
+    pub no_answer: usize,
+    /// Cancel answers.
+    pub cancel_answers: usize,
+    /// Effects in the provider's ledger.
+    pub provider_effects: usize,
+    /// Pay requests the provider deduplicated.
+    pub provider_deduplicated: usize,
+    /// Lookups at the provider.
+    pub provider_lookups: u64,
+    /// Unexpected answers by kind.
+    pub unexpected: BTreeMap<String, u64>,
+}
+
+/// The result of a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChaosReport {
+    /// Seed.
+    pub seed: u64,
+    /// Client operations.
+    pub ops: usize,
+    /// `sqlite` or `postgres`.
+    pub store: String,
+    /// Server processes.
+    pub servers: usize,
+    /// Wall time, ms.
+    pub elapsed_ms: u64,
+    /// Violated checks, all invariants together.
+    pub violations: u64,
+    /// Injected faults by kind, as the seed planned them (deterministic).
+    pub faults: BTreeMap<String, u64>,
+    /// What happened in this run (depends on the interleaving).
+    pub faults_realized: BTreeMap<String, u64>,
+    /// Per invariant.
+    pub invariants: Vec<InvariantResult>,
+    /// Figures.
+    pub stats: Stats,
+    /// The command that replays the same plan.
+    pub reproduce: String,
+}
+
+/// Runs a chaos session and checks it.
+///
+/// # Errors
+/// When the servers cannot be started or the records cannot be read.
+/// Violations are reported in [`ChaosReport`], not as errors.
+#[allow(clippy::too_many_lines)]
+pub async fn run(opts: ChaosOptions) -> Result<ChaosReport> {
+    if opts.ops == 0 || opts.clients == 0 || opts.executors == 0 {
+        bail!("--ops, --clients and --executors must be positive");
+    }
+    let started = Instant::now();
+    let postgres = opts
+        .store
+        .as_deref()
+        .is_some_and(|s| s.starts_with("postgres://") || s.starts_with("postgresql://"));
+    let plan = Arc::new(Plan::new(opts.seed, opts.ops, postgres));
+    let dir = tempfile::Builder::new().prefix("idem-chaos-").tempdir()?;
+    let (store_url, db) = match &opts.store {
+        None => {
+            let p = dir.path().join("idem.db");
+            (format!("sqlite://{}", p.display()), Db::Sqlite(p))
+        }
+        Some(u) if u.starts_with("sqlite://") => (
+            u.clone(),
+            Db::Sqlite(PathBuf::from(u.trim_start_matches("sqlite://"))),
+        ),
+        Some(u) if postgres => (u.clone(), Db::connect_pg(u).await?),
+        Some(u) => {
+            bail!("--store must start with sqlite://, postgres:// or postgresql://, got `{u}`")
+        }
+    };
+    let db = Arc::new(db);
+    // A tenant of its own: the run's tasks are told apart from anything else in the store.
+    let tenant = format!(
+        "chaos-{}-{}",
+        opts.seed,
+        &Uuid::new_v4().simple().to_string()[..8]
+    );
+    let (client_key, exec_key) = {
+        let (store, _tmp, _path) = server::open_store(Some(&store_url)).await?;
+        let (_, c) = store.create_api_key(&tenant, Role::Client, None).await?;
+        let (_, e) = store.create_api_key(&tenant, Role::Executor, None).await?;
+        (c, e)
+    };
+    let config = dir.path().join("chaos.toml");
+    std::fs::write(&config, chaos_config()?.to_toml()?)?;
+    let servers = Arc::new(Servers {
+        bin: opts.idem_bin.clone(),
+        store_url: store_url.clone(),
+        config,
+        dir: dir.path().to_path_buf(),
+        slots: (0..plan.servers)
+            .map(|_| tokio::sync::Mutex::new(None))
+            .collect(),
+    });
+    let http = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(2))
+        .build()?;
+    let ctx = Arc::new(Ctx {
+        plan: plan.clone(),
+        targets: Targets {
+            slots: RwLock::new(vec![None; plan.servers]),
+            rr: AtomicUsize::new(0),
+            http,
+            client_key,
+            exec_key,
+        },
+        provider: Provider::default(),
+        log: Mutex::new(RunLog::default()),
+        stop: AtomicBool::new(false),
+        inflight: AtomicUsize::new(0),
+        ordinals: Mutex::new(HashMap::new()),
+    });
+    let result = drive(&opts, &ctx, &servers, &db, &tenant).await;
+    servers.stop_all().await;
+    let (db_tasks, tasks) = result?;
+
+    let (effects, effect_requests, provider_lookups) = ctx.provider.snapshot();
+    let log = std::mem::take(&mut *ctx.log());
+    let input = CheckInput {
+        tasks,
+        db_tasks,
+        submits: log.submits,
+        cancels: log.cancels,
+        suspects: log.suspects,
+        accepted_usage: log.accepted_usage,
+        effects,
+        effect_requests,
+    };
+    let invariants = check(&input);
+    let violations = invariants.iter().map(|r| r.violations).sum();
+    let stats = stats(&input, provider_lookups, log.unexpected);
+    let mut reproduce = format!("idem chaos --seed {} --ops {}", opts.seed, opts.ops);
+    if let Some(s) = &opts.store {
+        reproduce.push_str(&format!(" --store {s}"));
+    }
+    Ok(ChaosReport {
+        seed: opts.seed,
+        ops: opts.ops,
+        store: if postgres { "postgres" } else { "sqlite" }.to_owned(),
+        servers: plan.servers,
+        elapsed_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        violations,
+        faults: plan.fault_counts(),
+        faults_realized: log.realized,
+        invariants,
+        stats,
+        reproduce,
+    })
+}
+
+/// The load, the faults, the quiescence and the read-back.
+async fn drive(
+    opts: &ChaosOptions,
+    ctx: &Arc<Ctx>,
+    servers: &Arc<Servers>,
+    db: &Arc<Db>,
+    tenant: &str,
+) -> Result<(Vec<DbTask>, Vec<TaskRecord>)> {
+    let started = Instant::now();
+    for i in 0..ctx.plan.servers {
+        let url = servers.restart(i, false).await?;
+        ctx.targets.set(i, Some(&url))?;
+    }
+    let executors: Vec<_> = (0..opts.executors)
+        .map(|n| tokio::spawn(executor_loop(ctx.clone(), n)))
+        .collect();
+    let sem = Arc::new(Semaphore::new(opts.clients));
+    let mut ops = JoinSet::new();
+    let mut faults = JoinSet::new();
+    let mut next_fault = 0;
+    let n = ctx.plan.ops.len();
+    let step = (n / 10).max(1);
+    for i in 0..n {
+        while let Some((at, fault)) = ctx.plan.server_faults.get(next_fault)
+            && *at <= i
+        {
+            faults.spawn(inject(ctx.clone(), servers.clone(), db.clone(), *fault));
+            next_fault += 1;
+        }
+        let permit = sem.clone().acquire_owned().await?;
+        let c = ctx.clone();
+        ops.spawn(async move {
+            run_op(c, i).await;
+            drop(permit);
+        });
+        while ops.try_join_next().is_some() {}
+        if opts.progress && (i + 1) % step == 0 {
+            eprintln!(
+                "chaos: {}/{n} operations started ({:.1} s)",
+                i + 1,
+                started.elapsed().as_secs_f64()
+            );
+        }
+    }
+    while ops.join_next().await.is_some() {}
+    while let Some(r) = faults.join_next().await {
+        r??;
+    }
+    if opts.progress {
+        eprintln!(
+            "chaos: all operations answered ({:.1} s); faults stop, waiting for every task to settle",
+            started.elapsed().as_secs_f64()
+        );
+    }
+    let quiet = Instant::now() + QUIESCE_LIMIT;
+    loop {
+        let rows = db.list(tenant).await?;
+        let open = rows.iter().filter(|r| !is_terminal_word(&r.state)).count();
+        if open == 0 || Instant::now() >= quiet {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    ctx.stop.store(true, Ordering::SeqCst);
+    for h in executors {
+        let _ = h.await;
+    }
+    let drained = Instant::now() + REPORT_PATIENCE + Duration::from_secs(5);
+    while ctx.inflight.load(Ordering::SeqCst) > 0 && Instant::now() < drained {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let db_tasks = db.list(tenant).await?;
+    if opts.progress {
+        eprintln!(
+            "chaos: reading {} tasks back ({:.1} s)",
+            db_tasks.len(),
+            started.elapsed().as_secs_f64()
+        );
+    }
+    let tasks = read_back(ctx, &db_tasks).await?;
+    Ok((db_tasks, tasks))
+}
+
+async fn read_one(ep: &Endpoint, id: Uuid) -> Result<TaskRecord> {
+    let mut last = None;
+    for _ in 0..10 {
+        let got = async {
+            let task = ep.client.get_task(id).await?;
+            let attempts = ep.client.attempts(id).await?;
+            let events = ep.client.events(id).await?;
+            Ok::<_, ClientError>(TaskRecord {
+                task,
+                attempts,
+                events,
+            })
+        }
+        .await;
+        match got {
+            Ok(mut r) => {
+                r.attempts.sort_by_key(|a| a.number);
+                r.events.sort_by_key(|e| e.seq);
+                return Ok(r);
+            }
+            Err(e) => {
+                last = Some(e);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    Err(anyhow!(
+        "reading task {id}: {}",
+        last.map_or_else(String::new, |e| e.to_string())
+    ))
+}
+
+async fn read_back(ctx: &Ctx, db_tasks: &[DbTask]) -> Result<Vec<TaskRecord>> {
+    let ep = ctx.targets.pick().context("no server is up to read from")?;
+    let sem = Arc::new(Semaphore::new(16));
+    let mut set = JoinSet::new();
+    for t in db_tasks {
+        let ep = ep.clone();
+        let id = t.id;
+        let permit = sem.clone().acquire_owned().await?;
+        set.spawn(async move {
+            let r = read_one(&ep, id).await;
+            drop(permit);
+            r
+        });
+    }
+    let mut out = Vec::with_capacity(db_tasks.len());
+    while let Some(r) = set.join_next().await {
+        out.push(r??);
+    }
+    out.sort_by_key(|r| r.task.id);
+    Ok(out)
+}
+
+fn stats(input: &CheckInput, provider_lookups: u64, unexpected: BTreeMap<String, u64>) -> Stats {
+    let mut s = Stats {
+        tasks: input.tasks.len(),
+        provider_effects: input.effects.len(),
+        provider_deduplicated: input.effect_requests.iter().filter(|r| !r.moved).count(),
+        provider_lookups,
+        cancel_answers: input.cancels.len(),
+        submissions: input.submits.len(),
+        unexpected,
+        ..Stats::default()
+    };
+    for r in &input.tasks {
+        match r.task.state {
+            TaskState::Succeeded => s.succeeded += 1,
+            TaskState::Failed => s.failed += 1,
+            TaskState::Cancelled => s.cancelled += 1,
+            _ => s.open += 1,
+        }
+        s.attempts += r.attempts.len();
+        for a in &r.attempts {
+            match a.kind {
+                AttemptKind::Execute => s.execute_attempts += 1,
+                AttemptKind::Reconcile => s.reconcile_attempts += 1,
+                AttemptKind::Other => {}
+            }
+            s.stale_reports_kept += a
+                .evidence
+                .iter()
+                .filter(|e| e.disposition.as_deref() == Some("stale_generation"))
+                .count();
+        }
+    }
+    for sub in &input.submits {
+        match &sub.answer {
+            SubmitAnswer::Accepted {
+                replayed,
+                looked_up,
+                ..
+            } => {
+                if *replayed || *looked_up {
+                    s.replays += 1;
+                } else {
+                    s.created += 1;
+                }
+            }
+            SubmitAnswer::Conflict { .. } => s.conflicts += 1,
+            SubmitAnswer::NoAnswer => s.no_answer += 1,
+            SubmitAnswer::Refused { .. } => {}
+        }
+    }
+    s
+}
+
+fn counts_line(m: &BTreeMap<String, u64>) -> String {
+    m.iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The human-readable summary.
+pub fn render(r: &ChaosReport) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "idem chaos: seed {}, {} operations, {} store, {} server process(es), {:.1} s",
+        r.seed,
+        r.ops,
+        r.store,
+        r.servers,
+        r.elapsed_ms as f64 / 1000.0
+    );
+    let _ = writeln!(
+        out,
+        "faults planned by the seed: {}",
+        counts_line(&r.faults)
+    );
+    let _ = writeln!(
+        out,
+        "realized in this run:       {}",
+        counts_line(&r.faults_realized)
+    );
+    let s = &r.stats;
+    let _ = writeln!(
+        out,
+        "tasks {}: {} succeeded, {} failed, {} cancelled, {} open; attempts {} ({} execute, {} reconcile); {} stale reports kept",
+        s.tasks,
+        s.succeeded,
+        s.failed,
+        s.cancelled,
+        s.open,
+        s.attempts,
+        s.execute_attempts,
+        s.reconcile_attempts,
+        s.stale_reports_kept
+    );
+    let _ = writeln!(
+        out,
+        "submissions {}: {} created, {} replays, {} conflicts, {} without answer; {} cancel answers; provider: {} effects, {} deduplicated requests, {} lookups",
+        s.submissions,
+        s.created,
+        s.replays,
+        s.conflicts,
+        s.no_answer,
+        s.cancel_answers,
+        s.provider_effects,
+        s.provider_deduplicated,
+        s.provider_lookups
+    );
+    if !s.unexpected.is_empty() {
+        let _ = writeln!(out, "unexpected answers: {}", counts_line(&s.unexpected));
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "{:<38} {:<9} {:>9} {:>10}  statement",
+        "invariant", "spec", "checked", "violations"
+    );
+    for i in &r.invariants {
+        let _ = writeln!(
+            out,
+            "{:<38} {:<9} {:>9} {:>10}  {}",
+            i.name, i.spec, i.checked, i.violations, i.title
+        );
+        for e in &i.examples {
+            let _ = writeln!(out, "    ! {e}");
+        }
+    }
+    let _ = writeln!(out);
+    if r.violations == 0 {
+        let _ = writeln!(out, "PASS: 0 violations");
+    } else {
+        let _ = writeln!(
+            out,
+            "FAIL: {} violations; reproduce with: {}",
+            r.violations, r.reproduce
+        );
+    }
+    out
+}
+
+/// `Err` (exit code 1) when the run found a violation, naming the seed.
+///
+/// # Errors
+/// When `report.violations > 0`.
+pub fn verdict(report: &ChaosReport) -> Result<()> {
+    if report.violations == 0 {
+        Ok(())
+    } else {
+        Err(anyhow!(
+            "{} invariant violation(s); reproduce with: {}",
+            report.violations,
+            report.reproduce
+        ))
+    }
+}
