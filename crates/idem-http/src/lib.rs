@@ -35,8 +35,9 @@ pub mod auth;
 pub mod prepared;
 pub mod problem;
 mod serve;
+mod service_metrics;
 
-pub use api::{ClaimBody, HeartbeatBody, ReportBody, SubmitBody};
+pub use api::wire::{ClaimBody, HeartbeatBody, ReportBody, SubmitBody};
 use problem::Problem;
 pub use serve::{
     ACCEPT_ERROR_PAUSE, CONNECTIONS_CLOSED, DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT,
@@ -148,18 +149,18 @@ impl utoipa::Modify for BearerAuth {
 
 fn api_router() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
-        .routes(routes!(api::submit_task, api::lookup_task))
-        .routes(routes!(api::get_task))
-        .routes(routes!(api::list_attempts))
-        .routes(routes!(api::list_events))
-        .routes(routes!(api::cancel_task))
-        .routes(routes!(api::acknowledge_delivery))
-        .routes(routes!(api::claim))
-        .routes(routes!(api::heartbeat))
-        .routes(routes!(api::acknowledge))
-        .routes(routes!(api::report))
-        .routes(routes!(api::healthz))
-        .routes(routes!(api::readyz))
+        .routes(routes!(api::submit::submit_task, api::tasks::lookup_task))
+        .routes(routes!(api::tasks::get_task))
+        .routes(routes!(api::tasks::list_attempts))
+        .routes(routes!(api::tasks::list_events))
+        .routes(routes!(api::tasks::cancel_task))
+        .routes(routes!(api::tasks::acknowledge_delivery))
+        .routes(routes!(api::attempts::claim))
+        .routes(routes!(api::attempts::heartbeat))
+        .routes(routes!(api::attempts::acknowledge))
+        .routes(routes!(api::attempts::report))
+        .routes(routes!(api::health::healthz))
+        .routes(routes!(api::health::readyz))
 }
 
 /// The OpenAPI 3.1 document of this API, for any configuration (`operation`
@@ -399,8 +400,8 @@ fn describe_metrics() {
     for reason in serve::CLOSE_REASONS {
         metrics::counter!(serve::CONNECTIONS_CLOSED, "reason" => reason).increment(0);
     }
-    std::sync::LazyLock::force(&api::SUBMITS);
-    std::sync::LazyLock::force(&api::REPORTS);
+    std::sync::LazyLock::force(&service_metrics::SUBMITS);
+    std::sync::LazyLock::force(&service_metrics::REPORTS);
     for (name, help) in [
         (
             "idem_attempts_leased_total",
