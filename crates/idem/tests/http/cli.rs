@@ -243,7 +243,7 @@ async fn revoked_key_is_refused_on_its_next_submit_although_cached() {
 /// SPEC §4 "no or bad credentials → 401": a revoked key that the server had
 /// cached gets 401 on a submit whatever else is wrong with the request (no
 /// other refusal tells it anything), and so does a revoked executor key that
-/// once tried to submit. (Found by a breaker session.)
+/// once tried to submit.
 #[tokio::test]
 async fn revoked_cached_key_is_401_even_for_a_bad_request() {
     let srv = Server::start().await;
@@ -466,9 +466,9 @@ fn keys_create_warns_about_unknown_operation_classes() {
 
 /// A SQLite "store" that names no lasting file (an empty path, `:memory:`, a
 /// `file:` URI, which rusqlite would open as one private database per
-/// connection) is refused by `migrate` and by `serve` (breaker: `migrate`
-/// reported migrations applied to a database that vanished; `serve` started
-/// and answered 503 "no such table" to everything).
+/// connection) is refused by `migrate` and by `serve`: `migrate` would
+/// report migrations applied to a database that vanishes, and `serve` would
+/// answer 503 "no such table" to everything.
 #[test]
 fn sqlite_stores_without_a_file_are_refused() {
     let dir = tempfile::tempdir().unwrap();
@@ -503,9 +503,9 @@ fn sqlite_stores_without_a_file_are_refused() {
     assert!(made.is_empty(), "nothing is created: {made:?}");
 }
 
-/// A refused `keys create` creates no database (breaker: the store was
-/// opened, and so created, before the arguments were checked), and the
-/// operation classes are stored trimmed.
+/// A refused `keys create` creates no database (its arguments are checked
+/// before the store is opened, and so created), and the operation classes
+/// are stored trimmed.
 #[test]
 fn keys_create_checks_its_arguments_before_opening_the_store() {
     let dir = tempfile::tempdir().unwrap();
