@@ -1,6 +1,6 @@
 //! `idem`: the one binary (SPEC §6): `serve`, `keys`, `task`, `migrate`, `gc`, `demo`, `bench`, `chaos`.
 //!
-//! This file holds the command line and runs each command; [`serve`] runs the
+//! This file holds the command line and runs each command; [`mod@serve`] runs the
 //! server, [`store`] opens the store a command names, [`config`] loads the
 //! operation classes, [`keys`] checks `keys create`'s arguments and
 //! [`output`] writes to stdout and stderr.
