@@ -466,9 +466,9 @@ fn keys_create_warns_about_unknown_operation_classes() {
 
 /// A SQLite "store" that names no lasting file (an empty path, `:memory:`, a
 /// `file:` URI, which rusqlite would open as one private database per
-/// connection) is refused by `migrate` and by `serve`: `migrate` would
-/// report migrations applied to a database that vanishes, and `serve` would
-/// answer 503 "no such table" to everything.
+/// connection) is refused by `migrate` and by `serve`: otherwise `migrate`
+/// would report migrations applied to a database that vanishes, and `serve`
+/// would start and answer 503 "no such table" to everything.
 #[test]
 fn sqlite_stores_without_a_file_are_refused() {
     let dir = tempfile::tempdir().unwrap();
@@ -504,8 +504,8 @@ fn sqlite_stores_without_a_file_are_refused() {
 }
 
 /// A refused `keys create` creates no database (its arguments are checked
-/// before the store is opened, and so created), and the operation classes
-/// are stored trimmed.
+/// before the store is opened, which would create it), and the
+/// operation classes are stored trimmed.
 #[test]
 fn keys_create_checks_its_arguments_before_opening_the_store() {
     let dir = tempfile::tempdir().unwrap();
