@@ -824,8 +824,7 @@ async fn long_poll_claim_returns_work_submitted_while_waiting() {
 
 /// SIGTERM does not wait out a long-poll: the waiting claim answers 200 with
 /// no attempts and the process exits cleanly, well before the claim's 30 s
-/// `wait_ms` would have run out (before, the graceful shutdown held the
-/// process until it did).
+/// `wait_ms` would have run out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_ends_a_long_poll_claim_at_once() {
     let mut srv = Server::fast().await;
@@ -844,8 +843,8 @@ async fn sigterm_ends_a_long_poll_claim_at_once() {
 }
 
 /// A SIGTERM sent as soon as the server says it is listening is a graceful
-/// shutdown (exit 0), not death by the signal (before: exit 143 when the
-/// handler was installed only after the "listening" line).
+/// shutdown (exit 0), not death by the signal (exit 143): the handlers are
+/// installed before the "listening" line.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_right_after_listening_exits_cleanly() {
     for _ in 0..3 {

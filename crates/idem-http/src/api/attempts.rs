@@ -1,0 +1,226 @@
+//! The executor protocol: claim (with long-poll), heartbeat, device
+//! acknowledgment and report of an attempt.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use idem_core::config::MIN_LEASE_MS;
+use idem_core::machine::Report;
+use idem_core::model::Role;
+use idem_store::ops::ClaimRequest;
+use serde_json::Value;
+
+use super::extract::{IdPath, strict_body, strict_typed};
+use super::wire::{
+    AckBody, ClaimBody, ClaimResponse, ClaimedAttempt, HeartbeatBody, HeartbeatResponse,
+    ReportBody, TaskEnvelope,
+};
+use super::{no_attempt, unknown_operation};
+use crate::auth::Caller;
+use crate::problem::Problem;
+use crate::service_metrics::REPORTS;
+use crate::{AppResult, MAX_WAIT_MS, St};
+
+/// Lease attempts (executors). Never leases one attempt twice; optional long-poll.
+#[utoipa::path(post, path = "/v1/attempts/claim", tag = "attempts", request_body = ClaimBody,
+    responses((status = 200, body = ClaimResponse), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 413, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")))]
+pub async fn claim(
+    State(st): St,
+    caller: Caller,
+    body: Result<Bytes, BytesRejection>,
+) -> AppResult<Json<ClaimResponse>> {
+    caller.require(Role::Executor)?;
+    let body: ClaimBody = strict_typed(body)?;
+    if !is_short_text(&body.executor_id) {
+        return Err(Problem::invalid(
+            "`executor_id` must be 1–200 characters, none of them a control character",
+        ));
+    }
+    let operations: Vec<String> = match body.operations {
+        Some(ops) => {
+            if ops.is_empty() {
+                return Err(Problem::invalid("`operations` must not be empty"));
+            }
+            for op in &ops {
+                if !st.config.operations.contains_key(op) {
+                    return Err(unknown_operation(&st, op));
+                }
+                caller.require_grant(op)?;
+            }
+            ops
+        }
+        None => st
+            .config
+            .operations
+            .keys()
+            .filter(|op| caller.0.grants(op))
+            .cloned()
+            .collect(),
+    };
+    let max = body.max.unwrap_or(1);
+    if !(1..=100).contains(&max) {
+        return Err(Problem::invalid("`max` must be 1–100"));
+    }
+    if let Some(lease) = body.lease_ms {
+        let limit = operations
+            .iter()
+            .filter_map(|op| st.config.operations.get(op))
+            .map(|c| c.lease.max_ms)
+            .min()
+            .unwrap_or(MIN_LEASE_MS);
+        if lease < MIN_LEASE_MS || lease > limit {
+            return Err(Problem::invalid(format!(
+                "`lease_ms` must be {MIN_LEASE_MS}–{limit}"
+            )));
+        }
+    }
+    let wait_ms = body.wait_ms.unwrap_or(0);
+    if wait_ms > MAX_WAIT_MS {
+        return Err(Problem::invalid(format!(
+            "`wait_ms` must be 0–{MAX_WAIT_MS}"
+        )));
+    }
+    let req = ClaimRequest {
+        tenant: caller.0.tenant.clone(),
+        operations,
+        executor_id: body.executor_id,
+        max,
+        lease_ms: body.lease_ms,
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
+    loop {
+        let notified = st.work.notified();
+        let claimed = if req.operations.is_empty() {
+            Vec::new()
+        } else {
+            st.store.claim(req.clone()).await?
+        };
+        if !claimed.is_empty() || tokio::time::Instant::now() >= deadline || st.is_draining() {
+            metrics::counter!("idem_attempts_leased_total").increment(claimed.len() as u64);
+            let attempts = claimed
+                .into_iter()
+                .map(|c| ClaimedAttempt {
+                    id: c.attempt.id,
+                    task_id: c.task.id,
+                    number: c.attempt.number,
+                    generation: c.attempt.generation,
+                    kind: c.attempt.kind,
+                    lease_expires_at: c.attempt.lease_expires_at,
+                    operation: c.task.operation,
+                    params: c.task.params,
+                    idempotency_key: c.task.idempotency_key,
+                })
+                .collect();
+            return Ok(Json(ClaimResponse { attempts }));
+        }
+        // Other instances' work is not notified here: poll at least every 100 ms.
+        let nap = deadline.min(tokio::time::Instant::now() + Duration::from_millis(100));
+        let _ = tokio::time::timeout_at(nap, notified).await;
+    }
+}
+
+/// Extend a lease; learn whether a cancellation is pending.
+#[utoipa::path(post, path = "/v1/attempts/{id}/heartbeat", tag = "attempts", params(("id" = String, Path, description = "attempt id")), request_body = HeartbeatBody,
+    responses((status = 200, body = HeartbeatResponse), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 409, description = "STALE_GENERATION", body = Problem, content_type = "application/problem+json"), (status = 413, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")))]
+pub async fn heartbeat(
+    State(st): St,
+    caller: Caller,
+    IdPath(id): IdPath,
+    body: Result<Bytes, BytesRejection>,
+) -> AppResult<Json<HeartbeatResponse>> {
+    caller.require(Role::Executor)?;
+    let attempt_id = id;
+    let body: HeartbeatBody = strict_typed(body)?;
+    if body.usage.is_some_and(|u| u < 0) {
+        return Err(Problem::invalid("usage must not be negative"));
+    }
+    let ack = caller
+        .store(&st)
+        .heartbeat(&caller.0.tenant, attempt_id, body.generation, body.usage)
+        .await?
+        .map_err(|r| Problem::refused(r, no_attempt(attempt_id)))?;
+    Ok(Json(HeartbeatResponse {
+        lease_expires_at: ack.lease_expires_at,
+        cancel_requested: ack.cancel_requested,
+    }))
+}
+
+/// Device gateway: the command was acknowledged (not completed). The task stays `running`.
+#[utoipa::path(post, path = "/v1/attempts/{id}/ack", tag = "attempts", params(("id" = String, Path, description = "attempt id")), request_body = AckBody,
+    responses((status = 200, body = TaskEnvelope), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 409, description = "STALE_GENERATION", body = Problem, content_type = "application/problem+json"), (status = 413, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")))]
+pub async fn acknowledge(
+    State(st): St,
+    caller: Caller,
+    IdPath(id): IdPath,
+    body: Result<Bytes, BytesRejection>,
+) -> AppResult<Json<TaskEnvelope>> {
+    caller.require(Role::Executor)?;
+    let attempt_id = id;
+    let (raw, body): (Value, AckBody) = strict_body(body)?;
+    let task = caller
+        .store(&st)
+        .acknowledge(&caller.0.tenant, attempt_id, body.generation, raw)
+        .await?
+        .map_err(|r| Problem::refused(r, no_attempt(attempt_id)))?;
+    Ok(Json(TaskEnvelope { task }))
+}
+
+/// Report an attempt's outcome. Stale generations are kept as evidence and answered 409.
+#[utoipa::path(post, path = "/v1/attempts/{id}/report", tag = "attempts", params(("id" = String, Path, description = "attempt id")), request_body = ReportBody,
+    responses((status = 200, body = TaskEnvelope), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 409, description = "STALE_GENERATION or ATTEMPT_ALREADY_REPORTED", body = Problem, content_type = "application/problem+json"), (status = 413, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")))]
+pub async fn report(
+    State(st): St,
+    caller: Caller,
+    IdPath(id): IdPath,
+    body: Result<Bytes, BytesRejection>,
+) -> AppResult<Json<TaskEnvelope>> {
+    caller.require(Role::Executor)?;
+    let attempt_id = id;
+    let (raw, body): (Value, ReportBody) = strict_body(body)?;
+    if body
+        .external_txn_id
+        .as_deref()
+        .is_some_and(|t| !is_short_text(t))
+    {
+        return Err(Problem::invalid(
+            "`external_txn_id` must be 1–200 characters, none of them a control character",
+        ));
+    }
+    let report = Report {
+        generation: body.generation,
+        outcome: body.outcome,
+        result: body.result,
+        failure_class: body.failure_class,
+        message: body.message,
+        usage: body.usage,
+        external_txn_id: body.external_txn_id,
+        body: raw,
+    };
+    let res = caller
+        .store(&st)
+        .report(&caller.0.tenant, attempt_id, report)
+        .await?;
+    let label = match &res {
+        Ok(_) => "applied",
+        Err(idem_store::Refusal::Machine(idem_core::machine::Rejection::StaleGeneration {
+            ..
+        })) => "stale",
+        Err(_) => "refused",
+    };
+    REPORTS.increment(label);
+    let task = res.map_err(|r| Problem::refused(r, no_attempt(attempt_id)))?;
+    if !task.state.is_terminal() {
+        st.work.notify_waiters();
+    }
+    Ok(Json(TaskEnvelope { task }))
+}
+
+/// Whether `s` is an identifier-like text field: 1–200 characters (Unicode
+/// scalar values), none of them a control character (`executor_id`,
+/// `external_txn_id`; a NUL could not even be stored on PostgreSQL).
+fn is_short_text(s: &str) -> bool {
+    !s.is_empty() && s.chars().count() <= 200 && !s.chars().any(char::is_control)
+}

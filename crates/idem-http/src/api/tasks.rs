@@ -1,0 +1,141 @@
+//! Client reads and actions on a task: lookup by scope, the task, its
+//! attempts and events, cancellation, delivery acknowledgment.
+
+use axum::Json;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use idem_core::model::Role;
+
+use super::extract::IdPath;
+use super::wire::{AttemptsEnvelope, CancelResponse, EventsEnvelope, LookupQuery, TaskEnvelope};
+use super::{no_task, unknown_operation};
+use crate::auth::Caller;
+use crate::problem::Problem;
+use crate::{AppResult, St};
+
+/// Look a task up by scope after a timeout.
+#[utoipa::path(get, path = "/v1/tasks", tag = "tasks", params(LookupQuery),
+    responses((status = 200, body = TaskEnvelope), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")))]
+pub async fn lookup_task(
+    State(st): St,
+    caller: Caller,
+    q: Result<Query<LookupQuery>, QueryRejection>,
+) -> AppResult<Json<TaskEnvelope>> {
+    caller.require(Role::Client)?;
+    let Query(q) = q.map_err(|e| Problem::invalid(e.body_text()))?;
+    let (Some(operation), Some(key)) = (q.operation, q.idempotency_key) else {
+        return Err(Problem::invalid(
+            "both `operation` and `idempotency_key` are required",
+        ));
+    };
+    // The query carries the key itself (as stored), not its header encoding.
+    let key = idem_core::key::IdempotencyKey::new(&key)
+        .map_err(|e| Problem::new(StatusCode::BAD_REQUEST, e.problem_code(), e.to_string()))?;
+    if !st.config.operations.contains_key(&operation) {
+        // As a submit answers it: a class this server does not know is a bad
+        // request, not a task that does not exist.
+        return Err(unknown_operation(&st, &operation));
+    }
+    caller.require_grant(&operation)?;
+    let task = caller
+        .store(&st)
+        .find_task(&caller.0.tenant, &operation, key.as_str())
+        .await?
+        .map_err(|r| {
+            Problem::refused(r, || {
+                format!(
+                    "no task of `{operation}` with Idempotency-Key `{}` for this tenant",
+                    crate::problem::shorten(key.as_str())
+                )
+            })
+        })?;
+    Ok(Json(TaskEnvelope { task }))
+}
+
+/// Read a task.
+#[utoipa::path(get, path = "/v1/tasks/{id}", tag = "tasks", params(("id" = String, Path, description = "task id")),
+    responses((status = 200, body = TaskEnvelope), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")))]
+pub async fn get_task(
+    State(st): St,
+    caller: Caller,
+    IdPath(id): IdPath,
+) -> AppResult<Json<TaskEnvelope>> {
+    caller.require(Role::Client)?;
+    let task = caller
+        .store(&st)
+        .get_task(Some(&caller.0.tenant), id)
+        .await?
+        .map_err(|r| Problem::refused(r, no_task(id)))?;
+    Ok(Json(TaskEnvelope { task }))
+}
+
+/// Attempts of a task with their evidence.
+#[utoipa::path(get, path = "/v1/tasks/{id}/attempts", tag = "tasks", params(("id" = String, Path, description = "task id")),
+    responses((status = 200, body = AttemptsEnvelope), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")))]
+pub async fn list_attempts(
+    State(st): St,
+    caller: Caller,
+    IdPath(id): IdPath,
+) -> AppResult<Json<AttemptsEnvelope>> {
+    caller.require(Role::Client)?;
+    let attempts = caller
+        .store(&st)
+        .list_attempts(Some(&caller.0.tenant), id)
+        .await?
+        .map_err(|r| Problem::refused(r, no_task(id)))?;
+    Ok(Json(AttemptsEnvelope { attempts }))
+}
+
+/// The append-only event history of a task.
+#[utoipa::path(get, path = "/v1/tasks/{id}/events", tag = "tasks", params(("id" = String, Path, description = "task id")),
+    responses((status = 200, body = EventsEnvelope), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")))]
+pub async fn list_events(
+    State(st): St,
+    caller: Caller,
+    IdPath(id): IdPath,
+) -> AppResult<Json<EventsEnvelope>> {
+    caller.require(Role::Client)?;
+    let events = caller
+        .store(&st)
+        .list_events(Some(&caller.0.tenant), id)
+        .await?
+        .map_err(|r| Problem::refused(r, no_task(id)))?;
+    Ok(Json(EventsEnvelope { events }))
+}
+
+/// Request cancellation (SPEC §2.7, CANCEL-01): 202 when recorded and pending, 200 when settled.
+#[utoipa::path(post, path = "/v1/tasks/{id}/cancel", tag = "tasks", params(("id" = String, Path, description = "task id")),
+    responses((status = 200, description = "confirmed or too_late", body = CancelResponse), (status = 202, description = "requested", body = CancelResponse), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")))]
+pub async fn cancel_task(State(st): St, caller: Caller, IdPath(id): IdPath) -> AppResult<Response> {
+    caller.require(Role::Client)?;
+    let (task, cancellation) = caller
+        .store(&st)
+        .cancel(&caller.0.tenant, id)
+        .await?
+        .map_err(|r| Problem::refused(r, no_task(id)))?;
+    let status = if cancellation.status == idem_core::model::CancelStatus::Requested {
+        StatusCode::ACCEPTED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(CancelResponse { task, cancellation })).into_response())
+}
+
+/// Acknowledge receipt of the delivery (idempotent; never charges again).
+#[utoipa::path(post, path = "/v1/tasks/{id}/delivery/ack", tag = "tasks", params(("id" = String, Path, description = "task id")),
+    responses((status = 200, body = TaskEnvelope), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 409, description = "NOT_DELIVERED", body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")))]
+pub async fn acknowledge_delivery(
+    State(st): St,
+    caller: Caller,
+    IdPath(id): IdPath,
+) -> AppResult<Json<TaskEnvelope>> {
+    caller.require(Role::Client)?;
+    let task = caller
+        .store(&st)
+        .acknowledge_delivery(&caller.0.tenant, id)
+        .await?
+        .map_err(|r| Problem::refused(r, no_task(id)))?;
+    Ok(Json(TaskEnvelope { task }))
+}

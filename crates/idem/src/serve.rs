@@ -1,0 +1,189 @@
+//! `idem serve`: binding the listen address, the shutdown signals and their
+//! grace period, and the server's run from start-up to its last log line.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+use crate::StoreArgs;
+use crate::config::load_config;
+use crate::output::say;
+use crate::store::{lock_sqlite_for_serve, log_store_location, open_store_waiting};
+
+/// SIGTERM and SIGINT (Ctrl-C), listened for from the moment this is made:
+/// a signal that arrives before the server waits for one is not lost, and
+/// does not end the process with the signal's default action either.
+struct ShutdownSignals {
+    #[cfg(unix)]
+    term: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
+}
+
+impl ShutdownSignals {
+    /// Installs the handlers.
+    ///
+    /// # Errors
+    /// When the handlers cannot be installed.
+    fn install() -> Result<ShutdownSignals> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Ok(ShutdownSignals {
+                term: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
+                int: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
+            })
+        }
+        #[cfg(not(unix))]
+        Ok(ShutdownSignals {})
+    }
+
+    /// The next SIGTERM or SIGINT.
+    async fn next(&mut self) {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = self.term.recv() => {},
+            _ = self.int.recv() => {},
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// Binds `listen` (`HOST:PORT`, HOST an IP address or a name): the first
+/// address it resolves to that binds.
+///
+/// # Errors
+/// A message naming `listen` when it does not resolve, or when none of its
+/// addresses binds (with the last address's error).
+async fn bind(listen: &str) -> Result<tokio::net::TcpListener> {
+    let addrs: Vec<std::net::SocketAddr> = tokio::net::lookup_host(listen)
+        .await
+        .with_context(|| format!("--listen `{listen}` does not resolve to an address (expected HOST:PORT, e.g. 127.0.0.1:8787 or localhost:8787)"))?
+        .collect();
+    let mut last = None;
+    for addr in &addrs {
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(listener) => return Ok(listener),
+            Err(e) => last = Some((addr, e)),
+        }
+    }
+    match last {
+        Some((addr, e)) => Err(e).with_context(|| format!("binding {addr} (--listen `{listen}`)")),
+        None => bail!("--listen `{listen}` resolves to no address"),
+    }
+}
+
+/// How `serve` runs, from `idem serve`'s flags.
+pub(crate) struct ServeArgs {
+    pub(crate) listen: String,
+    pub(crate) config: Option<PathBuf>,
+    pub(crate) sweep_ms: u64,
+    pub(crate) store_wait: Duration,
+    pub(crate) shutdown_grace: Duration,
+    pub(crate) header_timeout: Duration,
+    pub(crate) idle_timeout: Duration,
+    pub(crate) max_connections: Option<u64>,
+}
+
+pub(crate) async fn serve(args: ServeArgs, store_args: StoreArgs) -> Result<()> {
+    let ServeArgs {
+        listen,
+        config,
+        sweep_ms,
+        store_wait,
+        shutdown_grace,
+        header_timeout,
+        idle_timeout,
+        max_connections,
+    } = args;
+    let config = load_config(config.as_ref())?;
+    log_store_location(&store_args)?;
+    let _serve_lock = lock_sqlite_for_serve(&store_args)?;
+    let store = open_store_waiting(&store_args, store_wait).await?;
+    let version = config.version();
+    let state = idem_http::AppState::new(store.clone(), config);
+    let work = state.work.clone();
+    let draining = state.clone();
+    // Before "listening" is printed: whoever starts us may signal from then on.
+    let mut signals = ShutdownSignals::install()?;
+    let listener = bind(&listen).await?;
+    let addr = listener.local_addr()?;
+    let pool = if store.kind() == "postgres" {
+        store_args.pg_pool_size
+    } else {
+        0
+    };
+    let limits = idem_http::ServeLimits {
+        header_timeout,
+        idle_timeout,
+        max_connections: max_connections.map_or_else(
+            || idem_http::default_max_connections(pool),
+            |n| usize::try_from(n).unwrap_or(usize::MAX),
+        ),
+    };
+    tracing::info!(
+        header_timeout_ms = header_timeout.as_millis() as u64,
+        idle_timeout_ms = idle_timeout.as_millis() as u64,
+        max_connections = limits.max_connections,
+        open_file_limit = idem_http::open_file_limit(),
+        "connection limits"
+    );
+    tracing::info!(%addr, store = store.kind(), config_version = %version, "idem listening on http://{addr}");
+    say(format_args!("idem listening on http://{addr}"))?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    // The metrics recorder before the sweeper's first tick (at once), so that
+    // sweep's counts (after a restart, every lease that ran out meanwhile) are
+    // recorded too; the router would install it only later.
+    let _ = idem_http::metrics_handle();
+    let sweeper = tokio::spawn(idem_http::run_sweeper(
+        store,
+        work,
+        Duration::from_millis(sweep_ms.max(10)),
+        async move {
+            let mut rx = stop_rx;
+            let _ = rx.wait_for(|stop| *stop).await;
+        },
+    ));
+    let (signalled, first_signal) = tokio::sync::oneshot::channel::<ShutdownSignals>();
+    // After the first signal: a second one, or the grace period running out,
+    // ends the process even if a request is still open (a client that stopped
+    // sending half-way would otherwise hold it for ever). Nothing is
+    // half-written either way: an unfinished transaction rolls back.
+    tokio::spawn(async move {
+        let Ok(mut signals) = first_signal.await else {
+            return;
+        };
+        tokio::select! {
+            () = signals.next() => {
+                tracing::warn!("second signal: exiting without waiting for open requests");
+            }
+            () = tokio::time::sleep(shutdown_grace) => {
+                tracing::warn!(grace_ms = shutdown_grace.as_millis() as u64, "open requests outlasted the shutdown grace period: exiting");
+            }
+        }
+        tracing::warn!("{STOPPED_CUT}");
+        std::process::exit(1);
+    });
+    idem_http::serve(listener, idem_http::router(state), limits, async move {
+        signals.next().await;
+        tracing::info!("shutting down: answering open requests");
+        // Long-polling claims answer now, so the shutdown does not wait
+        // out their `wait_ms`.
+        draining.drain();
+        let _ = signalled.send(signals);
+    })
+    .await?;
+    let _ = stop_tx.send(true);
+    let _ = sweeper.await;
+    tracing::info!("{STOPPED}");
+    Ok(())
+}
+
+/// The last line `serve` logs after a graceful shutdown (info).
+const STOPPED: &str = "idem stopped";
+
+/// The last line `serve` logs when a second signal or the grace period ends
+/// it with open requests (warn; exit status 1).
+const STOPPED_CUT: &str = "idem stopped with requests still open (exit status 1)";
