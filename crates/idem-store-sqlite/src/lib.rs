@@ -630,4 +630,33 @@ mod tests {
         assert_eq!(store.ping().await.unwrap_err().to_string(), want);
         assert_eq!(std::fs::read(&path).unwrap(), before);
     }
+
+    /// Removing the write-ahead log under a running store (committed pages
+    /// not yet checkpointed live only there) fails the store as a removed
+    /// database file does: nothing more is acknowledged.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_removed_wal_fails_the_store() {
+        let (_dir, path, store, sub) = seeded().await;
+        let SubmitOutcome::Created(_) = store.submit(sub("before", "a")).await.unwrap() else {
+            panic!("a new key creates its task");
+        };
+        store.ping().await.unwrap();
+        let mut wal = path.clone().into_os_string();
+        wal.push("-wal");
+        std::fs::remove_file(&wal).unwrap();
+        let err = store
+            .submit(sub("after", "a"))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("-wal removed"), "{err}");
+        assert!(
+            store
+                .ping()
+                .await
+                .unwrap_err()
+                .to_string()
+                .contains("-wal removed")
+        );
+    }
 }

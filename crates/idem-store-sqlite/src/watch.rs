@@ -17,6 +17,10 @@ pub struct FileWatch {
     /// (device, inode) of `path` at open; `None` where the platform has none.
     id: Option<(u64, u64)>,
     failed: OnceLock<StoreError>,
+    /// (device, inode) of the write-ahead log `<path>-wal`, taken the first
+    /// time a check finds it: SQLite keeps (and reuses) that file while any
+    /// connection is open, so once seen it must stay the same file.
+    wal: OnceLock<(u64, u64)>,
 }
 
 impl FileWatch {
@@ -29,6 +33,7 @@ impl FileWatch {
             path: path.to_path_buf(),
             id: file_id(path).map_err(|e| unavailable(format!("{}: {e}", path.display())))?,
             failed: OnceLock::new(),
+            wal: OnceLock::new(),
         })
     }
 
@@ -54,7 +59,10 @@ impl FileWatch {
             return Ok(());
         };
         let what = match file_id(&self.path) {
-            Ok(Some(now)) if now == opened => return Ok(()),
+            Ok(Some(now)) if now == opened => match self.wal_changed() {
+                None => return Ok(()),
+                Some(what) => what,
+            },
             Ok(_) => "replaced by another file",
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => "removed",
             Err(e) => {
@@ -76,6 +84,32 @@ impl FileWatch {
             tracing::error!("{message}");
         }
         Err(err)
+    }
+
+    /// What happened to the write-ahead log since it was first seen, if
+    /// anything: committed pages not yet checkpointed live only there, so a
+    /// removed or replaced log loses acknowledged writes as surely as a
+    /// removed database file.
+    fn wal_changed(&self) -> Option<&'static str> {
+        let mut wal = self.path.clone().into_os_string();
+        wal.push("-wal");
+        match file_id(Path::new(&wal)) {
+            Ok(Some(now)) => match self.wal.get() {
+                Some(seen) if *seen != now => {
+                    Some("left without its write-ahead log (-wal replaced)")
+                }
+                Some(_) => None,
+                None => {
+                    let _ = self.wal.set(now);
+                    None
+                }
+            },
+            Ok(None) => None,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && self.wal.get().is_some() => {
+                Some("left without its write-ahead log (-wal removed)")
+            }
+            Err(_) => None,
+        }
     }
 }
 
