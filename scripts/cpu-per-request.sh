@@ -7,10 +7,10 @@
 #   STORE  sqlite:///tmp/x/idem.db or postgres://postgres@127.0.0.1:5432/idem_cpu
 #   MODE   new | replay | conflict | storm | mixed
 #   COUNT  requests measured (after 2,000 warm-up requests)
-# env: IDEM_BIN (default $CARGO_TARGET_DIR or target, then release/idem), PORT (default 18787)
+# env: IDEM_BIN (default $CARGO_TARGET_DIR or target, then dist/idem: the packaged build, `cargo build --profile dist`), PORT (default 18787)
 set -euo pipefail
 STORE=$1; MODE=$2; COUNT=$3
-BIN=${IDEM_BIN:-"${CARGO_TARGET_DIR:-$(dirname "$0")/../target}/release/idem"}
+BIN=${IDEM_BIN:-"${CARGO_TARGET_DIR:-$(dirname "$0")/../target}/dist/idem"}
 PORT=${PORT:-18787}
 KEY=$("$BIN" keys create --tenant bench --role client --store "$STORE" 2>/dev/null)
 "$BIN" serve --store "$STORE" --listen "127.0.0.1:$PORT" >/dev/null 2>&1 &

@@ -10,10 +10,10 @@
 #   STORE  sqlite:///tmp/x/idem.db (a fresh file) or postgres://…/db (a fresh database)
 #   MODE   new | replay | conflict | storm | mixed
 #   COUNT  requests measured (after 500 warm-up requests), 8 clients
-# env: IDEM_BIN (default $CARGO_TARGET_DIR or target, then release/idem), PORT (default 18789)
+# env: IDEM_BIN (default $CARGO_TARGET_DIR or target, then dist/idem: the packaged build, `cargo build --profile dist`), PORT (default 18789)
 set -euo pipefail
 STORE=$1; MODE=$2; COUNT=$3
-BIN=${IDEM_BIN:-"${CARGO_TARGET_DIR:-$(dirname "$0")/../target}/release/idem"}
+BIN=${IDEM_BIN:-"${CARGO_TARGET_DIR:-$(dirname "$0")/../target}/dist/idem"}
 PORT=${PORT:-18789}
 OUT=$(mktemp -d)
 trap 'kill "$SPID" 2>/dev/null || true; rm -rf "$OUT"' EXIT
