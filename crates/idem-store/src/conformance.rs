@@ -183,8 +183,7 @@ fn config() -> Config {
     must(Config::bundled(), "bundled configuration")
 }
 
-/// The bundled contract of `op`, shrunk for short tests: backoff 50 ms ×2 ≤ 200 ms
-/// ([`LONGEST_BACKOFF`]),
+/// The bundled contract of `op`, shrunk for fast tests: backoff 50 ms ×2 ≤ 200 ms,
 /// long default lease, and distinct non-zero fees so every fee path is visible.
 pub fn contract(op: &str) -> Contract {
     let Some(mut c) = config().contract(op) else {
