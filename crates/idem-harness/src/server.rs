@@ -125,7 +125,7 @@ pub async fn start(store_url: Option<&str>, config: Config, sweep: Duration) -> 
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
             let url = format!("http://{}", listener.local_addr()?);
             let (sweep_stop, sweep_stopped) = oneshot::channel::<()>();
-            tokio::spawn(idem_http::run_sweeper(
+            tokio::spawn(idem_store::sweeper::run_sweeper(
                 store.clone(),
                 work,
                 sweep,

@@ -8,10 +8,10 @@
 //! Every error is an RFC 9457 problem ([`problem::Problem`]) with a stable
 //! `code`; every response carries `X-Request-Id`.
 //!
-//! This file holds the shared state, the router and the sweeper; the
-//! handlers and their documents live in `api`, the OpenAPI document's
-//! assembly in `openapi`, the metrics in `service_metrics`, the connection
-//! loop in `serve`.
+//! This file holds the shared state and the router; the handlers and their
+//! documents live in `api`, the OpenAPI document's assembly in `openapi`, the
+//! metrics in `service_metrics`, the connection loop in `serve`. The sweeper
+//! a server runs beside it is [`idem_store::sweeper`].
 
 // `Problem` (≈140 bytes) is the error of every handler; errors are the cold path,
 // so boxing it would only add allocations to the code that reads it.
@@ -19,7 +19,6 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, State};
@@ -193,58 +192,6 @@ pub fn router(state: AppState) -> Router {
             .layer(service_metrics::RecordRequestLayer)
             .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES)),
     )
-}
-
-/// Runs one sweep (lease expiry, backoff wake-ups, retention) every `every` until
-/// `shutdown` resolves. Errors are retried on the next tick and logged (WARN
-/// `sweep failed`) when they differ from the previous sweep's, so a store that
-/// stays down (or a SQLite file removed under it, which fails every sweep)
-/// logs one line, not one per tick; the first sweep that works again logs
-/// `sweeps work again` (INFO).
-pub async fn run_sweeper(
-    store: Store,
-    work: Arc<Notify>,
-    every: Duration,
-    shutdown: impl std::future::Future<Output = ()>,
-) {
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tokio::pin!(shutdown);
-    let mut failing: Option<String> = None;
-    loop {
-        tokio::select! {
-            () = &mut shutdown => return,
-            _ = tick.tick() => {}
-        }
-        match store.sweep(500).await {
-            Ok(s) => {
-                if failing.take().is_some() {
-                    tracing::info!("sweeps work again");
-                }
-                if s.expired + s.woken > 0 {
-                    work.notify_waiters();
-                }
-                // Only what happened: the series exist (at 0) from start-up
-                // (`metrics_handle`), not from the first sweep.
-                for (name, n) in [
-                    (service_metrics::LEASES_EXPIRED, s.expired),
-                    (service_metrics::TASKS_WOKEN, s.woken),
-                    (service_metrics::KEYS_RELEASED, s.keys_released),
-                ] {
-                    if n > 0 {
-                        metrics::counter!(name).increment(n as u64);
-                    }
-                }
-            }
-            Err(e) => {
-                let message = e.to_string();
-                if failing.as_ref() != Some(&message) {
-                    tracing::warn!(error = %message, "sweep failed");
-                    failing = Some(message);
-                }
-            }
-        }
-    }
 }
 
 /// Handler-facing alias.

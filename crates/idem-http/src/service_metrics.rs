@@ -99,11 +99,9 @@ pub fn metrics_handle() -> Option<PrometheusHandle> {
         .clone()
 }
 
-/// The sweeper's counters (registered and described in [`describe_metrics`],
-/// counted in [`crate::run_sweeper`]).
-pub(crate) const LEASES_EXPIRED: &str = "idem_leases_expired_total";
-pub(crate) const TASKS_WOKEN: &str = "idem_tasks_woken_total";
-pub(crate) const KEYS_RELEASED: &str = "idem_keys_released_total";
+// The sweeper's counters, registered and described in `describe_metrics`,
+// counted in `idem_store::sweeper::run_sweeper`.
+use idem_store::sweeper::{KEYS_RELEASED, LEASES_EXPIRED, TASKS_WOKEN};
 
 /// Gives every idem metric its `# HELP` text and lists every counter from
 /// the start, at 0 (each label value of a labelled counter too), so a

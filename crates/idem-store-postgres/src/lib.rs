@@ -20,7 +20,8 @@
 //!   committed); every task write is a compare-and-set on
 //!   `(version, generation)`; claims and sweeps lock with `FOR UPDATE SKIP
 //!   LOCKED`; leases and backoff are decided by the database clock
-//!   (`clock_timestamp()`), one clock for all instances.
+//!   (`clock_timestamp()`), one clock for all instances (plus the offset of
+//!   [`PgOptions::clock`], added in SQL: 0 in production, moved by tests).
 //! - Errors: connection, pool and timeout failures are
 //!   [`StoreError::Unavailable`]; serialization failures, deadlocks, unique
 //!   violations and lost compare-and-sets are [`StoreError::Contention`] and
@@ -34,7 +35,7 @@ use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use idem_store::ops::{Authenticate, Call, Submit};
-use idem_store::{Result, ScopeHints, Store, StoreError, batch};
+use idem_store::{Clock, Result, ScopeHints, Store, StoreError, batch};
 use tokio::sync::mpsc;
 
 mod error;
@@ -84,6 +85,10 @@ pub struct PgOptions {
     /// with [`StoreError::Migration`], so a mistyped URL cannot put idem's
     /// tables into an application's database; `idem migrate` sets it).
     pub allow_other_tables: bool,
+    /// The offset added to the database clock in SQL (default
+    /// [`Clock::real`]: none); tests pass a test clock and move it forward
+    /// instead of sleeping. The database clock stays the one clock.
+    pub clock: Clock,
 }
 
 impl Default for PgOptions {
@@ -97,6 +102,7 @@ impl Default for PgOptions {
             operation_timeout: Duration::from_secs(30),
             migrate: true,
             allow_other_tables: false,
+            clock: Clock::real(),
         }
     }
 }
@@ -124,6 +130,8 @@ pub struct PgBackend {
     retries: mpsc::UnboundedSender<Call<Submit>>,
     /// Which scopes were seen bound; `None` without a retry lane.
     hints: Option<ScopeHints>,
+    /// [`PgOptions::clock`].
+    clock: Clock,
 }
 
 /// How long [`connect`] waits for another instance that is applying
@@ -248,6 +256,7 @@ impl PgBackend {
         for _ in 0..SUBMIT_LANES.min((options.max_size / 2).max(1)) {
             tokio::spawn(run::submit_lane(
                 pool.clone(),
+                options.clock.clone(),
                 options.max_retries,
                 options.operation_timeout,
                 Arc::clone(&queue),
@@ -260,6 +269,7 @@ impl PgBackend {
         for _ in 0..retry_lanes {
             tokio::spawn(run::retry_lane(
                 pool.clone(),
+                options.clock.clone(),
                 options.operation_timeout,
                 Arc::clone(&queue),
                 submits.clone(),
@@ -272,6 +282,7 @@ impl PgBackend {
         for _ in 0..2.min((options.max_size / 4).max(1)) {
             tokio::spawn(run::auth_lane(
                 pool.clone(),
+                options.clock.clone(),
                 options.operation_timeout,
                 Arc::clone(&queue),
             ));
@@ -284,6 +295,7 @@ impl PgBackend {
             auths,
             retries,
             hints: (retry_lanes > 0).then(ScopeHints::new),
+            clock: options.clock,
         })
     }
 

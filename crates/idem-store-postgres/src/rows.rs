@@ -601,8 +601,15 @@ pub(crate) const CLAIMABLE: &str = "SELECT t.id FROM ( \
 
 // ---------------------------------------------------------------- submit batches
 
-/// The database clock (ms) and which of the keys `$1` are live (not revoked).
-pub(crate) const NOW_AND_LIVE_KEYS: &str = "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now, \
+/// The database clock (`clock_timestamp()`, not the transaction start), ms,
+/// plus the offset `$1` of the backend's [`idem_store::Clock`] (0 in
+/// production), added here so the database clock stays the one clock.
+pub(crate) const NOW: &str =
+    "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint + $1::bigint AS now";
+
+/// The database clock (ms) plus the offset `$2` ([`NOW`]) and which of the
+/// keys `$1` are live (not revoked).
+pub(crate) const NOW_AND_LIVE_KEYS: &str = "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint + $2::bigint AS now, \
      ARRAY(SELECT id FROM api_keys WHERE id = ANY($1) AND revoked_at IS NULL) AS live";
 
 pub(crate) fn now_and_live(rows: &[Row]) -> Result<(Timestamp, std::collections::HashSet<Uuid>)> {

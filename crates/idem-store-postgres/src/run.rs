@@ -14,7 +14,7 @@ use idem_store::batch::{self, Queue};
 use idem_store::ops::{
     Authenticate, Call, Operation, Runner, Submission, Submit, SubmitBatch, SubmitOutcome,
 };
-use idem_store::{Backend, BoxFuture, Op, Result, StoreError, retries};
+use idem_store::{Backend, BoxFuture, Clock, Op, Result, StoreError, retries};
 use tokio::sync::mpsc;
 use tokio_postgres::IsolationLevel;
 
@@ -41,6 +41,7 @@ async fn lane_client<'h>(pool: &Pool, held: &'h mut Option<Object>) -> Result<&'
 /// once); concurrent lookups share one `WHERE key_hash = ANY($1)` statement.
 pub(crate) async fn auth_lane(
     pool: Pool,
+    clock: Clock,
     deadline: Duration,
     queue: Arc<Queue<Call<Authenticate>>>,
 ) {
@@ -55,7 +56,11 @@ pub(crate) async fn auth_lane(
             .collect();
         let found = within(deadline, async {
             match lane_client(&pool, &mut held).await {
-                Ok(client) => PgTx::autocommit(client).api_keys_by_hashes(&hashes).await,
+                Ok(client) => {
+                    PgTx::autocommit(client, &clock)
+                        .api_keys_by_hashes(&hashes)
+                        .await
+                }
                 Err(e) => Err(e),
             }
         })
@@ -84,6 +89,7 @@ pub(crate) async fn auth_lane(
 /// answer goes on to the submit lanes (`writes`).
 pub(crate) async fn retry_lane(
     pool: Pool,
+    clock: Clock,
     deadline: Duration,
     queue: Arc<Queue<Call<Submit>>>,
     writes: mpsc::UnboundedSender<Call<Submit>>,
@@ -95,6 +101,7 @@ pub(crate) async fn retry_lane(
     {
         let mut read = LaneReads {
             pool: &pool,
+            clock: &clock,
             held: &mut held,
             deadline,
         };
@@ -117,6 +124,7 @@ pub(crate) async fn retry_lane(
 /// pool timeout once per submission.
 pub(crate) async fn submit_lane(
     pool: Pool,
+    clock: Clock,
     max_retries: u32,
     deadline: Duration,
     queue: Arc<Queue<Call<Submit>>>,
@@ -130,6 +138,7 @@ pub(crate) async fn submit_lane(
             batch.into_iter().map(|c| (c.op.0, c.reply)).unzip();
         let mut run = LaneSubmits {
             pool: &pool,
+            clock: &clock,
             held: &mut held,
             max_retries,
             deadline,
@@ -145,6 +154,7 @@ pub(crate) async fn submit_lane(
 /// ([`retries::answer`]), within `deadline`.
 struct LaneReads<'a> {
     pool: &'a Pool,
+    clock: &'a Clock,
     held: &'a mut Option<Object>,
     deadline: Duration,
 }
@@ -154,7 +164,7 @@ impl batch::RunBatch<Submission> for LaneReads<'_> {
     async fn run(&mut self, subs: &[Submission]) -> Result<Vec<Option<SubmitOutcome>>> {
         let res = within(self.deadline, async {
             let client = lane_client(self.pool, self.held).await?;
-            retries::answer(&mut PgTx::autocommit(client), subs).await
+            retries::answer(&mut PgTx::autocommit(client, self.clock), subs).await
         })
         .await;
         if res.is_err() {
@@ -167,6 +177,7 @@ impl batch::RunBatch<Submission> for LaneReads<'_> {
 /// Writes a submit batch pipelined on the lane's connection.
 struct LaneSubmits<'a> {
     pool: &'a Pool,
+    clock: &'a Clock,
     held: &'a mut Option<Object>,
     max_retries: u32,
     deadline: Duration,
@@ -180,7 +191,7 @@ impl batch::RunBatch<Submission> for LaneSubmits<'_> {
             self.held,
             self.max_retries,
             self.deadline,
-            &Pipelined(subs),
+            &Pipelined(subs, self.clock),
         )
         .await
     }
@@ -197,14 +208,14 @@ pub(crate) trait Work: Sync {
 /// An operation, run through [`Operation::run`]: reads in autocommit (one
 /// round trip per statement, no BEGIN/COMMIT: each statement of a READ
 /// COMMITTED transaction takes its own snapshot anyway), writes in one READ
-/// COMMITTED transaction.
-struct Generic<'o, O>(&'o O);
+/// COMMITTED transaction; on the backend's clock.
+struct Generic<'o, O>(&'o O, &'o Clock);
 
 impl<O: Operation> Work for Generic<'_, O> {
     type Out = O::Reply;
     async fn run_on(&self, client: &mut Object) -> Result<O::Reply> {
         if !O::WRITES {
-            return self.0.run(&mut PgTx::autocommit(client)).await;
+            return self.0.run(&mut PgTx::autocommit(client, self.1)).await;
         }
         let tx = client
             .build_transaction()
@@ -212,7 +223,7 @@ impl<O: Operation> Work for Generic<'_, O> {
             .start()
             .await
             .map_err(map_pg_error)?;
-        let mut pg = PgTx::new(tx);
+        let mut pg = PgTx::new(tx, self.1);
         let res = self.0.run(&mut pg).await;
         let Some(tx) = pg.into_inner() else {
             return Err(StoreError::Corrupt(
@@ -238,10 +249,15 @@ impl Work for Pipelined<'_> {
     /// The submit plan pipelined; a batch with a revoked key runs as an
     /// ordinary transaction instead (it refuses that key's submissions only).
     async fn run_on(&self, client: &mut Object) -> Result<Vec<SubmitOutcome>> {
-        if let Some(outcomes) = PgTx::autocommit(client).submit_pipelined(self.0).await? {
+        if let Some(outcomes) = PgTx::autocommit(client, self.1)
+            .submit_pipelined(self.0)
+            .await?
+        {
             return Ok(outcomes);
         }
-        Generic(&SubmitBatch(self.0.to_vec())).run_on(client).await
+        Generic(&SubmitBatch(self.0.to_vec()), self.1)
+            .run_on(client)
+            .await
     }
 }
 
@@ -332,6 +348,7 @@ fn backoff(n: u32) -> Duration {
 /// Each operation on a connection of its own from the pool.
 struct Pooled {
     pool: Pool,
+    clock: Clock,
     max_retries: u32,
     deadline: Duration,
 }
@@ -344,7 +361,7 @@ impl Runner for Pooled {
             &mut held,
             self.max_retries,
             self.deadline,
-            &Generic(op),
+            &Generic(op, &self.clock),
         )
         .await
     }
@@ -395,7 +412,7 @@ impl Backend for PgBackend {
                     &mut None,
                     self.max_retries,
                     self.operation_timeout,
-                    &Pipelined(&call.op.0),
+                    &Pipelined(&call.op.0, &self.clock),
                 )
                 .await;
                 call.answer(res);
@@ -405,6 +422,7 @@ impl Backend for PgBackend {
             op => Box::pin(async move {
                 let mut runner = Pooled {
                     pool: self.pool.clone(),
+                    clock: self.clock.clone(),
                     max_retries: self.max_retries,
                     deadline: self.operation_timeout,
                 };
@@ -433,6 +451,10 @@ impl Backend for PgBackend {
 
     fn kind(&self) -> &'static str {
         "postgres"
+    }
+
+    fn clock(&self) -> &Clock {
+        &self.clock
     }
 }
 

@@ -10,7 +10,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use idem_store::{Backend, BoxFuture, Op, Result, Store};
+use idem_store::{Backend, BoxFuture, Clock, Op, Result, Store};
 use tokio_postgres::NoTls;
 
 use crate::{PgBackend, PgOptions};
@@ -218,6 +218,10 @@ impl Backend for WithDatabase {
 
     fn kind(&self) -> &'static str {
         self.backend.kind()
+    }
+
+    fn clock(&self) -> &Clock {
+        self.backend.clock()
     }
 }
 

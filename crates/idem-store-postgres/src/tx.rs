@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use deadpool_postgres::Transaction;
 use idem_core::model::{ApiKey, Attempt, Event, Evidence, Task, Timestamp};
 use idem_store::ops::{Submission, SubmitOutcome, SubmitPlan};
-use idem_store::{ExistingScope, Result, ScopeRow, StoreError, Tx};
+use idem_store::{Clock, ExistingScope, Result, ScopeRow, StoreError, Tx};
 use tokio_postgres::Row;
 use uuid::Uuid;
 
@@ -26,9 +26,11 @@ enum Conn<'a> {
 }
 
 /// One operation's connection; implements [`Tx`]. Every statement is prepared
-/// once per connection (`prepare_cached`).
+/// once per connection (`prepare_cached`). Every statement that reads the
+/// database clock adds the offset of `clock`.
 pub struct PgTx<'a> {
     conn: Conn<'a>,
+    clock: &'a Clock,
 }
 
 impl std::fmt::Debug for PgTx<'_> {
@@ -38,15 +40,19 @@ impl std::fmt::Debug for PgTx<'_> {
 }
 
 impl<'a> PgTx<'a> {
-    /// Wraps an open transaction.
-    pub fn new(tx: Transaction<'a>) -> PgTx<'a> {
-        PgTx { conn: Conn::Tx(tx) }
+    /// Wraps an open transaction; its clock reads add `clock`'s offset.
+    pub fn new(tx: Transaction<'a>, clock: &'a Clock) -> PgTx<'a> {
+        PgTx {
+            conn: Conn::Tx(tx),
+            clock,
+        }
     }
 
     /// Statements in autocommit: only for operations that do not write.
-    pub fn autocommit(client: &'a deadpool_postgres::Client) -> PgTx<'a> {
+    pub fn autocommit(client: &'a deadpool_postgres::Client, clock: &'a Clock) -> PgTx<'a> {
         PgTx {
             conn: Conn::Auto(client),
+            clock,
         }
     }
 
@@ -145,8 +151,8 @@ impl<'a> PgTx<'a> {
 }
 
 /// A submit batch to run as one pipelined transaction
-/// ([`PgTx::submit_pipelined`]).
-pub(crate) struct Pipelined<'s>(pub(crate) &'s [Submission]);
+/// ([`PgTx::submit_pipelined`]), on the backend's clock.
+pub(crate) struct Pipelined<'s>(pub(crate) &'s [Submission], pub(crate) &'s Clock);
 
 impl PgTx<'_> {
     /// Runs the [`SubmitPlan`] of `subs` in two round trips instead of five,
@@ -205,7 +211,8 @@ impl PgTx<'_> {
         let (now, live, won) = {
             let scope_arrays = ScopeArrays::new(plan.scope_rows());
             let keys = plan.keys();
-            let keys_params: [Param<'_>; 1] = [&keys];
+            let offset = self.clock.offset_ms();
+            let keys_params: [Param<'_>; 2] = [&keys, &offset];
             let scope_params = scope_arrays.params();
             // Round trip 1. `biased` polls in order, so the requests go out in
             // order. Should BEGIN fail, the scope insert would fail too: its
@@ -284,15 +291,11 @@ impl PgTx<'_> {
 // ---------------------------------------------------------------- Tx
 
 impl Tx for PgTx<'_> {
-    /// The database clock (`clock_timestamp()`, not the transaction start), so
-    /// every instance decides leases, backoff and retention on one clock.
+    /// The database clock (`clock_timestamp()`, not the transaction start)
+    /// plus the clock's offset, so every instance decides leases, backoff and
+    /// retention on one clock.
     async fn now(&mut self) -> Result<Timestamp> {
-        let rows = self
-            .query(
-                "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now",
-                &[],
-            )
-            .await?;
+        let rows = self.query(NOW, &[&self.clock.offset_ms()]).await?;
         let row = rows.first().ok_or_else(|| corrupt("now", "no row"))?;
         ts(row, "now")
     }
@@ -323,7 +326,11 @@ impl Tx for PgTx<'_> {
         &mut self,
         ids: &[Uuid],
     ) -> Result<(Timestamp, std::collections::HashSet<Uuid>)> {
-        now_and_live(&self.query(NOW_AND_LIVE_KEYS, &[&ids]).await?)
+        now_and_live(
+            &self
+                .query(NOW_AND_LIVE_KEYS, &[&ids, &self.clock.offset_ms()])
+                .await?,
+        )
     }
 
     async fn api_key_by_hash(&mut self, hash: &str) -> Result<Option<ApiKey>> {

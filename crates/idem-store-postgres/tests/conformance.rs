@@ -4,5 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 idem_store::store_conformance!(|| async {
-    idem_store_postgres::testing::fresh_store(Default::default()).await
+    let mut options = idem_store_postgres::PgOptions::default();
+    options.clock = idem_store::Clock::test();
+    idem_store_postgres::testing::fresh_store(options).await
 });

@@ -17,15 +17,17 @@ async fn store() -> Store {
     idem_store_postgres::testing::fresh_store(PgOptions::default()).await
 }
 
-/// A store on a fresh database (and its URL), an admin key of tenant `acme`,
-/// and one task submitted with it per idempotency key in `keys`, fingerprint
-/// `fp`.
+/// A store on a fresh database (and its URL) with a test clock, an admin key
+/// of tenant `acme`, and one task submitted with it per idempotency key in
+/// `keys`, fingerprint `fp`.
 async fn seeded<K: AsRef<str>>(
     keys: &[K],
     fp: char,
 ) -> (TestDatabase, Store, idem_core::model::ApiKey) {
     let url = fresh_database().await;
-    let store = connect(&url, PgOptions::default()).await.unwrap();
+    let mut options = PgOptions::default();
+    options.clock = idem_store::Clock::test();
+    let store = connect(&url, options).await.unwrap();
     let (key, _) = store
         .create_api_key("acme", Role::Admin, None)
         .await
@@ -437,9 +439,14 @@ async fn leases_expire_and_keys_are_released_by_the_sweeper() {
     else {
         panic!()
     };
-    let claimed = store.claim(claim_req(1, Some(100))).await.unwrap();
+    let claimed = store.claim(claim_req(1, Some(10_000))).await.unwrap();
     assert_eq!(claimed.len(), 1);
-    tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    // The database clock plus the store's offset decides: 9 s on, the lease holds.
+    store.clock().advance(std::time::Duration::from_secs(9));
+    assert_eq!(store.sweep(10).await.unwrap().expired, 0);
+    store
+        .clock()
+        .advance(std::time::Duration::from_millis(1_001));
     let stats = store.sweep(10).await.unwrap();
     assert_eq!(stats.expired, 1);
     let t = store.get_task(None, task.id).await.unwrap().unwrap();

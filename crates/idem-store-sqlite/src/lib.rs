@@ -25,7 +25,8 @@
 //! longer at its path (lost at the next restart). Only a restart recovers.
 //!
 //! **Clock.** Leases and backoff are decided by this process's clock (one
-//! process owns the file); `clock_offset_ms` shifts it for tests.
+//! process owns the file) plus the offset of [`SqliteOptions::clock`] (0 in
+//! production; tests move a test clock forward instead of sleeping).
 //!
 //! Pitfalls handled: writes use `BEGIN IMMEDIATE` (a deferred
 //! read-then-write transaction fails with `SQLITE_BUSY`), `foreign_keys=ON`
@@ -35,7 +36,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use idem_store::ops::{Call, Submit};
-use idem_store::{Op, ScopeHints, Store, StoreError, batch};
+use idem_store::{Clock, Op, ScopeHints, Store, StoreError, batch};
 use rusqlite::Connection;
 use tokio::sync::mpsc;
 
@@ -62,10 +63,12 @@ pub const MIGRATIONS: &[&str] = &[
 ];
 
 /// Options of the SQLite store.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct SqliteOptions {
-    /// Added to the system clock, ms (tests of clock skew; 0 in production).
-    pub clock_offset_ms: i64,
+    /// The clock leases, backoffs, deadlines and retention are decided by:
+    /// this process's clock plus its offset ([`Clock::real`] in production,
+    /// a test clock in tests).
+    pub clock: Clock,
 }
 
 /// The SQLite [`Backend`].
@@ -299,17 +302,25 @@ impl SqliteBackend {
             .map_err(unavailable)?;
         let (tx, rx) = batch::queue();
         let writer_watch = Arc::clone(&watch);
+        let writer_options = options.clone();
         std::thread::Builder::new()
             .name("idem-sqlite-writer".into())
-            .spawn(move || writer::writer_loop(writer, &rx, options, &writer_watch))
+            .spawn(move || writer::writer_loop(writer, &rx, &writer_options, &writer_watch))
             .map_err(unavailable)?;
         let (retries, retry_rx) = batch::queue();
         let writes = tx.clone();
         let retry_watch = Arc::clone(&watch);
+        let retry_options = options.clone();
         std::thread::Builder::new()
             .name("idem-sqlite-retries".into())
             .spawn(move || {
-                writer::retry_reader_loop(retry_reader, &retry_rx, &writes, options, &retry_watch)
+                writer::retry_reader_loop(
+                    retry_reader,
+                    &retry_rx,
+                    &writes,
+                    &retry_options,
+                    &retry_watch,
+                )
             })
             .map_err(unavailable)?;
         Ok(SqliteBackend {
@@ -399,7 +410,7 @@ mod tests {
             rx
         });
         let watch = FileWatch::new(Path::new(writer.path().unwrap())).unwrap();
-        run_batch(writer, batch, SqliteOptions::default(), &watch);
+        run_batch(writer, batch, &SqliteOptions::default(), &watch);
         answers.map(|mut rx| rx.try_recv().expect("answered"))
     }
 
@@ -432,7 +443,7 @@ mod tests {
                 }
             }
             let watch = FileWatch::new(&path).unwrap();
-            run_batch(&mut writer, batch, SqliteOptions::default(), &watch);
+            run_batch(&mut writer, batch, &SqliteOptions::default(), &watch);
             let errors = answers
                 .iter_mut()
                 .map(|r| r.try_recv().unwrap().expect_err("disk full"))

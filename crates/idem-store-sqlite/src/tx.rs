@@ -2,7 +2,6 @@
 //! mapping between rows and the model.
 
 use std::sync::LazyLock;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use idem_core::model::{
     ApiKey, Attempt, AttemptKind, AttemptState, Event, Evidence, Role, Task, TaskControl,
@@ -33,19 +32,10 @@ fn corrupt(e: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt(e.to_string())
 }
 
-/// This process's clock, ms, shifted by [`SqliteOptions::clock_offset_ms`].
-fn clock(options: SqliteOptions) -> Timestamp {
-    let ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0);
-    Timestamp(ms.saturating_add(options.clock_offset_ms))
-}
-
 /// The open transaction on the writer (or a reader) connection.
 pub(crate) struct SqliteTx<'a> {
     pub(crate) conn: &'a mut Connection,
-    pub(crate) options: SqliteOptions,
+    pub(crate) options: &'a SqliteOptions,
 }
 
 fn to_json<T: Serialize>(v: &T) -> Result<String, StoreError> {
@@ -321,7 +311,7 @@ pub const CLAIMABLE_IN_CLASS: &str = "SELECT id, ready_at FROM tasks WHERE tenan
 
 impl Tx for SqliteTx<'_> {
     async fn now(&mut self) -> Result<Timestamp, StoreError> {
-        Ok(clock(self.options))
+        Ok(self.options.clock.process_now())
     }
 
     async fn insert_api_key(&mut self, key: &ApiKey, hash: &str) -> Result<(), StoreError> {

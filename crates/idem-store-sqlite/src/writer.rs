@@ -9,7 +9,7 @@ use idem_store::batch::{self, Queue};
 use idem_store::ops::{
     Call, Operation, Pending, Runner, Submission, Submit, SubmitOutcome, SubmitPlan,
 };
-use idem_store::{Backend, BoxFuture, Op, StoreError, retries};
+use idem_store::{Backend, BoxFuture, Clock, Op, StoreError, retries};
 use rusqlite::Connection;
 use tokio::sync::mpsc;
 
@@ -39,7 +39,7 @@ fn control(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
 pub(crate) fn writer_loop(
     mut conn: Connection,
     queue: &Queue<Op>,
-    options: SqliteOptions,
+    options: &SqliteOptions,
     watch: &FileWatch,
 ) {
     while let Some(batch) = futures::executor::block_on(queue.next_batch(MAX_BATCH, 0, || {})) {
@@ -59,7 +59,7 @@ pub(crate) fn retry_reader_loop(
     mut conn: Connection,
     queue: &Queue<Call<Submit>>,
     writes: &mpsc::UnboundedSender<Op>,
-    options: SqliteOptions,
+    options: &SqliteOptions,
     watch: &FileWatch,
 ) {
     while let Some(batch) = futures::executor::block_on(queue.next_batch(MAX_BATCH, 0, || {})) {
@@ -77,7 +77,7 @@ pub(crate) fn retry_reader_loop(
 /// Answers retries in one read transaction ([`retries::answer`]).
 struct RetryReads<'c> {
     conn: &'c mut Connection,
-    options: SqliteOptions,
+    options: &'c SqliteOptions,
     watch: &'c FileWatch,
 }
 
@@ -107,7 +107,7 @@ fn forward(writes: &mpsc::UnboundedSender<Op>, op: Op) {
 /// `f`'s error, or [`StoreError`] when `BEGIN` or `COMMIT` fails.
 fn in_read_tx<R>(
     conn: &mut Connection,
-    options: SqliteOptions,
+    options: &SqliteOptions,
     f: impl FnOnce(&mut SqliteTx<'_>) -> Result<R, StoreError>,
 ) -> Result<R, StoreError> {
     control(conn, "BEGIN").map_err(db)?;
@@ -129,7 +129,7 @@ fn in_read_tx<R>(
 /// `conn.is_autocommit()` afterwards), that error is returned at once.
 fn in_savepoint<R>(
     conn: &mut Connection,
-    options: SqliteOptions,
+    options: &SqliteOptions,
     mut work: impl FnMut(&mut SqliteTx<'_>) -> Result<R, StoreError>,
 ) -> Result<R, StoreError> {
     control(conn, "SAVEPOINT op").map_err(db)?;
@@ -163,7 +163,7 @@ fn in_savepoint<R>(
 /// Each operation in a savepoint of the writer's transaction ([`in_savepoint`]).
 struct Savepoints<'c> {
     conn: &'c mut Connection,
-    options: SqliteOptions,
+    options: &'c SqliteOptions,
 }
 
 impl Runner for Savepoints<'_> {
@@ -175,7 +175,7 @@ impl Runner for Savepoints<'_> {
 /// Each operation in a read transaction of its own ([`in_read_tx`]).
 struct Reads<'c> {
     conn: &'c mut Connection,
-    options: SqliteOptions,
+    options: &'c SqliteOptions,
 }
 
 impl Runner for Reads<'_> {
@@ -194,7 +194,7 @@ impl Runner for Reads<'_> {
 pub(crate) fn run_batch(
     conn: &mut Connection,
     batch: Vec<Op>,
-    options: SqliteOptions,
+    options: &SqliteOptions,
     watch: &FileWatch,
 ) {
     if let Err(e) = watch.check() {
@@ -311,7 +311,7 @@ pub(crate) fn run_batch(
 fn run_submits(
     conn: &mut Connection,
     calls: Vec<Call<Submit>>,
-    options: SqliteOptions,
+    options: &SqliteOptions,
     done: &mut Vec<Pending>,
     ended: &mut Option<StoreError>,
 ) {
@@ -336,7 +336,7 @@ fn run_submits(
 /// nothing more.
 struct SubmitsInSavepoint<'a> {
     conn: &'a mut Connection,
-    options: SqliteOptions,
+    options: &'a SqliteOptions,
     ended: &'a mut Option<StoreError>,
 }
 
@@ -367,7 +367,7 @@ impl SqliteBackend {
             Err(e) => return op.fail(unavailable(e)),
         };
         let readers = Arc::clone(&self.readers);
-        let options = self.options;
+        let options = self.options.clone();
         let path = self.path.clone();
         let _ = tokio::task::spawn_blocking(move || {
             let mut conn = match reader(&readers, &path) {
@@ -376,7 +376,7 @@ impl SqliteBackend {
             };
             let pending = futures::executor::block_on(op.run_with(&mut Reads {
                 conn: &mut conn,
-                options,
+                options: &options,
             }));
             give_back(&readers, conn);
             drop(slot);
@@ -455,6 +455,10 @@ impl Backend for SqliteBackend {
 
     fn kind(&self) -> &'static str {
         "sqlite"
+    }
+
+    fn clock(&self) -> &Clock {
+        &self.options.clock
     }
 }
 

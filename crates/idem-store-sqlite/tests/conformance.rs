@@ -5,7 +5,10 @@
 async fn fresh_store() -> idem_store::Store {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.keep().join("idem.db");
-    idem_store_sqlite::open(path, Default::default()).expect("open sqlite store")
+    let options = idem_store_sqlite::SqliteOptions {
+        clock: idem_store::Clock::test(),
+    };
+    idem_store_sqlite::open(path, options).expect("open sqlite store")
 }
 
 idem_store::store_conformance!(fresh_store);

@@ -12,12 +12,17 @@
 //!
 //! The argument is a zero-argument closure (or function) returning a future of
 //! [`Store`]; every call must give a new, empty, isolated store (a new temporary
-//! file or a new database), because the cases run in parallel.
+//! file or a new database), because the cases run in parallel, opened with a
+//! test clock ([`crate::Clock::test`]).
 //!
 //! Times come from the store's own clock (the process clock for SQLite, the
-//! database clock for PostgreSQL). The cases therefore use short leases and
-//! backoffs, sleep past them and call [`Store::sweep`]; they never assert on
-//! wall-clock durations. Waiting loops give up after [`PATIENCE`].
+//! database clock for PostgreSQL, each plus the test clock's offset). A case
+//! lets a lease, backoff, deadline or retention pass by moving that clock
+//! forward ([`Store::clock`]) and calling [`Store::sweep`] or claiming, never
+//! by sleeping; where it checks that something ends, it checks first that it
+//! has not ended shortly before. Real time passes only where concurrency is
+//! the point (claimers and sweeps racing each other); those waiting loops
+//! give up after [`PATIENCE`]. No case asserts on wall-clock durations.
 //!
 //! This file holds the macro, the bundled fixtures and the helpers the cases
 //! share ([`contract`], [`params`], [`submission`], a tenant context and the
@@ -52,8 +57,14 @@ pub const SAFE: &str = "generation.dispatch";
 /// How long a waiting loop polls before it declares the store stuck.
 pub const PATIENCE: Duration = Duration::from_secs(20);
 
-/// A lease meant to run out during the test, ms.
-const SHORT_LEASE: i64 = 150;
+/// A lease a case lets run out by moving the clock, ms.
+const SHORT_LEASE: i64 = 10_000;
+/// How long before its end a lease that is about to run out is checked to be
+/// still live, ms (longer than a case takes in real time between its claim
+/// and that check).
+const LEASE_MARGIN: i64 = 5_000;
+/// The longest backoff of [`contract`], ms.
+const LONGEST_BACKOFF: i64 = 200;
 /// A lease meant to outlive the test, ms.
 const LONG_LEASE: i64 = 120_000;
 /// Sweep batch size.
@@ -181,7 +192,7 @@ pub fn contract(op: &str) -> Contract {
     c.retry.backoff = Backoff {
         initial_ms: 50,
         multiplier: 2.0,
-        max_ms: 200,
+        max_ms: LONGEST_BACKOFF,
     };
     c.lease.default_ms = LONG_LEASE;
     c.lease.max_ms = 2 * LONG_LEASE;
@@ -457,25 +468,53 @@ impl Ctx {
         c.attempt
     }
 
-    /// Sweeps and claims until an attempt of `task` comes back (after a backoff).
+    /// Moves the store's clock forward by `ms`.
+    fn pass(&self, ms: i64) {
+        self.store
+            .clock()
+            .advance(Duration::from_millis(u64::try_from(ms).unwrap_or(0)));
+    }
+
+    /// Moves the clock past the longest backoff ([`LONGEST_BACKOFF`]), sweeps
+    /// and claims: an attempt of `task` must come back.
     async fn claim_due(&self, op: &str, lease_ms: i64, task: Uuid) -> Attempt {
-        let until = Instant::now() + PATIENCE;
-        loop {
-            must(self.store.sweep(SWEEP).await, "sweep");
-            let mut got = self.claim(&[op], Some(lease_ms), 1).await;
-            if let Some(c) = got.pop() {
-                assert!(got.is_empty(), "claim with max 1 returned more");
-                assert_eq!(c.attempt.task_id, task, "claimed the wrong task");
-                return c.attempt;
-            }
-            let t = self.task(task).await;
-            assert!(
-                Instant::now() < until,
-                "task {task} never became claimable; it is {:?}",
-                t.state
+        self.pass(LONGEST_BACKOFF);
+        must(self.store.sweep(SWEEP).await, "sweep");
+        let mut got = self.claim(&[op], Some(lease_ms), 1).await;
+        let Some(c) = got.pop() else {
+            panic!(
+                "task {task} is not claimable after its backoff; it is {:?}",
+                self.task(task).await.state
             );
-            sleep(Duration::from_millis(20)).await;
-        }
+        };
+        assert!(got.is_empty(), "claim with max 1 returned more");
+        assert_eq!(c.attempt.task_id, task, "claimed the wrong task");
+        c.attempt
+    }
+
+    /// Lets the [`SHORT_LEASE`] of `task`'s newest attempt, claimed just now,
+    /// run out: with the clock [`LEASE_MARGIN`] short of its end a sweep
+    /// leaves the attempt leased; once the clock passed its end a sweep
+    /// expires it. Returns the task after that sweep, which must satisfy
+    /// `pred` (`what` names it).
+    async fn run_out_lease(&self, id: Uuid, what: &str, pred: impl Fn(&Task) -> bool) -> Task {
+        self.pass(SHORT_LEASE - LEASE_MARGIN);
+        must(self.store.sweep(SWEEP).await, "sweep");
+        let attempts = self.attempts(id).await;
+        assert_eq!(
+            attempts.last().map(|a| a.state),
+            Some(AttemptState::Leased),
+            "a lease does not end before its time: {attempts:?}"
+        );
+        self.pass(LEASE_MARGIN + 1);
+        let t = self.after_sweep(id, what, pred).await;
+        let attempts = self.attempts(id).await;
+        assert_eq!(
+            attempts.last().map(|a| a.state),
+            Some(AttemptState::Expired),
+            "the lease ran out: {attempts:?}"
+        );
+        t
     }
 
     /// Nothing is claimable, even after a sweep.
@@ -545,22 +584,15 @@ impl Ctx {
         ok2(self.store.cancel(&self.tenant, id).await, "cancel")
     }
 
-    /// Sweeps until `pred` holds for the task (lease expiry, wake-ups happen in the background).
-    async fn wait_until(&self, id: Uuid, what: &str, pred: impl Fn(&Task) -> bool) -> Task {
-        let until = Instant::now() + PATIENCE;
-        loop {
-            must(self.store.sweep(SWEEP).await, "sweep");
-            let t = self.task(id).await;
-            if pred(&t) {
-                return t;
-            }
-            assert!(
-                Instant::now() < until,
-                "timed out waiting for {what}; task {id} is {:?}",
-                t.state
-            );
-            sleep(Duration::from_millis(25)).await;
-        }
+    /// Sweeps once; `pred` must then hold for the task (`what` names it).
+    async fn after_sweep(&self, id: Uuid, what: &str, pred: impl Fn(&Task) -> bool) -> Task {
+        must(self.store.sweep(SWEEP).await, "sweep");
+        let t = self.task(id).await;
+        assert!(
+            pred(&t),
+            "expected {what} after a sweep; task {id} is {t:?}"
+        );
+        t
     }
 }
 

@@ -13,11 +13,15 @@
 //!   one [`ops::SubmitPlan`] every submit runs.
 //! - [`batch`]: the group-commit batcher both backends use (gather, linger,
 //!   fall back to one by one).
+//! - [`clock`]: the [`Clock`] a backend reads its time through (real time,
+//!   or a test clock moved forward instead of sleeping).
 //! - [`retries`]: which scopes this process saw bound, and the read-only
 //!   answer of a retry.
 //! - [`Backend`]: runs one [`Op`] in one transaction (retrying on serialization
 //!   failures where the database asks for it) and answers through the op's
 //!   reply channel.
+//! - [`sweeper`]: the background sweep a server runs (lease expiry, backoff
+//!   wake-ups, retention), its log lines and counters.
 //! - [`Store`] (`store.rs`): the typed, cloneable handle the HTTP layer and
 //!   the CLI use; all its methods.
 //! - `conformance` (feature): the suite every backend must pass, unchanged.
@@ -35,12 +39,15 @@ use idem_core::model::{ApiKey, Attempt, Event, Evidence, Task, Timestamp};
 use uuid::Uuid;
 
 pub mod batch;
+pub mod clock;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 pub mod ops;
 pub mod retries;
 mod store;
+pub mod sweeper;
 
+pub use clock::Clock;
 pub use ops::Op;
 pub use retries::ScopeHints;
 pub use store::Store;
@@ -115,7 +122,8 @@ pub type ExistingScope = Option<(ScopeRow, Option<Task>)>;
 /// Times are epoch ms. All futures are `Send`.
 pub trait Tx: Send {
     /// The clock that decides leases and backoff: the database clock for
-    /// PostgreSQL, the process clock for SQLite (single process).
+    /// PostgreSQL, the process clock for SQLite (single process), each plus
+    /// the offset of the backend's [`Clock`].
     fn now(&mut self) -> impl Future<Output = Result<Timestamp>> + Send;
 
     /// Inserts an API key with the SHA-256 hex of its plain value.
@@ -361,6 +369,8 @@ pub trait Backend: Send + Sync + 'static {
     fn ping(&self) -> BoxFuture<'_, Result<()>>;
     /// `sqlite` or `postgres`.
     fn kind(&self) -> &'static str;
+    /// The clock this backend reads its time through (every [`Tx::now`]).
+    fn clock(&self) -> &Clock;
 }
 
 /// Business refusal of an operation (not a storage failure).

@@ -12,7 +12,7 @@ use uuid::Uuid;
 use crate::ops::{
     self, Call, ClaimRequest, Claimed, Grant, Op, Operation, Submission, SubmitOutcome, SweepStats,
 };
-use crate::{Backend, Refusal, Result, StoreError};
+use crate::{Backend, Clock, Refusal, Result, StoreError};
 
 /// The cloneable handle to a store.
 #[derive(Clone)]
@@ -41,6 +41,12 @@ impl Store {
     /// `sqlite` or `postgres`.
     pub fn kind(&self) -> &'static str {
         self.backend.kind()
+    }
+
+    /// The clock this store decides leases, backoffs, deadlines and retention
+    /// by; a test moves a test clock ([`Clock::advance`]) to let them pass.
+    pub fn clock(&self) -> &Clock {
+        self.backend.clock()
     }
 
     /// Readiness probe.

@@ -48,7 +48,8 @@ struct StoreArgs {
     /// `sqlite://PATH` or `postgres://user@host:port/db`.
     #[arg(long, env = "IDEM_STORE", default_value = DEFAULT_STORE, global = true)]
     store: String,
-    /// Shift this process's clock by this many ms (testing clock skew only).
+    /// Shift this process's clock by this many ms (testing clock skew only;
+    /// a PostgreSQL store reads the database clock, which this does not shift).
     #[arg(
         long,
         env = "IDEM_CLOCK_OFFSET_MS",

@@ -137,7 +137,7 @@ pub(crate) async fn serve(args: ServeArgs, store_args: StoreArgs) -> Result<()> 
     // sweep's counts (after a restart, every lease that ran out meanwhile) are
     // recorded too; the router would install it only later.
     let _ = idem_http::metrics_handle();
-    let sweeper = tokio::spawn(idem_http::run_sweeper(
+    let sweeper = tokio::spawn(idem_store::sweeper::run_sweeper(
         store,
         work,
         Duration::from_millis(sweep_ms.max(10)),

@@ -34,7 +34,10 @@ pub(crate) async fn open_store(args: &StoreArgs) -> Result<Store> {
 async fn open_store_with(args: &StoreArgs, migrate: bool) -> Result<Store> {
     if let Some(path) = args.store.strip_prefix("sqlite://") {
         let options = idem_store_sqlite::SqliteOptions {
-            clock_offset_ms: args.clock_offset_ms,
+            clock: match args.clock_offset_ms {
+                0 => idem_store::Clock::real(),
+                skew => idem_store::Clock::shifted(skew),
+            },
         };
         let path = path.to_owned();
         return tokio::task::spawn_blocking(move || {

@@ -76,7 +76,7 @@ impl Target {
         let url = format!("http://{}", listener.local_addr()?);
         let (stop, stopped) = oneshot::channel::<()>();
         let (sweep_stop, sweep_stopped) = oneshot::channel::<()>();
-        tokio::spawn(idem_http::run_sweeper(
+        tokio::spawn(idem_store::sweeper::run_sweeper(
             store,
             state.work.clone(),
             Duration::from_millis(50),

@@ -61,12 +61,13 @@ pub async fn device_acknowledge_then_completion(store: Store) {
     assert_history(&store, t.id).await;
 }
 
-/// A contract whose windows are tiny: retention 1.5 s = 0.5 s + 0.5 s + 0.5 s.
+/// A contract whose windows are short: retention 15 s = 5 s + 5 s + 5 s, let
+/// pass by moving the clock (twice that is still shorter than [`LONG_LEASE`]).
 fn short_retention(op: &str) -> Contract {
     let mut c = contract(op);
-    c.windows.request_retry_ms = 500;
-    c.windows.reconciliation_ms = 500;
-    c.retry.deadline_ms = 500;
+    c.windows.request_retry_ms = 5_000;
+    c.windows.reconciliation_ms = 5_000;
+    c.retry.deadline_ms = 5_000;
     c.windows.retention_ms = c.required_retention_ms();
     c
 }
@@ -93,27 +94,27 @@ pub async fn retention_releases_terminal_key_only_after_expiry(store: Store) {
     );
     let r = replayed(c.submit(s.clone()).await);
     assert_eq!(r.id, t.id, "within retention the key replays");
-    let until = Instant::now() + PATIENCE;
-    loop {
-        let stats = must(store.sweep(SWEEP).await, "sweep");
-        let found = must(store.find_task("acme", SAFE, "retained").await, "find_task");
-        match found {
-            Ok(f) => {
-                assert_eq!(f.id, t.id);
-                assert_eq!(stats.keys_released, 0, "a released key is no longer found");
-            }
-            Err(Refusal::NotFound) => {
-                assert_eq!(
-                    stats.keys_released, 1,
-                    "the sweep that removed the key says so"
-                );
-                break;
-            }
-            Err(e) => panic!("find_task: {e:?}"),
-        }
-        assert!(Instant::now() < until, "the key was never released");
-        sleep(Duration::from_millis(50)).await;
-    }
+    let retention = expires.ms() - terminal_at.ms();
+    // Shortly before `key_expires_at` the key stays; once past it, one sweep removes it.
+    c.pass(retention - LEASE_MARGIN);
+    let stats = must(store.sweep(SWEEP).await, "sweep");
+    assert_eq!(
+        stats.keys_released, 0,
+        "no key is released before its expiry"
+    );
+    let found = ok2(store.find_task("acme", SAFE, "retained").await, "find_task");
+    assert_eq!(found.id, t.id, "before its expiry the key is found");
+    assert_eq!(replayed(c.submit(s.clone()).await).id, t.id);
+    c.pass(LEASE_MARGIN + 1);
+    let stats = must(store.sweep(SWEEP).await, "sweep");
+    assert_eq!(
+        stats.keys_released, 1,
+        "the sweep that removed the key says so"
+    );
+    assert_not_found(
+        store.find_task("acme", SAFE, "retained").await,
+        "a released key is no longer found",
+    );
     let events = ok2(store.list_events(None, t.id).await, "list_events");
     let Some(released) = events.iter().find(|e| e.kind == "key_released") else {
         panic!("the release is audited: {:?}", kinds(&events));
@@ -151,10 +152,7 @@ pub async fn retention_never_releases_non_terminal_key(store: Store) {
     let waiting = created(c.submit(waiting_s.clone()).await);
     let w = c.claim_one(NON_SAFE, LONG_LEASE, waiting.id).await;
     c.report_ok(&w, bare(w.generation, Outcome::Unknown)).await;
-    sleep(Duration::from_millis(
-        2 * contract.windows.retention_ms as u64,
-    ))
-    .await;
+    c.pass(2 * contract.windows.retention_ms);
     let stats = must(store.sweep(SWEEP).await, "sweep");
     assert_eq!(
         stats.keys_released, 0,
@@ -218,7 +216,7 @@ pub async fn events_are_gap_free_and_generations_increase(store: Store) {
     let c = Ctx::new(&store, "acme").await;
     let t = c.create(NON_SAFE, &contract(NON_SAFE)).await;
     let a1 = c.claim_one(NON_SAFE, SHORT_LEASE, t.id).await;
-    c.wait_until(t.id, "reconciling", |t| t.state == TaskState::Reconciling)
+    c.run_out_lease(t.id, "reconciling", |t| t.state == TaskState::Reconciling)
         .await;
     assert_history(&store, t.id).await;
     let r2 = c.claim_due(NON_SAFE, LONG_LEASE, t.id).await;

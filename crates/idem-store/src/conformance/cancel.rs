@@ -28,7 +28,7 @@ pub async fn cancel_queued_confirms_at_once(store: Store) {
         let stored = c.task(t.id).await;
         assert_eq!(stored.state, TaskState::Cancelled);
         assert_eq!(stored.cancellation, Some(cancel));
-        sleep(Duration::from_millis(100)).await;
+        c.pass(LONGEST_BACKOFF);
         c.assert_nothing_claimable(op).await;
         assert!(c.attempts(t.id).await.is_empty());
         assert_history(&store, t.id).await;
@@ -183,7 +183,7 @@ pub async fn cancel_pending_safe_lease_expiry_confirms(store: Store) {
     let c = Ctx::new(&store, "acme").await;
     let contract = contract(SAFE);
     let t = c.create(SAFE, &contract).await;
-    let a = c.claim_one(SAFE, 400, t.id).await;
+    let a = c.claim_one(SAFE, SHORT_LEASE, t.id).await;
     ok2(
         c.heartbeat(&a, a.generation, Some(4)).await,
         "heartbeat with usage",
@@ -191,7 +191,7 @@ pub async fn cancel_pending_safe_lease_expiry_confirms(store: Store) {
     let (_, cancel) = c.cancel(t.id).await;
     assert_eq!(cancel.status, CancelStatus::Requested);
     let done = c
-        .wait_until(t.id, "lease expiry", |t| t.state != TaskState::Running)
+        .run_out_lease(t.id, "lease expiry", |t| t.state != TaskState::Running)
         .await;
     assert_eq!(
         done.state,
@@ -221,7 +221,7 @@ pub async fn cancel_pending_non_safe_lease_expiry_committed_delivers(store: Stor
     let (_, cancel) = c.cancel(t.id).await;
     assert_eq!(cancel.status, CancelStatus::Requested);
     let rec = c
-        .wait_until(t.id, "lease expiry", |t| t.state != TaskState::Running)
+        .run_out_lease(t.id, "lease expiry", |t| t.state != TaskState::Running)
         .await;
     assert_eq!(
         rec.state,
@@ -268,7 +268,7 @@ pub async fn cancel_pending_non_safe_lease_expiry_not_committed_cancels(store: S
     let _a = c.claim_one(NON_SAFE, SHORT_LEASE, t.id).await;
     let (_, cancel) = c.cancel(t.id).await;
     assert_eq!(cancel.status, CancelStatus::Requested);
-    c.wait_until(t.id, "reconciling", |t| t.state == TaskState::Reconciling)
+    c.run_out_lease(t.id, "reconciling", |t| t.state == TaskState::Reconciling)
         .await;
     let r = c.claim_due(NON_SAFE, LONG_LEASE, t.id).await;
     assert_eq!(r.kind, AttemptKind::Reconcile);
@@ -323,7 +323,7 @@ pub async fn cancel_pending_failed_report_confirms(store: Store) {
         };
         assert_eq!(cx.status, CancelStatus::Confirmed);
         assert_eq!(cx.fee, Some(contract.fees.after_start(1)));
-        sleep(Duration::from_millis(300)).await;
+        c.pass(LONGEST_BACKOFF);
         c.assert_nothing_claimable(op).await;
         assert_eq!(c.attempts(t.id).await.len(), 1);
         assert_history(&store, t.id).await;
@@ -427,14 +427,14 @@ pub async fn cancel_pending_expiry_races_succeeded_report(store: Store) {
     let c = Ctx::new(&store, "acme").await;
     let contract = contract(SAFE);
     let mut wins = (0, 0);
-    for round in 0..50_u64 {
+    for round in 0..50_i64 {
         let t = c.create(SAFE, &contract).await;
         let a = c.claim_one(SAFE, SHORT_LEASE, t.id).await;
         let (_, cancel) = c.cancel(t.id).await;
         assert_eq!(cancel.status, CancelStatus::Requested, "round {round}");
-        // Land around the lease end: some rounds before it, some after.
-        let nap = u64::try_from(SHORT_LEASE).unwrap_or(150) - 20 + (round % 5) * 10;
-        tokio::time::sleep(std::time::Duration::from_millis(nap)).await;
+        // Move the clock to around the lease end: some rounds before it,
+        // some after (real time moves it on a little more).
+        c.pass(SHORT_LEASE - 20 + (round % 5) * 10);
         let barrier = Arc::new(Barrier::new(2));
         let sweeper = {
             let (store, barrier) = (store.clone(), barrier.clone());
@@ -453,7 +453,7 @@ pub async fn cancel_pending_expiry_races_succeeded_report(store: Store) {
         must(joined(sweeper.await), "sweep");
         let reported = must(joined(reporter.await), "report");
         let task = c
-            .wait_until(t.id, "a winner", |t| t.state.is_terminal())
+            .after_sweep(t.id, "a winner", |t| t.state.is_terminal())
             .await;
         let Some(cx) = &task.cancellation else {
             panic!("round {round}: cancellation lost");

@@ -191,9 +191,8 @@ pub async fn safe_lease_expiry_fences_old_generation(store: Store) {
     let c = Ctx::new(&store, "acme").await;
     let t = c.create(SAFE, &contract(SAFE)).await;
     let a1 = c.claim_one(SAFE, SHORT_LEASE, t.id).await;
-    sleep(Duration::from_millis(2 * SHORT_LEASE as u64)).await;
     let expired = c
-        .wait_until(t.id, "lease expiry", |t| t.state != TaskState::Running)
+        .run_out_lease(t.id, "lease expiry", |t| t.state != TaskState::Running)
         .await;
     assert!(
         matches!(expired.state, TaskState::RetryWait | TaskState::Queued),
@@ -281,7 +280,7 @@ pub async fn heartbeat_extends_lease(store: Store) {
     let a = c.claim_one(SAFE, lease, t.id).await;
     let mut last = a.lease_expires_at;
     for i in 1..=6 {
-        sleep(Duration::from_millis(250)).await;
+        c.pass(250);
         let hb = ok2(c.heartbeat(&a, a.generation, Some(i)).await, "heartbeat");
         assert!(hb.lease_expires_at > last, "a heartbeat extends the lease");
         last = hb.lease_expires_at;
@@ -309,7 +308,7 @@ pub async fn non_safe_lease_expiry_reconciles_then_not_committed_re_executes(sto
     let t = c.create(NON_SAFE, &contract(NON_SAFE)).await;
     let a1 = c.claim_one(NON_SAFE, SHORT_LEASE, t.id).await;
     let rec = c
-        .wait_until(t.id, "lease expiry", |t| t.state != TaskState::Running)
+        .run_out_lease(t.id, "lease expiry", |t| t.state != TaskState::Running)
         .await;
     assert_eq!(
         rec.state,
@@ -355,7 +354,7 @@ pub async fn non_safe_lease_expiry_reconciles_then_committed_delivers(store: Sto
     let contract = contract(NON_SAFE);
     let t = c.create(NON_SAFE, &contract).await;
     let _a1 = c.claim_one(NON_SAFE, SHORT_LEASE, t.id).await;
-    c.wait_until(t.id, "reconciling", |t| t.state == TaskState::Reconciling)
+    c.run_out_lease(t.id, "reconciling", |t| t.state == TaskState::Reconciling)
         .await;
     let r2 = c.claim_due(NON_SAFE, LONG_LEASE, t.id).await;
     assert_eq!(r2.kind, AttemptKind::Reconcile);
@@ -453,23 +452,11 @@ pub async fn reconcile_lease_expiry_leads_to_another_reconcile(store: Store) {
             .await;
         let r2 = c.claim_due(op, SHORT_LEASE, t.id).await;
         assert_eq!(r2.kind, AttemptKind::Reconcile);
-        let until = Instant::now() + PATIENCE;
-        loop {
-            must(store.sweep(SWEEP).await, "sweep");
-            if c.attempts(t.id).await[1].state == AttemptState::Expired {
-                break;
-            }
-            assert!(
-                Instant::now() < until,
-                "{op}: the reconcile lease never expired"
-            );
-            sleep(Duration::from_millis(25)).await;
-        }
-        assert_eq!(
-            c.task(t.id).await.state,
-            TaskState::Reconciling,
-            "{op}: still reconciling"
-        );
+        c.run_out_lease(t.id, "still reconciling", |t| {
+            t.state == TaskState::Reconciling
+        })
+        .await;
+        assert_eq!(c.attempts(t.id).await[1].state, AttemptState::Expired);
         let r3 = c.reconcile_again(op, t.id).await;
         assert_stale(
             c.report(&r2, bare(r2.generation, Outcome::NotCommitted))

@@ -30,8 +30,20 @@ pub async fn transient_on_safe_class_retries_after_backoff(store: Store) {
         c.claim(&[SAFE], None, 1).await.is_empty(),
         "not claimable during the backoff"
     );
+    c.pass(900);
+    must(store.sweep(SWEEP).await, "sweep");
+    assert_eq!(
+        c.task(t.id).await.state,
+        TaskState::RetryWait,
+        "not woken before the backoff ends"
+    );
+    assert!(
+        c.claim(&[SAFE], None, 1).await.is_empty(),
+        "not claimable before the backoff ends"
+    );
+    c.pass(101);
     let woken = c
-        .wait_until(t.id, "backoff wake-up", |t| t.state != TaskState::RetryWait)
+        .after_sweep(t.id, "backoff wake-up", |t| t.state != TaskState::RetryWait)
         .await;
     assert_eq!(
         woken.state,
@@ -57,7 +69,7 @@ pub async fn transient_on_non_safe_class_fails(store: Store) {
         .report_ok(&a1, failed(a1.generation, FailureClass::Transient))
         .await;
     assert_failed(&after, FailureClass::Transient);
-    sleep(Duration::from_millis(300)).await;
+    c.pass(LONGEST_BACKOFF);
     c.assert_nothing_claimable(NON_SAFE).await;
     assert_failed(&c.task(t.id).await, FailureClass::Transient);
     assert_eq!(c.attempts(t.id).await.len(), 1);
@@ -73,7 +85,7 @@ pub async fn invalid_input_and_permission_denied_never_retry(store: Store) {
             let a1 = c.claim_one(op, LONG_LEASE, t.id).await;
             let after = c.report_ok(&a1, failed(a1.generation, class)).await;
             assert_failed(&after, class);
-            sleep(Duration::from_millis(300)).await;
+            c.pass(LONGEST_BACKOFF);
             c.assert_nothing_claimable(op).await;
             assert_failed(&c.task(t.id).await, class);
             assert_eq!(c.attempts(t.id).await.len(), 1, "{op}/{class}: no retry");
@@ -97,7 +109,7 @@ pub async fn attempts_exhausted_fails_task(store: Store) {
         .report_ok(&a2, failed(a2.generation, FailureClass::Transient))
         .await;
     assert_failed(&after, FailureClass::AttemptsExhausted);
-    sleep(Duration::from_millis(300)).await;
+    c.pass(LONGEST_BACKOFF);
     c.assert_nothing_claimable(SAFE).await;
     assert_eq!(c.attempts(t.id).await.len(), 2);
     assert_history(&store, t.id).await;
@@ -118,7 +130,7 @@ pub async fn budget_exhausted_fails_task(store: Store) {
     let after = c.report_ok(&a1, r).await;
     assert_failed(&after, FailureClass::BudgetExhausted);
     assert_eq!(after.usage, 11, "incurred usage is kept");
-    sleep(Duration::from_millis(300)).await;
+    c.pass(LONGEST_BACKOFF);
     c.assert_nothing_claimable(SAFE).await;
     assert_eq!(c.attempts(t.id).await.len(), 1);
     assert_history(&store, t.id).await;
@@ -130,9 +142,9 @@ pub async fn deadline_exceeded_before_attempt_fails_task(store: Store) {
     let c = Ctx::new(&store, "acme").await;
     for op in [SAFE, NON_SAFE] {
         let mut contract = contract(op);
-        contract.retry.deadline_ms = 1;
+        contract.retry.deadline_ms = 1_000;
         let t = c.create(op, &contract).await;
-        sleep(Duration::from_millis(50)).await;
+        c.pass(1_100);
         assert!(
             c.claim(&[op], None, 1).await.is_empty(),
             "{op}: no attempt after the deadline"
@@ -155,7 +167,7 @@ pub async fn a_backlog_past_its_deadline_does_not_hide_due_work(store: Store) {
     for _ in 0..40 {
         backlog.push(c.create(SAFE, &dead).await);
     }
-    sleep(Duration::from_millis(50)).await;
+    c.pass(50);
     let due = c.create(SAFE, &contract(SAFE)).await;
     let claimed = c.claim(&[SAFE], None, 1).await;
     assert_eq!(
@@ -177,7 +189,7 @@ pub async fn deadline_exceeded_after_transient_fails_task(store: Store) {
     contract.retry.deadline_ms = 1_500;
     let t = c.create(SAFE, &contract).await;
     let a1 = c.claim_one(SAFE, LONG_LEASE, t.id).await;
-    sleep(Duration::from_millis(1_700)).await;
+    c.pass(1_700);
     let after = c
         .report_ok(&a1, failed(a1.generation, FailureClass::Transient))
         .await;
@@ -214,7 +226,7 @@ pub async fn revoked_key_fails_task_before_retry(store: Store) {
     c.report_ok(&a1, failed(a1.generation, FailureClass::Transient))
         .await;
     must(store.revoke_api_key(c.key.id).await, "revoke_api_key");
-    sleep(Duration::from_millis(400)).await; // past the longest backoff (200 ms)
+    c.pass(LONGEST_BACKOFF);
     must(store.sweep(SWEEP).await, "sweep");
     assert!(
         c.claim(&[SAFE], None, 1).await.is_empty(),

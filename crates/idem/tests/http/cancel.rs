@@ -2,7 +2,7 @@
 
 use serde_json::{Value, json};
 
-use crate::support::{Server, generation, payment, s};
+use crate::support::{MOVED_MS, Server, generation, payment, s};
 
 #[tokio::test]
 async fn cancel_queued_is_confirmed_at_once_and_never_claimed() {
@@ -200,17 +200,18 @@ async fn failed_report_with_a_pending_cancel_confirms_it() {
 
 #[tokio::test]
 async fn expired_lease_with_pending_cancel_on_safe_class_confirms() {
-    let srv = Server::fast().await;
+    let srv = Server::in_process().await;
     let t = srv
         .new_task("c-exp", "generation.dispatch", generation("x"))
         .await;
     let id = s(&t["id"]);
-    let a = srv.claim_one("generation.dispatch", Some(500)).await;
+    let a = srv.claim_one("generation.dispatch", Some(MOVED_MS)).await;
     let hb = srv
         .heartbeat(&s(&a["id"]), json!({"generation": 1, "usage": 3}))
         .await;
     hb.ok(200);
     srv.cancel(&id).await.ok(202);
+    srv.advance(MOVED_MS);
     let t = srv
         .wait_task(&id, "not running", |t| t["state"] != json!("running"))
         .await;
@@ -227,14 +228,15 @@ async fn expired_lease_with_pending_cancel_on_safe_class_confirms() {
 
 #[tokio::test]
 async fn expired_lease_with_pending_cancel_on_non_safe_class_reconciles_first() {
-    let srv = Server::fast().await;
+    let srv = Server::in_process().await;
     // Committed: delivery wins.
     let t = srv
         .new_task("c-exp-1", "payment.release", payment(10))
         .await;
     let id = s(&t["id"]);
-    srv.claim_one("payment.release", Some(500)).await;
+    srv.claim_one("payment.release", Some(MOVED_MS)).await;
     srv.cancel(&id).await.ok(202);
+    srv.advance(MOVED_MS);
     let t = srv
         .wait_task(&id, "not running", |t| t["state"] != json!("running"))
         .await;
@@ -258,8 +260,9 @@ async fn expired_lease_with_pending_cancel_on_non_safe_class_reconciles_first() 
         .new_task("c-exp-2", "payment.release", payment(11))
         .await;
     let id = s(&t["id"]);
-    srv.claim_one("payment.release", Some(500)).await;
+    srv.claim_one("payment.release", Some(MOVED_MS)).await;
     srv.cancel(&id).await.ok(202);
+    srv.advance(MOVED_MS);
     srv.wait_state(&id, "reconciling").await;
     let r = srv.claim_one("payment.release", None).await;
     assert_eq!(r["kind"], json!("reconcile"));

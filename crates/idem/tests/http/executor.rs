@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::support::{Options, POLL_TIMEOUT, Server, generation, payment, s};
+use crate::support::{MOVED_MS, Options, POLL_TIMEOUT, Server, generation, payment, s};
 
 fn attempt_of<'a>(attempts: &'a [Value], id: &str) -> &'a Value {
     attempts
@@ -167,14 +167,15 @@ async fn succeeded_report_delivers_once() {
 
 #[tokio::test]
 async fn expired_lease_on_safe_class_fences_the_old_generation() {
-    let srv = Server::fast().await;
+    let srv = Server::in_process().await;
     let t = srv
         .new_task("gen-fence", "generation.dispatch", generation("cat"))
         .await;
     let id = s(&t["id"]);
-    let a1 = srv.claim_one("generation.dispatch", Some(500)).await;
+    let a1 = srv.claim_one("generation.dispatch", Some(MOVED_MS)).await;
     assert_eq!(a1["generation"], json!(1));
     let a1_id = s(&a1["id"]);
+    srv.advance(MOVED_MS);
     // The background sweeper expires the lease: the task leaves `running` without any claim.
     let after = srv
         .wait_task(&id, "not running", |t| t["state"] != json!("running"))
@@ -185,25 +186,6 @@ async fn expired_lease_on_safe_class_fences_the_old_generation() {
     );
     let attempts = srv.attempts(&id).await;
     assert_eq!(attempt_of(&attempts, &a1_id)["state"], json!("expired"));
-    // The sweeper counts what it expired (it records nothing for an empty sweep).
-    let deadline = std::time::Instant::now() + POLL_TIMEOUT;
-    loop {
-        let m = srv.call(reqwest::Method::GET, "/metrics", None, None).await;
-        let expired = m
-            .text
-            .lines()
-            .find_map(|l| l.strip_prefix("idem_leases_expired_total "))
-            .map(str::trim)
-            .map(str::to_owned);
-        if expired.as_deref() == Some("1") {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "idem_leases_expired_total should be 1, got {expired:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 
     let a2 = srv.claim_one("generation.dispatch", None).await;
     assert_eq!(a2["number"], json!(2));
@@ -271,11 +253,47 @@ async fn expired_lease_on_safe_class_fences_the_old_generation() {
     assert_eq!(task["delivery"]["charge"], json!(50));
 }
 
+/// The process's sweeper counts the leases it expired in `/metrics` (it
+/// records nothing for an empty sweep): black-box, the counter is the
+/// process's, with the shortest lease the API allows.
+#[tokio::test]
+async fn the_sweeper_counts_expired_leases() {
+    let srv = Server::fast().await;
+    let t = srv
+        .new_task("count-expiry", "generation.dispatch", generation("cat"))
+        .await;
+    let id = s(&t["id"]);
+    srv.claim_one("generation.dispatch", Some(100)).await;
+    srv.wait_task(&id, "not running", |t| t["state"] != json!("running"))
+        .await;
+    let deadline = std::time::Instant::now() + POLL_TIMEOUT;
+    loop {
+        let m = srv.call(reqwest::Method::GET, "/metrics", None, None).await;
+        let expired = m
+            .text
+            .lines()
+            .find_map(|l| l.strip_prefix("idem_leases_expired_total "))
+            .map(str::trim)
+            .map(str::to_owned);
+        if expired.as_deref() == Some("1") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "idem_leases_expired_total should be 1, got {expired:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// On an in-process server: a non-safe task whose lease runs out is
+/// reconciled.
 async fn expire_into_reconciling(srv: &Server, ikey: &str) -> (String, Value) {
     let t = srv.new_task(ikey, "payment.release", payment(700)).await;
     let id = s(&t["id"]);
-    let a1 = srv.claim_one("payment.release", Some(500)).await;
+    let a1 = srv.claim_one("payment.release", Some(MOVED_MS)).await;
     assert_eq!(a1["kind"], json!("execute"));
+    srv.advance(MOVED_MS);
     let t = srv
         .wait_task(&id, "not running", |t| t["state"] != json!("running"))
         .await;
@@ -289,7 +307,7 @@ async fn expire_into_reconciling(srv: &Server, ikey: &str) -> (String, Value) {
 
 #[tokio::test]
 async fn non_safe_expired_lease_reconciles_then_not_committed_executes_again() {
-    let srv = Server::fast().await;
+    let srv = Server::in_process().await;
     let (id, a1) = expire_into_reconciling(&srv, "rec-1").await;
     let r = srv.claim_one("payment.release", None).await;
     assert_eq!(r["kind"], json!("reconcile"));
@@ -346,7 +364,7 @@ async fn non_safe_expired_lease_reconciles_then_not_committed_executes_again() {
 
 #[tokio::test]
 async fn non_safe_expired_lease_reconciles_then_committed_delivers_without_executing() {
-    let srv = Server::fast().await;
+    let srv = Server::in_process().await;
     let (id, _) = expire_into_reconciling(&srv, "rec-2").await;
     let r = srv.claim_one("payment.release", None).await;
     assert_eq!(r["kind"], json!("reconcile"));
@@ -376,7 +394,7 @@ async fn non_safe_expired_lease_reconciles_then_committed_delivers_without_execu
 
 #[tokio::test]
 async fn unknown_report_reconciles_and_reconcile_failures_never_execute() {
-    let srv = Server::fast().await;
+    let srv = Server::in_process().await;
     let t = srv.new_task("unk-1", "payment.release", payment(5)).await;
     let id = s(&t["id"]);
     let a = srv.claim_one("payment.release", None).await;
@@ -410,7 +428,7 @@ async fn unknown_report_reconciles_and_reconcile_failures_never_execute() {
 
 #[tokio::test]
 async fn transient_failure_retries_only_safe_classes_after_backoff() {
-    let srv = Server::fast().await;
+    let srv = Server::in_process().await;
     // Safe class: retry_wait, then (in the background) queued, then attempt 2.
     let g = srv
         .new_task("tr-safe", "generation.dispatch", generation("dog"))
@@ -423,6 +441,7 @@ async fn transient_failure_retries_only_safe_classes_after_backoff() {
     let t = r.ok(200)["task"].clone();
     assert_eq!(t["state"], json!("retry_wait"));
     assert_eq!(t["failure"], Value::Null);
+    srv.advance(MOVED_MS);
     let woke = srv.wait_state(&gid, "queued").await;
     assert_eq!(woke["generation"], json!(1));
     let a2 = srv.claim_one("generation.dispatch", None).await;
@@ -515,11 +534,11 @@ async fn malformed_reports_are_400_and_change_nothing() {
 
 #[tokio::test]
 async fn max_attempts_exhausted() {
-    let opts = Options::fast().env(
+    let opts = Options::moved().env(
         "IDEM_OPERATIONS__GENERATION_DISPATCH__RETRY__MAX_ATTEMPTS",
         "2",
     );
-    let srv = Server::start_with(opts).await;
+    let srv = Server::in_process_with(opts).await;
     let t = srv
         .new_task("max-1", "generation.dispatch", generation("x"))
         .await;
@@ -578,17 +597,17 @@ async fn usage_over_budget_is_budget_exhausted() {
 #[tokio::test]
 async fn no_attempt_starts_after_the_deadline() {
     // Retention (24 h) still covers request_retry + deadline + reconciliation.
-    let opts = Options::fast().env(
+    let opts = Options::moved().env(
         "IDEM_OPERATIONS__GENERATION_DISPATCH__RETRY__DEADLINE_MS",
-        "300",
+        &MOVED_MS.to_string(),
     );
-    let srv = Server::start_with(opts).await;
+    let srv = Server::in_process_with(opts).await;
     let t = srv
         .new_task("deadline-1", "generation.dispatch", generation("x"))
         .await;
     let id = s(&t["id"]);
-    assert_eq!(t["contract"]["retry"]["deadline_ms"], json!(300));
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(t["contract"]["retry"]["deadline_ms"], json!(MOVED_MS));
+    srv.advance(MOVED_MS + 1);
     // The first claim after the deadline starts nothing and fails the task.
     assert_eq!(
         srv.claim_op("generation.dispatch", None).await,
@@ -602,24 +621,24 @@ async fn no_attempt_starts_after_the_deadline() {
 
 #[tokio::test]
 async fn deadline_passing_between_attempts_fails_the_retry() {
-    let opts = Options::fast().env(
+    let opts = Options::moved().env(
         "IDEM_OPERATIONS__GENERATION_DISPATCH__RETRY__DEADLINE_MS",
-        "3000",
+        &MOVED_MS.to_string(),
     );
-    let srv = Server::start_with(opts).await;
+    let srv = Server::in_process_with(opts).await;
     let t = srv
         .new_task("deadline-2", "generation.dispatch", generation("x"))
         .await;
     let id = s(&t["id"]);
     let a = srv.claim_one("generation.dispatch", None).await;
-    // Wait until the deadline has certainly passed, keeping the lease alive.
-    let until = tokio::time::Instant::now() + Duration::from_millis(3300);
-    while tokio::time::Instant::now() < until {
+    // The deadline passes while the lease (30 s) is kept alive.
+    for _ in 0..3 {
+        srv.advance(MOVED_MS / 3);
         srv.heartbeat(&s(&a["id"]), json!({"generation": 1}))
             .await
             .ok(200);
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    srv.advance(1);
     let r = srv
         .report(
             &s(&a["id"]),
@@ -634,7 +653,7 @@ async fn deadline_passing_between_attempts_fails_the_retry() {
 
 #[tokio::test]
 async fn revoked_submitter_key_fails_the_retry_with_permission_denied() {
-    let srv = Server::fast().await;
+    let srv = Server::in_process().await;
     let (kid, key) = srv.create_key("acme", "client", Some("generation.dispatch"));
     let r = srv
         .submit_as(&key, "rev-1", "generation.dispatch", generation("x"))
@@ -667,6 +686,7 @@ async fn revoked_submitter_key_fails_the_retry_with_permission_denied() {
         .assert_problem(401, "UNAUTHENTICATED");
 
     // Claims never return a new attempt; the task ends failed permission_denied.
+    srv.advance(MOVED_MS);
     let deadline = tokio::time::Instant::now() + POLL_TIMEOUT;
     let t = loop {
         let got = srv.claim_op("generation.dispatch", None).await;

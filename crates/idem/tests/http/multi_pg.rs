@@ -1016,7 +1016,7 @@ async fn clock_skew_case(offset_ms: i64) {
     let (url, _keys, servers) = cluster(&[&[], &[("IDEM_CLOCK_OFFSET_MS", &offset)]]).await;
     let db = db(&url).await;
     let (a, b) = (servers[0].clone(), servers[1].clone());
-    // Lease 10 s: far longer than the 1.5 s waited, far shorter than the 10 min skew.
+    // Lease 10 s: far longer than the 0.5 s waited, far shorter than the 10 min skew.
     const LEASE_MS: i64 = 10_000;
 
     // A live lease claimed through A (normal) and one claimed through B (skewed).
@@ -1039,8 +1039,8 @@ async fn clock_skew_case(offset_ms: i64) {
             "lease of {aid} ends {left} ms from now by the database clock (offset {offset_ms})"
         );
     }
-    // Both sweepers run many times (every 50 ms).
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Both sweepers run about ten times (every 50 ms).
+    tokio::time::sleep(Duration::from_millis(500)).await;
     for (id, aid) in &live {
         let t = same_task_everywhere(&servers, id).await;
         assert_eq!(
@@ -1078,10 +1078,10 @@ async fn clock_skew_case(offset_ms: i64) {
         );
     }
 
-    // A dead lease: claimed through A with 300 ms, then A stops; B's sweeper
+    // A dead lease: claimed through A with 100 ms (the shortest lease), then A stops; B's sweeper
     // alone must expire it (non-safe class: `reconciling`).
     let z = a.new_task("skew-z", "payment.release", payment(3)).await;
-    let az = a.claim_op("payment.release", Some(300)).await;
+    let az = a.claim_op("payment.release", Some(100)).await;
     assert_eq!(az.len(), 1);
     assert_eq!(az[0]["task_id"], z["id"]);
     drop(a);
@@ -1105,7 +1105,7 @@ async fn clock_skew_case(offset_ms: i64) {
         .new_task("skew-w", "generation.dispatch", generation("w"))
         .await;
     let wid = s(&w["id"]);
-    let bw = b.claim_op("generation.dispatch", Some(300)).await;
+    let bw = b.claim_op("generation.dispatch", Some(100)).await;
     assert_eq!(bw.len(), 1);
     assert_eq!(bw[0]["task_id"], json!(wid));
     let t = b

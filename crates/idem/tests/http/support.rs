@@ -1,4 +1,8 @@
-//! A real `idem serve` child process per test, real HTTP with reqwest.
+//! A real `idem serve` child process per test, real HTTP with reqwest; or,
+//! for tests that let a lease, backoff, deadline or retention pass, the same
+//! server in the test process over a store with a test clock
+//! ([`Server::in_process`]), which the test moves ([`Server::advance`])
+//! instead of sleeping.
 
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader};
@@ -21,14 +25,25 @@ pub const POLL_TIMEOUT: Duration = Duration::from_secs(10);
 /// instances and tests share one PostgreSQL with a limited `max_connections`).
 pub const PG_POOL_SIZE: &str = "8";
 
+/// How long leases, deadlines and backoffs last in an in-process test, ms:
+/// far past [`POLL_TIMEOUT`], so they pass only when the test moves the
+/// clock ([`Server::advance`]).
+pub const MOVED_MS: i64 = 60_000;
+
 /// A fast configuration as a TOML document: the bundled classes with short
 /// backoffs (50 ms doubling to at most 200 ms), so retries are quick. Windows,
 /// leases and fees are the bundled ones.
 pub fn fast_toml() -> String {
+    backoff_toml("50", "200")
+}
+
+/// The bundled classes with backoffs from `initial_ms` doubling to at most
+/// `max_ms`, as a TOML document.
+fn backoff_toml(initial_ms: &str, max_ms: &str) -> String {
     let overrides = ["PAYMENT_RELEASE", "GENERATION_DISPATCH"]
         .into_iter()
         .flat_map(|class| {
-            [("INITIAL_MS", "50"), ("MAX_MS", "200")].map(|(field, value)| {
+            [("INITIAL_MS", initial_ms), ("MAX_MS", max_ms)].map(|(field, value)| {
                 (
                     format!("IDEM_OPERATIONS__{class}__RETRY__BACKOFF__{field}"),
                     value.to_owned(),
@@ -136,6 +151,15 @@ impl Options {
         }
     }
 
+    /// The configuration of in-process tests: the bundled classes with a
+    /// fixed backoff of [`MOVED_MS`], which only a move of the clock lets pass.
+    pub fn moved() -> Options {
+        Options {
+            config: Some(backoff_toml("60000", "60000")),
+            env: Vec::new(),
+        }
+    }
+
     /// Adds an environment variable.
     pub fn env(mut self, name: &str, value: &str) -> Options {
         self.env.push((name.to_owned(), value.to_owned()));
@@ -157,6 +181,15 @@ pub struct Server {
     pub http: reqwest::Client,
     /// Keys created before start.
     pub keys: Keys,
+    /// The server runs in this process ([`Server::in_process`]).
+    in_process: Option<InProcess>,
+}
+
+/// What a [`Server::in_process`] holds: the clock of its store and the
+/// sender whose drop stops it.
+struct InProcess {
+    clock: idem_store::Clock,
+    _stop: tokio::sync::watch::Sender<bool>,
 }
 
 impl Server {
@@ -187,10 +220,7 @@ impl Server {
         if let Some(text) = &opts.config {
             std::fs::write(dir.path().join("idem.toml"), text).expect("write config");
         }
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(60))
-            .build()
-            .expect("reqwest client");
+        let http = http_client();
         let mut server = Server {
             dir,
             child: None,
@@ -200,9 +230,87 @@ impl Server {
             url: String::new(),
             http,
             keys,
+            in_process: None,
         };
         server.spawn();
         server
+    }
+
+    /// Starts the server in this process with [`Options::moved`]
+    /// ([`Server::in_process_with`]).
+    pub async fn in_process() -> Server {
+        Server::in_process_with(Options::moved()).await
+    }
+
+    /// Starts the server in this process: `idem_http::serve` on 127.0.0.1:0
+    /// and the sweeper (every 50 ms, as `--sweep-interval-ms 50`) over a
+    /// SQLite store in its own temporary directory opened with a test clock;
+    /// `opts`' configuration with its `IDEM_OPERATIONS__…` variables applied
+    /// (others are ignored). Stopped when dropped. The CLI helpers work on its
+    /// store; the process helpers (signals, restart, log) do not apply.
+    pub async fn in_process_with(opts: Options) -> Server {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let keys = Server::create_keys(&store_url(dir.path()));
+        let clock = idem_store::Clock::test();
+        let store = idem_store_sqlite::open(
+            dir.path().join("idem.db"),
+            idem_store_sqlite::SqliteOptions {
+                clock: clock.clone(),
+            },
+        )
+        .expect("open the SQLite store");
+        let text = opts
+            .config
+            .clone()
+            .unwrap_or_else(|| idem_core::config::DEFAULT_TOML.to_owned());
+        let config = idem_core::config::Config::from_toml_with_env(&text, opts.env.clone())
+            .expect("the configuration");
+        let state = idem_http::AppState::new(store.clone(), config);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind 127.0.0.1:0");
+        let url = format!("http://{}", listener.local_addr().expect("local address"));
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let until_stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        };
+        tokio::spawn(idem_store::sweeper::run_sweeper(
+            store,
+            state.work.clone(),
+            Duration::from_millis(50),
+            until_stopped(stopped.clone()),
+        ));
+        tokio::spawn(idem_http::serve(
+            listener,
+            idem_http::router(state),
+            idem_http::ServeLimits::with_defaults(0),
+            until_stopped(stopped),
+        ));
+        Server {
+            dir,
+            child: None,
+            _stdout: None,
+            opts,
+            shared_store: None,
+            url,
+            http: http_client(),
+            keys,
+            in_process: Some(InProcess { clock, _stop: stop }),
+        }
+    }
+
+    /// Moves the clock of an in-process server's store forward by `ms`
+    /// (leases, backoffs, deadlines and retention pass; the sweeper acts on
+    /// its next tick).
+    ///
+    /// # Panics
+    /// On a server that runs as a child process (its clock is real time).
+    pub fn advance(&self, ms: i64) {
+        let Some(p) = &self.in_process else {
+            panic!("Server::advance needs a server started with Server::in_process");
+        };
+        p.clock
+            .advance(Duration::from_millis(u64::try_from(ms).unwrap_or(0)));
     }
 
     /// Creates the standard keys ([`Keys`]) in the store at `store`.
@@ -506,7 +614,10 @@ impl Server {
             .clone()
     }
 
-    /// Claims until an attempt of `operation` is returned (bounded); returns it.
+    /// Claims until an attempt of `operation` is returned (bounded); returns
+    /// it. On an in-process server a try that finds nothing moves the clock
+    /// by [`MOVED_MS`] (past a backoff of [`Options::moved`]) and claims
+    /// again at once, so a backoff passes by the clock, not by waiting.
     pub async fn claim_one(&self, operation: &str, lease_ms: Option<i64>) -> Value {
         let deadline = tokio::time::Instant::now() + POLL_TIMEOUT;
         loop {
@@ -518,7 +629,11 @@ impl Server {
                 tokio::time::Instant::now() < deadline,
                 "no attempt of {operation} became claimable within {POLL_TIMEOUT:?}"
             );
-            tokio::time::sleep(Duration::from_millis(25)).await;
+            if self.in_process.is_some() {
+                self.advance(MOVED_MS);
+            } else {
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
         }
     }
 
@@ -582,6 +697,14 @@ impl Drop for Server {
             let _ = child.wait();
         }
     }
+}
+
+/// The HTTP client of a [`Server`].
+fn http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("reqwest client")
 }
 
 /// Reads a response fully.
