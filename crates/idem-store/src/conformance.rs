@@ -34,8 +34,8 @@ use idem_core::config::{Backoff, Config, Contract};
 use idem_core::fingerprint::canonical_request;
 use idem_core::machine::{HeartbeatAck, Rejection, Report};
 use idem_core::model::{
-    ApiKey, Attempt, AttemptKind, AttemptState, CancelStatus, Cancellation, Event, FailureClass,
-    Outcome, Role, Task, TaskState,
+    ApiKey, Attempt, AttemptKind, AttemptState, CancelStatus, Cancellation, Disposition, Event,
+    EventKind, EvidenceOutcome, FailureClass, Outcome, Role, Task, TaskState,
 };
 use serde_json::{Value, json};
 use tokio::sync::Barrier;
@@ -331,7 +331,7 @@ fn kinds(events: &[Event]) -> Vec<&str> {
 }
 
 fn count(events: &[Event], kind: &str) -> usize {
-    events.iter().filter(|e| e.kind == kind).count()
+    events.iter().filter(|e| e.kind.as_str() == kind).count()
 }
 
 fn dispositions(a: &Attempt) -> Vec<&str> {
