@@ -385,44 +385,18 @@ pub fn acknowledge(
     body: Value,
     now: Timestamp,
 ) -> Result<(), Rejection> {
+    let ack = |disposition| evidence(now, generation, EvidenceOutcome::Ack, body, disposition);
     if let Err(e) = fence(task, attempt, j, generation, now) {
-        j.evidence(
-            attempt,
-            evidence(
-                now,
-                generation,
-                EvidenceOutcome::Ack,
-                body,
-                Disposition::StaleGeneration,
-            ),
-        );
+        j.evidence(attempt, ack(Disposition::StaleGeneration));
         return Err(e);
     }
     if attempt.state == AttemptState::Leased {
         attempt.state = AttemptState::Acknowledged;
-        j.evidence(
-            attempt,
-            evidence(
-                now,
-                generation,
-                EvidenceOutcome::Ack,
-                body,
-                Disposition::Applied,
-            ),
-        );
+        j.evidence(attempt, ack(Disposition::Applied));
         let data = json!({"attempt_id": attempt.id, "generation": generation});
         j.record(task, now, EventKind::CommandAcknowledged, data);
     } else {
-        j.evidence(
-            attempt,
-            evidence(
-                now,
-                generation,
-                EvidenceOutcome::Ack,
-                body,
-                Disposition::Repeat,
-            ),
-        );
+        j.evidence(attempt, ack(Disposition::Repeat));
     }
     Ok(())
 }

@@ -4,59 +4,19 @@
 //! a default.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
-use idem_core::machine::Report;
-use idem_core::model::{Disposition, EventKind, EvidenceOutcome, Outcome, Role};
 use idem_store::StoreError;
-use idem_store::conformance::{contract, params, submission};
-use idem_store::ops::{ClaimRequest, SubmitOutcome};
+use idem_store::conformance::task_with_a_reported_attempt;
 use rusqlite::Connection;
-use serde_json::json;
-
-const OP: &str = "payment.release";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_words_in_stored_rows_are_corrupt() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("idem.db");
     let store = idem_store_sqlite::open(&path, Default::default()).expect("open");
-    let (key, _) = store
-        .create_api_key("acme", Role::Admin, None)
-        .await
-        .unwrap();
-    let s = submission("acme", OP, "k", params(OP, 1), contract(OP), &key);
-    let SubmitOutcome::Created(task) = store.submit(s).await.unwrap() else {
-        panic!("expected a new task")
-    };
-    let claim = ClaimRequest {
-        tenant: "acme".into(),
-        operations: vec![OP.into()],
-        executor_id: "e1".into(),
-        max: 1,
-        lease_ms: Some(60_000),
-    };
-    let a = store.claim(claim).await.unwrap()[0].attempt.clone();
-    let body = json!({"generation": a.generation, "outcome": "unknown"});
-    let report = Report {
-        generation: a.generation,
-        outcome: Outcome::Unknown,
-        result: None,
-        failure_class: None,
-        message: None,
-        usage: None,
-        external_txn_id: None,
-        body: body.clone(),
-    };
-    store.report("acme", a.id, report).await.unwrap().unwrap();
-    let read = store.list_attempts(None, task.id).await.unwrap().unwrap();
-    let applied = read[0].report.clone().unwrap();
-    assert_eq!((applied.outcome, applied.body), (Outcome::Unknown, body));
-    assert_eq!(read[0].evidence[0].disposition, Disposition::Applied);
-    assert_eq!(read[0].evidence[0].outcome, EvidenceOutcome::Unknown);
-    let events = store.list_events(None, task.id).await.unwrap().unwrap();
-    assert_eq!(events[0].kind, EventKind::TaskSubmitted);
+    let (task, attempt) = task_with_a_reported_attempt(&store).await;
 
     let db = Connection::open(&path).unwrap();
-    let (task_id, attempt_id) = (task.id.to_string(), a.id.to_string());
+    let (task_id, attempt_id) = (task.to_string(), attempt.to_string());
     let corrupt = |e: StoreError| matches!(e, StoreError::Corrupt(_));
     for report in [r#"{"generation": 1}"#, r#"{"outcome": "nope"}"#] {
         db.execute(
@@ -64,7 +24,7 @@ async fn unknown_words_in_stored_rows_are_corrupt() {
             [&attempt_id, report],
         )
         .unwrap();
-        let err = store.list_attempts(None, task.id).await.unwrap_err();
+        let err = store.list_attempts(None, task).await.unwrap_err();
         assert!(corrupt(err), "report {report}");
     }
     db.execute(
@@ -78,13 +38,11 @@ async fn unknown_words_in_stored_rows_are_corrupt() {
         [&task_id, &attempt_id],
     )
     .unwrap();
-    assert!(corrupt(
-        store.list_attempts(None, task.id).await.unwrap_err()
-    ));
+    assert!(corrupt(store.list_attempts(None, task).await.unwrap_err()));
     db.execute(
         "INSERT INTO events (task_id, seq, type, at, data) VALUES (?1, 1000, 'nope', 0, '{}')",
         [&task_id],
     )
     .unwrap();
-    assert!(corrupt(store.list_events(None, task.id).await.unwrap_err()));
+    assert!(corrupt(store.list_events(None, task).await.unwrap_err()));
 }
