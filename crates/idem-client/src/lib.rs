@@ -35,10 +35,12 @@ use uuid::Uuid;
 
 mod types;
 
+use idem_api::{AckBody, ClaimBody, ClaimResponse, HeartbeatBody, SubmitBody};
+pub use idem_api::{Problem, ProblemCode};
 pub use types::{
     Attempt, AttemptKind, AttemptState, CancelStatus, Cancellation, ClaimedAttempt, Contract,
-    Delivery, Event, Evidence, Failure, FailureClass, HeartbeatAck, Outcome, Problem, ReportBody,
-    Task, TaskState,
+    Delivery, Event, Evidence, Failure, FailureClass, HeartbeatAck, Outcome, ReportBody, Task,
+    TaskState,
 };
 
 /// Longest idempotency key idem accepts, in bytes (SPEC §4).
@@ -52,9 +54,10 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 #[non_exhaustive]
 pub enum ClientError {
     /// idem answered with an error status. For idem's own errors `problem` is
-    /// the RFC 9457 document with its `code`; for an answer that is not a
-    /// problem document (e.g. from a proxy) `problem.code` is empty and
-    /// `problem.detail` holds the start of the body.
+    /// the RFC 9457 document with its `code` (`ProblemCode::Other` for a code
+    /// this version does not know); for an answer that is not a problem
+    /// document (e.g. from a proxy) `problem.code` is `ProblemCode::Other`,
+    /// `problem.type` is empty and `problem.detail` holds the start of the body.
     #[error("HTTP {status} {}: {}", problem.code, problem.detail)]
     Api {
         /// HTTP status code.
@@ -96,10 +99,13 @@ impl ClientError {
         }
     }
 
-    /// The problem `code` (e.g. `IDEMPOTENCY_CONFLICT`), when idem answered with a problem.
-    pub fn code(&self) -> Option<&str> {
+    /// The problem `code` (e.g. `IDEMPOTENCY_CONFLICT`), when idem answered
+    /// with a problem whose code this version knows.
+    pub fn code(&self) -> Option<&'static str> {
         match self {
-            ClientError::Api { problem, .. } if !problem.code.is_empty() => Some(&problem.code),
+            ClientError::Api { problem, .. } if problem.code != ProblemCode::Other => {
+                Some(problem.code.as_str())
+            }
             _ => None,
         }
     }
@@ -389,7 +395,10 @@ impl Client {
         let rb = self
             .request(Method::POST, url)
             .header("idempotency-key", key)
-            .json(&json!({"operation": operation, "params": params}));
+            .json(&SubmitBody {
+                operation: operation.to_owned(),
+                params: params.clone(),
+            });
         let answer: Answer<SubmitEnvelope> = self.send(rb).await?;
         Ok(Submitted {
             replayed: answer.replayed || answer.body.meta.replayed,
@@ -562,19 +571,21 @@ impl Client {
         lease_ms: Option<u64>,
         wait_ms: u64,
     ) -> Result<Vec<ClaimedAttempt>> {
-        let mut body = json!({"executor_id": executor_id, "max": max, "wait_ms": wait_ms});
-        if !operations.is_empty() {
-            body["operations"] = json!(operations);
-        }
-        if let Some(l) = lease_ms {
-            body["lease_ms"] = json!(l);
-        }
+        let body = ClaimBody {
+            executor_id: executor_id.to_owned(),
+            operations: (!operations.is_empty())
+                .then(|| operations.iter().map(|o| (*o).to_owned()).collect()),
+            max: Some(i64::from(max)),
+            // Beyond i64 either way is out of range: 400 `INVALID_REQUEST`.
+            lease_ms: lease_ms.map(|l| i64::try_from(l).unwrap_or(i64::MAX)),
+            wait_ms: Some(wait_ms),
+        };
         let url = self.url("v1/attempts/claim")?;
         let rb = self
             .request(Method::POST, url)
             .timeout(self.timeout + Duration::from_millis(wait_ms))
             .json(&body);
-        let a: Answer<ClaimEnvelope> = self.send(rb).await?;
+        let a: Answer<ClaimResponse<ClaimedAttempt>> = self.send(rb).await?;
         Ok(a.body.attempts)
     }
 
@@ -588,10 +599,7 @@ impl Client {
         generation: i64,
         usage: Option<i64>,
     ) -> Result<HeartbeatAck> {
-        let mut body = json!({"generation": generation});
-        if let Some(u) = usage {
-            body["usage"] = json!(u);
-        }
+        let body = HeartbeatBody { generation, usage };
         let a: Answer<HeartbeatAck> = self
             .post_json(&format!("v1/attempts/{attempt_id}/heartbeat"), &body)
             .await?;
@@ -607,7 +615,7 @@ impl Client {
         let a: Answer<TaskEnvelope> = self
             .post_json(
                 &format!("v1/attempts/{attempt_id}/ack"),
-                &json!({"generation": generation}),
+                &AckBody { generation },
             )
             .await?;
         Ok(a.body.task)
@@ -648,15 +656,16 @@ fn api_error(
     body: &[u8],
     request_id: Option<String>,
 ) -> ClientError {
-    let problem = serde_json::from_slice::<Problem>(body)
-        .ok()
-        .filter(|p| !p.code.is_empty())
-        .unwrap_or_else(|| Problem {
-            status: status.as_u16(),
-            title: status.canonical_reason().unwrap_or("Error").to_owned(),
-            detail: String::from_utf8_lossy(body).chars().take(200).collect(),
-            ..Problem::default()
-        });
+    let problem = serde_json::from_slice::<Problem>(body).unwrap_or_else(|_| Problem {
+        kind: String::new(),
+        title: status.canonical_reason().unwrap_or("Error").to_owned(),
+        status: status.as_u16(),
+        detail: String::from_utf8_lossy(body).chars().take(200).collect(),
+        code: ProblemCode::Other,
+        task_id: None,
+        current_generation: None,
+        errors: None,
+    });
     let retry_after = headers
         .get(RETRY_AFTER)
         .and_then(|v| v.to_str().ok())
@@ -670,43 +679,11 @@ fn api_error(
     }
 }
 
-#[derive(serde::Deserialize)]
-struct SubmitMeta {
-    #[serde(default)]
-    replayed: bool,
-}
-
-#[derive(serde::Deserialize)]
-struct SubmitEnvelope {
-    task: Task,
-    meta: SubmitMeta,
-}
-
-#[derive(serde::Deserialize)]
-struct TaskEnvelope {
-    task: Task,
-}
-
-#[derive(serde::Deserialize)]
-struct AttemptsEnvelope {
-    attempts: Vec<Attempt>,
-}
-
-#[derive(serde::Deserialize)]
-struct EventsEnvelope {
-    events: Vec<Event>,
-}
-
-#[derive(serde::Deserialize)]
-struct CancelEnvelope {
-    task: Task,
-    cancellation: Cancellation,
-}
-
-#[derive(serde::Deserialize)]
-struct ClaimEnvelope {
-    attempts: Vec<ClaimedAttempt>,
-}
+type SubmitEnvelope = idem_api::SubmitResponse<Task>;
+type TaskEnvelope = idem_api::TaskEnvelope<Task>;
+type AttemptsEnvelope = idem_api::AttemptsEnvelope<Attempt>;
+type EventsEnvelope = idem_api::EventsEnvelope<Event>;
+type CancelEnvelope = idem_api::CancelResponse<Task, Cancellation>;
 
 #[cfg(test)]
 mod tests {
@@ -781,9 +758,29 @@ mod tests {
         );
         assert_eq!(e.status(), Some(502));
         assert_eq!(e.code(), None);
+        assert_eq!(e.problem().map(|p| p.code), Some(ProblemCode::Other));
+        assert_eq!(
+            e.problem().map(|p| p.detail.as_str()),
+            Some("<html>bad gateway</html>")
+        );
         assert!(e.is_retryable());
         assert!(
             matches!(e, ClientError::Api { retry_after: Some(d), .. } if d == Duration::from_secs(1))
+        );
+    }
+
+    /// A code a newer server sends decodes as `Other`: the problem's status,
+    /// detail and members are kept, and `code()` names no code.
+    #[test]
+    fn problems_with_new_codes_decode_as_other() {
+        let body = br#"{"type":"https://idem.dev/problems/new","title":"Conflict","status":409,"detail":"a newer refusal","code":"SOME_NEW_CODE","current_generation":4}"#;
+        let e = api_error(StatusCode::CONFLICT, &HeaderMap::new(), body, None);
+        assert_eq!(e.code(), None);
+        let p = e.problem().unwrap();
+        assert_eq!(p.code, ProblemCode::Other);
+        assert_eq!(
+            (p.status, p.detail.as_str(), p.current_generation),
+            (409, "a newer refusal", Some(4))
         );
     }
 

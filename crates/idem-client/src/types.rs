@@ -1,9 +1,13 @@
-//! The JSON documents of the idem HTTP API (SPEC §4), as plain serde structs.
+//! The records of the idem HTTP API (SPEC §4) as the client receives them,
+//! as plain serde structs; the request bodies, envelopes and problem
+//! document are `idem-api`'s, filled with these records.
 //!
 //! Field names are the SPEC's. Unknown fields are ignored so that a newer
 //! server can add fields; unknown enum words decode as `Other` so that a newer
 //! server can add states. Timestamps are kept as the RFC 3339 strings the
-//! server sends.
+//! server sends. The server decodes what it receives strictly with its own
+//! records (`idem-core`'s); these stay tolerant on purpose, which is why the
+//! two sides do not share records.
 
 use std::fmt;
 
@@ -307,161 +311,22 @@ pub struct Event {
     pub data: Value,
 }
 
-/// An attempt leased to an executor by `POST /v1/attempts/claim`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ClaimedAttempt {
-    /// Attempt id (pass it, or the task id, to the provider as its idempotency key).
-    pub id: Uuid,
-    /// Task id.
-    pub task_id: Uuid,
-    /// Attempt number.
-    pub number: i64,
-    /// Fencing generation: send it with every heartbeat and report.
-    pub generation: i64,
-    /// `execute` or `reconcile`.
-    pub kind: AttemptKind,
-    /// Lease end (RFC 3339).
-    pub lease_expires_at: String,
-    /// Operation class.
-    pub operation: String,
-    /// Task params.
-    pub params: Value,
-    /// The client's idempotency key.
-    pub idempotency_key: String,
-}
+/// An attempt leased to an executor by `POST /v1/attempts/claim` (its
+/// lease end kept as RFC 3339 text).
+pub type ClaimedAttempt = idem_api::ClaimedAttempt<AttemptKind, String>;
 
-/// Answer to a heartbeat.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HeartbeatAck {
-    /// The extended lease end (RFC 3339).
-    pub lease_expires_at: String,
-    /// A cancellation is pending: stop and report `cancelled` with usage.
-    pub cancel_requested: bool,
-}
+/// Answer to a heartbeat (the extended lease end as RFC 3339 text).
+pub type HeartbeatAck = idem_api::HeartbeatResponse<String>;
 
-/// Body of `POST /v1/attempts/{id}/report`. Build one with the constructors and
-/// the `with_*` methods.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ReportBody {
-    /// The generation the executor holds.
-    pub generation: i64,
-    /// What happened.
-    pub outcome: Outcome,
-    /// Result document (`succeeded`, `committed`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub result: Option<Value>,
-    /// Required with `failed`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub failure_class: Option<FailureClass>,
-    /// Free text.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
-    /// The attempt's total usage so far.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub usage: Option<i64>,
-    /// The external system's transaction id.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub external_txn_id: Option<String>,
-}
+/// Body of `POST /v1/attempts/{id}/report`. Build one with the constructors
+/// (`ReportBody::succeeded`, `failed`, …) and the `with_*` methods.
+pub type ReportBody = idem_api::ReportBody<Outcome, FailureClass>;
 
-impl ReportBody {
-    /// A report with only `generation` and `outcome`.
-    pub fn new(generation: i64, outcome: Outcome) -> ReportBody {
-        ReportBody {
-            generation,
-            outcome,
-            result: None,
-            failure_class: None,
-            message: None,
-            usage: None,
-            external_txn_id: None,
-        }
-    }
-
-    /// `succeeded` with a result (execute attempts).
-    pub fn succeeded(generation: i64, result: Value) -> ReportBody {
-        ReportBody::new(generation, Outcome::Succeeded).with_result(result)
-    }
-
-    /// `committed` with the reconciled result (reconcile attempts).
-    pub fn committed(generation: i64, result: Value) -> ReportBody {
-        ReportBody::new(generation, Outcome::Committed).with_result(result)
-    }
-
-    /// `not_committed` (reconcile attempts).
-    pub fn not_committed(generation: i64) -> ReportBody {
-        ReportBody::new(generation, Outcome::NotCommitted)
-    }
-
-    /// `failed` with its class and message.
-    pub fn failed(generation: i64, class: FailureClass, message: impl Into<String>) -> ReportBody {
-        let mut r = ReportBody::new(generation, Outcome::Failed);
-        r.failure_class = Some(class);
-        r.message = Some(message.into());
-        r
-    }
-
-    /// `unknown`: the executor cannot tell whether the effect happened.
-    pub fn unknown(generation: i64) -> ReportBody {
-        ReportBody::new(generation, Outcome::Unknown)
-    }
-
-    /// `cancelled`: stopped on request of a pending cancellation.
-    pub fn cancelled(generation: i64) -> ReportBody {
-        ReportBody::new(generation, Outcome::Cancelled)
-    }
-
-    /// Sets the result document.
-    #[must_use]
-    pub fn with_result(mut self, result: Value) -> ReportBody {
-        self.result = Some(result);
-        self
-    }
-
-    /// Sets the attempt's total usage.
-    #[must_use]
-    pub fn with_usage(mut self, usage: i64) -> ReportBody {
-        self.usage = Some(usage);
-        self
-    }
-
-    /// Sets the external transaction id.
-    #[must_use]
-    pub fn with_external_txn_id(mut self, id: impl Into<String>) -> ReportBody {
-        self.external_txn_id = Some(id.into());
-        self
-    }
-
-    /// Sets the free-text message.
-    #[must_use]
-    pub fn with_message(mut self, message: impl Into<String>) -> ReportBody {
-        self.message = Some(message.into());
-        self
-    }
-}
-
-/// An RFC 9457 problem document with idem's `code` member.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
-pub struct Problem {
-    /// Problem type URI.
-    #[serde(rename = "type", default)]
-    pub kind: String,
-    /// Short summary.
-    #[serde(default)]
-    pub title: String,
-    /// HTTP status.
-    #[serde(default)]
-    pub status: u16,
-    /// Explanation of this occurrence.
-    #[serde(default)]
-    pub detail: String,
-    /// Stable machine-readable code, e.g. `IDEMPOTENCY_CONFLICT`.
-    #[serde(default)]
-    pub code: String,
-    /// For `IDEMPOTENCY_CONFLICT`: the original task.
-    #[serde(default)]
-    pub task_id: Option<Uuid>,
-    /// For `STALE_GENERATION`: the task's current generation.
-    #[serde(default)]
-    pub current_generation: Option<i64>,
+impl idem_api::ReportOutcome for Outcome {
+    const SUCCEEDED: Outcome = Outcome::Succeeded;
+    const FAILED: Outcome = Outcome::Failed;
+    const UNKNOWN: Outcome = Outcome::Unknown;
+    const CANCELLED: Outcome = Outcome::Cancelled;
+    const COMMITTED: Outcome = Outcome::Committed;
+    const NOT_COMMITTED: Outcome = Outcome::NotCommitted;
 }

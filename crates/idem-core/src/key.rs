@@ -11,9 +11,9 @@
 //! "empty, more than 255 bytes, not visible ASCII"). A space is therefore not allowed inside a
 //! key even though an sf-string could carry one.
 //!
-//! Mapping to problems (SPEC §4): [`KeyError::Missing`] is 400
-//! `IDEMPOTENCY_KEY_MISSING`; [`KeyError::Multiple`] and [`KeyError::Invalid`]
-//! are 400 `IDEMPOTENCY_KEY_INVALID` (see [`KeyError::problem_code`]).
+//! Mapping to problems (SPEC §4, made by `idem-http`): [`KeyError::Missing`]
+//! is 400 `IDEMPOTENCY_KEY_MISSING`; [`KeyError::Multiple`] and
+//! [`KeyError::Invalid`] are 400 `IDEMPOTENCY_KEY_INVALID`.
 
 use std::fmt;
 
@@ -40,15 +40,6 @@ pub enum KeyError {
 }
 
 impl KeyError {
-    /// The problem `code` of SPEC §4 for this error.
-    #[must_use]
-    pub const fn problem_code(&self) -> &'static str {
-        match self {
-            Self::Missing => "IDEMPOTENCY_KEY_MISSING",
-            Self::Multiple | Self::Invalid { .. } => "IDEMPOTENCY_KEY_INVALID",
-        }
-    }
-
     fn invalid(reason: impl Into<String>) -> Self {
         Self::Invalid {
             reason: reason.into(),
@@ -227,7 +218,6 @@ mod tests {
     fn assert_invalid(r: Result<IdempotencyKey, KeyError>, needle: &str) {
         match r {
             Err(e @ KeyError::Invalid { .. }) => {
-                assert_eq!(e.problem_code(), "IDEMPOTENCY_KEY_INVALID");
                 assert!(e.to_string().contains(needle), "{e} lacks {needle:?}");
             }
             other => panic!("expected Invalid ({needle}), got {other:?}"),
@@ -264,10 +254,8 @@ mod tests {
         let none: [&[u8]; 0] = [];
         let e = parse_header_values(none).unwrap_err();
         assert_eq!(e, KeyError::Missing);
-        assert_eq!(e.problem_code(), "IDEMPOTENCY_KEY_MISSING");
         let e = parse_header_values([&b"\"a\""[..], b"\"a\""]).unwrap_err();
         assert_eq!(e, KeyError::Multiple);
-        assert_eq!(e.problem_code(), "IDEMPOTENCY_KEY_INVALID");
         assert_eq!(
             parse_header_values([&b"\"a\""[..], b"b", b"c"]),
             Err(KeyError::Multiple)

@@ -15,8 +15,9 @@ use uuid::Uuid;
 
 use crate::config::{Contract, MIN_LEASE_MS};
 use crate::model::{
-    Attempt, AttemptKind, AttemptState, CancelStatus, Cancellation, Delivery, Event, Evidence,
-    Failure, FailureClass, Outcome, Task, TaskControl, TaskState, Timestamp,
+    AppliedReport, Attempt, AttemptKind, AttemptState, CancelStatus, Cancellation, Delivery,
+    Disposition, Event, EventKind, Evidence, EvidenceOutcome, Failure, FailureClass, Outcome, Task,
+    TaskControl, TaskState, Timestamp,
 };
 
 /// Whether old generations are refused (SPEC §2.4). Only the `broken-fencing`
@@ -37,12 +38,12 @@ pub struct Journal {
 impl Journal {
     /// Appends an event to `task`'s history: assigns the next sequence number and
     /// touches `updated_at`.
-    pub fn record(&mut self, task: &mut Task, now: Timestamp, kind: &str, data: Value) {
+    pub fn record(&mut self, task: &mut Task, now: Timestamp, kind: EventKind, data: Value) {
         task.control.event_seq += 1;
         task.updated_at = now;
         self.events.push(Event {
             seq: task.control.event_seq,
-            kind: kind.to_owned(),
+            kind,
             at: now,
             data,
         });
@@ -71,7 +72,7 @@ pub enum Rejection {
     #[error("attempt already reported `{existing}`; a different report is kept as evidence only")]
     AlreadyReported {
         /// The outcome already recorded.
-        existing: String,
+        existing: Outcome,
     },
     /// The report does not fit the attempt (HTTP 400 `INVALID_REQUEST`, nothing stored).
     #[error("{0}")]
@@ -168,7 +169,7 @@ pub fn accept(new: NewTask, now: Timestamp) -> (Task, Journal) {
         // event names its version and price.
         "price": task.contract.price,
     });
-    j.record(&mut task, now, "task_submitted", data);
+    j.record(&mut task, now, EventKind::TaskSubmitted, data);
     (task, j)
 }
 
@@ -277,7 +278,7 @@ pub fn claim(
         "lease_expires_at": attempt.lease_expires_at,
         "retry_count": task.control.execute_count - 1,
     });
-    j.record(task, now, "attempt_leased", data);
+    j.record(task, now, EventKind::AttemptLeased, data);
     Ok(Some(attempt))
 }
 
@@ -361,7 +362,7 @@ pub fn heartbeat(
             "usage": attempt.usage,
             "task_usage": task.usage,
         });
-        j.record(task, now, "usage_recorded", data);
+        j.record(task, now, EventKind::UsageRecorded, data);
     }
     attempt.lease_expires_at = now.plus_ms(attempt.lease_ms);
     task.updated_at = now;
@@ -384,20 +385,18 @@ pub fn acknowledge(
     body: Value,
     now: Timestamp,
 ) -> Result<(), Rejection> {
+    let ack = |disposition| evidence(now, generation, EvidenceOutcome::Ack, body, disposition);
     if let Err(e) = fence(task, attempt, j, generation, now) {
-        j.evidence(
-            attempt,
-            evidence(now, generation, "ack", body, "stale_generation"),
-        );
+        j.evidence(attempt, ack(Disposition::StaleGeneration));
         return Err(e);
     }
     if attempt.state == AttemptState::Leased {
         attempt.state = AttemptState::Acknowledged;
-        j.evidence(attempt, evidence(now, generation, "ack", body, "applied"));
+        j.evidence(attempt, ack(Disposition::Applied));
         let data = json!({"attempt_id": attempt.id, "generation": generation});
-        j.record(task, now, "command_acknowledged", data);
+        j.record(task, now, EventKind::CommandAcknowledged, data);
     } else {
-        j.evidence(attempt, evidence(now, generation, "ack", body, "repeat"));
+        j.evidence(attempt, ack(Disposition::Repeat));
     }
     Ok(())
 }
@@ -426,16 +425,16 @@ pub struct Report {
 fn evidence(
     now: Timestamp,
     generation: i64,
-    outcome: &str,
+    outcome: EvidenceOutcome,
     body: Value,
-    disposition: &str,
+    disposition: Disposition,
 ) -> Evidence {
     Evidence {
         received_at: now,
         generation,
-        outcome: outcome.to_owned(),
+        outcome,
         body,
-        disposition: disposition.to_owned(),
+        disposition,
     }
 }
 
@@ -492,13 +491,19 @@ pub fn report(
     now: Timestamp,
 ) -> Result<(), Rejection> {
     validate_report(attempt, r)?;
-    let outcome = r.outcome.as_str();
+    let outcome = EvidenceOutcome::from(r.outcome);
     // An exact repeat of the applied report (its answer was lost) is answered
     // as before, even after newer attempts exist (SPEC §4 "Details").
-    if attempt.report.as_ref() == Some(&r.body) {
+    if attempt.report.as_ref().is_some_and(|a| a.body == r.body) {
         j.evidence(
             attempt,
-            evidence(now, r.generation, outcome, r.body.clone(), "repeat"),
+            evidence(
+                now,
+                r.generation,
+                outcome,
+                r.body.clone(),
+                Disposition::Repeat,
+            ),
         );
         return Ok(());
     }
@@ -509,7 +514,7 @@ pub fn report(
         };
         return Err(keep_stale_report(task, attempt, j, r, now, e));
     }
-    if let Some(existing) = attempt.report.clone() {
+    if let Some(existing) = attempt.report.as_ref().map(|a| a.outcome) {
         j.evidence(
             attempt,
             evidence(
@@ -517,16 +522,11 @@ pub fn report(
                 r.generation,
                 outcome,
                 r.body.clone(),
-                "already_reported",
+                Disposition::AlreadyReported,
             ),
         );
-        let existing = existing
-            .get("outcome")
-            .and_then(Value::as_str)
-            .unwrap_or("?")
-            .to_owned();
         let data = json!({"attempt_id": attempt.id, "outcome": outcome, "existing": existing});
-        j.record(task, now, "duplicate_report", data);
+        j.record(task, now, EventKind::DuplicateReport, data);
         return Err(Rejection::AlreadyReported { existing });
     }
     if let Err(e) = fence(task, attempt, j, r.generation, now) {
@@ -542,13 +542,22 @@ pub fn report(
         ));
     }
     add_usage(task, attempt, r.usage);
-    attempt.report = Some(r.body.clone());
+    attempt.report = Some(AppliedReport {
+        outcome: r.outcome,
+        body: r.body.clone(),
+    });
     if r.external_txn_id.is_some() {
         attempt.external_txn_id.clone_from(&r.external_txn_id);
     }
     j.evidence(
         attempt,
-        evidence(now, r.generation, outcome, r.body.clone(), "applied"),
+        evidence(
+            now,
+            r.generation,
+            outcome,
+            r.body.clone(),
+            Disposition::Applied,
+        ),
     );
     task.control.active_attempt_id = None;
     let observed = json!({
@@ -569,9 +578,9 @@ pub fn report(
                 AttemptState::Committed
             };
             let kind = if r.outcome == Outcome::Committed {
-                "reconciled"
+                EventKind::Reconciled
             } else {
-                "completion_observed"
+                EventKind::CompletionObserved
             };
             j.record(task, now, kind, observed);
             let result = r.result.clone().unwrap_or(Value::Null);
@@ -579,7 +588,7 @@ pub fn report(
         }
         Outcome::Failed => {
             attempt.state = AttemptState::Failed;
-            j.record(task, now, "attempt_failed", observed);
+            j.record(task, now, EventKind::AttemptFailed, observed);
             let class = r.failure_class.unwrap_or(FailureClass::Transient);
             let message = r.message.clone().unwrap_or_default();
             if attempt.kind == AttemptKind::Reconcile {
@@ -596,17 +605,17 @@ pub fn report(
         }
         Outcome::Unknown => {
             attempt.state = AttemptState::Unknown;
-            j.record(task, now, "outcome_unknown", observed);
+            j.record(task, now, EventKind::OutcomeUnknown, observed);
             schedule_reconcile(task, j, now, "executor reported an unknown outcome");
         }
         Outcome::Cancelled => {
             attempt.state = AttemptState::Cancelled;
-            j.record(task, now, "attempt_cancelled", observed);
+            j.record(task, now, EventKind::AttemptCancelled, observed);
             confirm_cancel(task, j, now);
         }
         Outcome::NotCommitted => {
             attempt.state = AttemptState::NotCommitted;
-            j.record(task, now, "reconciled", observed);
+            j.record(task, now, EventKind::Reconciled, observed);
             if task.cancel_pending() {
                 confirm_cancel(task, j, now);
             } else {
@@ -633,19 +642,19 @@ fn keep_stale_report(
     now: Timestamp,
     e: Rejection,
 ) -> Rejection {
-    let outcome = r.outcome.as_str();
+    let outcome = r.outcome;
     j.evidence(
         attempt,
         evidence(
             now,
             r.generation,
-            outcome,
+            outcome.into(),
             r.body.clone(),
-            "stale_generation",
+            Disposition::StaleGeneration,
         ),
     );
     let data = json!({"attempt_id": attempt.id, "generation": r.generation, "outcome": outcome, "current_generation": task.generation});
-    j.record(task, now, "stale_report", data);
+    j.record(task, now, EventKind::StaleReport, data);
     e
 }
 
@@ -667,7 +676,7 @@ pub fn expire_lease(task: &mut Task, attempt: &mut Attempt, j: &mut Journal, now
         "generation": attempt.generation,
         "lease_expires_at": attempt.lease_expires_at,
     });
-    j.record(task, now, "lease_expired", data);
+    j.record(task, now, EventKind::LeaseExpired, data);
     if task.state.is_terminal() {
         return;
     }
@@ -717,7 +726,7 @@ pub fn cancel(task: &mut Task, j: &mut Journal, now: Timestamp) -> Cancellation 
                 fee: Some(fee),
             });
             let data = json!({"status": "too_late", "fee": fee, "state": task.state});
-            j.record(task, now, "cancel_too_late", data);
+            j.record(task, now, EventKind::CancelTooLate, data);
         }
         TaskState::Queued | TaskState::RetryWait => {
             task.cancellation = Some(Cancellation {
@@ -726,7 +735,7 @@ pub fn cancel(task: &mut Task, j: &mut Journal, now: Timestamp) -> Cancellation 
                 confirmed_at: None,
                 fee: None,
             });
-            j.record(task, now, "cancel_requested", json!({}));
+            j.record(task, now, EventKind::CancelRequested, json!({}));
             confirm_cancel(task, j, now);
         }
         TaskState::Running | TaskState::Reconciling => {
@@ -737,7 +746,7 @@ pub fn cancel(task: &mut Task, j: &mut Journal, now: Timestamp) -> Cancellation 
                 fee: None,
             });
             let data = json!({"active_attempt_id": task.control.active_attempt_id});
-            j.record(task, now, "cancel_requested", data);
+            j.record(task, now, EventKind::CancelRequested, data);
         }
     }
     task.cancellation.clone().unwrap_or(Cancellation {
@@ -753,7 +762,7 @@ pub fn cancel(task: &mut Task, j: &mut Journal, now: Timestamp) -> Cancellation 
 pub fn wake(task: &mut Task, j: &mut Journal, now: Timestamp) -> bool {
     if task.state == TaskState::RetryWait && task.control.ready_at <= now {
         task.state = TaskState::Queued;
-        j.record(task, now, "task_woken", json!({}));
+        j.record(task, now, EventKind::TaskWoken, json!({}));
         true
     } else {
         false
@@ -775,7 +784,7 @@ pub fn acknowledge_delivery(
     };
     if d.acknowledged_at.is_none() {
         d.acknowledged_at = Some(now);
-        j.record(task, now, "delivery_acknowledged", json!({}));
+        j.record(task, now, EventKind::DeliveryAcknowledged, json!({}));
     }
     Ok(())
 }
@@ -785,7 +794,7 @@ pub fn acknowledge_delivery(
 pub fn release_key(task: &mut Task, j: &mut Journal, now: Timestamp) {
     task.control.key_expires_at = None;
     let data = json!({"idempotency_key": task.idempotency_key});
-    j.record(task, now, "key_released", data);
+    j.record(task, now, EventKind::KeyReleased, data);
 }
 
 fn deliver(
@@ -805,7 +814,7 @@ fn deliver(
     });
     task.state = TaskState::Succeeded;
     let data = json!({"charge": charge, "external_txn_id": external_txn_id});
-    j.record(task, now, "delivered", data);
+    j.record(task, now, EventKind::Delivered, data);
     if let Some(c) = task.cancellation.as_mut()
         && c.status == CancelStatus::Requested
     {
@@ -813,7 +822,7 @@ fn deliver(
         c.confirmed_at = Some(now);
         c.fee = Some(charge);
         let data = json!({"status": "too_late", "fee": charge});
-        j.record(task, now, "cancel_too_late", data);
+        j.record(task, now, EventKind::CancelTooLate, data);
     }
     terminal(task, now);
 }
@@ -836,7 +845,7 @@ fn confirm_cancel(task: &mut Task, j: &mut Journal, now: Timestamp) {
     // Retire all execution authority (CANCEL-01).
     task.generation += 1;
     let data = json!({"fee": fee, "usage": task.usage, "generation": task.generation});
-    j.record(task, now, "cancel_confirmed", data);
+    j.record(task, now, EventKind::CancelConfirmed, data);
     terminal(task, now);
 }
 
@@ -847,7 +856,7 @@ fn fail(task: &mut Task, j: &mut Journal, now: Timestamp, class: FailureClass, m
         message: message.to_owned(),
     });
     let data = json!({"class": class, "message": message});
-    j.record(task, now, "task_failed", data);
+    j.record(task, now, EventKind::TaskFailed, data);
     terminal(task, now);
 }
 
@@ -868,7 +877,7 @@ fn schedule_reconcile(task: &mut Task, j: &mut Journal, now: Timestamp, reason: 
         now.plus_ms(task.contract.retry.backoff.initial_ms)
     };
     let data = json!({"reason": reason, "ready_at": task.control.ready_at});
-    j.record(task, now, "reconciliation_required", data);
+    j.record(task, now, EventKind::ReconciliationRequired, data);
 }
 
 fn retry_after_transient(task: &mut Task, j: &mut Journal, now: Timestamp, message: &str) {
@@ -911,7 +920,7 @@ fn next_execute(task: &mut Task, j: &mut Journal, now: Timestamp, backoff: bool,
         task.control.ready_at = now.plus_ms(delay);
         let data =
             json!({"reason": reason, "backoff_ms": delay, "ready_at": task.control.ready_at});
-        j.record(task, now, "retry_scheduled", data);
+        j.record(task, now, EventKind::RetryScheduled, data);
     } else {
         task.state = TaskState::Queued;
         task.control.next_kind = Some(AttemptKind::Execute);
@@ -919,7 +928,7 @@ fn next_execute(task: &mut Task, j: &mut Journal, now: Timestamp, backoff: bool,
         j.record(
             task,
             now,
-            "retry_scheduled",
+            EventKind::RetryScheduled,
             json!({"reason": reason, "backoff_ms": 0}),
         );
     }

@@ -355,6 +355,104 @@ word_enum! {
     }
 }
 
+word_enum! {
+    /// The type of an audit event (SPEC §2.10): which transition wrote it.
+    EventKind {
+        /// The task was accepted (carries the fingerprint, canonical request and decision).
+        TaskSubmitted => "task_submitted",
+        /// An attempt was leased to an executor.
+        AttemptLeased => "attempt_leased",
+        /// A heartbeat raised the attempt's usage total.
+        UsageRecorded => "usage_recorded",
+        /// A device gateway acknowledged the command.
+        CommandAcknowledged => "command_acknowledged",
+        /// A report with a different outcome arrived for an attempt that already has one.
+        DuplicateReport => "duplicate_report",
+        /// A report from an old generation or after the lease ended, kept as evidence.
+        StaleReport => "stale_report",
+        /// An execute attempt reported `succeeded`.
+        CompletionObserved => "completion_observed",
+        /// A reconcile attempt reported `committed` or `not_committed`.
+        Reconciled => "reconciled",
+        /// An attempt reported `failed`.
+        AttemptFailed => "attempt_failed",
+        /// An attempt reported `unknown`.
+        OutcomeUnknown => "outcome_unknown",
+        /// An attempt reported `cancelled`.
+        AttemptCancelled => "attempt_cancelled",
+        /// An attempt's lease ran out without a report.
+        LeaseExpired => "lease_expired",
+        /// The result was recorded with its charge.
+        Delivered => "delivered",
+        /// A cancellation was recorded and waits for the running attempt.
+        CancelRequested => "cancel_requested",
+        /// A cancellation won: the task is `cancelled`.
+        CancelConfirmed => "cancel_confirmed",
+        /// A cancellation came after delivery or the end of the task.
+        CancelTooLate => "cancel_too_late",
+        /// The task failed (terminal).
+        TaskFailed => "task_failed",
+        /// Only reconcile attempts run until the outcome is known.
+        ReconciliationRequired => "reconciliation_required",
+        /// Another execute attempt may start (after a backoff, or at once).
+        RetryScheduled => "retry_scheduled",
+        /// A task whose backoff passed was queued again.
+        TaskWoken => "task_woken",
+        /// The client acknowledged the delivery.
+        DeliveryAcknowledged => "delivery_acknowledged",
+        /// The retention sweeper removed the task's idempotency key.
+        KeyReleased => "key_released",
+    }
+}
+
+word_enum! {
+    /// What a piece of evidence reports: the outcome of an executor's report,
+    /// or `ack` for a device acknowledgment (SPEC §4 `/ack`).
+    EvidenceOutcome {
+        /// Reported `succeeded`.
+        Succeeded => "succeeded",
+        /// Reported `failed`.
+        Failed => "failed",
+        /// Reported `unknown`.
+        Unknown => "unknown",
+        /// Reported `cancelled`.
+        Cancelled => "cancelled",
+        /// Reported `committed`.
+        Committed => "committed",
+        /// Reported `not_committed`.
+        NotCommitted => "not_committed",
+        /// A device gateway's command acknowledgment.
+        Ack => "ack",
+    }
+}
+
+impl From<Outcome> for EvidenceOutcome {
+    fn from(o: Outcome) -> EvidenceOutcome {
+        match o {
+            Outcome::Succeeded => EvidenceOutcome::Succeeded,
+            Outcome::Failed => EvidenceOutcome::Failed,
+            Outcome::Unknown => EvidenceOutcome::Unknown,
+            Outcome::Cancelled => EvidenceOutcome::Cancelled,
+            Outcome::Committed => EvidenceOutcome::Committed,
+            Outcome::NotCommitted => EvidenceOutcome::NotCommitted,
+        }
+    }
+}
+
+word_enum! {
+    /// What idem did with a piece of evidence (SPEC §2.4, RETRY-01).
+    Disposition {
+        /// It changed the attempt (and maybe the task).
+        Applied => "applied",
+        /// An exact repeat of what was applied: answered as before, nothing changed.
+        Repeat => "repeat",
+        /// Its generation no longer held the lease: nothing changed.
+        StaleGeneration => "stale_generation",
+        /// The attempt already had a different outcome: nothing changed.
+        AlreadyReported => "already_reported",
+    }
+}
+
 /// A cancellation record (SPEC §2.7, CANCEL-01).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -484,11 +582,11 @@ pub struct Evidence {
     /// The generation the executor claimed to hold.
     pub generation: i64,
     /// The reported outcome (or `ack` for a device acknowledgment).
-    pub outcome: String,
+    pub outcome: EvidenceOutcome,
     /// The request body as received.
     pub body: Value,
     /// What idem did with it: `applied`, `repeat`, `stale_generation`, `already_reported`.
-    pub disposition: String,
+    pub disposition: Disposition,
 }
 
 /// One try at executing or reconciling a task (SPEC §1, RETRY-01).
@@ -524,10 +622,41 @@ pub struct Attempt {
     #[serde(skip)]
     #[cfg_attr(feature = "openapi", schema(ignore))]
     pub lease_ms: i64,
-    /// The applied report body, for detecting exact repeats (not in the API).
+    /// The applied report, for detecting exact repeats and naming the
+    /// outcome already recorded (not in the API).
     #[serde(skip)]
     #[cfg_attr(feature = "openapi", schema(ignore))]
-    pub report: Option<Value>,
+    pub report: Option<AppliedReport>,
+}
+
+/// The report applied to an attempt, as the state machine keeps it: its
+/// outcome, and the body as received (an exact repeat of the body is
+/// answered as the first was, SPEC §4 "Details"). Stores keep the body as
+/// text in the attempt's `report` column and read the outcome back from it
+/// with [`AppliedReport::from_body`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct AppliedReport {
+    /// The outcome the report gave.
+    pub outcome: Outcome,
+    /// The request body as received (a JSON object with an `outcome` member).
+    pub body: Value,
+}
+
+impl AppliedReport {
+    /// The applied report whose body is `body`: its `outcome` member names
+    /// the outcome.
+    ///
+    /// # Errors
+    /// When `body` has no `outcome` member, or one that names no [`Outcome`]
+    /// (a stored row no version of idem wrote).
+    pub fn from_body(body: Value) -> Result<AppliedReport, serde_json::Error> {
+        #[derive(Deserialize)]
+        struct Head {
+            outcome: Outcome,
+        }
+        let Head { outcome } = Head::deserialize(&body)?;
+        Ok(AppliedReport { outcome, body })
+    }
 }
 
 /// An append-only audit event (SPEC §2.10).
@@ -538,7 +667,7 @@ pub struct Event {
     pub seq: i64,
     /// Event type, e.g. `task_submitted`, `attempt_leased`, `delivered`.
     #[serde(rename = "type")]
-    pub kind: String,
+    pub kind: EventKind,
     /// When it was written.
     pub at: Timestamp,
     /// Event details.
@@ -681,6 +810,50 @@ mod tests {
             assert_eq!(s.as_str().parse::<Outcome>(), Ok(*s));
         }
         assert!("nope".parse::<Outcome>().is_err());
+    }
+
+    /// JSON carries each word as `as_str` spells it (the database's text),
+    /// and decodes it back; an unknown word does not decode.
+    #[test]
+    fn serde_spells_words_as_the_database_does() {
+        fn check<T>(all: &[T], as_str: fn(T) -> &'static str)
+        where
+            T: Copy + PartialEq + fmt::Debug + Serialize + serde::de::DeserializeOwned,
+        {
+            for w in all {
+                let json = serde_json::to_value(w).unwrap();
+                assert_eq!(json, Value::String(as_str(*w).to_owned()));
+                assert_eq!(serde_json::from_value::<T>(json).unwrap(), *w);
+            }
+            assert!(serde_json::from_value::<T>(Value::String("nope".into())).is_err());
+        }
+        check(TaskState::ALL, TaskState::as_str);
+        check(AttemptState::ALL, AttemptState::as_str);
+        check(AttemptKind::ALL, AttemptKind::as_str);
+        check(Outcome::ALL, Outcome::as_str);
+        check(FailureClass::ALL, FailureClass::as_str);
+        check(CancelStatus::ALL, CancelStatus::as_str);
+        check(Role::ALL, Role::as_str);
+        check(EventKind::ALL, EventKind::as_str);
+        check(EvidenceOutcome::ALL, EvidenceOutcome::as_str);
+        check(Disposition::ALL, Disposition::as_str);
+        for o in Outcome::ALL {
+            assert_eq!(EvidenceOutcome::from(*o).as_str(), o.as_str());
+        }
+    }
+
+    #[test]
+    fn applied_reports_read_their_outcome_from_the_body() {
+        let body = serde_json::json!({"generation": 1, "outcome": "not_committed", "usage": 2});
+        let r = AppliedReport::from_body(body.clone()).unwrap();
+        assert_eq!((r.outcome, r.body), (Outcome::NotCommitted, body));
+        for bad in [
+            serde_json::json!({"generation": 1}),
+            serde_json::json!({"outcome": "nope"}),
+            serde_json::json!("succeeded"),
+        ] {
+            assert!(AppliedReport::from_body(bad.clone()).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -43,7 +43,7 @@ mod service_metrics;
 
 pub use api::wire::{ClaimBody, HeartbeatBody, ReportBody, SubmitBody};
 pub use openapi::{openapi, openapi_for};
-use problem::Problem;
+use problem::{Problem, ProblemCode};
 pub use serve::{
     ACCEPT_ERROR_PAUSE, CONNECTIONS_CLOSED, DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT,
     RESERVED_DESCRIPTORS, ServeLimits, default_max_connections, open_file_limit, serve,
@@ -158,7 +158,7 @@ pub fn router(state: AppState) -> Router {
                     }
                     None => Problem::new(
                         StatusCode::SERVICE_UNAVAILABLE,
-                        "UNAVAILABLE",
+                        ProblemCode::Unavailable,
                         "metrics recorder not installed",
                     )
                     .into_response(),
@@ -177,7 +177,7 @@ pub fn router(state: AppState) -> Router {
     .method_not_allowed_fallback(|| async {
         Problem::new(
             StatusCode::METHOD_NOT_ALLOWED,
-            "METHOD_NOT_ALLOWED",
+            ProblemCode::MethodNotAllowed,
             "method not allowed on this path",
         )
     })

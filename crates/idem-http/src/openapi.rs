@@ -3,8 +3,10 @@
 //! bearer authentication, links from a submit's and a claim's answer to the
 //! operations on their ids, and the operation classes of a configuration.
 
+use idem_core::model::{Attempt, Event, Outcome, Task};
 use utoipa::OpenApi;
 
+use crate::api::wire::ClaimedAttempt;
 use crate::problem::Problem;
 
 #[derive(OpenApi)]
@@ -12,6 +14,9 @@ use crate::problem::Problem;
     info(title = "idem", description = "A durable coordinator for duplicate-sensitive work: idempotency keys bound to request fingerprints, leased attempts with fencing generations, retries by failure class, reconciliation of unknown outcomes, cancellation ordered against delivery."),
     modifiers(&BearerAuth),
     security(("bearer" = [])),
+    // The records and words the generic documents of `idem-api` carry: their
+    // fields only refer to these schemas, so they are listed here.
+    components(schemas(Task, Attempt, Event, ClaimedAttempt, Outcome)),
     tags((name = "tasks", description = "Clients: submit and follow tasks"), (name = "attempts", description = "Executors: claim, heartbeat, acknowledge, report"), (name = "operations", description = "Health, readiness, metrics"))
 )]
 pub(crate) struct ApiDoc;

@@ -2,78 +2,79 @@
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+pub use idem_api::{InvalidValue, ProblemCode};
+use idem_core::key::KeyError;
 use idem_store::{Refusal, StoreError};
-use serde::Serialize;
-use utoipa::ToSchema;
-use uuid::Uuid;
 
-/// An `application/problem+json` body (RFC 9457 §3).
-#[derive(Debug, Clone, Serialize, ToSchema)]
+/// An `application/problem+json` body (RFC 9457 §3) as the server answers
+/// with it: the [`idem_api::Problem`] document (reached through `Deref`),
+/// and whether the answer carries `Retry-After: 1` (a store that is
+/// unavailable).
+#[derive(Debug, Clone)]
 pub struct Problem {
-    /// A URI naming the problem type: `https://idem.dev/problems/<code>` (informational).
-    #[serde(rename = "type")]
-    pub kind: String,
-    /// Short summary of the problem type.
-    pub title: String,
-    /// HTTP status code.
-    pub status: u16,
-    /// Explanation specific to this occurrence.
-    pub detail: String,
-    /// Stable machine-readable code (SPEC §4 status table), e.g. `IDEMPOTENCY_CONFLICT`.
-    pub code: String,
-    /// For `IDEMPOTENCY_CONFLICT`: the original task (never its params).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub task_id: Option<Uuid>,
-    /// For `STALE_GENERATION`: the task's current generation.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub current_generation: Option<i64>,
-    /// For `INVALID_REQUEST` from a class's `params_schema`: each failing
-    /// value, by its JSON Pointer into the request body (`/params/...`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub errors: Option<Vec<InvalidValue>>,
-    #[serde(skip)]
+    doc: idem_api::Problem,
     retry_after: bool,
 }
 
-/// One value of a request that breaks a rule (a member of [`Problem::errors`]).
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct InvalidValue {
-    /// RFC 6901 JSON Pointer into the request body, e.g. `/params/currency`
-    /// (for a missing member: where it would be).
-    pub pointer: String,
-    /// What is wrong, e.g. `"currency" is a required property`.
-    pub message: String,
+/// The document's schema: a [`Problem`] answers as its [`idem_api::Problem`].
+impl utoipa::PartialSchema for Problem {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        <idem_api::Problem as utoipa::PartialSchema>::schema()
+    }
+}
+
+impl utoipa::ToSchema for Problem {
+    fn name() -> std::borrow::Cow<'static, str> {
+        <idem_api::Problem as utoipa::ToSchema>::name()
+    }
+
+    fn schemas(
+        schemas: &mut Vec<(
+            String,
+            utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+        )>,
+    ) {
+        <idem_api::Problem as utoipa::ToSchema>::schemas(schemas);
+    }
+}
+
+impl std::ops::Deref for Problem {
+    type Target = idem_api::Problem;
+    fn deref(&self) -> &idem_api::Problem {
+        &self.doc
+    }
+}
+
+impl std::ops::DerefMut for Problem {
+    fn deref_mut(&mut self) -> &mut idem_api::Problem {
+        &mut self.doc
+    }
 }
 
 impl Problem {
     /// A problem with `status`, `code` and `detail`.
-    pub fn new(status: StatusCode, code: &str, detail: impl Into<String>) -> Problem {
+    pub fn new(status: StatusCode, code: ProblemCode, detail: impl Into<String>) -> Problem {
         Problem {
-            kind: format!(
-                "https://idem.dev/problems/{}",
-                code.to_ascii_lowercase().replace('_', "-")
+            doc: idem_api::Problem::new(
+                status.as_u16(),
+                status.canonical_reason().unwrap_or("Error"),
+                code,
+                detail,
             ),
-            title: status.canonical_reason().unwrap_or("Error").to_owned(),
-            status: status.as_u16(),
-            detail: detail.into(),
-            code: code.to_owned(),
-            task_id: None,
-            current_generation: None,
-            errors: None,
             retry_after: false,
         }
     }
 
     /// 400 `INVALID_REQUEST`.
     pub fn invalid(detail: impl Into<String>) -> Problem {
-        Problem::new(StatusCode::BAD_REQUEST, "INVALID_REQUEST", detail)
+        Problem::new(StatusCode::BAD_REQUEST, ProblemCode::InvalidRequest, detail)
     }
 
     /// 404 `NOT_FOUND` saying what was not found: a path, an id that is not
     /// a UUID, or a record (also for other tenants' records, with the same
     /// text: existence is not leaked).
     pub fn not_found(detail: impl Into<String>) -> Problem {
-        Problem::new(StatusCode::NOT_FOUND, "NOT_FOUND", detail)
+        Problem::new(StatusCode::NOT_FOUND, ProblemCode::NotFound, detail)
     }
 
     /// `r` as a problem, with `missing()` as the detail of its 404 (e.g. `no
@@ -87,19 +88,23 @@ impl Problem {
 
     /// 401 `UNAUTHENTICATED`.
     pub fn unauthenticated(detail: impl Into<String>) -> Problem {
-        Problem::new(StatusCode::UNAUTHORIZED, "UNAUTHENTICATED", detail)
+        Problem::new(
+            StatusCode::UNAUTHORIZED,
+            ProblemCode::Unauthenticated,
+            detail,
+        )
     }
 
     /// 403 `PERMISSION_DENIED`.
     pub fn forbidden(detail: impl Into<String>) -> Problem {
-        Problem::new(StatusCode::FORBIDDEN, "PERMISSION_DENIED", detail)
+        Problem::new(StatusCode::FORBIDDEN, ProblemCode::PermissionDenied, detail)
     }
 
     /// 413 `PAYLOAD_TOO_LARGE`.
     pub fn too_large(limit: usize) -> Problem {
         Problem::new(
             StatusCode::PAYLOAD_TOO_LARGE,
-            "PAYLOAD_TOO_LARGE",
+            ProblemCode::PayloadTooLarge,
             format!("request body exceeds {limit} bytes"),
         )
     }
@@ -128,7 +133,7 @@ impl From<StoreError> for Problem {
                 tracing::warn!(error = %e, "store unavailable");
                 let mut p = Problem::new(
                     StatusCode::SERVICE_UNAVAILABLE,
-                    "UNAVAILABLE",
+                    ProblemCode::Unavailable,
                     "the store is unavailable and nothing is left half-written; retry (a submit with the same Idempotency-Key: its answer says whether an earlier try was accepted)",
                 );
                 p.retry_after = true;
@@ -144,7 +149,7 @@ impl From<StoreError> for Problem {
                 tracing::error!(error = %other, "store failure");
                 Problem::new(
                     StatusCode::INTERNAL_SERVER_ERROR,
-                    "INTERNAL",
+                    ProblemCode::Internal,
                     "internal error",
                 )
             }
@@ -160,7 +165,7 @@ impl From<Refusal> for Problem {
             Refusal::Machine(Rejection::StaleGeneration { presented, current }) => {
                 let mut p = Problem::new(
                     StatusCode::CONFLICT,
-                    "STALE_GENERATION",
+                    ProblemCode::StaleGeneration,
                     if presented > current {
                         // Generations only grow, one per claim: this one was
                         // never handed out (an executor bug or a mixed-up
@@ -185,7 +190,7 @@ impl From<Refusal> for Problem {
             }
             Refusal::Machine(Rejection::AlreadyReported { existing }) => Problem::new(
                 StatusCode::CONFLICT,
-                "ATTEMPT_ALREADY_REPORTED",
+                ProblemCode::AttemptAlreadyReported,
                 format!(
                     "the attempt already reported `{existing}`; this report was kept as evidence"
                 ),
@@ -193,14 +198,27 @@ impl From<Refusal> for Problem {
             Refusal::Machine(Rejection::InvalidReport(m)) => Problem::invalid(m),
             Refusal::Machine(Rejection::NotDelivered) => Problem::new(
                 StatusCode::CONFLICT,
-                "NOT_DELIVERED",
+                ProblemCode::NotDelivered,
                 "the task has no delivery yet",
             ),
-            Refusal::Machine(other) => {
-                Problem::new(StatusCode::CONFLICT, "CONFLICT", other.to_string())
-            }
-            _ => Problem::new(StatusCode::CONFLICT, "CONFLICT", r.to_string()),
+            Refusal::Machine(other) => Problem::new(
+                StatusCode::CONFLICT,
+                ProblemCode::Conflict,
+                other.to_string(),
+            ),
+            _ => Problem::new(StatusCode::CONFLICT, ProblemCode::Conflict, r.to_string()),
         }
+    }
+}
+
+impl From<KeyError> for Problem {
+    /// 400 `IDEMPOTENCY_KEY_MISSING` for no key, else 400 `IDEMPOTENCY_KEY_INVALID`.
+    fn from(e: KeyError) -> Problem {
+        let code = match e {
+            KeyError::Missing => ProblemCode::IdempotencyKeyMissing,
+            KeyError::Multiple | KeyError::Invalid { .. } => ProblemCode::IdempotencyKeyInvalid,
+        };
+        Problem::new(StatusCode::BAD_REQUEST, code, e.to_string())
     }
 }
 
@@ -208,7 +226,9 @@ impl IntoResponse for Problem {
     fn into_response(self) -> Response {
         let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let retry_after = self.retry_after;
-        let body = serde_json::to_vec(&self).unwrap_or_default();
+        // Only `ProblemCode::Other` fails to serialize, and the server never
+        // builds a problem with it.
+        let body = serde_json::to_vec(&self.doc).unwrap_or_default();
         let mut res = (status, body).into_response();
         res.headers_mut().insert(
             header::CONTENT_TYPE,

@@ -5,8 +5,8 @@
 use std::sync::LazyLock;
 
 use idem_core::model::{
-    ApiKey, Attempt, AttemptKind, AttemptState, Event, Evidence, Role, Task, TaskControl,
-    TaskState, Timestamp,
+    ApiKey, AppliedReport, Attempt, AttemptKind, AttemptState, Disposition, Event, Evidence,
+    EvidenceOutcome, Role, Task, TaskControl, TaskState, Timestamp,
 };
 use idem_store::{ExistingScope, Result, ScopeRow};
 use serde::Serialize;
@@ -557,7 +557,9 @@ pub(crate) fn attempt_from_row(row: &Row) -> Result<Attempt> {
         external_txn_id: get(row, "external_txn_id")?,
         evidence: Vec::new(),
         lease_ms: get(row, "lease_ms")?,
-        report: opt_json(row, "report")?,
+        report: opt_json(row, "report")?
+            .map(|body| AppliedReport::from_body(body).map_err(|e| corrupt("report", e)))
+            .transpose()?,
     })
 }
 
@@ -565,9 +567,9 @@ pub(crate) fn evidence_from_row(row: &Row) -> Result<Evidence> {
     Ok(Evidence {
         received_at: ts(row, "received_at")?,
         generation: get(row, "generation")?,
-        outcome: get(row, "outcome")?,
+        outcome: word::<EvidenceOutcome>(row, "outcome")?,
         body: json(row, "body")?,
-        disposition: get(row, "disposition")?,
+        disposition: word::<Disposition>(row, "disposition")?,
     })
 }
 

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use deadpool_postgres::Transaction;
-use idem_core::model::{ApiKey, Attempt, Event, Evidence, Task, Timestamp};
+use idem_core::model::{ApiKey, Attempt, Event, EventKind, Evidence, Task, Timestamp};
 use idem_store::ops::{Submission, SubmitOutcome, SubmitPlan};
 use idem_store::{Clock, ExistingScope, Result, ScopeRow, StoreError, Tx};
 use tokio_postgres::Row;
@@ -526,7 +526,7 @@ impl Tx for PgTx<'_> {
         let state = a.state.as_str();
         let leased_at = a.leased_at.ms();
         let lease_expires_at = a.lease_expires_at.ms();
-        let report = opt_to_json("report", a.report.as_ref())?;
+        let report = opt_to_json("report", a.report.as_ref().map(|r| &r.body))?;
         self.exec(
             &format!("INSERT INTO attempts ({ATTEMPT_COLS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"),
             &[
@@ -552,7 +552,7 @@ impl Tx for PgTx<'_> {
     async fn update_attempt(&mut self, a: &Attempt) -> Result<()> {
         let state = a.state.as_str();
         let lease_expires_at = a.lease_expires_at.ms();
-        let report = opt_to_json("report", a.report.as_ref())?;
+        let report = opt_to_json("report", a.report.as_ref().map(|r| &r.body))?;
         let n = self
             .exec(
                 "UPDATE attempts SET state = $2, lease_expires_at = $3, lease_ms = $4, usage = $5, \
@@ -628,7 +628,7 @@ impl Tx for PgTx<'_> {
         self.exec(
             "INSERT INTO evidence (task_id, attempt_id, received_at, generation, outcome, body, disposition) \
              VALUES ($1, $2, $3, $4, $5, $6, $7)",
-            &[&task_id, &attempt_id, &received_at, &ev.generation, &ev.outcome, &body, &ev.disposition],
+            &[&task_id, &attempt_id, &received_at, &ev.generation, &ev.outcome.as_str(), &body, &ev.disposition.as_str()],
         )
         .await?;
         Ok(())
@@ -653,7 +653,7 @@ impl Tx for PgTx<'_> {
         .map(|row| {
             Ok(Event {
                 seq: get(row, "seq")?,
-                kind: get(row, "type")?,
+                kind: word::<EventKind>(row, "type")?,
                 at: ts(row, "at")?,
                 data: json(row, "data")?,
             })

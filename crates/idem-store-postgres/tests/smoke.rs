@@ -7,6 +7,7 @@ use idem_core::config::Config;
 use idem_core::machine::Report;
 use idem_core::model::{AttemptState, Outcome, Role, TaskState};
 use idem_store::Store;
+use idem_store::conformance::task_with_a_reported_attempt;
 use idem_store::ops::{ClaimRequest, Submission, SubmitOutcome};
 use idem_store_postgres::testing::{TestDatabase, fresh_database};
 use idem_store_postgres::{PgOptions, connect};
@@ -1422,4 +1423,48 @@ async fn one_unreadable_task_fails_only_its_own_retries() {
             }
         }
     }
+}
+
+/// A word no version of idem writes, read back from an attempt's report, an
+/// evidence row or an event row, is a `Corrupt` store error (not a panic, not
+/// a default); the words idem writes read back as the enums they came from.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_words_in_stored_rows_are_corrupt() {
+    let url = fresh_database().await;
+    let store = connect(&url, PgOptions::default()).await.unwrap();
+    let (task, attempt) = task_with_a_reported_attempt(&store).await;
+
+    let db = raw(&url).await;
+    let corrupt = |e: idem_store::StoreError| matches!(e, idem_store::StoreError::Corrupt(_));
+    for report in [r#"{"generation": 1}"#, r#"{"outcome": "nope"}"#] {
+        db.execute(
+            "UPDATE attempts SET report = $2 WHERE id = $1",
+            &[&attempt, &report],
+        )
+        .await
+        .unwrap();
+        let err = store.list_attempts(None, task).await.unwrap_err();
+        assert!(corrupt(err), "report {report}");
+    }
+    db.execute(
+        "UPDATE attempts SET report = '{\"outcome\": \"unknown\"}' WHERE id = $1",
+        &[&attempt],
+    )
+    .await
+    .unwrap();
+    db.execute(
+        "INSERT INTO evidence (task_id, attempt_id, received_at, generation, outcome, body, disposition) \
+         VALUES ($1, $2, 0, 1, 'unknown', '{}', 'nope')",
+        &[&task, &attempt],
+    )
+    .await
+    .unwrap();
+    assert!(corrupt(store.list_attempts(None, task).await.unwrap_err()));
+    db.execute(
+        "INSERT INTO events (task_id, seq, type, at, data) VALUES ($1, 1000, 'nope', 0, '{}')",
+        &[&task],
+    )
+    .await
+    .unwrap();
+    assert!(corrupt(store.list_events(None, task).await.unwrap_err()));
 }

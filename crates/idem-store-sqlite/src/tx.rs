@@ -4,8 +4,8 @@
 use std::sync::LazyLock;
 
 use idem_core::model::{
-    ApiKey, Attempt, AttemptKind, AttemptState, Event, Evidence, Role, Task, TaskControl,
-    TaskState, Timestamp,
+    ApiKey, AppliedReport, Attempt, AttemptKind, AttemptState, Event, Evidence, Role, Task,
+    TaskControl, TaskState, Timestamp,
 };
 use idem_store::{ExistingScope, ScopeRow, StoreError, Tx};
 use rusqlite::{Connection, OptionalExtension, Row, params};
@@ -65,6 +65,21 @@ fn uuid(s: &str) -> rusqlite::Result<Uuid> {
 
 fn opt_json<T: DeserializeOwned>(s: Option<String>) -> rusqlite::Result<Option<T>> {
     s.as_deref().map(from_json).transpose()
+}
+
+/// An attempt's `report` column: the applied report's body, with its outcome.
+fn applied_report(s: Option<String>) -> rusqlite::Result<Option<AppliedReport>> {
+    opt_json(s)?
+        .map(|body| {
+            AppliedReport::from_body(body).map_err(|e| {
+                rusqlite::Error::FromSqlConversionFailure(
+                    0,
+                    rusqlite::types::Type::Text,
+                    Box::new(e),
+                )
+            })
+        })
+        .transpose()
 }
 
 const API_KEY_COLUMNS: &str = "id, tenant, role, operations, created_at, revoked_at";
@@ -277,7 +292,7 @@ fn attempt_row(r: &Row<'_>) -> rusqlite::Result<Attempt> {
         lease_ms: r.get(9)?,
         usage: r.get(10)?,
         external_txn_id: r.get(11)?,
-        report: opt_json(r.get(12)?)?,
+        report: applied_report(r.get(12)?)?,
         evidence: Vec::new(),
     })
 }
@@ -509,7 +524,7 @@ impl Tx for SqliteTx<'_> {
         let sql = format!(
             "INSERT INTO attempts ({ATTEMPT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
         );
-        let report = a.report.as_ref().map(to_json).transpose()?;
+        let report = a.report.as_ref().map(|r| to_json(&r.body)).transpose()?;
         self.conn
             .prepare_cached(&sql)
             .and_then(|mut s| {
@@ -534,7 +549,7 @@ impl Tx for SqliteTx<'_> {
     }
 
     async fn update_attempt(&mut self, a: &Attempt) -> Result<(), StoreError> {
-        let report = a.report.as_ref().map(to_json).transpose()?;
+        let report = a.report.as_ref().map(|r| to_json(&r.body)).transpose()?;
         let n = self
             .conn
             .prepare_cached(
@@ -595,9 +610,9 @@ impl Tx for SqliteTx<'_> {
                     Evidence {
                         received_at: Timestamp(r.get(1)?),
                         generation: r.get(2)?,
-                        outcome: r.get(3)?,
+                        outcome: word(&r.get::<_, String>(3)?)?,
                         body: from_json(&r.get::<_, String>(4)?)?,
-                        disposition: r.get(5)?,
+                        disposition: word(&r.get::<_, String>(5)?)?,
                     },
                 ))
             })
@@ -629,9 +644,9 @@ impl Tx for SqliteTx<'_> {
                     attempt_id.to_string(),
                     ev.received_at.0,
                     ev.generation,
-                    ev.outcome,
+                    ev.outcome.as_str(),
                     body,
-                    ev.disposition
+                    ev.disposition.as_str()
                 ])
             })
             .map_err(db)?;
@@ -648,7 +663,7 @@ impl Tx for SqliteTx<'_> {
         let id = task_id.to_string();
         for e in events {
             let data = to_json(&e.data)?;
-            stmt.execute(params![id, e.seq, e.kind, e.at.0, data])
+            stmt.execute(params![id, e.seq, e.kind.as_str(), e.at.0, data])
                 .map_err(db)?;
         }
         Ok(())
@@ -665,7 +680,7 @@ impl Tx for SqliteTx<'_> {
             .query_map([task_id.to_string()], |r| {
                 Ok(Event {
                     seq: r.get(0)?,
-                    kind: r.get(1)?,
+                    kind: word(&r.get::<_, String>(1)?)?,
                     at: Timestamp(r.get(2)?),
                     data: from_json(&r.get::<_, String>(3)?)?,
                 })

@@ -39,8 +39,8 @@ use idem_core::config::{Backoff, Config, Contract};
 use idem_core::fingerprint::canonical_request;
 use idem_core::machine::{HeartbeatAck, Rejection, Report};
 use idem_core::model::{
-    ApiKey, Attempt, AttemptKind, AttemptState, CancelStatus, Cancellation, Event, FailureClass,
-    Outcome, Role, Task, TaskState,
+    ApiKey, Attempt, AttemptKind, AttemptState, CancelStatus, Cancellation, Disposition, Event,
+    EventKind, EvidenceOutcome, FailureClass, Outcome, Role, Task, TaskState,
 };
 use serde_json::{Value, json};
 use tokio::sync::Barrier;
@@ -243,6 +243,29 @@ pub fn submission(
     }
 }
 
+/// A task of tenant `acme` whose one attempt reported `unknown`, as `(task
+/// id, attempt id)`, after checking that its applied report, evidence and
+/// events read back as the words written: the start of a backend's test of
+/// stored words, which then writes rows directly.
+pub async fn task_with_a_reported_attempt(store: &Store) -> (Uuid, Uuid) {
+    let c = Ctx::new(store, "acme").await;
+    let t = c.create(NON_SAFE, &contract(NON_SAFE)).await;
+    let a = c.claim_one(NON_SAFE, LONG_LEASE, t.id).await;
+    let report = bare(a.generation, Outcome::Unknown);
+    let body = report.body.clone();
+    c.report_ok(&a, report).await;
+    let read = c.attempts(t.id).await;
+    let applied = read[0].report.clone().map(|r| (r.outcome, r.body));
+    assert_eq!(applied, Some((Outcome::Unknown, body)));
+    let evidence = &read[0].evidence[0];
+    assert_eq!(
+        (evidence.outcome, evidence.disposition),
+        (EvidenceOutcome::Unknown, Disposition::Applied)
+    );
+    assert_eq!(c.events(t.id).await[0].kind, EventKind::TaskSubmitted);
+    (t.id, a.id)
+}
+
 /// A report builder that keeps the raw body in step with the fields.
 #[derive(Debug, Clone)]
 struct R {
@@ -342,7 +365,7 @@ fn kinds(events: &[Event]) -> Vec<&str> {
 }
 
 fn count(events: &[Event], kind: &str) -> usize {
-    events.iter().filter(|e| e.kind == kind).count()
+    events.iter().filter(|e| e.kind.as_str() == kind).count()
 }
 
 fn dispositions(a: &Attempt) -> Vec<&str> {

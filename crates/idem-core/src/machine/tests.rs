@@ -430,7 +430,10 @@ fn generations_strictly_increase_and_stale_reports_are_evidence() {
     );
     assert_eq!(t.state, before.state);
     assert_eq!(t.delivery, None);
-    assert_eq!(a1.evidence.last().unwrap().disposition, "stale_generation");
+    assert_eq!(
+        a1.evidence.last().unwrap().disposition,
+        Disposition::StaleGeneration
+    );
     report(&mut t, &mut a2, &mut j, &rep(2, Outcome::Succeeded), ready).unwrap();
     assert_eq!(t.delivery.as_ref().unwrap().charge, t.contract.price);
 }
@@ -643,9 +646,17 @@ fn device_ack_does_not_complete() {
         (t.state, a.state),
         (TaskState::Running, AttemptState::Acknowledged)
     );
-    assert!(j.events.iter().any(|e| e.kind == "command_acknowledged"));
+    assert!(
+        j.events
+            .iter()
+            .any(|e| e.kind == EventKind::CommandAcknowledged)
+    );
     report(&mut t, &mut a, &mut j, &rep(1, Outcome::Succeeded), T0).unwrap();
-    assert!(j.events.iter().any(|e| e.kind == "completion_observed"));
+    assert!(
+        j.events
+            .iter()
+            .any(|e| e.kind == EventKind::CompletionObserved)
+    );
 }
 
 #[test]
@@ -688,7 +699,7 @@ fn exact_repeat_of_an_older_attempts_report_is_answered_again() {
         T0.plus_ms(60_001),
     )
     .unwrap();
-    assert_eq!(a1.evidence.last().unwrap().disposition, "repeat");
+    assert_eq!(a1.evidence.last().unwrap().disposition, Disposition::Repeat);
     // A different one is stale.
     let e = report(
         &mut t,
@@ -742,7 +753,10 @@ fn late_cancelled_report_is_kept_as_evidence() {
         matches!(err, Rejection::StaleGeneration { presented: 1, .. }),
         "{err:?}"
     );
-    assert_eq!(a.evidence.last().unwrap().disposition, "stale_generation");
+    assert_eq!(
+        a.evidence.last().unwrap().disposition,
+        Disposition::StaleGeneration
+    );
     assert_eq!(t.cancellation, None);
 }
 
@@ -756,7 +770,7 @@ fn heartbeat_usage_is_recorded_as_an_event() {
     let events = j.events.len();
     heartbeat(&mut t, &mut a, &mut j, 1, Some(11), T0.plus_ms(10)).unwrap();
     let e = j.events.last().unwrap();
-    assert_eq!(e.kind, "usage_recorded");
+    assert_eq!(e.kind, EventKind::UsageRecorded);
     assert_eq!(e.data["usage"], 11);
     assert_eq!(e.data["task_usage"], 11);
     assert_eq!(j.events.len(), events + 1);

@@ -17,7 +17,7 @@ use super::extract::{body_bytes, strict_typed_bytes};
 use super::unknown_operation;
 use super::wire::{Meta, SubmitBody, SubmitResponse};
 use crate::auth::{Caller, SubmitCaller};
-use crate::problem::Problem;
+use crate::problem::{Problem, ProblemCode};
 use crate::service_metrics::SUBMITS;
 use crate::{AppResult, St};
 
@@ -66,7 +66,7 @@ pub(crate) fn count_submit(res: Result<bool, &Problem>) {
     let outcome = match res {
         Ok(true) => "replayed",
         Ok(false) => "created",
-        Err(p) if p.code == "IDEMPOTENCY_CONFLICT" => "conflict",
+        Err(p) if p.code == ProblemCode::IdempotencyConflict => "conflict",
         Err(p) if p.status == 401 => "unauthenticated",
         Err(p) if p.status == 403 => "forbidden",
         Err(p) if p.status >= 500 => "error",
@@ -98,7 +98,7 @@ async fn submit_inner(
         SubmitOutcome::Conflict { task_id } => {
             let mut p = Problem::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
-                "IDEMPOTENCY_CONFLICT",
+                ProblemCode::IdempotencyConflict,
                 format!(
                     "this Idempotency-Key is bound to task {task_id} with a different request fingerprint; nothing was changed"
                 ),
@@ -143,7 +143,7 @@ fn json_response<T: Serialize>(status: StatusCode, value: &T) -> AppResult<Respo
     serde_json::to_writer(&mut buf, value).map_err(|e| {
         Problem::new(
             StatusCode::INTERNAL_SERVER_ERROR,
-            "INTERNAL",
+            ProblemCode::Internal,
             format!("could not serialise the answer: {e}"),
         )
     })?;
@@ -174,7 +174,7 @@ fn prepare_submission(
             .iter()
             .map(HeaderValue::as_bytes),
     )
-    .map_err(|e| Problem::new(StatusCode::BAD_REQUEST, e.problem_code(), e.to_string()))?;
+    .map_err(Problem::from)?;
     let bytes = body_bytes(body)?;
     let prepared = match st.prepared.get(caller.0.id, &bytes) {
         Some(p) => {
@@ -253,7 +253,7 @@ fn schema_problem(operation: &str, e: SchemaError) -> Problem {
             p.errors = Some(
                 violations
                     .iter()
-                    .map(|v| crate::problem::InvalidValue {
+                    .map(|v| idem_api::InvalidValue {
                         pointer: v.pointer.clone(),
                         message: v.message.clone(),
                     })
@@ -265,7 +265,7 @@ fn schema_problem(operation: &str, e: SchemaError) -> Problem {
             tracing::error!(error = %e, operation, "params schema does not compile");
             Problem::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
-                "INTERNAL",
+                ProblemCode::Internal,
                 "internal error",
             )
         }

@@ -31,8 +31,7 @@ pub async fn lookup_task(
         ));
     };
     // The query carries the key itself (as stored), not its header encoding.
-    let key = idem_core::key::IdempotencyKey::new(&key)
-        .map_err(|e| Problem::new(StatusCode::BAD_REQUEST, e.problem_code(), e.to_string()))?;
+    let key = idem_core::key::IdempotencyKey::new(&key).map_err(Problem::from)?;
     if !st.config.operations.contains_key(&operation) {
         // As a submit answers it: a class this server does not know is a bad
         // request, not a task that does not exist.

@@ -116,7 +116,7 @@ pub async fn retention_releases_terminal_key_only_after_expiry(store: Store) {
         "a released key is no longer found",
     );
     let events = ok2(store.list_events(None, t.id).await, "list_events");
-    let Some(released) = events.iter().find(|e| e.kind == "key_released") else {
+    let Some(released) = events.iter().find(|e| e.kind == EventKind::KeyReleased) else {
         panic!("the release is audited: {:?}", kinds(&events));
     };
     assert!(released.at >= expires, "removed only after key_expires_at");

@@ -244,7 +244,7 @@ pub async fn safe_lease_expiry_fences_old_generation(store: Store) {
     let ev = attempts[0]
         .evidence
         .iter()
-        .find(|e| e.disposition == "stale_generation");
+        .find(|e| e.disposition == Disposition::StaleGeneration);
     let Some(ev) = ev else {
         panic!(
             "the late report is kept as evidence: {:?}",
@@ -252,7 +252,7 @@ pub async fn safe_lease_expiry_fences_old_generation(store: Store) {
         );
     };
     assert_eq!(ev.generation, 1);
-    assert_eq!(ev.outcome, "succeeded");
+    assert_eq!(ev.outcome, EvidenceOutcome::Succeeded);
     assert_eq!(ev.body["result"], json!({"late": true}));
     assert_stale(
         c.heartbeat(&a1, 1, None).await,

@@ -168,8 +168,7 @@ pub async fn concurrent_reports_apply_exactly_one(store: Store) {
             match loser {
                 Some((_, Err(Refusal::Machine(Rejection::AlreadyReported { existing })))) => {
                     assert_eq!(
-                        existing,
-                        winner.as_str(),
+                        *existing, winner,
                         "round {round}: names the applied outcome"
                     );
                 }

@@ -298,7 +298,7 @@ pub async fn repeated_report_is_idempotent_and_different_report_refused(store: S
     );
     match other {
         Err(Refusal::Machine(Rejection::AlreadyReported { existing })) => {
-            assert_eq!(existing, "succeeded");
+            assert_eq!(existing, Outcome::Succeeded);
         }
         other => panic!("a different outcome is AlreadyReported, got {other:?}"),
     }

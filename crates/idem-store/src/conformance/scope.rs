@@ -502,7 +502,7 @@ pub async fn first_event_records_acceptance_decision(store: Store) {
         panic!("a new task has an event");
     };
     assert_eq!(first.seq, 1);
-    assert_eq!(first.kind, "task_submitted");
+    assert_eq!(first.kind, EventKind::TaskSubmitted);
     assert_eq!(first.data["fingerprint"], json!(s.fingerprint));
     assert_eq!(first.data["canonical_request"], json!(s.canonical_request));
     assert_eq!(first.data["idempotency_key"], json!("audit-1"));
