@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use deadpool_postgres::{Object, Pool};
 use idem_store::batch::{self, Queue};
+use idem_store::contracts::StoredContracts;
 use idem_store::ops::{
     Authenticate, Call, Operation, Runner, Submission, Submit, SubmitBatch, SubmitOutcome,
 };
@@ -120,6 +121,7 @@ pub(crate) async fn submit_lane(
     max_retries: u32,
     deadline: Duration,
     queue: Arc<Queue<Call<Submit>>>,
+    stored: Arc<StoredContracts>,
 ) {
     let mut held = None;
     while let Some(batch) = queue
@@ -133,6 +135,7 @@ pub(crate) async fn submit_lane(
             held: &mut held,
             max_retries,
             deadline,
+            stored: &stored,
         };
         let results = batch::or_one_by_one(&subs, &mut run, |e| !e.is_retryable()).await;
         for (reply, result) in replies.into_iter().zip(results) {
@@ -170,6 +173,8 @@ struct LaneSubmits<'a> {
     held: &'a mut Option<Object>,
     max_retries: u32,
     deadline: Duration,
+    /// The contracts the database is known to hold.
+    stored: &'a StoredContracts,
 }
 
 impl batch::RunBatch<Submission> for LaneSubmits<'_> {
@@ -180,7 +185,7 @@ impl batch::RunBatch<Submission> for LaneSubmits<'_> {
             self.held,
             self.max_retries,
             self.deadline,
-            &Pipelined(subs),
+            &Pipelined(subs, self.stored),
         )
         .await
     }
@@ -238,7 +243,10 @@ impl Work for Pipelined<'_> {
     /// The submit plan pipelined; a batch with a revoked key runs as an
     /// ordinary transaction instead (it refuses that key's submissions only).
     async fn run_on(&self, client: &mut Object) -> Result<Vec<SubmitOutcome>> {
-        if let Some(outcomes) = PgTx::autocommit(client).submit_pipelined(self.0).await? {
+        if let Some(outcomes) = PgTx::autocommit(client)
+            .submit_pipelined(self.0, self.1)
+            .await?
+        {
             return Ok(outcomes);
         }
         Generic(&SubmitBatch(self.0.to_vec())).run_on(client).await
@@ -395,7 +403,7 @@ impl Backend for PgBackend {
                     &mut None,
                     self.max_retries,
                     self.operation_timeout,
-                    &Pipelined(&call.op.0),
+                    &Pipelined(&call.op.0, &self.stored),
                 )
                 .await;
                 call.answer(res);
