@@ -318,7 +318,7 @@ async fn migrations_run_once_and_are_idempotent() {
     for h in handles {
         applied.extend(h.await.unwrap().unwrap());
     }
-    assert_eq!(applied, vec![1, 2, 3], "each migration once, in order");
+    assert_eq!(applied, vec![1, 2, 3, 4], "each migration once, in order");
     assert!(idem_store_postgres::migrate(&url).await.unwrap().is_empty());
     connect(&url, PgOptions::default()).await.unwrap();
 }
