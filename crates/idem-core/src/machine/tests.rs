@@ -5,7 +5,7 @@ use serde_json::json;
 use uuid::Uuid;
 
 use super::*;
-use crate::config::Config;
+use crate::config::{Config, Contract};
 
 const T0: Timestamp = Timestamp(1_000_000);
 
