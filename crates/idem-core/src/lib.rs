@@ -10,16 +10,18 @@
 //! - [`key`]: the `Idempotency-Key` header (RFC 9651 sf-string or bare token).
 //! - [`config`]: operation classes, their retry and fee policy, and the
 //!   [`config::Contract`] frozen onto each task at acceptance.
+//! - [`contract`]: a frozen contract as tasks share and stores keep it (one
+//!   JSON text and content id per class and configuration version).
 //! - [`schema`]: the JSON Schema a class's params must match.
 //! - [`model`]: tasks, attempts, cancellation, delivery, failure.
 //! - [`machine`]: the task state machine: every transition as one pure
 //!   function returning the new records and the events to append.
 
 pub mod config;
+pub mod contract;
 pub mod fingerprint;
 pub mod json;
 pub mod key;
 pub mod machine;
-pub mod memo;
 pub mod model;
 pub mod schema;

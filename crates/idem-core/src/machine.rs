@@ -13,7 +13,8 @@
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::config::{Contract, MIN_LEASE_MS};
+use crate::config::MIN_LEASE_MS;
+use crate::contract::FrozenContract;
 use crate::model::{
     AppliedReport, Attempt, AttemptKind, AttemptState, CancelStatus, Cancellation, Delivery,
     Disposition, Event, EventKind, Evidence, EvidenceOutcome, Failure, FailureClass, Outcome, Task,
@@ -112,7 +113,7 @@ pub struct NewTask {
     /// Params as submitted.
     pub params: Value,
     /// Contract frozen now.
-    pub contract: Contract,
+    pub contract: FrozenContract,
     /// The submitting API key.
     pub api_key_id: Uuid,
     /// The key's grant at acceptance (its operation list; `None` = all), for the audit.

@@ -12,7 +12,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::config::Contract;
+use crate::contract::FrozenContract;
 
 /// A point in time as epoch milliseconds (UTC). Serialized as an RFC 3339
 /// string with millisecond precision (e.g. `2026-11-29T22:47:35.123Z`).
@@ -116,54 +116,6 @@ impl<'de> Deserialize<'de> for Timestamp {
         let s = String::deserialize(d)?;
         Timestamp::parse_rfc3339(&s).map_err(serde::de::Error::custom)
     }
-}
-
-/// Contracts whose JSON each thread keeps (see [`with_contract_json`]).
-const CONTRACT_JSON_MEMO: usize = 8;
-
-/// Runs `f` on the JSON text of `contract`, from a per-thread memo: a contract
-/// is frozen per operation class and configuration version, so the few a
-/// process sees are serialized once each instead of on every answer and every
-/// stored task. The text is `serde_json`'s own rendering of the contract, so
-/// it is byte for byte what serializing the contract gives.
-///
-/// # Errors
-/// When the contract cannot be serialized (not expected: it holds only
-/// numbers, strings and booleans).
-fn with_contract_json<R>(
-    contract: &Contract,
-    f: impl FnOnce(&serde_json::value::RawValue) -> R,
-) -> Result<R, serde_json::Error> {
-    use std::cell::RefCell;
-
-    use crate::memo::Recent;
-    type ContractJson = Recent<Contract, Box<serde_json::value::RawValue>>;
-    thread_local! {
-        static MEMO: RefCell<ContractJson> = const { RefCell::new(Recent::new(CONTRACT_JSON_MEMO)) };
-    }
-    MEMO.with_borrow_mut(|memo| {
-        memo.get_or_try_insert(
-            |c| c == contract,
-            || Ok((contract.clone(), serde_json::value::to_raw_value(contract)?)),
-        )
-        .map(|json| f(json))
-    })
-}
-
-/// The JSON text of `contract` (`serde_json::to_string(contract)`, byte for
-/// byte), as stores write it into a task's `contract` column, from the same
-/// per-thread memo as a task's JSON answer.
-///
-/// # Errors
-/// When the contract cannot be serialized (not expected).
-pub fn contract_json(contract: &Contract) -> Result<String, serde_json::Error> {
-    with_contract_json(contract, |json| json.get().to_owned())
-}
-
-/// Serializes a task's contract from the per-thread memo of its JSON text
-/// ([`with_contract_json`]), embedded as a [`serde_json::value::RawValue`].
-fn serialize_contract<S: Serializer>(contract: &Contract, s: S) -> Result<S::Ok, S::Error> {
-    with_contract_json(contract, |json| json.serialize(s)).map_err(serde::ser::Error::custom)?
 }
 
 /// Declares a string-valued enum with `as_str`, `Display` and `FromStr`, so
@@ -547,8 +499,8 @@ pub struct Task {
     /// Usage units consumed by all attempts.
     pub usage: i64,
     /// The contract frozen at acceptance.
-    #[serde(serialize_with = "serialize_contract")]
-    pub contract: Contract,
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::config::Contract))]
+    pub contract: FrozenContract,
     /// The cancellation record, if a cancel was requested.
     pub cancellation: Option<Cancellation>,
     /// The delivery record, once delivered.
@@ -754,43 +706,6 @@ mod tests {
             let t = Timestamp(ms);
             assert_eq!(t.to_rfc3339(), t.to_rfc3339_slow(), "{ms}");
         }
-    }
-
-    /// A task's JSON carries its contract exactly as serializing the contract
-    /// gives it, the first time (memo filled) and after (memo hit), for more
-    /// contracts than the memo holds.
-    #[test]
-    fn task_json_carries_its_contract_verbatim() {
-        let config = crate::config::Config::bundled().unwrap();
-        let base = config
-            .contract(config.operations.keys().next().unwrap())
-            .unwrap();
-        for round in 0..2 {
-            for price in 0..(CONTRACT_JSON_MEMO as i64 + 3) {
-                let mut contract = base.clone();
-                contract.price = price;
-                let wrapped = ContractOf {
-                    contract: contract.clone(),
-                };
-                let json = serde_json::to_string(&wrapped).unwrap();
-                let expected = format!(
-                    "{{\"contract\":{}}}",
-                    serde_json::to_string(&contract).unwrap()
-                );
-                assert_eq!(json, expected, "round {round}, price {price}");
-                assert_eq!(
-                    contract_json(&contract).unwrap(),
-                    serde_json::to_string(&contract).unwrap(),
-                    "round {round}, price {price}"
-                );
-            }
-        }
-    }
-
-    #[derive(Serialize)]
-    struct ContractOf {
-        #[serde(serialize_with = "serialize_contract")]
-        contract: Contract,
     }
 
     #[test]

@@ -67,7 +67,7 @@ pub struct AppState {
     pub work: Arc<Notify>,
     /// The contract of each operation class, built once from `config` (its
     /// `config_version` is a SHA-256 of the whole configuration).
-    pub contracts: Arc<std::collections::HashMap<String, idem_core::config::Contract>>,
+    pub contracts: Arc<std::collections::HashMap<String, idem_core::contract::FrozenContract>>,
     /// API keys authenticated by this process, for submits (see [`auth::KeyCache`]).
     pub keys: Arc<auth::KeyCache>,
     /// Submit bodies this process already read and fingerprinted (see
@@ -85,7 +85,12 @@ impl AppState {
         let contracts = config
             .operations
             .keys()
-            .filter_map(|name| config.contract(name).map(|c| (name.clone(), c)))
+            .filter_map(|name| {
+                let contract = config.contract(name)?;
+                // A contract holds numbers, strings and a JSON document: it serializes.
+                let frozen = idem_core::contract::FrozenContract::new(contract).ok()?;
+                Some((name.clone(), frozen))
+            })
             .collect();
         AppState {
             store,

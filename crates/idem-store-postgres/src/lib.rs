@@ -34,6 +34,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use idem_store::contracts::StoredContracts;
 use idem_store::ops::{Authenticate, Call, Submit};
 use idem_store::{Clock, Result, ScopeHints, Store, StoreError, batch};
 use tokio::sync::mpsc;
@@ -132,6 +133,8 @@ pub struct PgBackend {
     hints: Option<ScopeHints>,
     /// [`PgOptions::clock`].
     clock: Clock,
+    /// The contracts this database is known to hold (shared with the submit lanes).
+    stored: Arc<StoredContracts>,
 }
 
 /// How long [`connect`] waits for another instance that is applying
@@ -252,6 +255,7 @@ impl PgBackend {
             }
         }
         let (submits, queue) = batch::queue();
+        let stored = Arc::new(StoredContracts::new());
         // Lanes hold a connection while work is queued: at most half the pool.
         for _ in 0..SUBMIT_LANES.min((options.max_size / 2).max(1)) {
             tokio::spawn(run::submit_lane(
@@ -260,6 +264,7 @@ impl PgBackend {
                 options.max_retries,
                 options.operation_timeout,
                 Arc::clone(&queue),
+                Arc::clone(&stored),
             ));
         }
         let (retries, queue) = batch::queue();
@@ -296,6 +301,7 @@ impl PgBackend {
             retries,
             hints: (retry_lanes > 0).then(ScopeHints::new),
             clock: options.clock,
+            stored,
         })
     }
 

@@ -15,6 +15,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
         include_str!("../migrations/0002_api_keys_never_deleted.sql"),
     ),
     (3, include_str!("../migrations/0003_claim_order_index.sql")),
+    (4, include_str!("../migrations/0004_contracts.sql")),
 ];
 
 /// How long a migration statement waits for a table lock, ms, before the

@@ -4,11 +4,12 @@
 
 use std::sync::LazyLock;
 
+use idem_core::contract::{ContractId, FrozenContract};
 use idem_core::model::{
     ApiKey, AppliedReport, Attempt, AttemptKind, AttemptState, Disposition, Event, Evidence,
     EvidenceOutcome, Role, Task, TaskControl, TaskState, Timestamp,
 };
-use idem_store::{ExistingScope, Result, ScopeRow};
+use idem_store::{ExistingScope, Result, ScopeRow, StoreError};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio_postgres::Row;
@@ -166,6 +167,8 @@ macro_rules! task_columns {
         #[derive(Debug, Clone, Copy)]
         pub(crate) struct TaskCols {
             $($field: At,)+
+            /// The contract's text ([`contract_text`]).
+            contract: At,
         }
 
         impl TaskCols {
@@ -176,6 +179,7 @@ macro_rules! task_columns {
             pub(crate) fn of(columns: &[tokio_postgres::Column]) -> Result<TaskCols> {
                 Ok(TaskCols {
                     $($field: At::find(columns, stringify!($field))?,)+
+                    contract: At::find(columns, "contract")?,
                 })
             }
         }
@@ -197,7 +201,7 @@ task_columns! {
     attempt_count: "bigint",
     execute_count: "bigint",
     usage: "bigint",
-    contract: "text",
+    contract_id: "bytea",
     cancellation: "text",
     delivery: "text",
     failure: "text",
@@ -214,10 +218,17 @@ task_columns! {
 
 pub(crate) const VERSION_INDEX: usize = 9;
 
+/// The text of the task's contract (its `contracts` row) as column `contract`,
+/// for a task SELECT of `tasks` named `table`.
+pub(crate) fn contract_text(table: &str) -> String {
+    format!("(SELECT c.contract FROM contracts c WHERE c.id = {table}.contract_id) AS contract")
+}
+
 pub(crate) static TASK_SELECT: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "SELECT {} FROM tasks WHERE id = $1",
-        TASK_COLUMNS.join(", ")
+        "SELECT {}, {} FROM tasks WHERE id = $1",
+        TASK_COLUMNS.join(", "),
+        contract_text("tasks")
     )
 });
 pub(crate) static TASK_SELECT_LOCK: LazyLock<String> =
@@ -246,7 +257,7 @@ pub(crate) struct TaskArrays<'v> {
     attempt_counts: Vec<i64>,
     execute_counts: Vec<i64>,
     usages: Vec<i64>,
-    contracts: Vec<&'v str>,
+    contract_ids: Vec<&'v [u8]>,
     cancellations: Vec<Option<&'v str>>,
     deliveries: Vec<Option<&'v str>>,
     failures: Vec<Option<&'v str>>,
@@ -278,7 +289,7 @@ impl<'v> TaskArrays<'v> {
             attempt_counts: column(values, |v| v.task.attempt_count),
             execute_counts: column(values, |v| v.task.control.execute_count),
             usages: column(values, |v| v.task.usage),
-            contracts: column(values, |v| v.contract.as_str()),
+            contract_ids: column(values, |v| v.contract_id),
             cancellations: column(values, |v| v.cancellation.as_deref()),
             deliveries: column(values, |v| v.delivery.as_deref()),
             failures: column(values, |v| v.failure.as_deref()),
@@ -310,7 +321,7 @@ impl<'v> TaskArrays<'v> {
             &self.attempt_counts,
             &self.execute_counts,
             &self.usages,
-            &self.contracts,
+            &self.contract_ids,
             &self.cancellations,
             &self.deliveries,
             &self.failures,
@@ -372,8 +383,13 @@ impl<'e> EventArrays<'e> {
 pub(crate) const EVENTS_INSERT: &str = "INSERT INTO events (task_id, seq, type, at, data) \
      SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::bigint[], $5::text[])";
 
-/// New tasks ($1–$27, one array per column of [`TASK_COLUMNS`]) and their
-/// events ($28–$32) in one statement.
+/// One contract row ($1 content id, $2 text), unless stored already.
+pub(crate) const CONTRACT_INSERT: &str =
+    "INSERT INTO contracts (id, contract) VALUES ($1, $2) ON CONFLICT DO NOTHING";
+
+/// New tasks ($1–$27, one array per column of [`TASK_COLUMNS`]), their
+/// events ($28–$32) and the contract rows they name that may be absent ($33
+/// ids, $34 texts; written first, each unless stored already) in one statement.
 pub(crate) static TASKS_WITH_EVENTS_INSERT: LazyLock<String> = LazyLock::new(|| {
     let arrays: Vec<String> = TASK_COLUMN_TYPES
         .iter()
@@ -381,7 +397,9 @@ pub(crate) static TASKS_WITH_EVENTS_INSERT: LazyLock<String> = LazyLock::new(|| 
         .map(|(i, ty)| format!("${}::{ty}[]", i + 1))
         .collect();
     format!(
-        "WITH t AS (INSERT INTO tasks ({}) SELECT * FROM unnest({})) \
+        "WITH c AS (INSERT INTO contracts (id, contract) \
+         SELECT * FROM unnest($33::bytea[], $34::text[]) ON CONFLICT DO NOTHING), \
+         t AS (INSERT INTO tasks ({}) SELECT * FROM unnest({})) \
          INSERT INTO events (task_id, seq, type, at, data) \
          SELECT * FROM unnest($28::uuid[], $29::bigint[], $30::text[], $31::bigint[], $32::text[])",
         TASK_COLUMNS.join(", "),
@@ -425,7 +443,7 @@ pub(crate) struct TaskValues<'t> {
     task: &'t Task,
     params: String,
     state: &'static str,
-    contract: String,
+    contract_id: &'t [u8],
     cancellation: Option<String>,
     delivery: Option<String>,
     failure: Option<String>,
@@ -445,8 +463,7 @@ impl<'t> TaskValues<'t> {
             task,
             params: to_json("params", &task.params)?,
             state: task.state.as_str(),
-            contract: idem_core::model::contract_json(&task.contract)
-                .map_err(|e| corrupt("contract", e))?,
+            contract_id: task.contract.id_bytes(),
             cancellation: opt_to_json("cancellation", task.cancellation.as_ref())?,
             delivery: opt_to_json("delivery", task.delivery.as_ref())?,
             failure: opt_to_json("failure", task.failure.as_ref())?,
@@ -479,7 +496,7 @@ impl<'t> TaskValues<'t> {
             &t.attempt_count,
             &c.execute_count,
             &t.usage,
-            &self.contract,
+            &self.contract_id,
             &self.cancellation,
             &self.delivery,
             &self.failure,
@@ -508,8 +525,7 @@ pub(crate) fn task_from_row(row: &Row, c: &TaskCols) -> Result<Task> {
         generation: get(row, c.generation)?,
         attempt_count: get(row, c.attempt_count)?,
         usage: get(row, c.usage)?,
-        contract: idem_store::decode_contract(get(row, c.contract)?)
-            .map_err(|e| corrupt("contract", e))?,
+        contract: contract(row, c)?,
         cancellation: opt_json(row, c.cancellation)?,
         delivery: opt_json(row, c.delivery)?,
         failure: opt_json(row, c.failure)?,
@@ -530,6 +546,15 @@ pub(crate) fn task_from_row(row: &Row, c: &TaskCols) -> Result<Task> {
             key_expires_at: opt_ts(row, c.key_expires_at)?,
         },
     })
+}
+
+/// The task's contract: its `contract_id` and [`contract_text`], decoded once
+/// per process ([`idem_store::contracts::intern`]).
+fn contract(row: &Row, c: &TaskCols) -> Result<FrozenContract> {
+    let id: &[u8] = get(row, c.contract_id)?;
+    let id = ContractId::from_slice(id)
+        .ok_or_else(|| StoreError::Corrupt("contract_id is not 32 bytes".into()))?;
+    idem_store::contracts::intern(id, get(row, c.contract)?).map_err(|e| corrupt("contract", e))
 }
 
 /// The task of a single row (its columns found in that row's result).
@@ -682,11 +707,12 @@ pub(crate) static SCOPES_WITH_TASKS: LazyLock<String> = LazyLock::new(|| {
     let cols: Vec<String> = TASK_COLUMNS.iter().map(|c| format!("t.{c}")).collect();
     format!(
         "SELECT u.n AS scope_n, k.fingerprint AS scope_fingerprint, k.task_id AS scope_task_id, \
-         t.id IS NOT NULL AS scope_has_task, {} \
+         t.id IS NOT NULL AS scope_has_task, {}, {} \
          FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS u(tn, op, ky, n) \
          JOIN idempotency_keys k ON k.tenant = u.tn AND k.operation = u.op AND k.idempotency_key = u.ky \
          LEFT JOIN tasks t ON t.id = k.task_id",
-        cols.join(", ")
+        cols.join(", "),
+        contract_text("t")
     )
 });
 
@@ -696,12 +722,13 @@ pub(crate) static LIVE_SCOPES_WITH_TASKS: LazyLock<String> = LazyLock::new(|| {
     let cols: Vec<String> = TASK_COLUMNS.iter().map(|c| format!("t.{c}")).collect();
     format!(
         "SELECT u.n AS scope_n, k.fingerprint AS scope_fingerprint, k.task_id AS scope_task_id, \
-         t.id IS NOT NULL AS scope_has_task, {} \
+         t.id IS NOT NULL AS scope_has_task, {}, {} \
          FROM unnest($1::text[], $2::text[], $3::text[], $4::uuid[]) WITH ORDINALITY AS u(tn, op, ky, kid, n) \
          JOIN api_keys a ON a.id = u.kid AND a.revoked_at IS NULL \
          JOIN idempotency_keys k ON k.tenant = u.tn AND k.operation = u.op AND k.idempotency_key = u.ky \
          LEFT JOIN tasks t ON t.id = k.task_id",
-        cols.join(", ")
+        cols.join(", "),
+        contract_text("t")
     )
 });
 

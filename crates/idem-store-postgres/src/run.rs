@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use deadpool_postgres::{Object, Pool};
 use idem_store::batch::{self, Queue};
+use idem_store::contracts::StoredContracts;
 use idem_store::ops::{
     Authenticate, Call, Operation, Runner, Submission, Submit, SubmitBatch, SubmitOutcome,
 };
@@ -128,6 +129,7 @@ pub(crate) async fn submit_lane(
     max_retries: u32,
     deadline: Duration,
     queue: Arc<Queue<Call<Submit>>>,
+    stored: Arc<StoredContracts>,
 ) {
     let mut held = None;
     while let Some(batch) = queue
@@ -142,6 +144,7 @@ pub(crate) async fn submit_lane(
             held: &mut held,
             max_retries,
             deadline,
+            stored: &stored,
         };
         let results = batch::or_one_by_one(&subs, &mut run, |e| !e.is_retryable()).await;
         for (reply, result) in replies.into_iter().zip(results) {
@@ -181,6 +184,8 @@ struct LaneSubmits<'a> {
     held: &'a mut Option<Object>,
     max_retries: u32,
     deadline: Duration,
+    /// The contracts the database is known to hold.
+    stored: &'a StoredContracts,
 }
 
 impl batch::RunBatch<Submission> for LaneSubmits<'_> {
@@ -191,7 +196,7 @@ impl batch::RunBatch<Submission> for LaneSubmits<'_> {
             self.held,
             self.max_retries,
             self.deadline,
-            &Pipelined(subs, self.clock),
+            &Pipelined(subs, self.clock, self.stored),
         )
         .await
     }
@@ -250,7 +255,7 @@ impl Work for Pipelined<'_> {
     /// ordinary transaction instead (it refuses that key's submissions only).
     async fn run_on(&self, client: &mut Object) -> Result<Vec<SubmitOutcome>> {
         if let Some(outcomes) = PgTx::autocommit(client, self.1)
-            .submit_pipelined(self.0)
+            .submit_pipelined(self.0, self.2)
             .await?
         {
             return Ok(outcomes);
@@ -412,7 +417,7 @@ impl Backend for PgBackend {
                     &mut None,
                     self.max_retries,
                     self.operation_timeout,
-                    &Pipelined(&call.op.0, &self.clock),
+                    &Pipelined(&call.op.0, &self.clock, &self.stored),
                 )
                 .await;
                 call.answer(res);

@@ -5,7 +5,9 @@
 use std::collections::HashMap;
 
 use deadpool_postgres::Transaction;
+use idem_core::contract::FrozenContract;
 use idem_core::model::{ApiKey, Attempt, Event, EventKind, Evidence, Task, Timestamp};
+use idem_store::contracts::StoredContracts;
 use idem_store::ops::{Submission, SubmitOutcome, SubmitPlan};
 use idem_store::{Clock, ExistingScope, Result, ScopeRow, StoreError, Tx};
 use tokio_postgres::Row;
@@ -105,8 +107,10 @@ impl<'a> PgTx<'a> {
     }
 
     /// New tasks and their events (`events[i]` belongs to `tasks[i]`) in one
-    /// statement: tasks as one array per column (prepared once per connection
-    /// whatever the batch size), events in a CTE. `stmt` is
+    /// statement, after the rows of `contracts` (those of the tasks not known
+    /// to be stored; each written if absent): tasks as one array per column
+    /// (prepared once per connection whatever the batch size), contracts and
+    /// events in CTEs. `stmt` is
     /// [`TASKS_WITH_EVENTS_INSERT`] prepared on this connection, so the request
     /// goes out on the future's first poll (the pipelined submit relies on it);
     /// nothing is sent for no tasks.
@@ -115,10 +119,13 @@ impl<'a> PgTx<'a> {
         stmt: &tokio_postgres::Statement,
         tasks: &[Task],
         events: &[Vec<Event>],
+        contracts: &[FrozenContract],
     ) -> Result<()> {
         if tasks.is_empty() {
             return Ok(());
         }
+        let contract_ids: Vec<&[u8]> = contracts.iter().map(|c| c.id_bytes()).collect();
+        let contract_texts: Vec<&str> = contracts.iter().map(|c| c.json()).collect();
         let values = tasks
             .iter()
             .map(TaskValues::new)
@@ -132,6 +139,7 @@ impl<'a> PgTx<'a> {
         )?;
         let mut params: Vec<Param<'_>> = arrays.params().to_vec();
         params.extend(events.params());
+        params.extend([&contract_ids as Param<'_>, &contract_texts]);
         match &self.conn {
             Conn::Tx(tx) => tx.execute(stmt, &params).await,
             Conn::Auto(c) => c.execute(stmt, &params).await,
@@ -151,8 +159,13 @@ impl<'a> PgTx<'a> {
 }
 
 /// A submit batch to run as one pipelined transaction
-/// ([`PgTx::submit_pipelined`]), on the backend's clock.
-pub(crate) struct Pipelined<'s>(pub(crate) &'s [Submission], pub(crate) &'s Clock);
+/// ([`PgTx::submit_pipelined`]), on the backend's clock, and what its
+/// database is known to hold.
+pub(crate) struct Pipelined<'s>(
+    pub(crate) &'s [Submission],
+    pub(crate) &'s Clock,
+    pub(crate) &'s StoredContracts,
+);
 
 impl PgTx<'_> {
     /// Runs the [`SubmitPlan`] of `subs` in two round trips instead of five,
@@ -181,17 +194,24 @@ impl PgTx<'_> {
     /// when a taken scope's row vanished before the read-back),
     /// [`StoreError::Unavailable`] (connection lost; if during `COMMIT`, the
     /// outcome is unknown), [`StoreError::Corrupt`].
+    ///
+    /// The new tasks' contracts not in `stored` are written with the tasks,
+    /// in the same statement, and remembered once committed; after an error
+    /// `stored` is forgotten (a contract row may be missing: a restored
+    /// database), so the batch run again writes them.
     pub(crate) async fn submit_pipelined(
         &self,
         subs: &[Submission],
+        stored: &StoredContracts,
     ) -> Result<Option<Vec<SubmitOutcome>>> {
         let Conn::Auto(client) = &self.conn else {
             return Err(StoreError::Corrupt(
                 "a pipelined submit opens its own transaction".into(),
             ));
         };
-        let res = self.submit_pipelined_on(client, subs).await;
+        let res = self.submit_pipelined_on(client, subs, stored).await;
         if res.is_err() {
+            stored.forget();
             // After a COMMIT this only draws a warning ("no transaction").
             let _ = client.batch_execute("ROLLBACK").await;
         }
@@ -202,6 +222,7 @@ impl PgTx<'_> {
         &self,
         client: &deadpool_postgres::Client,
         subs: &[Submission],
+        stored: &StoredContracts,
     ) -> Result<Option<Vec<SubmitOutcome>>> {
         let keys_stmt = self.statement(NOW_AND_LIVE_KEYS).await?;
         let scopes_stmt = self.statement(SCOPES_INSERT).await?;
@@ -237,6 +258,11 @@ impl PgTx<'_> {
         }
         let accepted = plan.accept(&won, now)?;
         let (created, journals) = accepted.new_tasks();
+        let contracts: Vec<FrozenContract> = stored
+            .unknown(created.iter().map(|t| &t.contract))
+            .into_iter()
+            .cloned()
+            .collect();
         let lookup = ScopeLookup::new(accepted.taken());
         let lookup_params = lookup.params();
         if accepted.taken().is_empty() {
@@ -244,12 +270,13 @@ impl PgTx<'_> {
             // Nothing is left to decode after COMMIT, so no error can follow it.
             let (tasks_written, committed) = tokio::join!(
                 biased;
-                self.insert_new_tasks(&tasks_stmt, created, journals),
+                self.insert_new_tasks(&tasks_stmt, created, journals, &contracts),
                 client.batch_execute("COMMIT"),
             );
             // In statement order: a failed insert turned COMMIT into a rollback.
             tasks_written?;
             committed.map_err(map_pg_error)?;
+            stored.remember(&contracts);
             drop(lookup);
             return accepted.answer_all(Vec::new()).map(Some);
         }
@@ -276,7 +303,7 @@ impl PgTx<'_> {
         // answer is decoded: any failure until then writes nothing.
         let (tasks_written, existing) = tokio::join!(
             biased;
-            self.insert_new_tasks(&tasks_stmt, created, journals),
+            self.insert_new_tasks(&tasks_stmt, created, journals, &contracts),
             client.query(&lookup_stmt, &lookup_params),
         );
         tasks_written?;
@@ -284,6 +311,7 @@ impl PgTx<'_> {
         drop(lookup);
         let outcomes = accepted.answer_all(existing)?;
         client.batch_execute("COMMIT").await.map_err(map_pg_error)?;
+        stored.remember(&contracts);
         Ok(Some(outcomes))
     }
 }
@@ -425,7 +453,11 @@ impl Tx for PgTx<'_> {
         Ok(())
     }
 
+    /// The task, after its contract's row (written if absent).
     async fn insert_task(&mut self, task: &Task) -> Result<()> {
+        let c = &task.contract;
+        self.exec(CONTRACT_INSERT, &[&c.id_bytes(), &c.json()])
+            .await?;
         let v = TaskValues::new(task)?;
         self.exec(&TASK_INSERT, &v.params()).await?;
         Ok(())
@@ -477,7 +509,15 @@ impl Tx for PgTx<'_> {
             return Ok(());
         }
         let stmt = self.statement(&TASKS_WITH_EVENTS_INSERT).await?;
-        self.insert_new_tasks(&stmt, tasks, events).await
+        // Not the pipelined submit: no record of stored contracts here, so
+        // each distinct one is written if absent.
+        let contracts: Vec<FrozenContract> = StoredContracts::new()
+            .unknown(tasks.iter().map(|t| &t.contract))
+            .into_iter()
+            .cloned()
+            .collect();
+        self.insert_new_tasks(&stmt, tasks, events, &contracts)
+            .await
     }
 
     async fn task(&mut self, id: Uuid, lock: bool) -> Result<Option<Task>> {

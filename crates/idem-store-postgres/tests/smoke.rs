@@ -59,7 +59,7 @@ fn submission(tenant: &str, key: &str, api_key_id: Uuid, fp: char) -> Submission
         fingerprint: format!("sha256:{}", fp.to_string().repeat(64)),
         canonical_request: format!("{{\"prompt\":\"{fp}\"}}"),
         params: json!({"prompt": fp.to_string()}),
-        contract,
+        contract: idem_core::contract::FrozenContract::new(contract).unwrap(),
         api_key_id,
         grant: None,
     }
@@ -321,7 +321,7 @@ async fn migrations_run_once_and_are_idempotent() {
     for h in handles {
         applied.extend(h.await.unwrap().unwrap());
     }
-    assert_eq!(applied, vec![1, 2, 3], "each migration once, in order");
+    assert_eq!(applied, vec![1, 2, 3, 4], "each migration once, in order");
     assert!(idem_store_postgres::migrate(&url).await.unwrap().is_empty());
     connect(&url, PgOptions::default()).await.unwrap();
 }
@@ -848,9 +848,9 @@ async fn claims_walk_the_claim_index_instead_of_sorting_the_backlog() {
            CASE WHEN g % 2 = 0 THEN 'payment.release' ELSE t.operation END, \
            t.idempotency_key || '-' || g, t.fingerprint, t.canonical_request, t.params, t.state, \
            t.generation, t.version, t.event_seq, t.attempt_count, t.execute_count, t.usage, \
-           t.contract, t.cancellation, t.delivery, t.failure, t.api_key_id, t.next_kind, \
+           t.cancellation, t.delivery, t.failure, t.api_key_id, t.next_kind, \
            t.active_attempt_id, t.ready_at + g, t.deadline_at, t.terminal_at, t.key_expires_at, \
-           t.created_at, t.updated_at \
+           t.created_at, t.updated_at, t.contract_id \
          FROM tasks t, generate_series(1, 100) g; ANALYZE tasks",
     )
     .await
@@ -955,6 +955,72 @@ async fn schema_at_version_two(url: &str) -> tokio_postgres::Client {
     db
 }
 
+/// A database at schema 3 (each task's contract text in its row) migrates to
+/// one `contracts` row per distinct contract, and every task reads back the
+/// same; the store then writes and replays as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schema_three_tasks_keep_their_contracts_through_migration_four() {
+    let (url, store, key) = seeded(&keys("k", 3), 'm').await;
+    let mut other = submission("acme", "priced", key.id, 'm');
+    let mut contract = (*other.contract).clone();
+    contract.price += 1;
+    other.contract = idem_core::contract::FrozenContract::new(contract).unwrap();
+    store.submit(other).await.unwrap();
+    let claimed = store.claim(claim_req(1, None)).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    let db = raw(&url).await;
+    let ids: Vec<Uuid> = db
+        .query("SELECT id FROM tasks ORDER BY id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(ids.len(), 4);
+    let mut before = Vec::new();
+    for id in &ids {
+        before
+            .push(serde_json::to_value(store.get_task(None, *id).await.unwrap().unwrap()).unwrap());
+    }
+    drop(store);
+    // The tables as schema 3 kept them.
+    db.batch_execute(
+        "ALTER TABLE tasks ADD COLUMN contract text; \
+         UPDATE tasks t SET contract = c.contract FROM contracts c WHERE c.id = t.contract_id; \
+         ALTER TABLE tasks ALTER COLUMN contract SET NOT NULL, DROP COLUMN contract_id; \
+         DROP TABLE contracts; \
+         DELETE FROM schema_migrations WHERE version = 4",
+    )
+    .await
+    .unwrap();
+    assert_eq!(idem_store_postgres::migrate(&url).await.unwrap(), vec![4]);
+    let rows: i64 = db
+        .query_one("SELECT count(*) FROM contracts", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 2, "one row per distinct contract");
+    let store = connect(&url, PgOptions::default()).await.unwrap();
+    for (id, was) in ids.iter().zip(&before) {
+        let now = store.get_task(None, *id).await.unwrap().unwrap();
+        assert_eq!(&serde_json::to_value(&now).unwrap(), was);
+    }
+    assert!(matches!(
+        store
+            .submit(submission("acme", "k0", key.id, 'm'))
+            .await
+            .unwrap(),
+        SubmitOutcome::Replayed(_)
+    ));
+    assert!(matches!(
+        store
+            .submit(submission("acme", "new", key.id, 'm'))
+            .await
+            .unwrap(),
+        SubmitOutcome::Created(_)
+    ));
+}
+
 /// Migration 3 takes its table lock first, so an instance still running the
 /// previous binary, holding claim row locks and then writing the task, waits
 /// for nothing that waits for it: no deadlock, and the migration applies.
@@ -977,7 +1043,7 @@ async fn migration_three_does_not_deadlock_with_an_old_claim() {
         .await
         .unwrap();
     old.batch_execute("COMMIT").await.unwrap();
-    assert_eq!(migration.await.unwrap().unwrap(), vec![3]);
+    assert_eq!(migration.await.unwrap().unwrap(), vec![3, 4]);
 }
 
 /// A migration that cannot get its table lock within
@@ -1037,7 +1103,10 @@ async fn migration_gives_up_on_a_held_table_lock_and_applies_later() {
         .get(0);
     assert_eq!(index, 0, "migration 3 rolled back");
     old.batch_execute("COMMIT").await.unwrap();
-    assert_eq!(idem_store_postgres::migrate(&url).await.unwrap(), vec![3]);
+    assert_eq!(
+        idem_store_postgres::migrate(&url).await.unwrap(),
+        vec![3, 4]
+    );
 }
 
 /// The advisory lock that serializes migrations (ASCII `idem_mig`).
@@ -1381,9 +1450,9 @@ async fn one_unreadable_task_fails_only_its_own_retries() {
     let (url, store, key) = seeded(&keys("k", n), 'a').await;
     raw(&url)
         .await
-        .execute(
-            "UPDATE tasks SET contract = '{\"broken\":' WHERE idempotency_key = 'k0'",
-            &[],
+        .batch_execute(
+            "INSERT INTO contracts (id, contract) VALUES (sha256('broken'), '{\"broken\":'); \
+             UPDATE tasks SET contract_id = sha256('broken') WHERE idempotency_key = 'k0'",
         )
         .await
         .unwrap();

@@ -60,6 +60,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0001_init.sql"),
     include_str!("../migrations/0002_tasks_or_checks.sql"),
     include_str!("../migrations/0003_claim_order_index.sql"),
+    include_str!("../migrations/0004_contracts.sql"),
 ];
 
 /// Options of the SQLite store.
@@ -147,6 +148,23 @@ pub fn migrate(conn: &mut Connection) -> Result<Vec<i64>, StoreError> {
     // checked in full before the commit.
     conn.pragma_update(None, "foreign_keys", false)
         .map_err(mig)?;
+    // Migration 4 keys each existing contract text by its content id.
+    conn.create_scalar_function(
+        "idem_contract_id",
+        1,
+        rusqlite::functions::FunctionFlags::SQLITE_UTF8
+            | rusqlite::functions::FunctionFlags::SQLITE_DETERMINISTIC,
+        |ctx| {
+            let text = ctx
+                .get_raw(0)
+                .as_str()
+                .map_err(|e| rusqlite::Error::UserFunctionError(Box::new(e)))?;
+            Ok(idem_core::contract::ContractId::of(text)
+                .as_bytes()
+                .to_vec())
+        },
+    )
+    .map_err(mig)?;
     let res = migrate_in_transaction(conn);
     let on = conn.pragma_update(None, "foreign_keys", true).map_err(mig);
     let applied = res?;
@@ -465,6 +483,22 @@ mod tests {
         }
     }
 
+    /// Points task `id` at a new contract row holding `text` (under an id
+    /// no contract has, so no process has decoded it).
+    fn give_contract(conn: &Connection, id: uuid::Uuid, text: &str) {
+        let contract_id = [*id.as_bytes(), *id.as_bytes()].concat();
+        conn.execute(
+            "INSERT INTO contracts (id, contract) VALUES (?1, ?2)",
+            rusqlite::params![contract_id, text],
+        )
+        .unwrap();
+        conn.execute(
+            "UPDATE tasks SET contract_id = ?1 WHERE id = ?2",
+            rusqlite::params![contract_id, id.to_string()],
+        )
+        .unwrap();
+    }
+
     /// Submits queued one after another run as one batch on the writer; when
     /// that batch fails (here: a replay whose stored task does not decode),
     /// it is rolled back and each submit runs alone, so only the bad one
@@ -477,11 +511,7 @@ mod tests {
             panic!("first submit must create");
         };
         let conn = open_connection(&path).unwrap();
-        conn.execute(
-            "UPDATE tasks SET contract = 'not json' WHERE id = ?1",
-            [bad.id.to_string()],
-        )
-        .unwrap();
+        give_contract(&conn, bad.id, "not json");
         drop(conn);
 
         // A batch of good submits only: one savepoint, all created.
@@ -556,11 +586,7 @@ mod tests {
             tasks.push(t);
         }
         let lock = open_connection(&path).unwrap();
-        lock.execute(
-            "UPDATE tasks SET contract = '{' WHERE id = ?1",
-            [tasks[0].id.to_string()],
-        )
-        .unwrap();
+        give_contract(&lock, tasks[0].id, "{");
         lock.execute_batch("BEGIN IMMEDIATE").unwrap();
         let mut subs = vec![sub("bad", "a")];
         subs.extend((0..8).map(|_| sub("good", "a")));

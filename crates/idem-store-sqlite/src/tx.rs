@@ -1,12 +1,15 @@
 //! [`Tx`] over one SQLite transaction (the writer's, or a reader's), and the
 //! mapping between rows and the model.
 
-use std::sync::LazyLock;
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex};
 
+use idem_core::contract::{ContractId, FrozenContract};
 use idem_core::model::{
     ApiKey, AppliedReport, Attempt, AttemptKind, AttemptState, Event, Evidence, Role, Task,
     TaskControl, TaskState, Timestamp,
 };
+use idem_store::contracts::StoredContracts;
 use idem_store::{ExistingScope, ScopeRow, StoreError, Tx};
 use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde::Serialize;
@@ -101,7 +104,7 @@ fn api_key_row(r: &Row<'_>) -> rusqlite::Result<ApiKey> {
 /// [`task_row`] reads and [`task_values`] fills) is generated from it.
 macro_rules! with_task_columns {
     ($then:ident!($($args:tt)*)) => {
-        $then! { $($args)*; id, tenant, operation, idempotency_key, fingerprint, canonical_request, params, state, generation, version, event_seq, attempt_count, execute_count, usage, contract, cancellation, delivery, failure, api_key_id, next_kind, active_attempt_id, ready_at, deadline_at, terminal_at, key_expires_at, created_at, updated_at }
+        $then! { $($args)*; id, tenant, operation, idempotency_key, fingerprint, canonical_request, params, state, generation, version, event_seq, attempt_count, execute_count, usage, contract_id, cancellation, delivery, failure, api_key_id, next_kind, active_attempt_id, ready_at, deadline_at, terminal_at, key_expires_at, created_at, updated_at }
     };
 }
 
@@ -202,11 +205,28 @@ static TASK_UPDATE: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// A scope row joined with its task: [`task_columns!`] (NULL when the task
-/// row is missing), then the scope's fingerprint and task id.
+/// The text of the task's contract (its `contracts` row), selected after
+/// [`task_columns!`], at [`CONTRACT_TEXT`]; `$prefix` as there.
+macro_rules! contract_text {
+    ($prefix:literal) => {
+        concat!(
+            ", (SELECT c.contract FROM contracts c WHERE c.id = ",
+            $prefix,
+            "contract_id)"
+        )
+    };
+}
+
+/// Where a task SELECT has [`contract_text!`].
+const CONTRACT_TEXT: usize = TASK_COLUMN_COUNT;
+
+/// A scope row joined with its task: [`task_columns!`] and
+/// [`contract_text!`] (NULL when the task row is missing), then the scope's
+/// fingerprint and task id.
 const SCOPE_WITH_TASK: &str = concat!(
     "SELECT ",
     task_columns!("t."),
+    contract_text!("t."),
     ", k.fingerprint, k.task_id FROM idempotency_keys k \
      LEFT JOIN tasks t ON t.id = k.task_id \
      WHERE k.tenant = ?1 AND k.operation = ?2 AND k.idempotency_key = ?3"
@@ -219,15 +239,42 @@ fn text<'r>(r: &'r Row<'_>, i: usize) -> rusqlite::Result<&'r str> {
     })
 }
 
-/// The contract stored as `json` ([`idem_store::decode_contract`]).
-fn contract(json: &str) -> rusqlite::Result<idem_core::config::Contract> {
-    idem_store::decode_contract(json).map_err(|e| {
+/// The task's contract: its `contract_id` and [`contract_text!`], decoded
+/// once per process ([`idem_store::contracts::intern`]).
+fn contract(r: &Row<'_>) -> rusqlite::Result<FrozenContract> {
+    let at = Col::contract_id.at();
+    let id = r.get_ref(at)?.as_blob().map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(at, rusqlite::types::Type::Blob, Box::new(e))
+    })?;
+    let id = ContractId::from_slice(id).ok_or(rusqlite::Error::InvalidColumnType(
+        at,
+        "contract_id".into(),
+        rusqlite::types::Type::Blob,
+    ))?;
+    idem_store::contracts::intern(id, text(r, CONTRACT_TEXT)?).map_err(|e| {
         rusqlite::Error::FromSqlConversionFailure(
-            Col::contract.at(),
+            CONTRACT_TEXT,
             rusqlite::types::Type::Text,
             Box::new(e),
         )
     })
+}
+
+/// The contract ids each database file this process writes is known to hold
+/// ([`StoredContracts`]), by the file's path.
+static STORED: LazyLock<Mutex<HashMap<String, Arc<StoredContracts>>>> =
+    LazyLock::new(Mutex::default);
+
+/// The [`StoredContracts`] of the database `conn` has open.
+fn stored_contracts(conn: &Connection) -> Arc<StoredContracts> {
+    let path = conn.path().unwrap_or_default();
+    let mut all = STORED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    match all.get(path) {
+        Some(s) => Arc::clone(s),
+        None => Arc::clone(all.entry(path.to_owned()).or_default()),
+    }
 }
 
 fn task_row(r: &Row<'_>) -> rusqlite::Result<Task> {
@@ -242,7 +289,7 @@ fn task_row(r: &Row<'_>) -> rusqlite::Result<Task> {
         generation: r.get(C::generation.at())?,
         attempt_count: r.get(C::attempt_count.at())?,
         usage: r.get(C::usage.at())?,
-        contract: contract(text(r, C::contract.at())?)?,
+        contract: contract(r)?,
         cancellation: opt_json(r.get(C::cancellation.at())?)?,
         delivery: opt_json(r.get(C::delivery.at())?)?,
         failure: opt_json(r.get(C::failure.at())?)?,
@@ -446,8 +493,8 @@ impl Tx for SqliteTx<'_> {
                         tenant: tenant.clone(),
                         operation: operation.clone(),
                         idempotency_key: key.clone(),
-                        fingerprint: r.get(TASK_COLUMN_COUNT)?,
-                        task_id: uuid(text(r, TASK_COLUMN_COUNT + 1)?)?,
+                        fingerprint: r.get(CONTRACT_TEXT + 1)?,
+                        task_id: uuid(text(r, CONTRACT_TEXT + 2)?)?,
                     };
                     // No task row joined: `t.id` is NULL.
                     let task = match r.get_ref(0)? {
@@ -471,12 +518,31 @@ impl Tx for SqliteTx<'_> {
         Ok(())
     }
 
+    /// The task, and its contract's row first unless this database is known
+    /// to hold it ([`StoredContracts`]); a failed insert forgets what is known
+    /// (the row may be missing: the savepoint runs again and writes it).
     async fn insert_task(&mut self, t: &Task) -> Result<(), StoreError> {
         let values = task_values(t)?;
+        let stored = stored_contracts(self.conn);
+        let contract = &t.contract;
+        if !stored.holds(contract.id()) {
+            self.conn
+                .prepare_cached(
+                    "INSERT INTO contracts (id, contract) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+                )
+                .and_then(|mut s| {
+                    s.execute(params![&contract.id().as_bytes()[..], contract.json()])
+                })
+                .map_err(db)?;
+            stored.remember([contract]);
+        }
         self.conn
             .prepare_cached(&TASK_INSERT)
             .and_then(|mut s| s.execute(rusqlite::params_from_iter(values.iter())))
-            .map_err(db)?;
+            .map_err(|e| {
+                stored.forget();
+                db(e)
+            })?;
         Ok(())
     }
 
@@ -486,6 +552,7 @@ impl Tx for SqliteTx<'_> {
             .prepare_cached(concat!(
                 "SELECT ",
                 task_columns!(),
+                contract_text!(""),
                 " FROM tasks WHERE id = ?1"
             ))
             .and_then(|mut s| s.query_row([id.to_string()], task_row).optional())
@@ -788,8 +855,8 @@ fn task_values(t: &Task) -> Result<Vec<rusqlite::types::Value>, StoreError> {
         (Col::execute_count, V::Integer(c.execute_count)),
         (Col::usage, V::Integer(t.usage)),
         (
-            Col::contract,
-            V::Text(idem_core::model::contract_json(&t.contract).map_err(corrupt)?),
+            Col::contract_id,
+            V::Blob(t.contract.id().as_bytes().to_vec()),
         ),
         (
             Col::cancellation,

@@ -31,9 +31,24 @@ fn user_version(path: &std::path::Path) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn v1_file_migrates_to_latest_with_rows_and_constraints_intact() {
+    older_file_migrates_to_latest(1).await;
+}
+
+/// Schema 3 kept each task's contract text in its row; migration 4 moves each
+/// distinct text to `contracts` and every task reads back the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v3_file_migrates_its_contracts_to_rows_of_their_own() {
+    older_file_migrates_to_latest(3).await;
+}
+
+/// Rows written by this binary, copied into a file at schema `version` (each
+/// task's contract as its own text, as schemas before 4 kept it), open under
+/// this binary with every row intact and the rebuilt `tasks` table's
+/// constraints and claim index in place.
+async fn older_file_migrates_to_latest(version: usize) {
     let dir = tempfile::tempdir().expect("tempdir");
     let latest = dir.path().join("latest.db");
-    let old = dir.path().join("v1.db");
+    let old = dir.path().join(format!("v{version}.db"));
 
     // Rows written by the store: a key, a queued task, a running task with its attempt.
     let store = idem_store_sqlite::open(&latest, Default::default()).expect("open");
@@ -70,11 +85,14 @@ async fn v1_file_migrates_to_latest_with_rows_and_constraints_intact() {
     }
     drop(store);
 
-    // The same rows in a file at schema version 1.
+    // The same rows in a file at schema `version`.
     {
         let conn = Connection::open(&old).unwrap();
-        conn.execute_batch(MIGRATIONS[0]).unwrap();
-        conn.pragma_update(None, "user_version", 1).unwrap();
+        for sql in &MIGRATIONS[..version] {
+            conn.execute_batch(sql).unwrap();
+        }
+        conn.pragma_update(None, "user_version", version as i64)
+            .unwrap();
         conn.execute("ATTACH DATABASE ?1 AS latest", [latest.to_str().unwrap()])
             .unwrap();
         for table in [
@@ -85,17 +103,39 @@ async fn v1_file_migrates_to_latest_with_rows_and_constraints_intact() {
             "evidence",
             "events",
         ] {
+            let mut stmt = conn
+                .prepare(&format!(
+                    "SELECT name FROM pragma_table_info('{table}', 'latest')"
+                ))
+                .unwrap();
+            let columns: Vec<String> = stmt
+                .query_map([], |r| r.get::<_, String>(0))
+                .unwrap()
+                .map(|c| match c.unwrap().as_str() {
+                    "contract_id" => {
+                        "(SELECT c.contract FROM latest.contracts c WHERE c.id = t.contract_id)"
+                            .to_owned()
+                    }
+                    other => format!("t.{other}"),
+                })
+                .collect();
             conn.execute_batch(&format!(
-                "INSERT INTO main.{table} SELECT * FROM latest.{table}"
+                "INSERT INTO main.{table} SELECT {} FROM latest.{table} t",
+                columns.join(", ")
             ))
             .unwrap();
         }
     }
-    assert_eq!(user_version(&old), 1);
+    assert_eq!(user_version(&old), version as i64);
 
     // Opening migrates; every row reads back the same.
-    let store = idem_store_sqlite::open(&old, Default::default()).expect("open v1 file");
+    let store = idem_store_sqlite::open(&old, Default::default()).expect("open older file");
     assert_eq!(user_version(&old), MIGRATIONS.len() as i64);
+    let contracts: i64 = Connection::open(&old)
+        .unwrap()
+        .query_row("SELECT count(*) FROM contracts", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(contracts, 2, "one row per distinct contract");
     for (id, was) in ids.iter().zip(&before) {
         let now = store
             .get_task(None, *id)

@@ -36,6 +36,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem_core::config::{Backoff, Config, Contract};
+use idem_core::contract::FrozenContract;
 use idem_core::fingerprint::canonical_request;
 use idem_core::machine::{HeartbeatAck, Rejection, Report};
 use idem_core::model::{
@@ -237,7 +238,7 @@ pub fn submission(
         fingerprint: canonical.fingerprint.to_string(),
         canonical_request: canonical.canonical,
         params,
-        contract,
+        contract: must(FrozenContract::new(contract), "frozen contract"),
         api_key_id: api_key.id,
         grant: api_key.operations.clone(),
     }

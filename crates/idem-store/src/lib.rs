@@ -42,6 +42,7 @@ pub mod batch;
 pub mod clock;
 #[cfg(feature = "conformance")]
 pub mod conformance;
+pub mod contracts;
 pub mod ops;
 pub mod retries;
 mod store;
@@ -425,63 +426,4 @@ pub fn generate_api_key() -> String {
     let a = Uuid::new_v4();
     let b = Uuid::new_v4();
     format!("idem_{}{}", a.simple(), b.simple())
-}
-
-/// Contracts decoded lately on this thread, at most this many, by their stored
-/// JSON text (see [`decode_contract`]).
-pub const CONTRACT_MEMO: usize = 16;
-
-thread_local! {
-    static CONTRACTS: std::cell::RefCell<idem_core::memo::Recent<Box<str>, idem_core::config::Contract>> =
-        const { std::cell::RefCell::new(idem_core::memo::Recent::new(CONTRACT_MEMO)) };
-}
-
-/// Decodes a task's contract from the JSON text a backend stored.
-///
-/// A contract is frozen at acceptance (SPEC §2.9) and the tasks of one
-/// operation class and configuration share one, so the last
-/// [`CONTRACT_MEMO`] decoded on this thread are kept by their exact text: the
-/// same text decodes to the same contract, and a hit costs a comparison
-/// instead of a JSON parse (a replay reads its task's contract every time).
-///
-/// # Errors
-/// The JSON error when `json` is not a contract (nothing is kept).
-pub fn decode_contract(json: &str) -> serde_json::Result<idem_core::config::Contract> {
-    CONTRACTS.with_borrow_mut(|memo| {
-        memo.get_or_try_insert(
-            |text| &**text == json,
-            || Ok((json.into(), serde_json::from_str(json)?)),
-        )
-        .cloned()
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-
-    use super::*;
-
-    /// The contract memo answers each text with its own contract, past its
-    /// capacity too, and never answers a text it has not decoded.
-    #[test]
-    fn decode_contract_answers_each_text_with_its_own() {
-        let config = idem_core::config::Config::bundled().unwrap();
-        let mut texts = Vec::new();
-        for (i, class) in config.operations.keys().enumerate() {
-            let mut c = config.contract(class).unwrap();
-            for price in 0..(CONTRACT_MEMO as i64) {
-                c.price = price + 1000 * i as i64;
-                texts.push((serde_json::to_string(&c).unwrap(), c.clone()));
-            }
-        }
-        assert!(texts.len() > CONTRACT_MEMO);
-        for _ in 0..2 {
-            for (text, expected) in &texts {
-                assert_eq!(&decode_contract(text).unwrap(), expected);
-            }
-        }
-        assert!(decode_contract("not json").is_err());
-        assert!(decode_contract(&texts[0].0[1..]).is_err());
-    }
 }

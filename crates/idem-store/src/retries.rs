@@ -147,10 +147,13 @@ mod tests {
             fingerprint: String::new(),
             canonical_request: String::new(),
             params: serde_json::Value::Null,
-            contract: idem_core::config::Config::bundled()
-                .unwrap()
-                .contract("generation.dispatch")
-                .unwrap(),
+            contract: idem_core::contract::FrozenContract::new(
+                idem_core::config::Config::bundled()
+                    .unwrap()
+                    .contract("generation.dispatch")
+                    .unwrap(),
+            )
+            .unwrap(),
             api_key_id: Uuid::nil(),
             grant: None,
         }

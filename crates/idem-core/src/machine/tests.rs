@@ -5,7 +5,7 @@ use serde_json::json;
 use uuid::Uuid;
 
 use super::*;
-use crate::config::Config;
+use crate::config::{Config, Contract};
 
 const T0: Timestamp = Timestamp(1_000_000);
 
@@ -23,7 +23,7 @@ fn new_task(class: &str) -> (Task, Journal) {
             fingerprint: "sha256:00".into(),
             canonical_request: "{}".into(),
             params: json!({"amount": 100}),
-            contract: contract(class),
+            contract: crate::contract::FrozenContract::new(contract(class)).unwrap(),
             api_key_id: Uuid::from_u128(9),
             grant: None,
         },

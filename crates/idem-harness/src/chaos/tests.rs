@@ -104,7 +104,10 @@ impl Sim {
                 fingerprint: format!("sha256:{n:064x}"),
                 canonical_request: "{}".into(),
                 params,
-                contract: config.contract(class.operation()).unwrap(),
+                contract: idem_core::contract::FrozenContract::new(
+                    config.contract(class.operation()).unwrap(),
+                )
+                .unwrap(),
                 api_key_id: Uuid::from_u128(9),
                 grant: None,
             },

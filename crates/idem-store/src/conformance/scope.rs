@@ -19,7 +19,7 @@ pub async fn submit_creates_then_exact_repeat_replays(store: Store) {
         assert_eq!(t.idempotency_key, s.idempotency_key);
         assert_eq!(t.fingerprint, s.fingerprint);
         assert_eq!(t.params, s.params);
-        assert_eq!(t.contract, contract, "the contract is frozen as submitted");
+        assert_eq!(*t.contract, contract, "the contract is frozen as submitted");
         assert!(t.cancellation.is_none() && t.delivery.is_none() && t.failure.is_none());
         for _ in 0..3 {
             let r = replayed(c.submit(s.clone()).await);
@@ -85,7 +85,7 @@ pub async fn different_fingerprint_conflicts_and_changes_nothing(store: Store) {
         let after = c.task(t.id).await;
         assert_eq!(api(&after), api(&t), "the original task is unchanged");
         assert_eq!(
-            after.contract, contract,
+            *after.contract, contract,
             "the original contract is unchanged"
         );
         assert_eq!(c.events(t.id).await, events_before, "no event was written");

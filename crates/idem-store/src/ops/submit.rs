@@ -26,7 +26,7 @@
 
 use std::collections::HashSet;
 
-use idem_core::config::Contract;
+use idem_core::contract::FrozenContract;
 use idem_core::fingerprint::canonical_request;
 use idem_core::machine::{self, NewTask};
 use idem_core::model::{Event, Task, Timestamp};
@@ -52,7 +52,7 @@ pub struct Submission {
     /// Params as submitted.
     pub params: Value,
     /// Contract to freeze if the task is new.
-    pub contract: Contract,
+    pub contract: FrozenContract,
     /// Submitting key.
     pub api_key_id: Uuid,
     /// The key's operation list at acceptance (`None` = all).
