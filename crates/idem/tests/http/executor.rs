@@ -826,9 +826,9 @@ async fn executor_key_limited_to_classes_claims_only_those() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_poll_claim_returns_work_submitted_while_waiting() {
-    let srv = Server::fast().await;
+    let srv = Server::start_with(Options::fast().env("RUST_LOG", DEBUG_LOG)).await;
     let claim = srv.long_poll_claim();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    srv.wait_long_poll().await;
     let t = srv
         .new_task("lp-1", "generation.dispatch", generation("x"))
         .await;
@@ -847,9 +847,9 @@ async fn long_poll_claim_returns_work_submitted_while_waiting() {
 /// `wait_ms` would have run out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_ends_a_long_poll_claim_at_once() {
-    let mut srv = Server::fast().await;
+    let mut srv = Server::start_with(Options::fast().env("RUST_LOG", DEBUG_LOG)).await;
     let claim = srv.long_poll_claim();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    srv.wait_long_poll().await;
     let started = std::time::Instant::now();
     let status = tokio::task::block_in_place(|| srv.terminate());
     let r = claim.await.expect("join");

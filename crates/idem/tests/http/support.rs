@@ -22,7 +22,8 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_idem");
 pub const POLL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A `RUST_LOG` under which the server logs each connection's first bytes
-/// ([`Server::wait_read_from`]) and its info lines (`shutting down …`).
+/// ([`Server::wait_read_from`]), each long-poll claim that waits
+/// ([`Server::wait_long_poll`]) and its info lines (`shutting down …`).
 pub const DEBUG_LOG: &str = "info,idem_http=debug";
 
 /// PostgreSQL pool size of servers started by [`Server::start_pg`] (several
@@ -377,6 +378,13 @@ impl Server {
     pub async fn wait_read_from(&self, client: std::net::SocketAddr) {
         self.wait_log(&format!("first bytes of a connection read peer={client}"))
             .await;
+    }
+
+    /// Waits until a long-poll claim ([`Server::long_poll_claim`]) found
+    /// nothing and waits for work (its debug line, logged with `RUST_LOG` at
+    /// [`DEBUG_LOG`]).
+    pub async fn wait_long_poll(&self) {
+        self.wait_log("claim waiting for work executor_id=lp").await;
     }
 
     /// Polls the log until a line contains `what` (bounded by
