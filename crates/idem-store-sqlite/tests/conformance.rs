@@ -3,7 +3,7 @@
 //! removed once the last clone of its store is dropped.
 #![allow(clippy::expect_used)]
 
-use idem_store::{Backend, BoxFuture, Clock, Op, Result, Store};
+use idem_store::{Clock, Guarded, Store};
 use idem_store_sqlite::{SqliteBackend, SqliteOptions};
 
 async fn fresh_store() -> Store {
@@ -13,36 +13,8 @@ async fn fresh_store() -> Store {
     };
     let backend =
         SqliteBackend::open(dir.path().join("idem.db"), options).expect("open sqlite store");
-    Store::new(WithDir { backend, _dir: dir })
-}
-
-/// A [`SqliteBackend`] that owns the directory of its database file: the
-/// directory is removed after the backend is dropped (fields drop in order).
-struct WithDir {
-    backend: SqliteBackend,
-    _dir: tempfile::TempDir,
-}
-
-impl Backend for WithDir {
-    fn execute(&self, op: Op) -> BoxFuture<'_, ()> {
-        self.backend.execute(op)
-    }
-
-    fn runs_detached(&self, op: &Op) -> bool {
-        self.backend.runs_detached(op)
-    }
-
-    fn ping(&self) -> BoxFuture<'_, Result<()>> {
-        self.backend.ping()
-    }
-
-    fn kind(&self) -> &'static str {
-        self.backend.kind()
-    }
-
-    fn clock(&self) -> &Clock {
-        self.backend.clock()
-    }
+    // The directory is removed once the last clone of the store is dropped.
+    Store::new(Guarded::new(backend, dir))
 }
 
 idem_store::store_conformance!(fresh_store);
