@@ -947,7 +947,22 @@ async fn pg_serve_waits_for_an_unavailable_database_at_start_up() {
 
     // A wait: still starting while the database is down, listening once it is up.
     let mut child = KillOnDrop(serve("60000"));
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Two failed tries logged: it retries instead of giving up.
+    let stderr = child.0.stderr.take().expect("stderr piped");
+    let retries = tokio::task::spawn_blocking(move || {
+        BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+            .filter(|l| l.contains("store unavailable at start-up; retrying"))
+            .take(2)
+            .count()
+    })
+    .await
+    .expect("join");
+    assert_eq!(
+        retries, 2,
+        "serve must keep retrying while the database is down"
+    );
     assert!(
         matches!(child.0.try_wait(), Ok(None)),
         "serve must keep waiting while the database is down"
