@@ -22,6 +22,7 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -139,8 +140,8 @@ pub async fn serve(
             () = &mut shutdown => break,
             accepted = listener.accept() => accepted,
         };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match accepted {
+            Ok(pair) => pair,
             Err(e) if is_connection_error(&e) => continue,
             Err(e) => {
                 tracing::error!(error = %e, pause_ms = ACCEPT_ERROR_PAUSE.as_millis() as u64, "accepting a connection failed; pausing the accept loop");
@@ -158,7 +159,7 @@ pub async fn serve(
         let router = router.clone();
         let stop = stop_rx.clone();
         tokio::spawn(async move {
-            serve_connection(stream, router, limits, stop).await;
+            serve_connection(stream, peer, router, limits, stop).await;
             drop(slot);
         });
     }
@@ -183,6 +184,7 @@ fn is_connection_error(e: &std::io::Error) -> bool {
 /// (after `stop`) its request in progress is answered.
 async fn serve_connection(
     stream: TcpStream,
+    peer: SocketAddr,
     router: Router,
     limits: ServeLimits,
     mut stop: watch::Receiver<bool>,
@@ -191,6 +193,7 @@ async fn serve_connection(
     let io = TokioIo::new(Watched {
         io: stream,
         activity: Arc::clone(&activity),
+        unread: Some(peer),
     });
     let in_service = Arc::clone(&activity);
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
@@ -388,6 +391,10 @@ impl http_body::Body for Tracked {
 struct Watched {
     io: TcpStream,
     activity: Arc<Activity>,
+    /// The client's address until the connection's first bytes are read
+    /// (then logged at debug: from there on a graceful shutdown waits for
+    /// the request they start).
+    unread: Option<SocketAddr>,
 }
 
 impl AsyncRead for Watched {
@@ -399,6 +406,9 @@ impl AsyncRead for Watched {
         let before = buf.filled().len();
         let res = Pin::new(&mut self.io).poll_read(cx, buf);
         if matches!(res, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            if let Some(peer) = self.unread.take() {
+                tracing::debug!(%peer, "first bytes of a connection read");
+            }
             self.activity.read_some();
         }
         res

@@ -10,7 +10,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use idem_store::{Backend, BoxFuture, Clock, Op, Result, Store};
+use idem_store::{Guarded, Store};
 use tokio_postgres::NoTls;
 
 use crate::{PgBackend, PgOptions};
@@ -193,36 +193,7 @@ pub async fn fresh_store(options: PgOptions) -> Store {
         Ok(b) => b,
         Err(e) => panic!("connecting to the fresh database {}: {e}", db.name()),
     };
-    Store::new(WithDatabase { backend, _db: db })
-}
-
-/// A [`PgBackend`] that owns its scratch database: the database is dropped
-/// after the backend (fields drop in order).
-struct WithDatabase {
-    backend: PgBackend,
-    _db: TestDatabase,
-}
-
-impl Backend for WithDatabase {
-    fn execute(&self, op: Op) -> BoxFuture<'_, ()> {
-        self.backend.execute(op)
-    }
-
-    fn runs_detached(&self, op: &Op) -> bool {
-        self.backend.runs_detached(op)
-    }
-
-    fn ping(&self) -> BoxFuture<'_, Result<()>> {
-        self.backend.ping()
-    }
-
-    fn kind(&self) -> &'static str {
-        self.backend.kind()
-    }
-
-    fn clock(&self) -> &Clock {
-        self.backend.clock()
-    }
+    Store::new(Guarded::new(backend, db))
 }
 
 /// A throwaway PostgreSQL cluster with TLS on, for the TLS tests: its own data

@@ -1,14 +1,20 @@
 //! The store conformance suite (crates/idem-store/src/conformance.rs) on SQLite:
-//! each case gets a fresh database file in its own temporary directory.
+//! each case gets a fresh database file in its own temporary directory,
+//! removed once the last clone of its store is dropped.
 #![allow(clippy::expect_used)]
 
-async fn fresh_store() -> idem_store::Store {
+use idem_store::{Clock, Guarded, Store};
+use idem_store_sqlite::{SqliteBackend, SqliteOptions};
+
+async fn fresh_store() -> Store {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.keep().join("idem.db");
-    let options = idem_store_sqlite::SqliteOptions {
-        clock: idem_store::Clock::test(),
+    let options = SqliteOptions {
+        clock: Clock::test(),
     };
-    idem_store_sqlite::open(path, options).expect("open sqlite store")
+    let backend =
+        SqliteBackend::open(dir.path().join("idem.db"), options).expect("open sqlite store");
+    // The directory is removed once the last clone of the store is dropped.
+    Store::new(Guarded::new(backend, dir))
 }
 
 idem_store::store_conformance!(fresh_store);

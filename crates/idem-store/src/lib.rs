@@ -43,12 +43,14 @@ pub mod clock;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 pub mod contracts;
+mod guarded;
 pub mod ops;
 pub mod retries;
 mod store;
 pub mod sweeper;
 
 pub use clock::Clock;
+pub use guarded::Guarded;
 pub use ops::Op;
 pub use retries::ScopeHints;
 pub use store::Store;

@@ -91,6 +91,8 @@ pub async fn claim(
         lease_ms: body.lease_ms,
     };
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
+    // Whether the claim has found nothing once and waits (logged once).
+    let mut waiting = false;
     loop {
         let notified = st.work.notified();
         let claimed = if req.operations.is_empty() {
@@ -115,6 +117,10 @@ pub async fn claim(
                 })
                 .collect();
             return Ok(Json(ClaimResponse { attempts }));
+        }
+        if !waiting {
+            waiting = true;
+            tracing::debug!(executor_id = %req.executor_id, wait_ms, "claim waiting for work");
         }
         // Other instances' work is not notified here: poll at least every 100 ms.
         let nap = deadline.min(tokio::time::Instant::now() + Duration::from_millis(100));

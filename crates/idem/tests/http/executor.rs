@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::support::{MOVED_MS, Options, POLL_TIMEOUT, Server, generation, payment, s};
+use crate::support::{DEBUG_LOG, MOVED_MS, Options, POLL_TIMEOUT, Server, generation, payment, s};
 
 fn attempt_of<'a>(attempts: &'a [Value], id: &str) -> &'a Value {
     attempts
@@ -826,9 +826,9 @@ async fn executor_key_limited_to_classes_claims_only_those() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_poll_claim_returns_work_submitted_while_waiting() {
-    let srv = Server::fast().await;
+    let srv = Server::start_with(Options::fast().env("RUST_LOG", DEBUG_LOG)).await;
     let claim = srv.long_poll_claim();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    srv.wait_long_poll().await;
     let t = srv
         .new_task("lp-1", "generation.dispatch", generation("x"))
         .await;
@@ -847,9 +847,9 @@ async fn long_poll_claim_returns_work_submitted_while_waiting() {
 /// `wait_ms` would have run out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_ends_a_long_poll_claim_at_once() {
-    let mut srv = Server::fast().await;
+    let mut srv = Server::start_with(Options::fast().env("RUST_LOG", DEBUG_LOG)).await;
     let claim = srv.long_poll_claim();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    srv.wait_long_poll().await;
     let started = std::time::Instant::now();
     let status = tokio::task::block_in_place(|| srv.terminate());
     let r = claim.await.expect("join");
@@ -880,26 +880,33 @@ async fn sigterm_right_after_listening_exits_cleanly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_request_cannot_hold_the_shutdown() {
     use std::io::Write;
-    let stall = |srv: &Server| {
+    let stall = async |srv: &Server| {
         let addr = srv.url.trim_start_matches("http://").to_owned();
         let mut conn = std::net::TcpStream::connect(addr).expect("connect");
         conn.write_all(b"POST /v1/attempts/claim HTTP/1.1\r\nHost: x\r\n")
             .expect("partial request");
-        std::thread::sleep(Duration::from_millis(200));
+        srv.wait_read_from(conn.local_addr().expect("the client's address"))
+            .await;
         conn
     };
     // The grace period runs out.
-    let mut srv = Server::start_with(Options::fast().env("IDEM_SHUTDOWN_GRACE_MS", "1000")).await;
-    let _conn = stall(&srv);
+    let mut srv = Server::start_with(
+        Options::fast()
+            .env("IDEM_SHUTDOWN_GRACE_MS", "1000")
+            .env("RUST_LOG", DEBUG_LOG),
+    )
+    .await;
+    let _conn = stall(&srv).await;
     srv.signal_term();
     let status = tokio::task::block_in_place(|| srv.exit_within(Duration::from_secs(15)));
     let status = status.expect("still running 15 s after SIGTERM with a 1 s grace period");
     assert_eq!(status.code(), Some(1), "{status:?}");
     // A second signal, well inside the default 20 s grace period.
-    let mut srv = Server::fast().await;
-    let _conn = stall(&srv);
+    let mut srv = Server::start_with(Options::fast().env("RUST_LOG", DEBUG_LOG)).await;
+    let _conn = stall(&srv).await;
     srv.signal_term();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The first signal was taken: the next one is a second signal.
+    srv.wait_log("shutting down: answering open requests").await;
     srv.signal_term();
     let status = tokio::task::block_in_place(|| srv.exit_within(Duration::from_secs(10)));
     let status = status.expect("still running 10 s after a second SIGTERM");

@@ -902,6 +902,17 @@ async fn pg_outage_gives_503_writes_nothing_partial_and_recovers_without_restart
     a.kill9();
 }
 
+/// A child process killed (and reaped) when dropped, also when the test
+/// panics.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// `idem serve` whose database is unreachable at start-up keeps retrying for
 /// `IDEM_STORE_WAIT_MS` and starts once the database answers; with the wait
 /// spent it exits non-zero, naming the store as unavailable.
@@ -935,14 +946,29 @@ async fn pg_serve_waits_for_an_unavailable_database_at_start_up() {
     assert!(err.contains("store unavailable"), "stderr: {err}");
 
     // A wait: still starting while the database is down, listening once it is up.
-    let mut child = serve("60000");
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut child = KillOnDrop(serve("60000"));
+    // Two failed tries logged: it retries instead of giving up.
+    let stderr = child.0.stderr.take().expect("stderr piped");
+    let retries = tokio::task::spawn_blocking(move || {
+        BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+            .filter(|l| l.contains("store unavailable at start-up; retrying"))
+            .take(2)
+            .count()
+    })
+    .await
+    .expect("join");
+    assert_eq!(
+        retries, 2,
+        "serve must keep retrying while the database is down"
+    );
     assert!(
-        matches!(child.try_wait(), Ok(None)),
+        matches!(child.0.try_wait(), Ok(None)),
         "serve must keep waiting while the database is down"
     );
     proxy.up();
-    let stdout = child.stdout.take().expect("stdout piped");
+    let stdout = child.0.stdout.take().expect("stdout piped");
     let line = tokio::task::spawn_blocking(move || {
         let mut line = String::new();
         BufReader::new(stdout).read_line(&mut line).map(|_| line)
@@ -950,8 +976,7 @@ async fn pg_serve_waits_for_an_unavailable_database_at_start_up() {
     .await
     .expect("join")
     .expect("read the listening line");
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(child);
     assert!(
         line.starts_with("idem listening on http://"),
         "stdout: {line:?}"

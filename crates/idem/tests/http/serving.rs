@@ -341,10 +341,16 @@ async fn serve_logs_a_last_line_when_stopped() {
         "last line {last:?}:\n{log}"
     );
 
-    let mut srv = Server::start_with(Options::fast().env("IDEM_SHUTDOWN_GRACE_MS", "300")).await;
+    let mut srv = Server::start_with(
+        Options::fast()
+            .env("IDEM_SHUTDOWN_GRACE_MS", "300")
+            .env("RUST_LOG", DEBUG_LOG),
+    )
+    .await;
     let mut conn = TcpStream::connect(addr(&srv)).await.expect("connect");
     conn.write_all(HALF_HEADERS).await.expect("half a request");
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    srv.wait_read_from(conn.local_addr().expect("the client's address"))
+        .await;
     srv.signal_term();
     let status = tokio::task::block_in_place(|| srv.exit_within(Duration::from_secs(10)));
     assert_eq!(status.and_then(|s| s.code()), Some(1), "{status:?}");
@@ -378,11 +384,7 @@ async fn a_removed_store_file_is_found_and_refused() {
     let line = gone_line(&srv, "removed");
     let removed = Instant::now();
     std::fs::remove_file(srv.db_path()).expect("rm the database");
-    let deadline = removed + POLL_TIMEOUT;
-    while !srv.log().contains(&line) {
-        assert!(Instant::now() < deadline, "not found: {}", srv.log());
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    srv.wait_log(&line).await;
     let found = removed.elapsed();
     println!("removal logged after {found:?} (sweep interval 50 ms)");
     assert!(

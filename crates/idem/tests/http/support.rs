@@ -21,6 +21,11 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_idem");
 /// How long bounded polling loops wait at most.
 pub const POLL_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A `RUST_LOG` under which the server logs each connection's first bytes
+/// ([`Server::wait_read_from`]), each long-poll claim that waits
+/// ([`Server::wait_long_poll`]) and its info lines (`shutting down …`).
+pub const DEBUG_LOG: &str = "info,idem_http=debug";
+
 /// PostgreSQL pool size of servers started by [`Server::start_pg`] (several
 /// instances and tests share one PostgreSQL with a limited `max_connections`).
 pub const PG_POOL_SIZE: &str = "8";
@@ -364,6 +369,36 @@ impl Server {
     /// `warn` unless the options set it).
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+    }
+
+    /// Waits until the server has read the first bytes of the connection
+    /// from `client` (its debug line, logged with `RUST_LOG` at
+    /// [`DEBUG_LOG`]): from then on a shutdown waits for the request they
+    /// start.
+    pub async fn wait_read_from(&self, client: std::net::SocketAddr) {
+        self.wait_log(&format!("first bytes of a connection read peer={client}"))
+            .await;
+    }
+
+    /// Waits until a long-poll claim ([`Server::long_poll_claim`]) found
+    /// nothing and waits for work (its debug line, logged with `RUST_LOG` at
+    /// [`DEBUG_LOG`]).
+    pub async fn wait_long_poll(&self) {
+        self.wait_log("claim waiting for work executor_id=lp").await;
+    }
+
+    /// Polls the log until a line contains `what` (bounded by
+    /// [`POLL_TIMEOUT`]).
+    pub async fn wait_log(&self, what: &str) {
+        let deadline = tokio::time::Instant::now() + POLL_TIMEOUT;
+        while !self.log().lines().any(|l| l.contains(what)) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no log line with {what:?} within {POLL_TIMEOUT:?}:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     /// The server's process id.
