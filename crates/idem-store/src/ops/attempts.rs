@@ -28,10 +28,7 @@ impl Operation for Heartbeat {
     type Reply = Result<HeartbeatAck, Refusal>;
     const WRITES: bool = true;
     async fn run<T: Tx>(&self, tx: &mut T) -> Result<Self::Reply> {
-        let access = Access {
-            tenant: Some(&self.tenant),
-            grant: &self.grant,
-        };
+        let access = Access::new(Some(&self.tenant), &self.grant);
         Ok(
             on_attempt(tx, &access, self.attempt_id, |task, attempt, j, now| {
                 machine::heartbeat(task, attempt, j, self.generation, self.usage, now)
@@ -61,10 +58,7 @@ impl Operation for Acknowledge {
     type Reply = Result<Task, Refusal>;
     const WRITES: bool = true;
     async fn run<T: Tx>(&self, tx: &mut T) -> Result<Self::Reply> {
-        let access = Access {
-            tenant: Some(&self.tenant),
-            grant: &self.grant,
-        };
+        let access = Access::new(Some(&self.tenant), &self.grant);
         Ok(
             on_attempt(tx, &access, self.attempt_id, |task, attempt, j, now| {
                 machine::acknowledge(task, attempt, j, self.generation, self.body.clone(), now)
@@ -92,10 +86,7 @@ impl Operation for Report {
     type Reply = Result<Task, Refusal>;
     const WRITES: bool = true;
     async fn run<T: Tx>(&self, tx: &mut T) -> Result<Self::Reply> {
-        let access = Access {
-            tenant: Some(&self.tenant),
-            grant: &self.grant,
-        };
+        let access = Access::new(Some(&self.tenant), &self.grant);
         Ok(
             on_attempt(tx, &access, self.attempt_id, |task, attempt, j, now| {
                 machine::report(task, attempt, j, &self.report, now)

@@ -242,7 +242,12 @@ pub(crate) struct Access<'a> {
     pub(crate) grant: &'a Grant,
 }
 
-impl Access<'_> {
+impl<'a> Access<'a> {
+    /// The caller's tenant (`None`: any tenant) and grant.
+    pub(crate) fn new(tenant: Option<&'a str>, grant: &'a Grant) -> Self {
+        Self { tenant, grant }
+    }
+
     fn sees(&self, t: &Task) -> bool {
         self.tenant.is_none_or(|tn| tn == t.control.tenant)
             && self

@@ -22,10 +22,7 @@ impl Operation for GetTask {
     type Reply = Result<Task, Refusal>;
     const WRITES: bool = false;
     async fn run<T: Tx>(&self, tx: &mut T) -> Result<Self::Reply> {
-        let access = Access {
-            tenant: self.tenant.as_deref(),
-            grant: &self.grant,
-        };
+        let access = Access::new(self.tenant.as_deref(), &self.grant);
         owned_task(tx, self.id, &access, false).await
     }
 }
@@ -47,10 +44,7 @@ impl Operation for FindTask {
     type Reply = Result<Task, Refusal>;
     const WRITES: bool = false;
     async fn run<T: Tx>(&self, tx: &mut T) -> Result<Self::Reply> {
-        let access = Access {
-            tenant: Some(&self.tenant),
-            grant: &self.grant,
-        };
+        let access = Access::new(Some(&self.tenant), &self.grant);
         match tx
             .scope(&self.tenant, &self.operation, &self.idempotency_key)
             .await?
@@ -76,10 +70,7 @@ impl Operation for ListAttempts {
     type Reply = Result<Vec<Attempt>, Refusal>;
     const WRITES: bool = false;
     async fn run<T: Tx>(&self, tx: &mut T) -> Result<Self::Reply> {
-        let access = Access {
-            tenant: self.tenant.as_deref(),
-            grant: &self.grant,
-        };
+        let access = Access::new(self.tenant.as_deref(), &self.grant);
         Ok(match owned_task(tx, self.task_id, &access, false).await? {
             Ok(_) => Ok(tx.attempts(self.task_id).await?),
             Err(e) => Err(e),
@@ -102,10 +93,7 @@ impl Operation for ListEvents {
     type Reply = Result<Vec<Event>, Refusal>;
     const WRITES: bool = false;
     async fn run<T: Tx>(&self, tx: &mut T) -> Result<Self::Reply> {
-        let access = Access {
-            tenant: self.tenant.as_deref(),
-            grant: &self.grant,
-        };
+        let access = Access::new(self.tenant.as_deref(), &self.grant);
         Ok(match owned_task(tx, self.task_id, &access, false).await? {
             Ok(_) => Ok(tx.events(self.task_id).await?),
             Err(e) => Err(e),
@@ -128,10 +116,7 @@ impl Operation for Cancel {
     type Reply = Result<(Task, Cancellation), Refusal>;
     const WRITES: bool = true;
     async fn run<T: Tx>(&self, tx: &mut T) -> Result<Self::Reply> {
-        let access = Access {
-            tenant: Some(&self.tenant),
-            grant: &self.grant,
-        };
+        let access = Access::new(Some(&self.tenant), &self.grant);
         on_task(tx, &access, self.task_id, |task, j, now| {
             Ok(machine::cancel(task, j, now))
         })
@@ -154,10 +139,7 @@ impl Operation for AcknowledgeDelivery {
     type Reply = Result<Task, Refusal>;
     const WRITES: bool = true;
     async fn run<T: Tx>(&self, tx: &mut T) -> Result<Self::Reply> {
-        let access = Access {
-            tenant: Some(&self.tenant),
-            grant: &self.grant,
-        };
+        let access = Access::new(Some(&self.tenant), &self.grant);
         Ok(on_task(tx, &access, self.task_id, |task, j, now| {
             machine::acknowledge_delivery(task, j, now)
         })
