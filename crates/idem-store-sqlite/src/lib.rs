@@ -365,6 +365,16 @@ impl SqliteBackend {
     }
 }
 
+/// The statement and parameters of one search page ([`idem_store::ops::search`])
+/// for `tenant`, to look at its plan (`EXPLAIN QUERY PLAN`; docs/benchmarks.md).
+#[doc(hidden)]
+pub fn search_page_sql(
+    tenant: &str,
+    q: &idem_store::ops::TaskQuery,
+) -> (String, Vec<rusqlite::types::Value>) {
+    tx::search::page_sql(tenant, None, q)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::expect_used, clippy::unwrap_used)]

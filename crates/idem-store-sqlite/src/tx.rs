@@ -895,6 +895,6 @@ fn task_values(t: &Task) -> Result<Vec<rusqlite::types::Value>, StoreError> {
     Ok(values)
 }
 
-mod search;
+pub(crate) mod search;
 #[cfg(test)]
 mod tests;

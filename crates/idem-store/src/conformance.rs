@@ -154,6 +154,7 @@ mod concurrency;
 mod failures;
 mod scope;
 mod search;
+mod search_bench;
 
 pub use audit::*;
 pub use cancel::*;
@@ -162,6 +163,7 @@ pub use concurrency::*;
 pub use failures::*;
 pub use scope::*;
 pub use search::*;
+pub use search_bench::*;
 
 // ---------------------------------------------------------------------------
 // Helpers
