@@ -6,7 +6,7 @@
 //! - Response documents that are not records of the store: [`Meta`] (of a
 //!   submit), [`ClaimedAttempt`], [`HeartbeatResponse`], [`Health`].
 //! - Envelopes around records: [`SubmitResponse`], [`TaskEnvelope`],
-//!   [`AttemptsEnvelope`], [`EventsEnvelope`], [`CancelResponse`],
+//!   [`TasksPage`], [`AttemptsEnvelope`], [`EventsEnvelope`], [`CancelResponse`],
 //!   [`ClaimResponse`].
 //! - The RFC 9457 [`Problem`] document and its [`ProblemCode`].
 //!
@@ -58,6 +58,10 @@ pub struct Meta {
     pub idempotency_key: String,
     /// Whether this answer is a replay of an earlier acceptance.
     pub replayed: bool,
+    /// For a terminal task: when its idempotency key's retention ends (RFC
+    /// 3339); a submit with the same key after it creates a new task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_expires_at: Option<String>,
 }
 
 /// Submit response.
@@ -76,6 +80,17 @@ pub struct SubmitResponse<T> {
 pub struct TaskEnvelope<T> {
     /// The task.
     pub task: T,
+}
+
+/// `{"tasks": [...], "next_cursor": "…" | null}`: one page of a task search
+/// (`GET /v1/tasks` without `idempotency_key`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TasksPage<T> {
+    /// The tasks, newest first (`created_at`, then id, descending).
+    pub tasks: Vec<T>,
+    /// The `cursor` of the next page (opaque); `null` on the last page.
+    pub next_cursor: Option<String>,
 }
 
 /// `{"attempts": [...]}`.

@@ -97,6 +97,11 @@ pub struct Problem {
     /// For `IDEMPOTENCY_CONFLICT`: the original task (never its params).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task_id: Option<Uuid>,
+    /// For `IDEMPOTENCY_CONFLICT`: the RFC 6901 JSON Pointers into `params`
+    /// of the material fields whose canonical values differ from the original
+    /// request's (never the values).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub differing_fields: Option<Vec<String>>,
     /// For `STALE_GENERATION`: the task's current generation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current_generation: Option<i64>,
@@ -125,6 +130,7 @@ impl Problem {
             detail: detail.into(),
             code,
             task_id: None,
+            differing_fields: None,
             current_generation: None,
             errors: None,
         }

@@ -33,10 +33,12 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
+mod search;
 mod types;
 
 use idem_api::{AckBody, ClaimBody, ClaimResponse, HeartbeatBody, SubmitBody};
 pub use idem_api::{Problem, ProblemCode};
+pub use search::{TaskFilter, TaskPage, TaskPages};
 pub use types::{
     Attempt, AttemptKind, AttemptState, CancelStatus, Cancellation, ClaimedAttempt, Contract,
     Delivery, Event, Evidence, Failure, FailureClass, HeartbeatAck, Outcome, ReportBody, Task,
@@ -663,6 +665,7 @@ fn api_error(
         detail: String::from_utf8_lossy(body).chars().take(200).collect(),
         code: ProblemCode::Other,
         task_id: None,
+        differing_fields: None,
         current_generation: None,
         errors: None,
     });

@@ -33,6 +33,10 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+mod diff;
+
+pub use diff::differing_fields;
+
 /// The prefix of a rendered [`Fingerprint`].
 const PREFIX: &str = "sha256:";
 

@@ -41,6 +41,7 @@ pub mod problem;
 mod serve;
 mod service_metrics;
 
+pub use api::search::read_query as read_task_query;
 pub use api::wire::{ClaimBody, HeartbeatBody, ReportBody, SubmitBody};
 pub use openapi::{openapi, openapi_for};
 use problem::{Problem, ProblemCode};
@@ -121,7 +122,7 @@ impl AppState {
 
 fn api_router() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
-        .routes(routes!(api::submit::submit_task, api::tasks::lookup_task))
+        .routes(routes!(api::submit::submit_task, api::search::list_tasks))
         .routes(routes!(api::tasks::get_task))
         .routes(routes!(api::tasks::list_attempts))
         .routes(routes!(api::tasks::list_events))

@@ -153,11 +153,11 @@ pub(crate) fn api_key_from_row(row: &Row) -> Result<ApiKey> {
 macro_rules! task_columns {
     ($($field:ident: $ty:literal),+ $(,)?) => {
         /// How many columns a task has.
-        const TASK_COLUMN_COUNT: usize = [$(stringify!($field)),+].len();
+        pub(crate) const TASK_COLUMN_COUNT: usize = [$(stringify!($field)),+].len();
 
         /// Task columns in the order of [`TaskValues::params`]; `version` is at
         /// index 9.
-        const TASK_COLUMNS: [&str; TASK_COLUMN_COUNT] = [$(stringify!($field)),+];
+        pub(crate) const TASK_COLUMNS: [&str; TASK_COLUMN_COUNT] = [$(stringify!($field)),+];
 
         /// PostgreSQL types of [`TASK_COLUMNS`], in order.
         pub(crate) const TASK_COLUMN_TYPES: [&str; TASK_COLUMN_COUNT] = [$($ty),+];

@@ -494,3 +494,15 @@ mod tests {
         );
     }
 }
+
+/// The statement and parameters of one search page ([`idem_store::ops::search`])
+/// for `tenant`, to look at its plan (`EXPLAIN`; docs/benchmarks.md).
+pub fn search_page_sql(
+    tenant: &str,
+    q: &idem_store::ops::TaskQuery,
+) -> (
+    String,
+    Vec<Box<dyn tokio_postgres::types::ToSql + Sync + Send>>,
+) {
+    crate::tx::search::page_sql(tenant, None, q)
+}

@@ -18,6 +18,8 @@ use crate::error::{corrupt, map_pg_error};
 pub(crate) use crate::rows::CLAIMABLE;
 use crate::rows::*;
 
+pub(crate) mod search;
+
 /// Where statements go: an open READ COMMITTED transaction (every writing
 /// operation), or the connection itself in autocommit for read-only operations
 /// (each statement of a READ COMMITTED transaction takes its own snapshot

@@ -61,6 +61,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0002_tasks_or_checks.sql"),
     include_str!("../migrations/0003_claim_order_index.sql"),
     include_str!("../migrations/0004_contracts.sql"),
+    include_str!("../migrations/0005_task_search.sql"),
 ];
 
 /// Options of the SQLite store.
@@ -362,6 +363,16 @@ impl SqliteBackend {
     pub fn watch(&self) -> &FileWatch {
         &self.watch
     }
+}
+
+/// The statement and parameters of one search page ([`idem_store::ops::search`])
+/// for `tenant`, to look at its plan (`EXPLAIN QUERY PLAN`; docs/benchmarks.md).
+#[doc(hidden)]
+pub fn search_page_sql(
+    tenant: &str,
+    q: &idem_store::ops::TaskQuery,
+) -> (String, Vec<rusqlite::types::Value>) {
+    tx::search::page_sql(tenant, None, q)
 }
 
 #[cfg(test)]

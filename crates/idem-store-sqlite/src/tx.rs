@@ -895,5 +895,6 @@ fn task_values(t: &Task) -> Result<Vec<rusqlite::types::Value>, StoreError> {
     Ok(values)
 }
 
+pub(crate) mod search;
 #[cfg(test)]
 mod tests;

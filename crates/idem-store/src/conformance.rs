@@ -134,6 +134,7 @@ macro_rules! store_conformance {
             retention_never_releases_non_terminal_key,
             usage_is_kept_across_attempts,
             events_are_gap_free_and_generations_increase,
+            search_is_tenant_scoped_and_pages_each_task_once,
         );
     };
     (@cases $make:expr; $($case:ident),+ $(,)?) => {
@@ -152,6 +153,8 @@ mod claims;
 mod concurrency;
 mod failures;
 mod scope;
+mod search;
+mod search_bench;
 
 pub use audit::*;
 pub use cancel::*;
@@ -159,6 +162,8 @@ pub use claims::*;
 pub use concurrency::*;
 pub use failures::*;
 pub use scope::*;
+pub use search::*;
+pub use search_bench::*;
 
 // ---------------------------------------------------------------------------
 // Helpers

@@ -187,6 +187,20 @@ impl Store {
         .await
     }
 
+    /// One page of `tenant`'s tasks matching `query`, newest first, in the
+    /// classes this store's grant allows ([`ops::search`]).
+    ///
+    /// # Errors
+    /// Storage failures ([`StoreError`]).
+    pub async fn search_tasks(&self, tenant: &str, query: ops::TaskQuery) -> Result<ops::TaskPage> {
+        self.call(ops::SearchTasks {
+            tenant: tenant.to_owned(),
+            grant: self.grant.clone(),
+            query,
+        })
+        .await
+    }
+
     /// Attempts of a task, with evidence.
     ///
     /// # Errors

@@ -17,11 +17,13 @@ mod keys;
 mod output;
 mod serve;
 mod store;
+mod task;
 
 use keys::key_to_create;
-use output::{print_json, say, say_raw, say_strict, tell};
+use output::{say, say_raw, say_strict, tell};
 use serve::{ServeArgs, serve};
 use store::{is_postgres, log_store_location, open_existing_store, open_store};
+use task::TaskCommand;
 
 /// mimalloc instead of the system allocator: the request path allocates many
 /// small, short-lived buffers (JSON, headers, SQL values), and SQLite's
@@ -113,7 +115,7 @@ enum Command {
         #[command(flatten)]
         store: StoreArgs,
     },
-    /// Inspect a task (store-level, any tenant).
+    /// Inspect a task (store-level, any tenant), or list a tenant's tasks.
     Task {
         #[command(subcommand)]
         command: TaskCommand,
@@ -226,25 +228,6 @@ enum KeysCommand {
     },
     /// One line per key: id, tenant, role, operations, created, revoked.
     List,
-}
-
-#[derive(Subcommand)]
-enum TaskCommand {
-    /// The task as JSON.
-    Show {
-        /// Task id.
-        id: Uuid,
-    },
-    /// The event history as JSON.
-    Events {
-        /// Task id.
-        id: Uuid,
-    },
-    /// Attempts with evidence as JSON.
-    Attempts {
-        /// Task id.
-        id: Uuid,
-    },
 }
 
 #[tokio::main]
@@ -363,26 +346,7 @@ async fn run() -> Result<()> {
         }
         Command::Task { command, store } => {
             let store = open_existing_store(&store).await?;
-            match command {
-                TaskCommand::Show { id } => print_json(
-                    &store
-                        .get_task(None, id)
-                        .await?
-                        .map_err(|_| anyhow::anyhow!("no task {id}"))?,
-                ),
-                TaskCommand::Events { id } => print_json(
-                    &store
-                        .list_events(None, id)
-                        .await?
-                        .map_err(|_| anyhow::anyhow!("no task {id}"))?,
-                ),
-                TaskCommand::Attempts { id } => print_json(
-                    &store
-                        .list_attempts(None, id)
-                        .await?
-                        .map_err(|_| anyhow::anyhow!("no task {id}"))?,
-                ),
-            }
+            task::run(&store, command).await
         }
         Command::Migrate { store } => {
             log_store_location(&store)?;

@@ -1,5 +1,5 @@
 //! Handlers of SPEC §4, each documented for the OpenAPI document: submit
-//! ([`submit`]), task reads and actions ([`tasks`]), the executor protocol
+//! ([`submit`]), task search ([`search`]), task reads and actions ([`tasks`]), the executor protocol
 //! ([`attempts`]), health ([`health`]); the documents they read and write
 //! ([`wire`]) and how a request's body and path are read ([`extract`]).
 
@@ -10,6 +10,7 @@ use crate::problem::Problem;
 pub mod attempts;
 pub mod extract;
 pub mod health;
+pub mod search;
 pub mod submit;
 pub mod tasks;
 pub mod wire;

@@ -81,6 +81,8 @@ async fn submit_inner(
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> AppResult<(Response, bool)> {
+    // Kept (a reference count) to name a conflict's differing fields.
+    let raw = body.as_ref().ok().cloned();
     let submission = match prepare_submission(st, &submitter.caller, headers, body) {
         Ok(v) => v,
         // Refused before the store saw it: a cached key is confirmed first, so
@@ -104,6 +106,8 @@ async fn submit_inner(
                 ),
             );
             p.task_id = Some(task_id);
+            p.differing_fields =
+                conflict_fields(st, &submitter.caller.0.tenant, task_id, raw.as_deref()).await;
             return Err(p);
         }
         SubmitOutcome::KeyRevoked { .. } => {
@@ -117,6 +121,11 @@ async fn submit_inner(
             request_id: request_id(headers),
             idempotency_key: key,
             replayed,
+            key_expires_at: task
+                .control
+                .key_expires_at
+                .filter(|_| task.state.is_terminal())
+                .map(|t| t.to_rfc3339()),
         },
         task,
     };
@@ -129,6 +138,25 @@ async fn submit_inner(
             .insert("idempotent-replayed", HeaderValue::from_static("true"));
     }
     Ok((res, replayed))
+}
+
+/// The JSON Pointers of the material fields in which the request `body`
+/// differs from the one task `task_id` of `tenant` was accepted with, under
+/// the material pointers frozen in its contract
+/// ([`idem_core::fingerprint::differing_fields`]); `None` when the task
+/// cannot be read (the conflict is answered without them).
+async fn conflict_fields(
+    st: &crate::AppState,
+    tenant: &str,
+    task_id: uuid::Uuid,
+    body: Option<&[u8]>,
+) -> Option<Vec<String>> {
+    let task = st.store.get_task(Some(tenant), task_id).await.ok()?.ok()?;
+    let body = idem_core::json::parse_strict(body?).ok()?;
+    let material = task.contract.fingerprint.as_deref().unwrap_or_default();
+    let fields =
+        idem_core::fingerprint::differing_fields(&task.params, body.get("params")?, material);
+    Some(fields.iter().map(|p| p.as_str().to_owned()).collect())
 }
 
 /// `value` as an `application/json` response with `status`, serialised once

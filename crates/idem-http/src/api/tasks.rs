@@ -15,9 +15,8 @@ use crate::auth::Caller;
 use crate::problem::Problem;
 use crate::{AppResult, St};
 
-/// Look a task up by scope after a timeout.
-#[utoipa::path(get, path = "/v1/tasks", tag = "tasks", params(LookupQuery),
-    responses((status = 200, body = TaskEnvelope), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")))]
+/// Look a task up by scope after a timeout (`GET /v1/tasks` with
+/// `idempotency_key`, documented with the search: [`super::search::list_tasks`]).
 pub async fn lookup_task(
     State(st): St,
     caller: Caller,

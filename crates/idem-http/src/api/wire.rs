@@ -16,6 +16,9 @@ pub type SubmitResponse = idem_api::SubmitResponse<Task>;
 /// `{"task": TASK}`.
 pub type TaskEnvelope = idem_api::TaskEnvelope<Task>;
 
+/// `{"tasks": [...], "next_cursor": "…" | null}`.
+pub type TasksPage = idem_api::TasksPage<Task>;
+
 /// `{"attempts": [...]}`.
 pub type AttemptsEnvelope = idem_api::AttemptsEnvelope<Attempt>;
 

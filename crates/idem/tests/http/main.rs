@@ -14,6 +14,7 @@ mod messages;
 mod multi_pg;
 mod pg_start;
 mod sdk;
+mod search;
 mod serving;
 mod submit;
 mod support;

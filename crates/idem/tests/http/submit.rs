@@ -706,13 +706,17 @@ async fn request_ids_problem_types_and_operational_endpoints() {
             .map(Vec::len),
         Some(classes.len())
     );
-    // … the lookup's two query parameters, both required …
-    for p in doc["paths"]["/v1/tasks"]["get"]["parameters"]
+    // … the lookup's and the search's query parameters, all optional (the
+    // lookup's two are required together) …
+    let params = doc["paths"]["/v1/tasks"]["get"]["parameters"]
         .as_array()
-        .unwrap()
-    {
+        .unwrap();
+    for name in ["operation", "idempotency_key", "state", "limit", "cursor"] {
+        assert!(params.iter().any(|p| p["name"] == name), "{name}");
+    }
+    for p in params {
         assert_eq!(p["in"], "query", "{p}");
-        assert_eq!(p["required"], true, "{p}");
+        assert_eq!(p["required"], false, "{p}");
     }
     // … and links from a submit's task id to the task's own operations.
     assert_eq!(

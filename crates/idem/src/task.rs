@@ -1,0 +1,127 @@
+//! `idem task`: a task, its events and attempts (any tenant), and a tenant's
+//! tasks in pages (`task list`, the search of `GET /v1/tasks` with the same
+//! filters and checks), each through the store.
+
+use anyhow::{Result, anyhow};
+use clap::{Args, Subcommand};
+use idem_store::Store;
+use uuid::Uuid;
+
+use crate::output::print_json;
+
+/// `idem task …`.
+#[derive(Subcommand)]
+pub(crate) enum TaskCommand {
+    /// The task as JSON.
+    Show {
+        /// Task id.
+        id: Uuid,
+    },
+    /// The event history as JSON.
+    Events {
+        /// Task id.
+        id: Uuid,
+    },
+    /// Attempts with evidence as JSON.
+    Attempts {
+        /// Task id.
+        id: Uuid,
+    },
+    /// One page of a tenant's tasks, newest first, as JSON
+    /// `{"tasks": [...], "next_cursor": ...}` (SPEC §4 "Task search").
+    List(ListArgs),
+}
+
+/// The filters of `idem task list` (those of `GET /v1/tasks`).
+#[derive(Args)]
+pub(crate) struct ListArgs {
+    /// The tenant whose tasks are listed.
+    #[arg(long)]
+    tenant: String,
+    /// Only tasks in this state (repeat for several).
+    #[arg(long)]
+    state: Vec<String>,
+    /// Only this operation class.
+    #[arg(long)]
+    operation: Option<String>,
+    /// Only tasks accepted strictly after this instant (RFC 3339).
+    #[arg(long)]
+    created_after: Option<String>,
+    /// Only tasks accepted strictly before this instant (RFC 3339).
+    #[arg(long)]
+    created_before: Option<String>,
+    /// Only idempotency keys starting with this text (no wildcards).
+    #[arg(long)]
+    idempotency_key_prefix: Option<String>,
+    /// Only the task whose attempt reported this provider transaction id.
+    #[arg(long)]
+    external_txn_id: Option<String>,
+    /// Page size, 1–200 (default 50).
+    #[arg(long)]
+    limit: Option<String>,
+    /// The previous page's `next_cursor`.
+    #[arg(long)]
+    cursor: Option<String>,
+}
+
+impl ListArgs {
+    /// The arguments as the query pairs of `GET /v1/tasks`.
+    fn pairs(self) -> Vec<(String, String)> {
+        let mut pairs: Vec<(String, String)> = self
+            .state
+            .into_iter()
+            .map(|s| ("state".into(), s))
+            .collect();
+        for (name, value) in [
+            ("operation", self.operation),
+            ("created_after", self.created_after),
+            ("created_before", self.created_before),
+            ("idempotency_key_prefix", self.idempotency_key_prefix),
+            ("external_txn_id", self.external_txn_id),
+            ("limit", self.limit),
+            ("cursor", self.cursor),
+        ] {
+            if let Some(v) = value {
+                pairs.push((name.into(), v));
+            }
+        }
+        pairs
+    }
+}
+
+/// Runs `command` on `store`.
+///
+/// # Errors
+/// No such task; a bad filter (the HTTP API's 400 detail); storage failures.
+pub(crate) async fn run(store: &Store, command: TaskCommand) -> Result<()> {
+    match command {
+        TaskCommand::Show { id } => print_json(
+            &store
+                .get_task(None, id)
+                .await?
+                .map_err(|_| anyhow!("no task {id}"))?,
+        ),
+        TaskCommand::Events { id } => print_json(
+            &store
+                .list_events(None, id)
+                .await?
+                .map_err(|_| anyhow!("no task {id}"))?,
+        ),
+        TaskCommand::Attempts { id } => print_json(
+            &store
+                .list_attempts(None, id)
+                .await?
+                .map_err(|_| anyhow!("no task {id}"))?,
+        ),
+        TaskCommand::List(args) => {
+            let tenant = args.tenant.clone();
+            let query =
+                idem_http::read_task_query(&args.pairs()).map_err(|p| anyhow!("{}", p.detail))?;
+            let page = store.search_tasks(&tenant, query).await?;
+            print_json(&idem_api::TasksPage {
+                tasks: page.tasks,
+                next_cursor: page.next_cursor.map(|c| c.encode()),
+            })
+        }
+    }
+}
