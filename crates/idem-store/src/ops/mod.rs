@@ -17,8 +17,8 @@
 //!
 //! Families: [`keys`] (API keys), [`submit`] (submissions and the one
 //! [`submit::SubmitPlan`]), [`claim`], [`attempts`] (heartbeats,
-//! acknowledgments, reports), [`tasks`] (reads, cancellation, delivery) and
-//! [`sweep`].
+//! acknowledgments, reports), [`tasks`] (reads, cancellation, delivery),
+//! [`operator`] (an admin's retry-now, cancel, resolve, redrive) and [`sweep`].
 
 use std::future::Future;
 use std::sync::Arc;
@@ -33,6 +33,7 @@ use crate::{Refusal, Result, StoreError, Tx};
 pub mod attempts;
 pub mod claim;
 pub mod keys;
+pub mod operator;
 pub mod submit;
 pub mod sweep;
 pub mod tasks;
@@ -40,6 +41,7 @@ pub mod tasks;
 pub use attempts::{Acknowledge, Heartbeat, Report};
 pub use claim::{Claim, ClaimRequest, Claimed};
 pub use keys::{Authenticate, CreateApiKey, ListApiKeys, RevokeApiKey};
+pub use operator::{OperatorCancel, Redrive, Resolve, RetryNow};
 pub use submit::{Submission, Submit, SubmitBatch, SubmitOutcome, SubmitPlan};
 pub use sweep::{Sweep, SweepStats};
 pub use tasks::{AcknowledgeDelivery, Cancel, FindTask, GetTask, ListAttempts, ListEvents};
@@ -228,6 +230,14 @@ operations! {
     AcknowledgeDelivery,
     /// [`Sweep`].
     Sweep,
+    /// [`RetryNow`].
+    RetryNow,
+    /// [`OperatorCancel`].
+    OperatorCancel,
+    /// [`Resolve`].
+    Resolve,
+    /// [`Redrive`].
+    Redrive,
 }
 
 /// The operation classes a key is limited to (`None`: all), shared by the
