@@ -33,6 +33,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
+mod operator;
 mod types;
 
 use idem_api::{AckBody, ClaimBody, ClaimResponse, HeartbeatBody, SubmitBody};

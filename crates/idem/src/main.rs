@@ -1,7 +1,8 @@
 //! `idem`: the one binary (SPEC §6): `serve`, `keys`, `task`, `migrate`, `gc`, `demo`, `bench`, `chaos`.
 //!
 //! This file holds the command line and runs each command; [`mod@serve`] runs the
-//! server, [`store`] opens the store a command names, [`config`] loads the
+//! server, [`store`] opens the store a command names, [`task`] runs the
+//! operator actions of `idem task`, [`config`] loads the
 //! operation classes, [`keys`] checks `keys create`'s arguments and
 //! [`output`] writes to stdout and stderr.
 
@@ -17,6 +18,7 @@ mod keys;
 mod output;
 mod serve;
 mod store;
+mod task;
 
 use keys::key_to_create;
 use output::{print_json, say, say_raw, say_strict, tell};
@@ -113,7 +115,7 @@ enum Command {
         #[command(flatten)]
         store: StoreArgs,
     },
-    /// Inspect a task (store-level, any tenant).
+    /// Inspect a task, or act on it as an operator (store-level, any tenant).
     Task {
         #[command(subcommand)]
         command: TaskCommand,
@@ -245,6 +247,8 @@ enum TaskCommand {
         /// Task id.
         id: Uuid,
     },
+    #[command(flatten)]
+    Action(task::TaskAction),
 }
 
 #[tokio::main]
@@ -382,6 +386,7 @@ async fn run() -> Result<()> {
                         .await?
                         .map_err(|_| anyhow::anyhow!("no task {id}"))?,
                 ),
+                TaskCommand::Action(action) => task::run(&store, action).await,
             }
         }
         Command::Migrate { store } => {
