@@ -2,7 +2,8 @@
 //! (`idem-http`) and the SDK (`idem-client`) both read or write, written once.
 //!
 //! - Request bodies: [`SubmitBody`], [`ClaimBody`], [`HeartbeatBody`],
-//!   [`AckBody`], [`ReportBody`].
+//!   [`AckBody`], [`ReportBody`], and the operator actions' [`ReasonBody`]
+//!   and [`ResolveBody`].
 //! - Response documents that are not records of the store: [`Meta`] (of a
 //!   submit), [`ClaimedAttempt`], [`HeartbeatResponse`], [`Health`].
 //! - Envelopes around records: [`SubmitResponse`], [`TaskEnvelope`],
@@ -33,8 +34,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
 
+mod operator;
 mod problem;
 
+pub use operator::{ReasonBody, ResolveBody, ResolveOutcome};
 pub use problem::{InvalidValue, Problem, ProblemCode};
 
 /// `POST /v1/tasks` body.

@@ -61,6 +61,12 @@ problem_codes! {
         AttemptAlreadyReported => "ATTEMPT_ALREADY_REPORTED",
         /// 409: the task has no delivery to acknowledge.
         NotDelivered => "NOT_DELIVERED",
+        /// 409: an operator action does not apply to the task's state (e.g.
+        /// `resolve` on a task that is not `reconciling`).
+        InvalidState => "INVALID_STATE",
+        /// 409: a redrive of a task whose submitting API key was revoked or
+        /// is no longer granted the task's class.
+        SubmitterRevoked => "SUBMITTER_REVOKED",
         /// 409: another refusal of the state machine.
         Conflict => "CONFLICT",
         /// 413: the body is over the limit.

@@ -34,6 +34,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 mod search;
+mod operator;
 mod types;
 
 use idem_api::{AckBody, ClaimBody, ClaimResponse, HeartbeatBody, SubmitBody};

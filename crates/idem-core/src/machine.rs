@@ -147,6 +147,7 @@ pub fn accept(new: NewTask, now: Timestamp) -> (Task, Journal) {
             version: 0,
             event_seq: 0,
             execute_count: 0,
+            attempts_granted: 0,
             next_kind: Some(AttemptKind::Execute),
             active_attempt_id: None,
             ready_at: now,
@@ -231,7 +232,7 @@ pub fn claim(
             );
             return Ok(None);
         }
-        if task.control.execute_count >= task.contract.retry.max_attempts {
+        if task.control.execute_count >= task.execute_limit() {
             fail(
                 task,
                 j,
@@ -902,8 +903,8 @@ fn next_execute(task: &mut Task, j: &mut Journal, now: Timestamp, backoff: bool,
             format!("{limit}; last attempt: {reason}")
         }
     };
-    if task.control.execute_count >= retry.max_attempts {
-        let message = ended(format!("all {} attempts used", retry.max_attempts));
+    if task.control.execute_count >= task.execute_limit() {
+        let message = ended(format!("all {} attempts used", task.execute_limit()));
         fail(task, j, now, FailureClass::AttemptsExhausted, &message);
     } else if now >= task.control.deadline_at {
         let message = ended("deadline passed".to_owned());
@@ -935,5 +936,6 @@ fn next_execute(task: &mut Task, j: &mut Journal, now: Timestamp, backoff: bool,
     }
 }
 
+pub mod operator;
 #[cfg(test)]
 mod tests;

@@ -354,6 +354,17 @@ word_enum! {
         DeliveryAcknowledged => "delivery_acknowledged",
         /// The retention sweeper removed the task's idempotency key.
         KeyReleased => "key_released",
+        /// An operator made a `retry_wait` task claimable at once (carries actor and reason).
+        OperatorRetryNow => "operator_retry_now",
+        /// An operator requested cancellation (carries actor and reason; the
+        /// cancellation's own events follow).
+        OperatorCancel => "operator_cancel",
+        /// An operator settled a `reconciling` task's unknown outcome (carries
+        /// actor, reason and outcome; `delivered` or the next step follows).
+        OperatorResolved => "operator_resolved",
+        /// An operator sent a `failed` task back to `queued` with one more
+        /// execute attempt (carries actor and reason).
+        OperatorRedriven => "operator_redriven",
     }
 }
 
@@ -461,6 +472,9 @@ pub struct TaskControl {
     pub event_seq: i64,
     /// Execute attempts started so far (counted against `max_attempts`).
     pub execute_count: i64,
+    /// Execute attempts granted beyond the contract's `max_attempts`, one
+    /// per operator redrive (`machine::operator::redrive`).
+    pub attempts_granted: i64,
     /// Kind of the next attempt a claim would create.
     pub next_kind: Option<AttemptKind>,
     /// The attempt that currently holds the lease, if any.
@@ -521,6 +535,13 @@ impl Task {
     /// Whether the task has a cancellation in `requested` status.
     pub fn cancel_pending(&self) -> bool {
         matches!(&self.cancellation, Some(c) if c.status == CancelStatus::Requested)
+    }
+
+    /// Execute attempts the task may start in all: its contract's
+    /// `max_attempts` plus those operator redrives granted.
+    pub fn execute_limit(&self) -> i64 {
+        let granted = self.control.attempts_granted;
+        self.contract.retry.max_attempts.saturating_add(granted)
     }
 }
 

@@ -160,6 +160,7 @@ impl From<StoreError> for Problem {
 impl From<Refusal> for Problem {
     fn from(r: Refusal) -> Problem {
         use idem_core::machine::Rejection;
+        use idem_core::machine::operator::Refused;
         match r {
             Refusal::NotFound => Problem::not_found("no such record for this tenant"),
             Refusal::Machine(Rejection::StaleGeneration { presented, current }) => {
@@ -200,6 +201,14 @@ impl From<Refusal> for Problem {
                 StatusCode::CONFLICT,
                 ProblemCode::NotDelivered,
                 "the task has no delivery yet",
+            ),
+            Refusal::Operator(Refused::InvalidState(detail)) => {
+                Problem::new(StatusCode::CONFLICT, ProblemCode::InvalidState, detail)
+            }
+            Refusal::Operator(e @ Refused::SubmitterRevoked { .. }) => Problem::new(
+                StatusCode::CONFLICT,
+                ProblemCode::SubmitterRevoked,
+                e.to_string(),
             ),
             Refusal::Machine(other) => Problem::new(
                 StatusCode::CONFLICT,

@@ -17,6 +17,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (3, include_str!("../migrations/0003_claim_order_index.sql")),
     (4, include_str!("../migrations/0004_contracts.sql")),
     (5, include_str!("../migrations/0005_task_search.sql")),
+    (7, include_str!("../migrations/0007_attempts_granted.sql")),
 ];
 
 /// How long a migration statement waits for a table lock, ms, before the

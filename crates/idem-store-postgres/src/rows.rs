@@ -214,6 +214,7 @@ task_columns! {
     key_expires_at: "bigint",
     created_at: "bigint",
     updated_at: "bigint",
+    attempts_granted: "bigint",
 }
 
 pub(crate) const VERSION_INDEX: usize = 9;
@@ -270,6 +271,7 @@ pub(crate) struct TaskArrays<'v> {
     key_expires: Vec<Option<i64>>,
     created: Vec<i64>,
     updated: Vec<i64>,
+    granted: Vec<i64>,
 }
 
 impl<'v> TaskArrays<'v> {
@@ -302,6 +304,7 @@ impl<'v> TaskArrays<'v> {
             key_expires: column(values, |v| v.key_expires_at),
             created: column(values, |v| v.created_at),
             updated: column(values, |v| v.updated_at),
+            granted: column(values, |v| v.task.control.attempts_granted),
         }
     }
 
@@ -334,6 +337,7 @@ impl<'v> TaskArrays<'v> {
             &self.key_expires,
             &self.created,
             &self.updated,
+            &self.granted,
         ]
     }
 }
@@ -387,23 +391,33 @@ pub(crate) const EVENTS_INSERT: &str = "INSERT INTO events (task_id, seq, type, 
 pub(crate) const CONTRACT_INSERT: &str =
     "INSERT INTO contracts (id, contract) VALUES ($1, $2) ON CONFLICT DO NOTHING";
 
-/// New tasks ($1–$27, one array per column of [`TASK_COLUMNS`]), their
-/// events ($28–$32) and the contract rows they name that may be absent ($33
-/// ids, $34 texts; written first, each unless stored already) in one statement.
+/// New tasks ($1–$n, one array per column of [`TASK_COLUMNS`], n =
+/// [`TASK_COLUMN_COUNT`]), their events ($n+1–$n+5) and the contract rows
+/// they name that may be absent ($n+6 ids, $n+7 texts; written first, each
+/// unless stored already) in one statement.
 pub(crate) static TASKS_WITH_EVENTS_INSERT: LazyLock<String> = LazyLock::new(|| {
     let arrays: Vec<String> = TASK_COLUMN_TYPES
         .iter()
         .enumerate()
         .map(|(i, ty)| format!("${}::{ty}[]", i + 1))
         .collect();
+    let n = TASK_COLUMN_COUNT;
+    let at = |k: usize| n + k;
     format!(
         "WITH c AS (INSERT INTO contracts (id, contract) \
-         SELECT * FROM unnest($33::bytea[], $34::text[]) ON CONFLICT DO NOTHING), \
+         SELECT * FROM unnest(${}::bytea[], ${}::text[]) ON CONFLICT DO NOTHING), \
          t AS (INSERT INTO tasks ({}) SELECT * FROM unnest({})) \
          INSERT INTO events (task_id, seq, type, at, data) \
-         SELECT * FROM unnest($28::uuid[], $29::bigint[], $30::text[], $31::bigint[], $32::text[])",
+         SELECT * FROM unnest(${}::uuid[], ${}::bigint[], ${}::text[], ${}::bigint[], ${}::text[])",
+        at(6),
+        at(7),
         TASK_COLUMNS.join(", "),
-        arrays.join(", ")
+        arrays.join(", "),
+        at(1),
+        at(2),
+        at(3),
+        at(4),
+        at(5),
     )
 });
 
@@ -415,8 +429,8 @@ pub(crate) static TASK_INSERT: LazyLock<String> = LazyLock::new(|| {
         params.join(", ")
     )
 });
-/// `UPDATE tasks SET <every column but id and version> = $2…$26, version = version + 1
-/// WHERE id = $1 AND version = $27 AND generation = $28`.
+/// `UPDATE tasks SET <every column but id and version> = $2…$n-1, version = version + 1
+/// WHERE id = $1 AND version = $n AND generation = $n+1` (n = [`TASK_COLUMN_COUNT`]).
 pub(crate) static TASK_UPDATE: LazyLock<String> = LazyLock::new(|| {
     let mut sets = Vec::new();
     let mut n = 1;
@@ -509,6 +523,7 @@ impl<'t> TaskValues<'t> {
             &self.key_expires_at,
             &self.created_at,
             &self.updated_at,
+            &c.attempts_granted,
         ]
     }
 }
@@ -538,6 +553,7 @@ pub(crate) fn task_from_row(row: &Row, c: &TaskCols) -> Result<Task> {
             version: get(row, c.version)?,
             event_seq: get(row, c.event_seq)?,
             execute_count: get(row, c.execute_count)?,
+            attempts_granted: get(row, c.attempts_granted)?,
             next_kind: opt_word::<AttemptKind>(row, c.next_kind)?,
             active_attempt_id: get(row, c.active_attempt_id)?,
             ready_at: ts(row, c.ready_at)?,

@@ -40,6 +40,7 @@ use idem_store::{Clock, Op, ScopeHints, Store, StoreError, batch};
 use rusqlite::Connection;
 use tokio::sync::mpsc;
 
+mod contracts;
 mod tx;
 mod watch;
 mod writer;
@@ -62,6 +63,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0003_claim_order_index.sql"),
     include_str!("../migrations/0004_contracts.sql"),
     include_str!("../migrations/0005_task_search.sql"),
+    include_str!("../migrations/0007_attempts_granted.sql"),
 ];
 
 /// Options of the SQLite store.

@@ -1,15 +1,13 @@
 //! [`Tx`] over one SQLite transaction (the writer's, or a reader's), and the
 //! mapping between rows and the model.
 
-use std::collections::HashMap;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::LazyLock;
 
 use idem_core::contract::{ContractId, FrozenContract};
 use idem_core::model::{
     ApiKey, AppliedReport, Attempt, AttemptKind, AttemptState, Event, Evidence, Role, Task,
     TaskControl, TaskState, Timestamp,
 };
-use idem_store::contracts::StoredContracts;
 use idem_store::{ExistingScope, ScopeRow, StoreError, Tx};
 use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde::Serialize;
@@ -104,7 +102,7 @@ fn api_key_row(r: &Row<'_>) -> rusqlite::Result<ApiKey> {
 /// [`task_row`] reads and [`task_values`] fills) is generated from it.
 macro_rules! with_task_columns {
     ($then:ident!($($args:tt)*)) => {
-        $then! { $($args)*; id, tenant, operation, idempotency_key, fingerprint, canonical_request, params, state, generation, version, event_seq, attempt_count, execute_count, usage, contract_id, cancellation, delivery, failure, api_key_id, next_kind, active_attempt_id, ready_at, deadline_at, terminal_at, key_expires_at, created_at, updated_at }
+        $then! { $($args)*; id, tenant, operation, idempotency_key, fingerprint, canonical_request, params, state, generation, version, event_seq, attempt_count, execute_count, usage, contract_id, cancellation, delivery, failure, api_key_id, next_kind, active_attempt_id, ready_at, deadline_at, terminal_at, key_expires_at, created_at, updated_at, attempts_granted }
     };
 }
 
@@ -160,6 +158,7 @@ const TASK_UPDATED: &[Col] = &[
     Col::event_seq,
     Col::attempt_count,
     Col::execute_count,
+    Col::attempts_granted,
     Col::usage,
     Col::cancellation,
     Col::delivery,
@@ -167,6 +166,7 @@ const TASK_UPDATED: &[Col] = &[
     Col::next_kind,
     Col::active_attempt_id,
     Col::ready_at,
+    Col::deadline_at,
     Col::terminal_at,
     Col::key_expires_at,
     Col::updated_at,
@@ -260,23 +260,6 @@ fn contract(r: &Row<'_>) -> rusqlite::Result<FrozenContract> {
     })
 }
 
-/// The contract ids each database file this process writes is known to hold
-/// ([`StoredContracts`]), by the file's path.
-static STORED: LazyLock<Mutex<HashMap<String, Arc<StoredContracts>>>> =
-    LazyLock::new(Mutex::default);
-
-/// The [`StoredContracts`] of the database `conn` has open.
-fn stored_contracts(conn: &Connection) -> Arc<StoredContracts> {
-    let path = conn.path().unwrap_or_default();
-    let mut all = STORED
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    match all.get(path) {
-        Some(s) => Arc::clone(s),
-        None => Arc::clone(all.entry(path.to_owned()).or_default()),
-    }
-}
-
 fn task_row(r: &Row<'_>) -> rusqlite::Result<Task> {
     use Col as C;
     Ok(Task {
@@ -301,6 +284,7 @@ fn task_row(r: &Row<'_>) -> rusqlite::Result<Task> {
             version: r.get(C::version.at())?,
             event_seq: r.get(C::event_seq.at())?,
             execute_count: r.get(C::execute_count.at())?,
+            attempts_granted: r.get(C::attempts_granted.at())?,
             api_key_id: uuid(text(r, C::api_key_id.at())?)?,
             next_kind: r
                 .get::<_, Option<String>>(C::next_kind.at())?
@@ -519,11 +503,11 @@ impl Tx for SqliteTx<'_> {
     }
 
     /// The task, and its contract's row first unless this database is known
-    /// to hold it ([`StoredContracts`]); a failed insert forgets what is known
+    /// to hold it ([`idem_store::contracts::StoredContracts`]); a failed insert forgets what is known
     /// (the row may be missing: the savepoint runs again and writes it).
     async fn insert_task(&mut self, t: &Task) -> Result<(), StoreError> {
         let values = task_values(t)?;
-        let stored = stored_contracts(self.conn);
+        let stored = crate::contracts::stored_contracts(self.conn);
         let contract = &t.contract;
         if !stored.holds(contract.id()) {
             self.conn
@@ -853,6 +837,7 @@ fn task_values(t: &Task) -> Result<Vec<rusqlite::types::Value>, StoreError> {
         (Col::event_seq, V::Integer(c.event_seq)),
         (Col::attempt_count, V::Integer(t.attempt_count)),
         (Col::execute_count, V::Integer(c.execute_count)),
+        (Col::attempts_granted, V::Integer(c.attempts_granted)),
         (Col::usage, V::Integer(t.usage)),
         (
             Col::contract_id,

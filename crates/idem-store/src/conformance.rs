@@ -135,6 +135,12 @@ macro_rules! store_conformance {
             usage_is_kept_across_attempts,
             events_are_gap_free_and_generations_increase,
             search_is_tenant_scoped_and_pages_each_task_once,
+            operator_retry_now_makes_a_backoff_claimable_at_once,
+            operator_cancel_is_the_clients_with_actor_and_reason,
+            operator_resolve_settles_a_reconciling_task,
+            operator_redrive_grants_one_more_attempt,
+            operator_resolve_races_a_reconcile_report,
+            operator_redrive_races_a_late_report,
         );
     };
     (@cases $make:expr; $($case:ident),+ $(,)?) => {
@@ -152,6 +158,7 @@ mod cancel;
 mod claims;
 mod concurrency;
 mod failures;
+mod operator;
 mod scope;
 mod search;
 mod search_bench;
@@ -161,6 +168,7 @@ pub use cancel::*;
 pub use claims::*;
 pub use concurrency::*;
 pub use failures::*;
+pub use operator::*;
 pub use scope::*;
 pub use search::*;
 pub use search_bench::*;
@@ -630,7 +638,7 @@ impl Ctx {
 /// starting with `task_submitted`; attempts numbered 1..n with strictly
 /// increasing generations; at most one active lease, none once terminal;
 /// `task.generation` equals the newest attempt's, or more after a confirmed
-/// cancellation; usage is the sum of the attempts'; delivery, failure and
+/// cancellation or an operator's resolve or redrive; usage is the sum of the attempts'; delivery, failure and
 /// cancellation agree with the state.
 async fn assert_history(store: &Store, id: Uuid) {
     let task = ok2(store.get_task(None, id).await, "get_task");
@@ -686,10 +694,18 @@ async fn assert_history(store: &Store, id: Uuid) {
         .cancellation
         .as_ref()
         .is_some_and(|c| c.status == CancelStatus::Confirmed);
+    // An operator's resolve or redrive raises it too, until the next claim.
+    let raised = count(&events, "operator_resolved") + count(&events, "operator_redriven") > 0;
     if confirmed {
         assert!(
             task.generation > last,
             "a confirmed cancellation raises the generation above every attempt's ({} vs {last})",
+            task.generation
+        );
+    } else if raised {
+        assert!(
+            task.generation >= last,
+            "an operator's action never lowers the generation ({} vs {last})",
             task.generation
         );
     } else {

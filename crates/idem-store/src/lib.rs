@@ -386,6 +386,10 @@ pub enum Refusal {
     /// The state machine refused (stale generation, already reported, invalid report …).
     #[error(transparent)]
     Machine(#[from] Rejection),
+    /// An operator action does not apply to the task as it is
+    /// ([`idem_core::machine::operator`]); nothing changed.
+    #[error(transparent)]
+    Operator(#[from] idem_core::machine::operator::Refused),
 }
 
 /// [`StoreError::Migration`] for a store whose schema is at version `found`

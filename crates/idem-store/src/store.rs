@@ -18,7 +18,7 @@ use crate::{Backend, Clock, Refusal, Result, StoreError};
 #[derive(Clone)]
 pub struct Store {
     backend: Arc<dyn Backend>,
-    grant: Grant,
+    pub(crate) grant: Grant,
 }
 
 impl std::fmt::Debug for Store {
@@ -74,7 +74,7 @@ impl Store {
     ///
     /// # Errors
     /// Storage failures only; refusals are in the reply.
-    async fn call<O: Operation>(&self, op: O) -> Result<O::Reply>
+    pub(crate) async fn call<O: Operation>(&self, op: O) -> Result<O::Reply>
     where
         Op: From<Call<O>>,
     {

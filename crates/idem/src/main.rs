@@ -18,6 +18,7 @@ mod output;
 mod serve;
 mod store;
 mod task;
+mod task_action;
 
 use keys::key_to_create;
 use output::{say, say_raw, say_strict, tell};
@@ -115,7 +116,8 @@ enum Command {
         #[command(flatten)]
         store: StoreArgs,
     },
-    /// Inspect a task (store-level, any tenant), or list a tenant's tasks.
+    /// Inspect a task, list a tenant's tasks, or act on a task as an operator
+    /// (store-level, any tenant).
     Task {
         #[command(subcommand)]
         command: TaskCommand,

@@ -1,6 +1,7 @@
 //! `idem task`: a task, its events and attempts (any tenant), and a tenant's
 //! tasks in pages (`task list`, the search of `GET /v1/tasks` with the same
-//! filters and checks), each through the store.
+//! filters and checks), and the operator actions ([`crate::task_action`]),
+//! each through the store.
 
 use anyhow::{Result, anyhow};
 use clap::{Args, Subcommand};
@@ -30,6 +31,8 @@ pub(crate) enum TaskCommand {
     /// One page of a tenant's tasks, newest first, as JSON
     /// `{"tasks": [...], "next_cursor": ...}` (SPEC §4 "Task search").
     List(ListArgs),
+    #[command(flatten)]
+    Action(crate::task_action::TaskAction),
 }
 
 /// The filters of `idem task list` (those of `GET /v1/tasks`).
@@ -123,5 +126,6 @@ pub(crate) async fn run(store: &Store, command: TaskCommand) -> Result<()> {
                 next_cursor: page.next_cursor.map(|c| c.encode()),
             })
         }
+        TaskCommand::Action(action) => crate::task_action::run(store, action).await,
     }
 }

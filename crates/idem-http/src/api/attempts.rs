@@ -227,6 +227,6 @@ pub async fn report(
 /// Whether `s` is an identifier-like text field: 1–200 characters (Unicode
 /// scalar values), none of them a control character (`executor_id`,
 /// `external_txn_id`; a NUL could not even be stored on PostgreSQL).
-fn is_short_text(s: &str) -> bool {
+pub(super) fn is_short_text(s: &str) -> bool {
     !s.is_empty() && s.chars().count() <= 200 && !s.chars().any(char::is_control)
 }

@@ -1,6 +1,6 @@
 //! Handlers of SPEC §4, each documented for the OpenAPI document: submit
 //! ([`submit`]), task search ([`search`]), task reads and actions ([`tasks`]), the executor protocol
-//! ([`attempts`]), health ([`health`]); the documents they read and write
+//! ([`attempts`]), the operator actions ([`operator`]), health ([`health`]); the documents they read and write
 //! ([`wire`]) and how a request's body and path are read ([`extract`]).
 
 use uuid::Uuid;
@@ -11,6 +11,7 @@ pub mod attempts;
 pub mod extract;
 pub mod health;
 pub mod search;
+pub mod operator;
 pub mod submit;
 pub mod tasks;
 pub mod wire;

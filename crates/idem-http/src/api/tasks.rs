@@ -2,13 +2,15 @@
 //! attempts and events, cancellation, delivery acknowledgment.
 
 use axum::Json;
-use axum::extract::rejection::QueryRejection;
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use idem_api::ReasonBody;
 use idem_core::model::Role;
 
-use super::extract::IdPath;
+use super::extract::{IdPath, strict_typed};
 use super::wire::{AttemptsEnvelope, CancelResponse, EventsEnvelope, LookupQuery, TaskEnvelope};
 use super::{no_task, unknown_operation};
 use crate::auth::Caller;
@@ -104,15 +106,28 @@ pub async fn list_events(
 }
 
 /// Request cancellation (SPEC §2.7, CANCEL-01): 202 when recorded and pending, 200 when settled.
-#[utoipa::path(post, path = "/v1/tasks/{id}/cancel", tag = "tasks", params(("id" = String, Path, description = "task id")),
-    responses((status = 200, description = "confirmed or too_late", body = CancelResponse), (status = 202, description = "requested", body = CancelResponse), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")))]
-pub async fn cancel_task(State(st): St, caller: Caller, IdPath(id): IdPath) -> AppResult<Response> {
+/// A client key's body is not read. An admin key must send `{"reason"}`: its
+/// cancel is the same transition, with an `operator_cancel` event recording
+/// the key and the reason (SPEC §4 "Operator actions").
+#[utoipa::path(post, path = "/v1/tasks/{id}/cancel", tag = "tasks", params(("id" = String, Path, description = "task id")), request_body(content = Option<ReasonBody>, description = "Required of an admin key (`{\"reason\"}`); a client key's body is not read."),
+    responses((status = 200, description = "confirmed or too_late", body = CancelResponse), (status = 202, description = "requested", body = CancelResponse), (status = 400, description = "an admin key's body has no valid `reason`", body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")))]
+pub async fn cancel_task(
+    State(st): St,
+    caller: Caller,
+    IdPath(id): IdPath,
+    body: Result<Bytes, BytesRejection>,
+) -> AppResult<Response> {
     caller.require(Role::Client)?;
-    let (task, cancellation) = caller
-        .store(&st)
-        .cancel(&caller.0.tenant, id)
-        .await?
-        .map_err(|r| Problem::refused(r, no_task(id)))?;
+    let store = caller.store(&st);
+    let tenant = &caller.0.tenant;
+    let answer = if caller.0.role == Role::Admin {
+        let body: ReasonBody = strict_typed(body)?;
+        let by = super::operator::operator(&caller, &body.reason)?;
+        store.operator_cancel(Some(tenant), id, by).await?
+    } else {
+        store.cancel(tenant, id).await?
+    };
+    let (task, cancellation) = answer.map_err(|r| Problem::refused(r, no_task(id)))?;
     let status = if cancellation.status == idem_core::model::CancelStatus::Requested {
         StatusCode::ACCEPTED
     } else {

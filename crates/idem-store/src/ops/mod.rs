@@ -18,7 +18,8 @@
 //! Families: [`keys`] (API keys), [`submit`] (submissions and the one
 //! [`submit::SubmitPlan`]), [`claim`], [`attempts`] (heartbeats,
 //! acknowledgments, reports), [`tasks`] (reads, cancellation, delivery),
-//! [`search`] (a tenant's tasks in pages) and [`sweep`].
+//! [`search`] (a tenant's tasks in pages), [`operator`] (an admin's
+//! retry-now, cancel, resolve, redrive) and [`sweep`].
 
 use std::future::Future;
 use std::sync::Arc;
@@ -34,6 +35,7 @@ pub mod attempts;
 pub mod claim;
 pub mod keys;
 pub mod search;
+pub mod operator;
 pub mod submit;
 pub mod sweep;
 pub mod tasks;
@@ -42,6 +44,7 @@ pub use attempts::{Acknowledge, Heartbeat, Report};
 pub use claim::{Claim, ClaimRequest, Claimed};
 pub use keys::{Authenticate, CreateApiKey, ListApiKeys, RevokeApiKey};
 pub use search::{SearchTasks, TaskCursor, TaskPage, TaskQuery};
+pub use operator::{OperatorCancel, Redrive, Resolve, RetryNow};
 pub use submit::{Submission, Submit, SubmitBatch, SubmitOutcome, SubmitPlan};
 pub use sweep::{Sweep, SweepStats};
 pub use tasks::{AcknowledgeDelivery, Cancel, FindTask, GetTask, ListAttempts, ListEvents};
@@ -232,6 +235,14 @@ operations! {
     AcknowledgeDelivery,
     /// [`Sweep`].
     Sweep,
+    /// [`RetryNow`].
+    RetryNow,
+    /// [`OperatorCancel`].
+    OperatorCancel,
+    /// [`Resolve`].
+    Resolve,
+    /// [`Redrive`].
+    Redrive,
 }
 
 /// The operation classes a key is limited to (`None`: all), shared by the

@@ -12,6 +12,7 @@ mod executor;
 mod grants;
 mod messages;
 mod multi_pg;
+mod operator;
 mod pg_start;
 mod sdk;
 mod search;

@@ -1,0 +1,351 @@
+//! Operator actions (SPEC §4 "Operator actions"): what an `admin` key, or
+//! the `idem task` command line acting on the store, may do to a task that
+//! automation left waiting: make a backoff end now (`retry_now`), cancel
+//! (`cancel`), settle an unknown outcome by hand (`resolve`) and send a
+//! failed task back to the queue (`redrive`).
+//!
+//! Each is one transition like any other of [`super`]: it takes the loaded
+//! records, changes them in place and journals its events; the store writes
+//! them in one transaction with a compare-and-set on the task's version and
+//! generation, so an action and an executor's report on the same task are
+//! ordered by the database and exactly one of two conflicting transitions
+//! applies. Every action records who acted ([`Actor`]) and why ([`Reason`])
+//! in its `operator_*` event (SPEC §2.10). An action on a task in a state it
+//! does not apply to changes nothing and is [`Refused::InvalidState`]
+//! (HTTP 409 `INVALID_STATE`).
+
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use super::{Authority, Journal, confirm_cancel, deliver, next_execute};
+use crate::model::{
+    Attempt, AttemptState, Cancellation, EventKind, FailureClass, Task, TaskState, Timestamp,
+};
+
+/// Longest [`Reason`], in characters.
+pub const MAX_REASON_CHARS: usize = 500;
+
+/// Why an operator acted, as recorded in the action's event: 1 to
+/// [`MAX_REASON_CHARS`] characters, not only white space, no control
+/// characters (they would hide text in a log or a console).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reason(String);
+
+/// Why a text is not a [`Reason`] (HTTP 400 `INVALID_REQUEST`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReasonError {
+    /// Empty or only white space.
+    #[error("`reason` must say why the operator acts (it is empty)")]
+    Empty,
+    /// Over [`MAX_REASON_CHARS`].
+    #[error("`reason` has {chars} characters; at most {MAX_REASON_CHARS} are kept")]
+    TooLong {
+        /// Its length in characters.
+        chars: usize,
+    },
+    /// Holds a control character (line breaks included).
+    #[error("`reason` must not contain control characters (U+0000–U+001F, U+007F–U+009F)")]
+    Control,
+}
+
+impl Reason {
+    /// `text` as a reason, unchanged.
+    ///
+    /// # Errors
+    /// [`ReasonError`] when it breaks one of the rules of [`Reason`].
+    pub fn parse(text: &str) -> Result<Reason, ReasonError> {
+        if text.trim().is_empty() {
+            return Err(ReasonError::Empty);
+        }
+        let chars = text.chars().count();
+        if chars > MAX_REASON_CHARS {
+            return Err(ReasonError::TooLong { chars });
+        }
+        if text.chars().any(char::is_control) {
+            return Err(ReasonError::Control);
+        }
+        Ok(Reason(text.to_owned()))
+    }
+
+    /// The text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Who performed an operator action.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Actor {
+    /// An `admin` API key, over HTTP.
+    ApiKey(Uuid),
+    /// The `idem task …` command line acting on the store directly, as this
+    /// operating-system user (`$USER`, else `$LOGNAME`, else `unknown`).
+    Cli {
+        /// The user name.
+        user: String,
+    },
+}
+
+impl Actor {
+    /// The event's `actor` member: `{"type": "api_key", "api_key_id": "…"}`
+    /// or `{"type": "cli", "user": "…"}`.
+    pub fn to_json(&self) -> Value {
+        match self {
+            Actor::ApiKey(id) => json!({"type": "api_key", "api_key_id": id}),
+            Actor::Cli { user } => json!({"type": "cli", "user": user}),
+        }
+    }
+}
+
+/// Who acts and why: what every action records in its event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct By {
+    /// Who.
+    pub actor: Actor,
+    /// Why.
+    pub reason: Reason,
+}
+
+impl By {
+    /// The event data of an action: `actor`, `reason`, the task's `state`
+    /// before it, and `extra`'s members.
+    fn data(&self, task: &Task, extra: Value) -> Value {
+        let mut data = json!({
+            "actor": self.actor.to_json(),
+            "reason": self.reason.as_str(),
+            "state": task.state,
+        });
+        if let (Some(d), Value::Object(more)) = (data.as_object_mut(), extra) {
+            d.extend(more);
+        }
+        data
+    }
+}
+
+/// Why an operator action was refused; nothing changed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Refused {
+    /// The action does not apply to the task as it is (HTTP 409 `INVALID_STATE`).
+    #[error("{0}")]
+    InvalidState(String),
+    /// A redrive whose task's submitting API key was revoked or no longer
+    /// grants the task's class (SPEC §2.8; HTTP 409 `SUBMITTER_REVOKED`).
+    #[error(
+        "the API key that submitted this task was revoked or is no longer granted `{operation}`; the task cannot be redriven (submit it again with a key that is)"
+    )]
+    SubmitterRevoked {
+        /// The task's operation class.
+        operation: String,
+    },
+}
+
+fn invalid(action: &str, task: &Task, applies_to: &str) -> Refused {
+    Refused::InvalidState(format!(
+        "`{action}` applies to a task in {applies_to}; task {} is `{}`",
+        task.id, task.state
+    ))
+}
+
+/// `POST /v1/tasks/{id}/retry-now`: a `retry_wait` task becomes claimable at
+/// once (`queued`, ready now), as if its backoff had passed. Event
+/// `operator_retry_now` with the backoff's end it replaced (`ready_at`).
+///
+/// # Errors
+/// [`Refused::InvalidState`] for any other state.
+pub fn retry_now(task: &mut Task, j: &mut Journal, now: Timestamp, by: &By) -> Result<(), Refused> {
+    if task.state != TaskState::RetryWait {
+        return Err(invalid("retry-now", task, "`retry_wait`"));
+    }
+    let data = by.data(task, json!({"ready_at": task.control.ready_at}));
+    task.state = TaskState::Queued;
+    task.control.ready_at = now;
+    j.record(task, now, EventKind::OperatorRetryNow, data);
+    Ok(())
+}
+
+/// `POST /v1/tasks/{id}/cancel` by an operator: the client's cancellation
+/// ([`super::cancel`], the same cancel-versus-delivery transition and fee
+/// policy), preceded by an `operator_cancel` event with actor and reason.
+/// It applies in every state, as a client's does (a terminal task answers
+/// `too_late`); a task that already has a cancellation record answers that
+/// record and nothing is written.
+pub fn cancel(task: &mut Task, j: &mut Journal, now: Timestamp, by: &By) -> Cancellation {
+    if task.cancellation.is_none() {
+        let data = by.data(task, json!({}));
+        j.record(task, now, EventKind::OperatorCancel, data);
+    }
+    super::cancel(task, j, now)
+}
+
+/// The outcome an operator found at the external system.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Resolution {
+    /// The effect happened: deliver `result` once, with the contract's charge.
+    Committed {
+        /// The result document (as a reconcile attempt's `result`).
+        result: Value,
+        /// The external system's transaction id, when the operator has one.
+        external_txn_id: Option<String>,
+    },
+    /// The effect did not happen: the next execute attempt may start.
+    NotCommitted,
+}
+
+/// `POST /v1/tasks/{id}/resolve`: a manual reconciliation of a `reconciling`
+/// task, the transition a reconcile attempt's `committed` / `not_committed`
+/// report takes (SPEC §2.5): `committed` delivers once with its charge (a
+/// pending cancellation becomes `too_late`); `not_committed` confirms a
+/// pending cancellation, else queues the next execute attempt within the
+/// attempts, deadline and budget of the contract (or fails the task on the
+/// limit it reached).
+///
+/// The generation is raised first, so a live reconcile attempt (`active`,
+/// the task's active attempt when one holds the lease) is fenced off: it is
+/// ended (`expired`, its lease end set to `now`), and its later report or
+/// heartbeat is kept as stale evidence (409 `STALE_GENERATION`). Event
+/// `operator_resolved` with `outcome`, `external_txn_id` and the attempt it
+/// retired (`retired_attempt_id`).
+///
+/// # Errors
+/// [`Refused::InvalidState`] for any state but `reconciling`.
+pub fn resolve(
+    task: &mut Task,
+    active: Option<&mut Attempt>,
+    j: &mut Journal,
+    now: Timestamp,
+    by: &By,
+    resolution: Resolution,
+) -> Result<(), Refused> {
+    if task.state != TaskState::Reconciling {
+        return Err(invalid("resolve", task, "`reconciling`"));
+    }
+    let retired = task.control.active_attempt_id;
+    if let Some(a) = active.filter(|a| Some(a.id) == retired && a.state.is_active()) {
+        a.state = AttemptState::Expired;
+        a.lease_expires_at = now;
+    }
+    task.control.active_attempt_id = None;
+    task.generation += 1;
+    let (outcome, txn) = match &resolution {
+        Resolution::Committed {
+            external_txn_id, ..
+        } => ("committed", external_txn_id.clone()),
+        Resolution::NotCommitted => ("not_committed", None),
+    };
+    let extra = json!({
+        "outcome": outcome,
+        "external_txn_id": txn,
+        "retired_attempt_id": retired,
+        "generation": task.generation,
+    });
+    let data = by.data(task, extra);
+    j.record(task, now, EventKind::OperatorResolved, data);
+    match resolution {
+        Resolution::Committed {
+            result,
+            external_txn_id,
+        } => deliver(task, j, now, result, external_txn_id),
+        Resolution::NotCommitted if task.cancel_pending() => confirm_cancel(task, j, now),
+        Resolution::NotCommitted => next_execute(
+            task,
+            j,
+            now,
+            false,
+            "an operator resolved the outcome as not committed",
+        ),
+    }
+    Ok(())
+}
+
+/// Failure classes a redrive applies to: those where trying again can help.
+/// `invalid_input` and `permission_denied` would fail the same way.
+pub const REDRIVABLE: &[FailureClass] = &[
+    FailureClass::Transient,
+    FailureClass::AttemptsExhausted,
+    FailureClass::DeadlineExceeded,
+    FailureClass::BudgetExhausted,
+];
+
+/// `POST /v1/tasks/{id}/redrive`: a `failed` task whose failure class is
+/// [`REDRIVABLE`] goes back to `queued`, claimable now, with one more
+/// execute attempt granted (`attempts_granted` + 1, so its limit is the
+/// contract's `max_attempts` plus the grants) and a new deadline of the
+/// frozen contract's `deadline_ms` from `now`. Its failure is cleared, and so
+/// are `terminal_at` and `key_expires_at`: the idempotency key's retention
+/// starts again when the task next ends (SPEC §2.9). The generation is raised.
+/// Event `operator_redriven` with the failure it cleared, the new deadline
+/// and the execute limit.
+///
+/// `authority` is the submitting API key's, read in the same transaction
+/// (SPEC §2.8: checked again before the task may run again).
+///
+/// # Errors
+/// [`Refused::InvalidState`] for any state but `failed`, for the failure
+/// classes `invalid_input` and `permission_denied`, for a task with a
+/// cancellation record (its client asked to stop it), and for a task whose
+/// idempotency key retention already released (a new submit may own the
+/// scope); [`Refused::SubmitterRevoked`] when `authority` is
+/// [`Authority::Revoked`].
+pub fn redrive(
+    task: &mut Task,
+    j: &mut Journal,
+    now: Timestamp,
+    by: &By,
+    authority: Authority,
+) -> Result<(), Refused> {
+    if task.state != TaskState::Failed {
+        return Err(invalid("redrive", task, "`failed`"));
+    }
+    let failure = task.failure.clone();
+    let class = failure.as_ref().map(|f| f.class);
+    if !class.is_some_and(|c| REDRIVABLE.contains(&c)) {
+        return Err(Refused::InvalidState(format!(
+            "`redrive` applies to a task that failed `transient`, `attempts_exhausted`, `deadline_exceeded` or `budget_exhausted`; task {} failed `{}`, which would fail again",
+            task.id,
+            class.map_or("unknown", FailureClass::as_str)
+        )));
+    }
+    if task.cancellation.is_some() {
+        return Err(Refused::InvalidState(format!(
+            "task {} has a cancellation record: its client asked to stop it, so it is not redriven",
+            task.id
+        )));
+    }
+    if task.control.key_expires_at.is_none() {
+        return Err(Refused::InvalidState(format!(
+            "the idempotency key of task {} was released by retention (a new submit may own its scope), so it is not redriven",
+            task.id
+        )));
+    }
+    if authority == Authority::Revoked {
+        return Err(Refused::SubmitterRevoked {
+            operation: task.operation.clone(),
+        });
+    }
+    task.state = TaskState::Queued;
+    task.failure = None;
+    task.generation += 1;
+    task.control.attempts_granted += 1;
+    task.control.next_kind = Some(crate::model::AttemptKind::Execute);
+    task.control.ready_at = now;
+    task.control.deadline_at = now.plus_ms(task.contract.retry.deadline_ms);
+    task.control.terminal_at = None;
+    task.control.key_expires_at = None;
+    let extra = json!({
+        "failure": failure,
+        "attempts_granted": task.control.attempts_granted,
+        "execute_limit": task.execute_limit(),
+        "execute_count": task.control.execute_count,
+        "deadline_at": task.control.deadline_at,
+        "generation": task.generation,
+    });
+    let mut data = by.data(task, extra);
+    data["state"] = json!(TaskState::Failed);
+    j.record(task, now, EventKind::OperatorRedriven, data);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;
