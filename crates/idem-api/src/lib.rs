@@ -7,7 +7,7 @@
 //!   submit), [`ClaimedAttempt`], [`HeartbeatResponse`], [`Health`].
 //! - Envelopes around records: [`SubmitResponse`], [`TaskEnvelope`],
 //!   [`AttemptsEnvelope`], [`EventsEnvelope`], [`CancelResponse`],
-//!   [`ClaimResponse`].
+//!   [`ClaimResponse`], and the tenant feed's [`FeedEvent`] and [`FeedPage`].
 //! - The RFC 9457 [`Problem`] document and its [`ProblemCode`].
 //!
 //! The records (task, attempt, event, cancellation) and their words (task
@@ -33,8 +33,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
 
+mod feed;
 mod problem;
 
+pub use feed::{FeedEvent, FeedPage};
 pub use problem::{InvalidValue, Problem, ProblemCode};
 
 /// `POST /v1/tasks` body.

@@ -125,6 +125,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(api::tasks::get_task))
         .routes(routes!(api::tasks::list_attempts))
         .routes(routes!(api::tasks::list_events))
+        .routes(routes!(api::events::tenant_feed))
         .routes(routes!(api::tasks::cancel_task))
         .routes(routes!(api::tasks::acknowledge_delivery))
         .routes(routes!(api::attempts::claim))

@@ -16,6 +16,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     ),
     (3, include_str!("../migrations/0003_claim_order_index.sql")),
     (4, include_str!("../migrations/0004_contracts.sql")),
+    (6, include_str!("../migrations/0006_event_feed.sql")),
 ];
 
 /// How long a migration statement waits for a table lock, ms, before the

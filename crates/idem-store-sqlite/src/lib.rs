@@ -61,6 +61,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0002_tasks_or_checks.sql"),
     include_str!("../migrations/0003_claim_order_index.sql"),
     include_str!("../migrations/0004_contracts.sql"),
+    include_str!("../migrations/0006_event_feed.sql"),
 ];
 
 /// Options of the SQLite store.

@@ -28,7 +28,7 @@
 //! share ([`contract`], [`params`], [`submission`], a tenant context and the
 //! history check every case ends with); the cases live in one submodule per
 //! part of SPEC §2 (scope, claims, failures, concurrency, cancel, audit) and
-//! are re-exported here, so each is `conformance::<case>`.
+//! of SPEC §4.6 (feed), and are re-exported here, so each is `conformance::<case>`.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
@@ -134,6 +134,8 @@ macro_rules! store_conformance {
             retention_never_releases_non_terminal_key,
             usage_is_kept_across_attempts,
             events_are_gap_free_and_generations_increase,
+            feed_readers_never_skip_while_writers_commit_concurrently,
+            feed_is_scoped_to_tenant_and_grant,
         );
     };
     (@cases $make:expr; $($case:ident),+ $(,)?) => {
@@ -151,6 +153,7 @@ mod cancel;
 mod claims;
 mod concurrency;
 mod failures;
+mod feed;
 mod scope;
 
 pub use audit::*;
@@ -158,6 +161,7 @@ pub use cancel::*;
 pub use claims::*;
 pub use concurrency::*;
 pub use failures::*;
+pub use feed::*;
 pub use scope::*;
 
 // ---------------------------------------------------------------------------

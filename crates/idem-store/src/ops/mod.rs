@@ -17,8 +17,8 @@
 //!
 //! Families: [`keys`] (API keys), [`submit`] (submissions and the one
 //! [`submit::SubmitPlan`]), [`claim`], [`attempts`] (heartbeats,
-//! acknowledgments, reports), [`tasks`] (reads, cancellation, delivery) and
-//! [`sweep`].
+//! acknowledgments, reports), [`tasks`] (reads, cancellation, delivery),
+//! [`feed`] (a task's history with its state, the tenant feed) and [`sweep`].
 
 use std::future::Future;
 use std::sync::Arc;
@@ -32,6 +32,7 @@ use crate::{Refusal, Result, StoreError, Tx};
 
 pub mod attempts;
 pub mod claim;
+pub mod feed;
 pub mod keys;
 pub mod submit;
 pub mod sweep;
@@ -39,6 +40,7 @@ pub mod tasks;
 
 pub use attempts::{Acknowledge, Heartbeat, Report};
 pub use claim::{Claim, ClaimRequest, Claimed};
+pub use feed::{ReadFeed, TaskHistory};
 pub use keys::{Authenticate, CreateApiKey, ListApiKeys, RevokeApiKey};
 pub use submit::{Submission, Submit, SubmitBatch, SubmitOutcome, SubmitPlan};
 pub use sweep::{Sweep, SweepStats};
@@ -214,6 +216,10 @@ operations! {
     ListAttempts,
     /// [`ListEvents`].
     ListEvents,
+    /// [`TaskHistory`].
+    TaskHistory,
+    /// [`ReadFeed`].
+    ReadFeed,
     /// [`Claim`].
     Claim,
     /// [`Heartbeat`].
