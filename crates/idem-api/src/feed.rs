@@ -1,4 +1,4 @@
-//! The documents of live events (SPEC §4.6): one event of the tenant feed
+//! The documents of live events (SPEC §4, "Live events"): one event of the tenant feed
 //! and a page of it.
 
 use serde::{Deserialize, Serialize};

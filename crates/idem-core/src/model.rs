@@ -361,7 +361,7 @@ impl EventKind {
     /// Whether this event is written by the transition that makes a task
     /// terminal (`succeeded`, `failed`, `cancelled`): `delivered`,
     /// `task_failed`, `cancel_confirmed`. A live task stream ends after it
-    /// (SPEC §4.6).
+    /// (SPEC §4, "Live events").
     pub fn ends_task(self) -> bool {
         matches!(
             self,

@@ -1,4 +1,4 @@
--- idem schema v6 (SQLite): the tenant event feed (SPEC §4.6).
+-- idem schema v6 (SQLite): the tenant event feed (SPEC §4, "Live events").
 --
 -- Each event row carries its task's tenant and operation class (the feed is
 -- read per tenant and limited to a key's grant) and `position`, one more

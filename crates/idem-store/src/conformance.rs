@@ -28,7 +28,7 @@
 //! share ([`contract`], [`params`], [`submission`], a tenant context and the
 //! history check every case ends with); the cases live in one submodule per
 //! part of SPEC §2 (scope, claims, failures, concurrency, cancel, audit) and
-//! of SPEC §4.6 (feed), and are re-exported here, so each is `conformance::<case>`.
+//! of SPEC §4, "Live events" (feed), and are re-exported here, so each is `conformance::<case>`.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;

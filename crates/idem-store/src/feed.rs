@@ -1,4 +1,4 @@
-//! The tenant event feed (SPEC §4.6): every event of a tenant, once each, in
+//! The tenant event feed (SPEC §4, "Live events"): every event of a tenant, once each, in
 //! an order a reader can resume from a [`FeedCursor`] without missing or
 //! repeating one.
 //!

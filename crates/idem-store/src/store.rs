@@ -222,7 +222,7 @@ impl Store {
     }
 
     /// A task with its whole event history, read together (for a live task
-    /// stream, SPEC §4.6).
+    /// stream, SPEC §4, "Live events").
     ///
     /// # Errors
     /// Storage failures ([`StoreError`]); business refusals are in the value.

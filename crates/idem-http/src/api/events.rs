@@ -1,4 +1,4 @@
-//! Live events (SPEC §4.6): a task's events as a Server-Sent Events stream
+//! Live events (SPEC §4, "Live events"): a task's events as a Server-Sent Events stream
 //! (`GET /v1/tasks/{id}/events` with `Accept: text/event-stream`), and the
 //! tenant feed (`GET /v1/events`) as JSON pages or as a stream.
 //!

@@ -89,7 +89,7 @@ pub async fn list_attempts(
 
 /// The append-only event history of a task; with `Accept: text/event-stream`
 /// a live stream of it (`id:` = `seq`, resumable with `Last-Event-ID`) that
-/// ends after the event that made the task terminal (SPEC §4.6).
+/// ends after the event that made the task terminal (SPEC §4, "Live events").
 #[utoipa::path(get, path = "/v1/tasks/{id}/events", tag = "tasks", params(("id" = String, Path, description = "task id"), ("Last-Event-ID" = Option<String>, Header, description = "with `Accept: text/event-stream`: the `seq` of the last event received; the stream starts after it")),
     responses((status = 200, description = "The history, or with `Accept: text/event-stream` a stream of `Event` documents (`id:` = `seq`)", content((EventsEnvelope = "application/json"), (String = "text/event-stream"))), (status = 204, description = "`Accept: text/event-stream` on a terminal task with no event after `Last-Event-ID`: nothing more will come"), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")))]
 pub async fn list_events(

@@ -1,4 +1,4 @@
-//! The tenant event feed (SPEC §4.6, [`crate::feed`]): a reader that pages
+//! The tenant event feed (SPEC §4, "Live events", [`crate::feed`]): a reader that pages
 //! from its last cursor while many transactions commit at once ends with
 //! exactly the stored events, each once, each task's in `seq` order; the feed
 //! holds only the caller's tenant and the classes of its key's grant.

@@ -1,4 +1,4 @@
-//! Reads for live events (SPEC §4.6): a task with its whole history in one
+//! Reads for live events (SPEC §4, "Live events"): a task with its whole history in one
 //! read, and a page of the tenant feed ([`crate::feed`]).
 
 use idem_core::model::{Event, Task};
