@@ -8,7 +8,7 @@
 //!   submit), [`ClaimedAttempt`], [`HeartbeatResponse`], [`Health`].
 //! - Envelopes around records: [`SubmitResponse`], [`TaskEnvelope`],
 //!   [`TasksPage`], [`AttemptsEnvelope`], [`EventsEnvelope`], [`CancelResponse`],
-//!   [`ClaimResponse`].
+//!   [`ClaimResponse`], and the tenant feed's [`FeedEvent`] and [`FeedPage`].
 //! - The RFC 9457 [`Problem`] document and its [`ProblemCode`].
 //!
 //! The records (task, attempt, event, cancellation) and their words (task
@@ -34,9 +34,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
 
+mod feed;
 mod operator;
 mod problem;
 
+pub use feed::{FeedEvent, FeedPage};
 pub use operator::{ReasonBody, ResolveBody, ResolveOutcome};
 pub use problem::{InvalidValue, Problem, ProblemCode};
 

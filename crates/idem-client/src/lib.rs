@@ -19,7 +19,8 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Clients submit, read and cancel tasks; executors claim attempts, heartbeat,
+//! Clients submit, read and cancel tasks, and follow a task's events or the
+//! tenant's event feed live (Server-Sent Events); executors claim attempts, heartbeat,
 //! acknowledge and report. Errors are [`ClientError`]: an RFC 9457 problem
 //! answered by idem (with its HTTP status and `code`), a timeout, a transport
 //! failure, an undecodable answer, or an argument refused before sending.
@@ -35,8 +36,10 @@ use uuid::Uuid;
 
 mod search;
 mod operator;
+mod events;
 mod types;
 
+pub use events::{EventStream, FeedEvent, FeedPage};
 use idem_api::{AckBody, ClaimBody, ClaimResponse, HeartbeatBody, SubmitBody};
 pub use idem_api::{Problem, ProblemCode};
 pub use search::{TaskFilter, TaskPage, TaskPages};

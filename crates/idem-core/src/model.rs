@@ -368,6 +368,19 @@ word_enum! {
     }
 }
 
+impl EventKind {
+    /// Whether this event is written by the transition that makes a task
+    /// terminal (`succeeded`, `failed`, `cancelled`): `delivered`,
+    /// `task_failed`, `cancel_confirmed`. A live task stream ends after it
+    /// (SPEC §4, "Live events").
+    pub fn ends_task(self) -> bool {
+        matches!(
+            self,
+            EventKind::Delivered | EventKind::TaskFailed | EventKind::CancelConfirmed
+        )
+    }
+}
+
 word_enum! {
     /// What a piece of evidence reports: the outcome of an executor's report,
     /// or `ack` for a device acknowledgment (SPEC §4 `/ack`).

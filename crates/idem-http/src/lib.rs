@@ -126,6 +126,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(api::tasks::get_task))
         .routes(routes!(api::tasks::list_attempts))
         .routes(routes!(api::tasks::list_events))
+        .routes(routes!(api::events::tenant_feed))
         .routes(routes!(api::tasks::cancel_task))
         .routes(routes!(api::tasks::acknowledge_delivery))
         .routes(routes!(api::operator::retry_now))

@@ -6,7 +6,7 @@
 use idem_core::model::{Attempt, Event, Outcome, Task};
 use utoipa::OpenApi;
 
-use crate::api::wire::ClaimedAttempt;
+use crate::api::wire::{ClaimedAttempt, FeedEvent};
 use crate::problem::Problem;
 
 #[derive(OpenApi)]
@@ -16,7 +16,7 @@ use crate::problem::Problem;
     security(("bearer" = [])),
     // The records and words the generic documents of `idem-api` carry: their
     // fields only refer to these schemas, so they are listed here.
-    components(schemas(Task, Attempt, Event, ClaimedAttempt, Outcome)),
+    components(schemas(Task, Attempt, Event, ClaimedAttempt, FeedEvent, Outcome)),
     tags((name = "tasks", description = "Clients: submit and follow tasks"), (name = "attempts", description = "Executors: claim, heartbeat, acknowledge, report"), (name = "operator", description = "Admins: retry-now, resolve, redrive (and cancel with a reason), each recorded with the key and the reason"), (name = "operations", description = "Health, readiness, metrics"))
 )]
 pub(crate) struct ApiDoc;

@@ -40,6 +40,7 @@ use idem_store::{Clock, Result, ScopeHints, Store, StoreError, batch};
 use tokio::sync::mpsc;
 
 mod error;
+mod feed;
 mod migrate;
 mod rows;
 mod run;

@@ -17,6 +17,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (3, include_str!("../migrations/0003_claim_order_index.sql")),
     (4, include_str!("../migrations/0004_contracts.sql")),
     (5, include_str!("../migrations/0005_task_search.sql")),
+    (6, include_str!("../migrations/0006_event_feed.sql")),
     (7, include_str!("../migrations/0007_attempts_granted.sql")),
 ];
 

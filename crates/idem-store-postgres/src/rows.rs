@@ -383,18 +383,32 @@ impl<'e> EventArrays<'e> {
     }
 }
 
-/// Events ($1–$5, [`EventArrays`]) in one statement.
-pub(crate) const EVENTS_INSERT: &str = "INSERT INTO events (task_id, seq, type, at, data) \
-     SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::bigint[], $5::text[])";
+/// Events of existing tasks ($1–$5, [`EventArrays`]) in one statement, each
+/// with its task's tenant and class and the feed's `txid`: this
+/// transaction's id, or the task's previous event's when larger, so a task's
+/// events keep their `seq` order in the feed (`crate::feed`); rows are
+/// inserted in the arrays' order, so their positions (the column default,
+/// taken per row as it is inserted) follow it. An event whose task does not
+/// exist inserts no row.
+pub(crate) const EVENTS_INSERT: &str = "INSERT INTO events (task_id, seq, type, at, data, tenant, operation, txid) \
+     SELECT u.task_id, u.seq, u.type, u.at, u.data, t.tenant, t.operation, \
+            greatest(pg_current_xact_id()::text::bigint, \
+                     (SELECT max(p.txid) FROM events p WHERE p.task_id = u.task_id)) \
+     FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::bigint[], $5::text[]) \
+          WITH ORDINALITY AS u(task_id, seq, type, at, data, n) \
+     JOIN tasks t ON t.id = u.task_id \
+     ORDER BY u.n";
 
 /// One contract row ($1 content id, $2 text), unless stored already.
 pub(crate) const CONTRACT_INSERT: &str =
     "INSERT INTO contracts (id, contract) VALUES ($1, $2) ON CONFLICT DO NOTHING";
 
 /// New tasks ($1–$n, one array per column of [`TASK_COLUMNS`], n =
-/// [`TASK_COLUMN_COUNT`]), their events ($n+1–$n+5) and the contract rows
-/// they name that may be absent ($n+6 ids, $n+7 texts; written first, each
-/// unless stored already) in one statement.
+/// [`TASK_COLUMN_COUNT`]), their events ($n+1–$n+5, each with its task's
+/// tenant and class from $2 and $3; `txid` and `position` by default: a new
+/// task has no earlier event) and the contract rows they name that may be
+/// absent ($n+6 ids, $n+7 texts; written first, each unless stored already)
+/// in one statement.
 pub(crate) static TASKS_WITH_EVENTS_INSERT: LazyLock<String> = LazyLock::new(|| {
     let arrays: Vec<String> = TASK_COLUMN_TYPES
         .iter()
@@ -407,8 +421,12 @@ pub(crate) static TASKS_WITH_EVENTS_INSERT: LazyLock<String> = LazyLock::new(|| 
         "WITH c AS (INSERT INTO contracts (id, contract) \
          SELECT * FROM unnest(${}::bytea[], ${}::text[]) ON CONFLICT DO NOTHING), \
          t AS (INSERT INTO tasks ({}) SELECT * FROM unnest({})) \
-         INSERT INTO events (task_id, seq, type, at, data) \
-         SELECT * FROM unnest(${}::uuid[], ${}::bigint[], ${}::text[], ${}::bigint[], ${}::text[])",
+         INSERT INTO events (task_id, seq, type, at, data, tenant, operation) \
+         SELECT e.task_id, e.seq, e.type, e.at, e.data, n.tenant, n.operation \
+         FROM unnest(${}::uuid[], ${}::bigint[], ${}::text[], ${}::bigint[], ${}::text[]) \
+              WITH ORDINALITY AS e(task_id, seq, type, at, data, i) \
+         JOIN unnest($1::uuid[], $2::text[], $3::text[]) AS n(id, tenant, operation) ON n.id = e.task_id \
+         ORDER BY e.i",
         at(6),
         at(7),
         TASK_COLUMNS.join(", "),

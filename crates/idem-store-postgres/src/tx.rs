@@ -681,8 +681,31 @@ impl Tx for PgTx<'_> {
             return Ok(());
         }
         let arrays = EventArrays::new(events.iter().map(|e| (task_id, e)))?;
-        self.exec(EVENTS_INSERT, &arrays.params()).await?;
+        let n = self.exec(EVENTS_INSERT, &arrays.params()).await?;
+        if n != events.len() as u64 {
+            return Err(corrupt(
+                &format!("events of task {task_id}"),
+                "the task row is missing",
+            ));
+        }
         Ok(())
+    }
+
+    async fn feed(
+        &mut self,
+        tenant: &str,
+        operations: Option<&[String]>,
+        after: idem_store::feed::FeedCursor,
+        limit: i64,
+    ) -> Result<Vec<idem_store::feed::FeedEvent>> {
+        self.query(
+            crate::feed::FEED_PAGE,
+            &[&tenant, &after.txid, &after.position, &operations, &limit],
+        )
+        .await?
+        .iter()
+        .map(crate::feed::feed_event)
+        .collect()
     }
 
     async fn events(&mut self, task_id: Uuid) -> Result<Vec<Event>> {

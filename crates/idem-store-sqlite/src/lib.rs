@@ -63,6 +63,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0003_claim_order_index.sql"),
     include_str!("../migrations/0004_contracts.sql"),
     include_str!("../migrations/0005_task_search.sql"),
+    include_str!("../migrations/0006_event_feed.sql"),
     include_str!("../migrations/0007_attempts_granted.sql"),
 ];
 

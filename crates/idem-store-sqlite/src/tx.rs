@@ -705,39 +705,21 @@ impl Tx for SqliteTx<'_> {
     }
 
     async fn insert_events(&mut self, task_id: Uuid, events: &[Event]) -> Result<(), StoreError> {
-        let mut stmt = self
-            .conn
-            .prepare_cached(
-                "INSERT INTO events (task_id, seq, type, at, data) VALUES (?1, ?2, ?3, ?4, ?5)",
-            )
-            .map_err(db)?;
-        let id = task_id.to_string();
-        for e in events {
-            let data = to_json(&e.data)?;
-            stmt.execute(params![id, e.seq, e.kind.as_str(), e.at.0, data])
-                .map_err(db)?;
-        }
-        Ok(())
+        self.append_events(task_id, events)
     }
 
     async fn events(&mut self, task_id: Uuid) -> Result<Vec<Event>, StoreError> {
-        let mut stmt = self
-            .conn
-            .prepare_cached(
-                "SELECT seq, type, at, data FROM events WHERE task_id = ?1 ORDER BY seq",
-            )
-            .map_err(db)?;
-        let rows = stmt
-            .query_map([task_id.to_string()], |r| {
-                Ok(Event {
-                    seq: r.get(0)?,
-                    kind: word(&r.get::<_, String>(1)?)?,
-                    at: Timestamp(r.get(2)?),
-                    data: from_json(&r.get::<_, String>(3)?)?,
-                })
-            })
-            .map_err(db)?;
-        rows.collect::<rusqlite::Result<Vec<_>>>().map_err(decode)
+        self.history(task_id)
+    }
+
+    async fn feed(
+        &mut self,
+        tenant: &str,
+        operations: Option<&[String]>,
+        after: idem_store::feed::FeedCursor,
+        limit: i64,
+    ) -> Result<Vec<idem_store::feed::FeedEvent>, StoreError> {
+        self.feed_page(tenant, operations, after, limit)
     }
 
     async fn claimable(
@@ -881,5 +863,6 @@ fn task_values(t: &Task) -> Result<Vec<rusqlite::types::Value>, StoreError> {
 }
 
 pub(crate) mod search;
+mod feed;
 #[cfg(test)]
 mod tests;

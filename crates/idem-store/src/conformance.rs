@@ -28,7 +28,7 @@
 //! share ([`contract`], [`params`], [`submission`], a tenant context and the
 //! history check every case ends with); the cases live in one submodule per
 //! part of SPEC §2 (scope, claims, failures, concurrency, cancel, audit) and
-//! are re-exported here, so each is `conformance::<case>`.
+//! of SPEC §4, "Live events" (feed), and are re-exported here, so each is `conformance::<case>`.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
@@ -141,6 +141,8 @@ macro_rules! store_conformance {
             operator_redrive_grants_one_more_attempt,
             operator_resolve_races_a_reconcile_report,
             operator_redrive_races_a_late_report,
+            feed_readers_never_skip_while_writers_commit_concurrently,
+            feed_is_scoped_to_tenant_and_grant,
         );
     };
     (@cases $make:expr; $($case:ident),+ $(,)?) => {
@@ -159,6 +161,7 @@ mod claims;
 mod concurrency;
 mod failures;
 mod operator;
+mod feed;
 mod scope;
 mod search;
 mod search_bench;
@@ -169,6 +172,7 @@ pub use claims::*;
 pub use concurrency::*;
 pub use failures::*;
 pub use operator::*;
+pub use feed::*;
 pub use scope::*;
 pub use search::*;
 pub use search_bench::*;

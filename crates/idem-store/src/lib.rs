@@ -13,6 +13,8 @@
 //!   one [`ops::SubmitPlan`] every submit runs.
 //! - [`batch`]: the group-commit batcher both backends use (gather, linger,
 //!   fall back to one by one).
+//! - [`feed`]: the tenant event feed's cursor and events (how a page never
+//!   skips an event written by a concurrent transaction).
 //! - [`clock`]: the [`Clock`] a backend reads its time through (real time,
 //!   or a test clock moved forward instead of sleeping).
 //! - [`retries`]: which scopes this process saw bound, and the read-only
@@ -43,6 +45,7 @@ pub mod clock;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 pub mod contracts;
+pub mod feed;
 mod guarded;
 pub mod ops;
 pub mod retries;
@@ -317,6 +320,18 @@ pub trait Tx: Send + ops::search::TaskSearch {
     ) -> impl Future<Output = Result<()>> + Send;
     /// The event history of a task, by sequence.
     fn events(&mut self, task_id: Uuid) -> impl Future<Output = Result<Vec<Event>>> + Send;
+    /// Up to `limit` events of `tenant` after `after` in feed order, of the
+    /// classes in `operations` (`None`: all), each with its cursor; only
+    /// events before which no other can still appear ([`feed`]: below the
+    /// snapshot's xmin on PostgreSQL, committed on SQLite). Run outside a
+    /// writing transaction (its own id would hold the horizon back).
+    fn feed(
+        &mut self,
+        tenant: &str,
+        operations: Option<&[String]>,
+        after: feed::FeedCursor,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<feed::FeedEvent>>> + Send;
 
     /// Up to `limit` claimable task ids of `tenant` in `operations`, oldest `ready_at`
     /// first, locked for this transaction and skipping rows other transactions hold

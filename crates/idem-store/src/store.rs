@@ -235,6 +235,46 @@ impl Store {
         .await
     }
 
+    /// A task with its whole event history, read together (for a live task
+    /// stream, SPEC §4, "Live events").
+    ///
+    /// # Errors
+    /// Storage failures ([`StoreError`]); business refusals are in the value.
+    pub async fn task_history(
+        &self,
+        tenant: Option<&str>,
+        task_id: Uuid,
+    ) -> Result<Result<(Task, Vec<Event>), Refusal>> {
+        self.call(ops::TaskHistory {
+            tenant: tenant.map(str::to_owned),
+            grant: self.grant.clone(),
+            task_id,
+        })
+        .await
+    }
+
+    /// Up to `limit` (1–[`ops::feed::MAX_FEED_PAGE`]) events of `tenant`'s
+    /// feed after `after`, of the classes this store's grant allows
+    /// ([`crate::feed`]: none is ever skipped or repeated by a reader that
+    /// resumes from the last cursor it read).
+    ///
+    /// # Errors
+    /// Storage failures ([`StoreError`]).
+    pub async fn feed(
+        &self,
+        tenant: &str,
+        after: crate::feed::FeedCursor,
+        limit: i64,
+    ) -> Result<Vec<crate::feed::FeedEvent>> {
+        self.call(ops::ReadFeed {
+            tenant: tenant.to_owned(),
+            grant: self.grant.clone(),
+            after,
+            limit,
+        })
+        .await
+    }
+
     /// Leases up to `req.max` attempts (`req.operations` already limited to
     /// the key's grant).
     ///

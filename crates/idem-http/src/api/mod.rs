@@ -1,6 +1,7 @@
 //! Handlers of SPEC §4, each documented for the OpenAPI document: submit
 //! ([`submit`]), task search ([`search`]), task reads and actions ([`tasks`]), the executor protocol
-//! ([`attempts`]), the operator actions ([`operator`]), health ([`health`]); the documents they read and write
+//! ([`attempts`]), the operator actions ([`operator`]), live events and the tenant feed
+//! ([`events`]), health ([`health`]); the documents they read and write
 //! ([`wire`]) and how a request's body and path are read ([`extract`]).
 
 use uuid::Uuid;
@@ -8,6 +9,7 @@ use uuid::Uuid;
 use crate::problem::Problem;
 
 pub mod attempts;
+pub mod events;
 pub mod extract;
 pub mod health;
 pub mod search;

@@ -5,7 +5,7 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use idem_api::ReasonBody;
 use idem_core::model::Role;
@@ -88,21 +88,27 @@ pub async fn list_attempts(
     Ok(Json(AttemptsEnvelope { attempts }))
 }
 
-/// The append-only event history of a task.
-#[utoipa::path(get, path = "/v1/tasks/{id}/events", tag = "tasks", params(("id" = String, Path, description = "task id")),
-    responses((status = 200, body = EventsEnvelope), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")))]
+/// The append-only event history of a task; with `Accept: text/event-stream`
+/// a live stream of it (`id:` = `seq`, resumable with `Last-Event-ID`) that
+/// ends after the event that made the task terminal (SPEC §4, "Live events").
+#[utoipa::path(get, path = "/v1/tasks/{id}/events", tag = "tasks", params(("id" = String, Path, description = "task id"), ("Last-Event-ID" = Option<String>, Header, description = "with `Accept: text/event-stream`: the `seq` of the last event received; the stream starts after it")),
+    responses((status = 200, description = "The history, or with `Accept: text/event-stream` a stream of `Event` documents (`id:` = `seq`)", content((EventsEnvelope = "application/json"), (String = "text/event-stream"))), (status = 204, description = "`Accept: text/event-stream` on a terminal task with no event after `Last-Event-ID`: nothing more will come"), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")))]
 pub async fn list_events(
     State(st): St,
     caller: Caller,
     IdPath(id): IdPath,
-) -> AppResult<Json<EventsEnvelope>> {
+    headers: HeaderMap,
+) -> AppResult<Response> {
     caller.require(Role::Client)?;
+    if super::events::wants_stream(&headers) {
+        return super::events::task_stream(st, &caller, id, &headers).await;
+    }
     let events = caller
         .store(&st)
         .list_events(Some(&caller.0.tenant), id)
         .await?
         .map_err(|r| Problem::refused(r, no_task(id)))?;
-    Ok(Json(EventsEnvelope { events }))
+    Ok(Json(EventsEnvelope { events }).into_response())
 }
 
 /// Request cancellation (SPEC §2.7, CANCEL-01): 202 when recorded and pending, 200 when settled.

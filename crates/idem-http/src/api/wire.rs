@@ -25,6 +25,12 @@ pub type AttemptsEnvelope = idem_api::AttemptsEnvelope<Attempt>;
 /// `{"events": [...]}`.
 pub type EventsEnvelope = idem_api::EventsEnvelope<Event>;
 
+/// One event of the tenant feed.
+pub type FeedEvent = idem_api::FeedEvent<Event>;
+
+/// `{"events": [...], "next_cursor": "…"}`: a page of the tenant feed.
+pub type FeedPage = idem_api::FeedPage<FeedEvent>;
+
 /// Cancel response.
 pub type CancelResponse = idem_api::CancelResponse<Task, Cancellation>;
 

@@ -19,7 +19,8 @@
 //! [`submit::SubmitPlan`]), [`claim`], [`attempts`] (heartbeats,
 //! acknowledgments, reports), [`tasks`] (reads, cancellation, delivery),
 //! [`search`] (a tenant's tasks in pages), [`operator`] (an admin's
-//! retry-now, cancel, resolve, redrive) and [`sweep`].
+//! retry-now, cancel, resolve, redrive), [`feed`] (a task's history with its
+//! state, the tenant feed) and [`sweep`].
 
 use std::future::Future;
 use std::sync::Arc;
@@ -33,6 +34,7 @@ use crate::{Refusal, Result, StoreError, Tx};
 
 pub mod attempts;
 pub mod claim;
+pub mod feed;
 pub mod keys;
 pub mod search;
 pub mod operator;
@@ -42,6 +44,7 @@ pub mod tasks;
 
 pub use attempts::{Acknowledge, Heartbeat, Report};
 pub use claim::{Claim, ClaimRequest, Claimed};
+pub use feed::{ReadFeed, TaskHistory};
 pub use keys::{Authenticate, CreateApiKey, ListApiKeys, RevokeApiKey};
 pub use search::{SearchTasks, TaskCursor, TaskPage, TaskQuery};
 pub use operator::{OperatorCancel, Redrive, Resolve, RetryNow};
@@ -221,6 +224,10 @@ operations! {
     ListEvents,
     /// [`SearchTasks`].
     SearchTasks,
+    /// [`TaskHistory`].
+    TaskHistory,
+    /// [`ReadFeed`].
+    ReadFeed,
     /// [`Claim`].
     Claim,
     /// [`Heartbeat`].

@@ -8,6 +8,7 @@
 mod cancel;
 mod cli;
 mod contract;
+mod events;
 mod executor;
 mod grants;
 mod messages;

@@ -1,0 +1,357 @@
+//! Live events (SPEC §4, "Live events"): a task's events as a Server-Sent Events stream
+//! (`GET /v1/tasks/{id}/events` with `Accept: text/event-stream`), and the
+//! tenant feed (`GET /v1/events`) as JSON pages or as a stream.
+//!
+//! A stream sends what is stored after the client's place (`Last-Event-ID`),
+//! then waits in [`may_have_new_events`] and reads again. Every read is an
+//! ordinary store read, so a stream sees only committed events, and resuming
+//! from the last `id:` it received neither skips nor repeats one (task
+//! streams: `id:` is the event's `seq`; the feed: the event's cursor,
+//! [`idem_store::feed`]). A stream ends when the server drains; a task's
+//! stream also ends after the event that made the task terminal.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::Stream;
+use idem_core::model::{Event, Role, Task};
+use idem_store::Store;
+use idem_store::feed::{FeedCursor, FeedEvent};
+use serde::Deserialize;
+use utoipa::IntoParams;
+use uuid::Uuid;
+
+use super::no_task;
+use super::wire::{self, FeedPage};
+use crate::auth::Caller;
+use crate::problem::Problem;
+use crate::{AppResult, AppState, St};
+
+/// How long a stream waits at most before it reads again when nothing woke
+/// it: events committed by another instance (or by a transition that does not
+/// notify this one) reach a stream within this bound.
+pub const EVENTS_RECHECK: Duration = Duration::from_millis(250);
+
+/// Default feed page size.
+pub const DEFAULT_FEED_LIMIT: i64 = 100;
+
+/// Waits until `tenant` (and, for a task stream, `task`) may have new
+/// events: this process's work notification ([`AppState::work`]: submits,
+/// non-terminal reports, sweeps), [`AppState::drain`], or [`EVENTS_RECHECK`]
+/// at most. A wake-up without new events costs one read. This is the one
+/// place a stream waits; a committed-change notification that crosses
+/// instances replaces its body.
+pub(crate) async fn may_have_new_events(st: &AppState, tenant: &str, task: Option<Uuid>) {
+    let _ = (tenant, task);
+    let notified = st.work.notified();
+    if st.is_draining() {
+        return;
+    }
+    let _ = tokio::time::timeout(EVENTS_RECHECK, notified).await;
+}
+
+/// Whether the request asks for a stream (`Accept` names `text/event-stream`).
+pub(crate) fn wants_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|m| {
+            m.split(';')
+                .next()
+                .is_some_and(|t| t.trim().eq_ignore_ascii_case("text/event-stream"))
+        })
+}
+
+/// The `Last-Event-ID` header, when present.
+fn last_event_id(headers: &HeaderMap) -> AppResult<Option<&str>> {
+    headers
+        .get("last-event-id")
+        .map(|v| {
+            v.to_str()
+                .map(str::trim)
+                .map_err(|_| Problem::invalid("`Last-Event-ID` must be visible ASCII"))
+        })
+        .transpose()
+}
+
+fn sse<S>(stream: S) -> Response
+where
+    S: Stream<Item = Result<SseEvent, Infallible>> + Send + 'static,
+{
+    Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+/// An SSE event with `id:` and the JSON of `data`.
+fn sse_event(id: String, data: &impl serde::Serialize) -> SseEvent {
+    match serde_json::to_string(data) {
+        Ok(json) => SseEvent::default().id(id).data(json),
+        // Records of the store always serialize; keep the id in any case.
+        Err(_) => SseEvent::default().id(id).data("{}"),
+    }
+}
+
+/// Of a task read with its whole history, the events to send after `last`
+/// (`seq`) and whether the stream ends after them. It ends when the task is
+/// terminal: after the last event that made it terminal
+/// ([`idem_core::model::EventKind::ends_task`]), or, when the client already
+/// has that one, after the events stored since.
+fn next_events(task: &Task, history: Vec<Event>, last: i64) -> (Vec<Event>, bool) {
+    let after = |upto: i64| -> Vec<Event> {
+        history
+            .iter()
+            .filter(|e| e.seq > last && e.seq <= upto)
+            .cloned()
+            .collect()
+    };
+    if !task.state.is_terminal() {
+        return (after(i64::MAX), false);
+    }
+    let end = history
+        .iter()
+        .rev()
+        .find(|e| e.kind.ends_task())
+        .map(|e| e.seq)
+        .filter(|seq| *seq > last)
+        .unwrap_or(i64::MAX);
+    (after(end), true)
+}
+
+/// The live stream of task `id` after `last`, answered once the first read
+/// succeeded (404 and 503 as for the JSON list): 204 No Content for a
+/// terminal task with nothing after `last` (an EventSource does not
+/// reconnect after a 204).
+pub(crate) async fn task_stream(
+    st: AppState,
+    caller: &Caller,
+    id: Uuid,
+    headers: &HeaderMap,
+) -> AppResult<Response> {
+    let last = match last_event_id(headers)? {
+        None => 0,
+        Some(v) => v.parse::<i64>().ok().filter(|s| *s >= 0).ok_or_else(|| {
+            Problem::invalid("`Last-Event-ID` of a task stream must be an event's `seq`")
+        })?,
+    };
+    let store = caller.store(&st);
+    let tenant = caller.0.tenant.clone();
+    let (task, history) = store
+        .task_history(Some(&tenant), id)
+        .await?
+        .map_err(|r| Problem::refused(r, no_task(id)))?;
+    let (first, ending) = next_events(&task, history, last);
+    if ending && first.is_empty() {
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    }
+    let state = TaskStream {
+        st,
+        store,
+        tenant,
+        id,
+        last,
+        pending: first.into(),
+        ending,
+    };
+    Ok(sse(futures::stream::unfold(state, TaskStream::next)))
+}
+
+/// A task stream between two events.
+struct TaskStream {
+    st: AppState,
+    store: Store,
+    tenant: String,
+    id: Uuid,
+    /// The `seq` of the last event sent.
+    last: i64,
+    /// Read, not sent yet.
+    pending: VecDeque<Event>,
+    /// Whether the stream ends once `pending` is sent.
+    ending: bool,
+}
+
+impl TaskStream {
+    async fn next(mut self) -> Option<(Result<SseEvent, Infallible>, TaskStream)> {
+        loop {
+            if self.st.is_draining() {
+                return None;
+            }
+            if let Some(e) = self.pending.pop_front() {
+                self.last = e.seq;
+                return Some((Ok(sse_event(e.seq.to_string(), &e)), self));
+            }
+            if self.ending {
+                return None;
+            }
+            may_have_new_events(&self.st, &self.tenant, Some(self.id)).await;
+            if self.st.is_draining() {
+                return None;
+            }
+            match self.store.task_history(Some(&self.tenant), self.id).await {
+                Ok(Ok((task, history))) => {
+                    let (events, ending) = next_events(&task, history, self.last);
+                    self.pending.extend(events);
+                    self.ending = ending;
+                }
+                // The client resumes with `Last-Event-ID`.
+                Ok(Err(_)) => return None,
+                Err(e) => {
+                    tracing::warn!(task_id = %self.id, error = %e, "task event stream ended: store failure");
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+/// `GET /v1/events` query.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct FeedQuery {
+    /// Read the events after this cursor (an event's `cursor` or a page's
+    /// `next_cursor`; absent: from the first event kept). With
+    /// `Accept: text/event-stream`, a `Last-Event-ID` header takes its place.
+    pub after: Option<String>,
+    /// Most events per page, 1–1000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<i64>,
+}
+
+/// The tenant's event feed: every event of the caller's tenant (of the
+/// classes its key is granted) in commit order, each with its task, class and
+/// cursor. JSON pages; with `Accept: text/event-stream` a stream whose `id:`
+/// is each event's cursor (resumable with `Last-Event-ID`).
+#[utoipa::path(get, path = "/v1/events", tag = "tasks", params(FeedQuery),
+    responses((status = 200, description = "A page of the feed, or with `Accept: text/event-stream` a stream of `FeedEvent` documents (`id:` = cursor)", content((FeedPage = "application/json"), (String = "text/event-stream"))), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")))]
+pub async fn tenant_feed(
+    State(st): St,
+    caller: Caller,
+    headers: HeaderMap,
+    q: Result<Query<FeedQuery>, QueryRejection>,
+) -> AppResult<Response> {
+    caller.require(Role::Client)?;
+    let Query(q) = q.map_err(|e| Problem::invalid(e.body_text()))?;
+    let limit = q.limit.unwrap_or(DEFAULT_FEED_LIMIT);
+    if !(1..=idem_store::ops::feed::MAX_FEED_PAGE).contains(&limit) {
+        return Err(Problem::invalid(format!(
+            "`limit` must be 1–{}",
+            idem_store::ops::feed::MAX_FEED_PAGE
+        )));
+    }
+    let stream = wants_stream(&headers);
+    let from = match (stream, last_event_id(&headers)?) {
+        (true, Some(id)) => Some(id),
+        _ => q.after.as_deref(),
+    };
+    let after = match from {
+        None => FeedCursor::START,
+        Some(c) => c
+            .parse::<FeedCursor>()
+            .map_err(|e| Problem::invalid(e.to_string()))?,
+    };
+    let store = caller.store(&st);
+    let tenant = caller.0.tenant.clone();
+    let page = store.feed(&tenant, after, limit).await?;
+    if !stream {
+        let next_cursor = page.last().map_or(after, |e| e.cursor).to_string();
+        let events = page.into_iter().map(wire_event).collect();
+        return Ok(Json(FeedPage {
+            events,
+            next_cursor,
+        })
+        .into_response());
+    }
+    let state = FeedStream {
+        st,
+        store,
+        tenant,
+        after,
+        limit,
+        full: page.len() as i64 == limit,
+        pending: page.into(),
+    };
+    Ok(sse(futures::stream::unfold(state, FeedStream::next)))
+}
+
+fn wire_event(e: FeedEvent) -> wire::FeedEvent {
+    wire::FeedEvent {
+        cursor: e.cursor.to_string(),
+        task_id: e.task_id,
+        operation: e.operation,
+        event: e.event,
+    }
+}
+
+/// A feed stream between two events.
+struct FeedStream {
+    st: AppState,
+    store: Store,
+    tenant: String,
+    /// The cursor of the last event sent (or the start).
+    after: FeedCursor,
+    limit: i64,
+    /// Whether the last page was full (read the next one at once).
+    full: bool,
+    /// Read, not sent yet.
+    pending: VecDeque<FeedEvent>,
+}
+
+impl FeedStream {
+    async fn next(mut self) -> Option<(Result<SseEvent, Infallible>, FeedStream)> {
+        loop {
+            if self.st.is_draining() {
+                return None;
+            }
+            if let Some(e) = self.pending.pop_front() {
+                self.after = e.cursor;
+                let e = wire_event(e);
+                return Some((Ok(sse_event(e.cursor.clone(), &e)), self));
+            }
+            if !self.full {
+                may_have_new_events(&self.st, &self.tenant, None).await;
+                if self.st.is_draining() {
+                    return None;
+                }
+            }
+            match self.store.feed(&self.tenant, self.after, self.limit).await {
+                Ok(page) => {
+                    self.full = page.len() as i64 == self.limit;
+                    self.pending.extend(page);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "event feed stream ended: store failure");
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accept_names_the_event_stream_among_others() {
+        let mut h = HeaderMap::new();
+        assert!(!wants_stream(&h));
+        h.insert(header::ACCEPT, "application/json".parse().unwrap());
+        assert!(!wants_stream(&h));
+        h.insert(
+            header::ACCEPT,
+            "application/json;q=0.5, Text/Event-Stream;q=1"
+                .parse()
+                .unwrap(),
+        );
+        assert!(wants_stream(&h));
+    }
+}

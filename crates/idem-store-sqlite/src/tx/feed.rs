@@ -1,0 +1,106 @@
+//! Events and the tenant feed on SQLite ([`idem_store::feed`]): each event
+//! row carries its task's tenant and class and a global `position`, one more
+//! than the largest stored (the unique index `events_position` makes that a
+//! single index probe). The one writer commits one transaction at a time and
+//! readers see whole commits, so a reader paging by position never sees an
+//! event appear below the last one it read.
+
+use idem_core::model::{Event, Timestamp};
+use idem_store::StoreError;
+use idem_store::feed::{FeedCursor, FeedEvent};
+use rusqlite::params;
+use uuid::Uuid;
+
+use super::{SqliteTx, db, decode, from_json, to_json, uuid, word};
+
+/// One event of task `?1` (`seq`, `type`, `at`, `data`: `?2`–`?5`) with the
+/// task's tenant and class and the next position. Inserts no row when the
+/// task does not exist.
+const EVENT_INSERT: &str = "INSERT INTO events (task_id, seq, type, at, data, tenant, operation, position) \
+     SELECT ?1, ?2, ?3, ?4, ?5, t.tenant, t.operation, \
+            (SELECT coalesce(max(position), 0) + 1 FROM events) \
+     FROM tasks t WHERE t.id = ?1";
+
+/// Tenant `?1`'s events after position `?2`, of the classes in the JSON array
+/// `?3` (NULL: all), by position, at most `?4`.
+const FEED_PAGE: &str = "SELECT task_id, seq, type, at, data, operation, position FROM events \
+     WHERE tenant = ?1 AND position > ?2 \
+       AND (?3 IS NULL OR operation IN (SELECT value FROM json_each(?3))) \
+     ORDER BY position LIMIT ?4";
+
+impl SqliteTx<'_> {
+    /// Appends `events` of `task_id` (the task row must exist).
+    pub(super) fn append_events(
+        &mut self,
+        task_id: Uuid,
+        events: &[Event],
+    ) -> Result<(), StoreError> {
+        let mut stmt = self.conn.prepare_cached(EVENT_INSERT).map_err(db)?;
+        let id = task_id.to_string();
+        for e in events {
+            let data = to_json(&e.data)?;
+            let n = stmt
+                .execute(params![id, e.seq, e.kind.as_str(), e.at.0, data])
+                .map_err(db)?;
+            if n != 1 {
+                return Err(StoreError::Corrupt(format!(
+                    "event {} of task {task_id}: the task row is missing",
+                    e.seq
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The history of `task_id`, by sequence.
+    pub(super) fn history(&mut self, task_id: Uuid) -> Result<Vec<Event>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT seq, type, at, data FROM events WHERE task_id = ?1 ORDER BY seq",
+            )
+            .map_err(db)?;
+        let rows = stmt
+            .query_map([task_id.to_string()], |r| {
+                Ok(Event {
+                    seq: r.get(0)?,
+                    kind: word(&r.get::<_, String>(1)?)?,
+                    at: Timestamp(r.get(2)?),
+                    data: from_json(&r.get::<_, String>(3)?)?,
+                })
+            })
+            .map_err(db)?;
+        rows.collect::<rusqlite::Result<Vec<_>>>().map_err(decode)
+    }
+
+    /// A page of the tenant feed ([`idem_store::Tx::feed`]).
+    pub(super) fn feed_page(
+        &mut self,
+        tenant: &str,
+        operations: Option<&[String]>,
+        after: FeedCursor,
+        limit: i64,
+    ) -> Result<Vec<FeedEvent>, StoreError> {
+        let classes = operations.map(|o| to_json(&o)).transpose()?;
+        let mut stmt = self.conn.prepare_cached(FEED_PAGE).map_err(db)?;
+        let rows = stmt
+            .query_map(params![tenant, after.position, classes, limit], |r| {
+                Ok(FeedEvent {
+                    task_id: uuid(&r.get::<_, String>(0)?)?,
+                    event: Event {
+                        seq: r.get(1)?,
+                        kind: word(&r.get::<_, String>(2)?)?,
+                        at: Timestamp(r.get(3)?),
+                        data: from_json(&r.get::<_, String>(4)?)?,
+                    },
+                    operation: r.get(5)?,
+                    cursor: FeedCursor {
+                        txid: 0,
+                        position: r.get(6)?,
+                    },
+                })
+            })
+            .map_err(db)?;
+        rows.collect::<rusqlite::Result<Vec<_>>>().map_err(decode)
+    }
+}
