@@ -321,7 +321,7 @@ async fn migrations_run_once_and_are_idempotent() {
     for h in handles {
         applied.extend(h.await.unwrap().unwrap());
     }
-    assert_eq!(applied, vec![1, 2, 3, 4], "each migration once, in order");
+    assert_eq!(applied, versions_from(1), "each migration once, in order");
     assert!(idem_store_postgres::migrate(&url).await.unwrap().is_empty());
     connect(&url, PgOptions::default()).await.unwrap();
 }
@@ -1043,7 +1043,7 @@ async fn migration_three_does_not_deadlock_with_an_old_claim() {
         .await
         .unwrap();
     old.batch_execute("COMMIT").await.unwrap();
-    assert_eq!(migration.await.unwrap().unwrap(), vec![3, 4]);
+    assert_eq!(migration.await.unwrap().unwrap(), versions_from(3));
 }
 
 /// A migration that cannot get its table lock within
@@ -1105,7 +1105,7 @@ async fn migration_gives_up_on_a_held_table_lock_and_applies_later() {
     old.batch_execute("COMMIT").await.unwrap();
     assert_eq!(
         idem_store_postgres::migrate(&url).await.unwrap(),
-        vec![3, 4]
+        versions_from(3)
     );
 }
 
@@ -1530,10 +1530,20 @@ async fn unknown_words_in_stored_rows_are_corrupt() {
     .unwrap();
     assert!(corrupt(store.list_attempts(None, task).await.unwrap_err()));
     db.execute(
-        "INSERT INTO events (task_id, seq, type, at, data) VALUES ($1, 1000, 'nope', 0, '{}')",
+        "INSERT INTO events (task_id, seq, type, at, data, tenant, operation) \
+         VALUES ($1, 1000, 'nope', 0, '{}', 'acme', 'payment.release')",
         &[&task],
     )
     .await
     .unwrap();
     assert!(corrupt(store.list_events(None, task).await.unwrap_err()));
+}
+
+/// This binary's migration versions from `first` on, in order.
+fn versions_from(first: i32) -> Vec<i32> {
+    idem_store_postgres::MIGRATIONS
+        .iter()
+        .map(|(v, _)| *v)
+        .filter(|v| *v >= first)
+        .collect()
 }

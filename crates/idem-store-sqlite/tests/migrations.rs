@@ -169,6 +169,28 @@ async fn older_file_migrates_to_latest(version: usize) {
             now.control.event_seq
         );
     }
+    // Migration 6 gave the copied events their tenant, class and positions:
+    // the feed holds every one, each task's in `seq` order.
+    let feed = store
+        .feed("acme", idem_store::feed::FeedCursor::START, 100)
+        .await
+        .expect("feed");
+    let mut expected = 0;
+    for (id, was) in ids.iter().zip(&before) {
+        let seqs: Vec<i64> = feed
+            .iter()
+            .filter(|e| e.task_id == *id)
+            .map(|e| e.event.seq)
+            .collect();
+        assert_eq!(seqs, (1..=was.control.event_seq).collect::<Vec<_>>());
+        assert!(
+            feed.iter()
+                .filter(|e| e.task_id == *id)
+                .all(|e| e.operation == was.operation)
+        );
+        expected += seqs.len();
+    }
+    assert_eq!(feed.len(), expected);
     assert_eq!(
         store
             .list_attempts(None, ids[0])
@@ -253,7 +275,8 @@ async fn up_to_date_file_opens_without_a_foreign_key_scan() {
         let conn = Connection::open(&path).unwrap();
         conn.pragma_update(None, "foreign_keys", false).unwrap();
         conn.execute(
-            "INSERT INTO events (task_id, seq, type, at, data) VALUES ('no-such-task', 1, 'x', 0, '{}')",
+            "INSERT INTO events (task_id, seq, type, at, data, tenant, operation, position) \
+             VALUES ('no-such-task', 1, 'x', 0, '{}', 'acme', 'x', 1)",
             [],
         )
         .unwrap();

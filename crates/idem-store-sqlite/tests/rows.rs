@@ -40,7 +40,8 @@ async fn unknown_words_in_stored_rows_are_corrupt() {
     .unwrap();
     assert!(corrupt(store.list_attempts(None, task).await.unwrap_err()));
     db.execute(
-        "INSERT INTO events (task_id, seq, type, at, data) VALUES (?1, 1000, 'nope', 0, '{}')",
+        "INSERT INTO events (task_id, seq, type, at, data, tenant, operation, position) \
+         VALUES (?1, 1000, 'nope', 0, '{}', 'acme', 'payment.release', 1000000)",
         [&task_id],
     )
     .unwrap();
