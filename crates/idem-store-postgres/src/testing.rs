@@ -477,6 +477,18 @@ async fn drop_stale(client: &tokio_postgres::Client, now_secs: u64) {
     }
 }
 
+/// The statement and parameters of one search page ([`idem_store::ops::search`])
+/// for `tenant`, to look at its plan (`EXPLAIN`; docs/benchmarks.md).
+pub fn search_page_sql(
+    tenant: &str,
+    q: &idem_store::ops::TaskQuery,
+) -> (
+    String,
+    Vec<Box<dyn tokio_postgres::types::ToSql + Sync + Send>>,
+) {
+    crate::tx::search::page_sql(tenant, None, q)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -493,16 +505,4 @@ mod tests {
             "postgresql://u:p@h/x?sslmode=disable"
         );
     }
-}
-
-/// The statement and parameters of one search page ([`idem_store::ops::search`])
-/// for `tenant`, to look at its plan (`EXPLAIN`; docs/benchmarks.md).
-pub fn search_page_sql(
-    tenant: &str,
-    q: &idem_store::ops::TaskQuery,
-) -> (
-    String,
-    Vec<Box<dyn tokio_postgres::types::ToSql + Sync + Send>>,
-) {
-    crate::tx::search::page_sql(tenant, None, q)
 }

@@ -60,7 +60,7 @@ pub enum TasksAnswer {
     /// A search's page.
     Page(TasksPage),
     /// A lookup's task.
-    Task(TaskEnvelope),
+    Task(Box<TaskEnvelope>),
 }
 
 /// Search the caller's tenant's tasks, newest first, or look one up by scope.
@@ -78,7 +78,7 @@ pub async fn list_tasks(
         .collect();
     if pairs.iter().any(|(k, _)| k == "idempotency_key") {
         let Json(found) = super::tasks::lookup_task(State(st), caller, lookup).await?;
-        return Ok(Json(TasksAnswer::Task(found)).into_response());
+        return Ok(Json(TasksAnswer::Task(Box::new(found))).into_response());
     }
     caller.require(Role::Client)?;
     let query = read_query(&pairs)?;

@@ -10,7 +10,7 @@ use idem_core::model::{Role, Task, TaskState, Timestamp};
 use serde_json::json;
 use uuid::Uuid;
 
-use super::{NON_SAFE, SAFE, contract, failed, must, ok2, rep, succeeded};
+use super::{NON_SAFE, SAFE, contract, failed, must, ok2, rep};
 use crate::Store;
 use crate::ops::search::{TaskCursor, TaskQuery};
 use crate::ops::{ClaimRequest, Submission, SubmitOutcome};
@@ -116,7 +116,6 @@ async fn spread_states(store: &Store, tenant: &str, tasks: &[Task]) {
             ok2(store.cancel(tenant, t.id).await, "cancel");
         }
     }
-    let _ = succeeded;
 }
 
 /// Whether `t` matches `q` (the filters a walk is checked against).
@@ -294,7 +293,9 @@ pub async fn search_is_tenant_scoped_and_pages_each_task_once(store: Store) {
         },
     )
     .await;
-    let cursor = cursor.expect("tenant A has more than one page");
+    let Some(cursor) = cursor else {
+        panic!("tenant A has more than one page");
+    };
     let page = must(
         store
             .search_tasks(

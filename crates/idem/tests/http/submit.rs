@@ -743,7 +743,8 @@ async fn request_ids_problem_types_and_operational_endpoints() {
     srv.call(Method::GET, "/v1/tasks/x", None, None)
         .await
         .assert_problem(401, "UNAUTHENTICATED");
-    srv.get("/v1/tasks?operation=payment.release", &srv.keys.acme)
+    // A lookup needs both parameters (without `idempotency_key` it is a search).
+    srv.get("/v1/tasks?idempotency_key=k1", &srv.keys.acme)
         .await
         .assert_problem(400, "INVALID_REQUEST");
     // A class this server does not know is a bad request, as on submit.
