@@ -34,9 +34,9 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-mod search;
-mod operator;
 mod events;
+mod operator;
+mod search;
 mod types;
 
 pub use events::{EventStream, FeedEvent, FeedPage};

@@ -862,7 +862,7 @@ fn task_values(t: &Task) -> Result<Vec<rusqlite::types::Value>, StoreError> {
     Ok(values)
 }
 
-pub(crate) mod search;
 mod feed;
+pub(crate) mod search;
 #[cfg(test)]
 mod tests;
