@@ -11,15 +11,15 @@ use idem_store::conformance::{BENCH_TENANT, bench_pages, bench_template};
 use idem_store::ops::TaskQuery;
 use idem_store_postgres::testing;
 
-/// Copies task `template` `n` times: a tenth `queued`, the rest `succeeded`,
-/// one ms apart.
+/// Copies task `$1` `$2` times: a tenth `queued`, the rest `succeeded`, one
+/// ms apart; `$3` makes the ids and keys of this call distinct.
 const SEED: &str = "INSERT INTO tasks (id, tenant, operation, idempotency_key, fingerprint, canonical_request, params, \
      state, generation, version, event_seq, attempt_count, execute_count, usage, contract_id, api_key_id, next_kind, \
      ready_at, deadline_at, created_at, updated_at) \
-     SELECT md5(t.id::text || g)::uuid, t.tenant, t.operation, 'bench-' || t.id || '-' || g, t.fingerprint, \
+     SELECT md5(t.id::text || '-' || $3::bigint || '-' || g)::uuid, t.tenant, t.operation, 'bench-' || $3::bigint || '-' || g, t.fingerprint, \
      t.canonical_request, t.params, CASE WHEN g % 10 = 0 THEN 'queued' ELSE 'succeeded' END, t.generation, t.version, \
      t.event_seq, t.attempt_count, t.execute_count, t.usage, t.contract_id, t.api_key_id, t.next_kind, t.ready_at, \
-     t.deadline_at, t.created_at - 100000000 + g, t.updated_at \
+     t.deadline_at, t.created_at - 100000000 * $3::bigint + g, t.updated_at \
      FROM tasks t, generate_series(1, $2::bigint) g WHERE t.id = $1";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -35,10 +35,10 @@ async fn search_page_latency() {
         .unwrap();
     tokio::spawn(conn);
     let mut held = 1;
-    for n in [10_000_i64, 1_000_000] {
+    for (round, n) in [10_000_i64, 1_000_000].into_iter().enumerate() {
         let t = std::time::Instant::now();
         client
-            .execute(SEED, &[&template, &(n - held)])
+            .execute(SEED, &[&template, &(n - held), &(round as i64 + 1)])
             .await
             .unwrap();
         client.batch_execute("VACUUM ANALYZE tasks").await.unwrap();
