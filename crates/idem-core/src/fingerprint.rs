@@ -327,7 +327,7 @@ mod tests {
     use proptest::sample::Index;
     use serde_json::json;
 
-    fn ptrs(list: &[&str]) -> Vec<JsonPointer> {
+    pub(super) fn ptrs(list: &[&str]) -> Vec<JsonPointer> {
         list.iter()
             .map(|p| JsonPointer::parse(p).unwrap())
             .collect()

@@ -90,15 +90,10 @@ fn same_scalar(x: &Value, y: &Value) -> bool {
 mod tests {
     use super::*;
     use crate::fingerprint::canonical_request;
+    use crate::fingerprint::tests::ptrs;
     use crate::json::{parse_strict, tests::arb_value};
     use proptest::prelude::*;
     use serde_json::json;
-
-    fn ptrs(list: &[&str]) -> Vec<JsonPointer> {
-        list.iter()
-            .map(|p| JsonPointer::parse(p).unwrap())
-            .collect()
-    }
 
     fn texts(v: Vec<JsonPointer>) -> Vec<String> {
         v.into_iter().map(|p| p.0).collect()
