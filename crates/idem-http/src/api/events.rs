@@ -46,8 +46,8 @@ pub const DEFAULT_FEED_LIMIT: i64 = 100;
 /// events: this process's work notification ([`AppState::work`]: submits,
 /// non-terminal reports, sweeps), [`AppState::drain`], or [`EVENTS_RECHECK`]
 /// at most. A wake-up without new events costs one read. This is the one
-/// place a stream waits; a committed-change notification that crosses
-/// instances replaces its body.
+/// place a stream waits: events committed by another instance reach it
+/// within [`EVENTS_RECHECK`].
 pub(crate) async fn may_have_new_events(st: &AppState, tenant: &str, task: Option<Uuid>) {
     let _ = (tenant, task);
     let notified = st.work.notified();
