@@ -379,6 +379,27 @@ impl EventKind {
             EventKind::Delivered | EventKind::TaskFailed | EventKind::CancelConfirmed
         )
     }
+
+    /// Whether the transition that writes this event may leave its task
+    /// claimable (`queued`, `reconciling` without a live attempt, or
+    /// `retry_wait` whose backoff ends): a waiting executor of the task's
+    /// class is woken for it (SPEC §4, "Waiting executors at fleet scale").
+    /// Erring towards `true` costs a claim query; towards `false`, a wait
+    /// until the claim's bounded re-check.
+    pub fn may_make_claimable(self) -> bool {
+        matches!(
+            self,
+            EventKind::TaskSubmitted
+                | EventKind::RetryScheduled
+                | EventKind::TaskWoken
+                | EventKind::ReconciliationRequired
+                | EventKind::LeaseExpired
+                | EventKind::Reconciled
+                | EventKind::OperatorRetryNow
+                | EventKind::OperatorRedriven
+                | EventKind::OperatorResolved
+        )
+    }
 }
 
 word_enum! {

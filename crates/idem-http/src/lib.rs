@@ -18,7 +18,6 @@
 #![allow(clippy::result_large_err)]
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, State};
@@ -27,7 +26,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use idem_core::config::Config;
 use idem_store::Store;
-use tokio::sync::Notify;
+use tokio::sync::watch;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
@@ -35,11 +34,13 @@ use utoipa_axum::routes;
 
 mod api;
 pub mod auth;
+pub mod claims;
 mod openapi;
 pub mod prepared;
 pub mod problem;
 mod serve;
 mod service_metrics;
+pub mod wait;
 
 pub use api::search::read_query as read_task_query;
 pub use api::wire::{ClaimBody, HeartbeatBody, ReportBody, SubmitBody};
@@ -64,8 +65,8 @@ pub struct AppState {
     pub store: Store,
     /// The configuration: operation classes and their contracts.
     pub config: Arc<Config>,
-    /// Wakes long-polling claims when work may have appeared in this process.
-    pub work: Arc<Notify>,
+    /// The long-poll claims waiting in this process ([`claims`]).
+    pub claims: Arc<claims::ClaimHub>,
     /// The contract of each operation class, built once from `config` (its
     /// `config_version` is a SHA-256 of the whole configuration).
     pub contracts: Arc<std::collections::HashMap<String, idem_core::contract::FrozenContract>>,
@@ -75,9 +76,9 @@ pub struct AppState {
     /// [`prepared::PreparedBodies`]).
     pub prepared: Arc<prepared::PreparedBodies>,
     /// Set by [`AppState::drain`] when the server shuts down: long-polling
-    /// claims answer at once instead of holding the shutdown for up to
-    /// [`MAX_WAIT_MS`].
-    draining: Arc<AtomicBool>,
+    /// claims, `Prefer: wait` and event streams answer or end at once
+    /// instead of holding the shutdown.
+    draining: Arc<watch::Sender<bool>>,
 }
 
 impl AppState {
@@ -96,27 +97,33 @@ impl AppState {
         AppState {
             store,
             config: Arc::new(config),
-            work: Arc::new(Notify::new()),
+            claims: Arc::new(claims::ClaimHub::default()),
             contracts: Arc::new(contracts),
             keys: Arc::new(auth::KeyCache::default()),
             prepared: Arc::new(prepared::PreparedBodies::default()),
-            draining: Arc::new(AtomicBool::new(false)),
+            draining: Arc::new(watch::Sender::new(false)),
         }
     }
 
     /// Starts draining for a graceful shutdown: every waiting long-poll claim
     /// (`wait_ms`) answers now with what one more claim finds (often nothing),
-    /// and later claims do not wait. Call it when the shutdown signal arrives,
-    /// before the server stops taking requests, so the in-flight requests it
-    /// waits for end promptly.
+    /// every `Prefer: wait` answers with the task as it is, every event
+    /// stream ends, and later requests do not wait. Call it when the shutdown
+    /// signal arrives, before the server stops taking requests, so the
+    /// in-flight requests it waits for end promptly.
     pub fn drain(&self) {
-        self.draining.store(true, Ordering::SeqCst);
-        self.work.notify_waiters();
+        self.draining.send_replace(true);
     }
 
     /// Whether [`AppState::drain`] was called.
     pub fn is_draining(&self) -> bool {
-        self.draining.load(Ordering::SeqCst)
+        *self.draining.borrow()
+    }
+
+    /// Resolves once [`AppState::drain`] was called.
+    pub async fn drained(&self) {
+        let mut rx = self.draining.subscribe();
+        let _ = rx.wait_for(|draining| *draining).await;
     }
 }
 

@@ -42,6 +42,7 @@ use tokio::sync::mpsc;
 mod error;
 mod feed;
 mod migrate;
+mod notify;
 mod rows;
 mod run;
 mod target;
@@ -136,6 +137,9 @@ pub struct PgBackend {
     clock: Clock,
     /// The contracts this database is known to hold (shared with the submit lanes).
     stored: Arc<StoredContracts>,
+    /// Committed changes, heard on a listening connection of their own
+    /// (`notify.rs`).
+    listening: Arc<notify::Listening>,
 }
 
 /// How long [`connect`] waits for another instance that is applying
@@ -218,6 +222,10 @@ impl PgBackend {
     /// As [`connect`].
     pub async fn connect(url: &str, options: PgOptions) -> Result<PgBackend> {
         let (cfg, target) = session_config(url, &options)?;
+        let listening = Arc::new(notify::Listening::new(
+            cfg.clone(),
+            tls::connector(&target)?,
+        ));
         let manager = Manager::from_config(
             cfg,
             tls::connector(&target)?,
@@ -303,6 +311,7 @@ impl PgBackend {
             hints: (retry_lanes > 0).then(ScopeHints::new),
             clock: options.clock,
             stored,
+            listening,
         })
     }
 

@@ -19,6 +19,10 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (5, include_str!("../migrations/0005_task_search.sql")),
     (6, include_str!("../migrations/0006_event_feed.sql")),
     (7, include_str!("../migrations/0007_attempts_granted.sql")),
+    (
+        8,
+        include_str!("../migrations/0008_change_notifications.sql"),
+    ),
 ];
 
 /// How long a migration statement waits for a table lock, ms, before the

@@ -461,6 +461,10 @@ impl Backend for PgBackend {
     fn clock(&self) -> &Clock {
         &self.clock
     }
+
+    fn changes(&self) -> &idem_store::Changes {
+        &self.listening.changes
+    }
 }
 
 #[cfg(test)]

@@ -65,6 +65,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0005_task_search.sql"),
     include_str!("../migrations/0006_event_feed.sql"),
     include_str!("../migrations/0007_attempts_granted.sql"),
+    include_str!("../migrations/0008_change_notifications.sql"),
 ];
 
 /// Options of the SQLite store.
@@ -90,6 +91,8 @@ pub struct SqliteBackend {
     options: SqliteOptions,
     /// The database file as opened; checked around every commit.
     watch: Arc<FileWatch>,
+    /// The writer publishes each committed batch's events here.
+    changes: idem_store::Changes,
 }
 
 fn unavailable(e: impl std::fmt::Display) -> StoreError {
@@ -325,9 +328,13 @@ impl SqliteBackend {
         let (tx, rx) = batch::queue();
         let writer_watch = Arc::clone(&watch);
         let writer_options = options.clone();
+        let changes = idem_store::Changes::new();
+        let publisher = changes.publisher();
         std::thread::Builder::new()
             .name("idem-sqlite-writer".into())
-            .spawn(move || writer::writer_loop(writer, &rx, &writer_options, &writer_watch))
+            .spawn(move || {
+                writer::writer_loop(writer, &rx, &writer_options, &writer_watch, &publisher)
+            })
             .map_err(unavailable)?;
         let (retries, retry_rx) = batch::queue();
         let writes = tx.clone();
@@ -346,6 +353,7 @@ impl SqliteBackend {
             })
             .map_err(unavailable)?;
         Ok(SqliteBackend {
+            changes,
             writer: tx,
             retries,
             hints: ScopeHints::new(),

@@ -37,6 +37,9 @@ fn corrupt(e: impl std::fmt::Display) -> StoreError {
 pub(crate) struct SqliteTx<'a> {
     pub(crate) conn: &'a mut Connection,
     pub(crate) options: &'a SqliteOptions,
+    /// The events this transaction (or savepoint) wrote, published once it
+    /// committed ([`idem_store::changes`]).
+    pub(crate) notes: Vec<idem_store::Change>,
 }
 
 fn to_json<T: Serialize>(v: &T) -> Result<String, StoreError> {

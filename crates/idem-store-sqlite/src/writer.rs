@@ -6,10 +6,11 @@ use std::sync::{Arc, Mutex};
 
 use futures::FutureExt;
 use idem_store::batch::{self, Queue};
+use idem_store::changes::Publisher;
 use idem_store::ops::{
     Call, Operation, Pending, Runner, Submission, Submit, SubmitOutcome, SubmitPlan,
 };
-use idem_store::{Backend, BoxFuture, Clock, Op, StoreError, retries};
+use idem_store::{Backend, BoxFuture, Change, Clock, Op, StoreError, retries};
 use rusqlite::Connection;
 use tokio::sync::mpsc;
 
@@ -41,9 +42,12 @@ pub(crate) fn writer_loop(
     queue: &Queue<Op>,
     options: &SqliteOptions,
     watch: &FileWatch,
+    changes: &Publisher,
 ) {
     while let Some(batch) = futures::executor::block_on(queue.next_batch(MAX_BATCH, 0, || {})) {
-        run_batch(&mut conn, batch, options, watch);
+        for change in run_batch(&mut conn, batch, options, watch) {
+            changes.publish(change);
+        }
     }
 }
 
@@ -114,6 +118,7 @@ fn in_read_tx<R>(
     let res = f(&mut SqliteTx {
         conn: &mut *conn,
         options,
+        notes: Vec::new(),
     });
     if let Err(e) = control(conn, "COMMIT") {
         let _ = control(conn, "ROLLBACK");
@@ -126,22 +131,28 @@ fn in_read_tx<R>(
 /// most three times in all) when it meets [`StoreError::Contention`]; a
 /// failed run is rolled back to the savepoint, so it leaves nothing. When an
 /// error ended the whole transaction (SQLITE_FULL, SQLITE_IOERR …;
-/// `conn.is_autocommit()` afterwards), that error is returned at once.
+/// `conn.is_autocommit()` afterwards), that error is returned at once. The
+/// events of a run that was released are added to `notes`.
 fn in_savepoint<R>(
     conn: &mut Connection,
     options: &SqliteOptions,
+    notes: &mut Vec<Change>,
     mut work: impl FnMut(&mut SqliteTx<'_>) -> Result<R, StoreError>,
 ) -> Result<R, StoreError> {
     control(conn, "SAVEPOINT op").map_err(db)?;
     let mut attempts = 0;
     loop {
-        let res = work(&mut SqliteTx {
+        let mut tx = SqliteTx {
             conn: &mut *conn,
             options,
-        });
+            notes: Vec::new(),
+        };
+        let res = work(&mut tx);
+        let written = std::mem::take(&mut tx.notes);
         match res {
             Ok(out) => {
                 control(conn, "RELEASE op").map_err(db)?;
+                notes.extend(written);
                 return Ok(out);
             }
             Err(e) => {
@@ -164,11 +175,12 @@ fn in_savepoint<R>(
 struct Savepoints<'c> {
     conn: &'c mut Connection,
     options: &'c SqliteOptions,
+    notes: &'c mut Vec<Change>,
 }
 
 impl Runner for Savepoints<'_> {
     async fn run<O: Operation>(&mut self, op: &O) -> Result<O::Reply, StoreError> {
-        in_savepoint(self.conn, self.options, |tx| ready(op.run(tx)))
+        in_savepoint(self.conn, self.options, self.notes, |tx| ready(op.run(tx)))
     }
 }
 
@@ -186,7 +198,8 @@ impl Runner for Reads<'_> {
 
 /// Runs one batch of the writer: one `BEGIN IMMEDIATE` transaction, each
 /// operation in its own savepoint (submits queued one after another together,
-/// [`run_submits`]), one `COMMIT`, and only then every answer. When the
+/// [`run_submits`]), one `COMMIT`, and only then every answer; returns the
+/// events it committed (none when nothing was). When the
 /// commit fails, or an error ended the whole transaction, every caller hears
 /// that nothing was written; so does every caller when the file was found
 /// removed or replaced ([`FileWatch::check`]) before the batch, before its
@@ -196,20 +209,21 @@ pub(crate) fn run_batch(
     batch: Vec<Op>,
     options: &SqliteOptions,
     watch: &FileWatch,
-) {
+) -> Vec<Change> {
     if let Err(e) = watch.check() {
         for op in batch {
             op.fail(e.clone());
         }
-        return;
+        return Vec::new();
     }
     if let Err(e) = control(conn, "BEGIN IMMEDIATE") {
         let err = db(e);
         for op in batch {
             op.fail(err.clone());
         }
-        return;
+        return Vec::new();
     }
+    let mut notes: Vec<Change> = Vec::new();
     let mut done: Vec<Pending> = Vec::with_capacity(batch.len());
     let mut submits: Vec<Call<Submit>> = Vec::new();
     let mut ended: Option<StoreError> = None;
@@ -228,6 +242,7 @@ pub(crate) fn run_batch(
                     options,
                     &mut done,
                     &mut ended,
+                    &mut notes,
                 );
                 if ended.is_some() {
                     not_run.push(op);
@@ -236,6 +251,7 @@ pub(crate) fn run_batch(
                 let pending = futures::executor::block_on(op.run_with(&mut Savepoints {
                     conn: &mut *conn,
                     options,
+                    notes: &mut notes,
                 }));
                 if conn.is_autocommit() {
                     ended = Some(
@@ -256,6 +272,7 @@ pub(crate) fn run_batch(
             options,
             &mut done,
             &mut ended,
+            &mut notes,
         );
     }
     // Some errors (SQLITE_FULL, SQLITE_IOERR, SQLITE_NOMEM …) roll back the
@@ -292,11 +309,13 @@ pub(crate) fn run_batch(
             for call in submits {
                 call.answer(Err(err.clone()));
             }
+            Vec::new()
         }
         None => {
             for pending in done {
                 pending.send();
             }
+            notes
         }
     }
 }
@@ -314,6 +333,7 @@ fn run_submits(
     options: &SqliteOptions,
     done: &mut Vec<Pending>,
     ended: &mut Option<StoreError>,
+    notes: &mut Vec<Change>,
 ) {
     if calls.is_empty() {
         return;
@@ -324,6 +344,7 @@ fn run_submits(
         conn,
         options,
         ended,
+        notes,
     };
     let results = futures::executor::block_on(batch::or_one_by_one(&subs, &mut run, |_| true));
     for (reply, result) in replies.into_iter().zip(results) {
@@ -338,6 +359,7 @@ struct SubmitsInSavepoint<'a> {
     conn: &'a mut Connection,
     options: &'a SqliteOptions,
     ended: &'a mut Option<StoreError>,
+    notes: &'a mut Vec<Change>,
 }
 
 impl batch::RunBatch<Submission> for SubmitsInSavepoint<'_> {
@@ -346,7 +368,7 @@ impl batch::RunBatch<Submission> for SubmitsInSavepoint<'_> {
         if let Some(e) = &*self.ended {
             return Err(e.clone());
         }
-        let res = in_savepoint(self.conn, self.options, |tx| {
+        let res = in_savepoint(self.conn, self.options, self.notes, |tx| {
             ready(SubmitPlan::run(tx, subs))
         });
         if let Err(e) = &res
@@ -459,6 +481,10 @@ impl Backend for SqliteBackend {
 
     fn clock(&self) -> &Clock {
         &self.options.clock
+    }
+
+    fn changes(&self) -> &idem_store::Changes {
+        &self.changes
     }
 }
 

@@ -143,6 +143,7 @@ macro_rules! store_conformance {
             operator_redrive_races_a_late_report,
             feed_readers_never_skip_while_writers_commit_concurrently,
             feed_is_scoped_to_tenant_and_grant,
+            committed_events_are_heard_with_tenant_class_and_task,
         );
     };
     (@cases $make:expr; $($case:ident),+ $(,)?) => {
@@ -157,6 +158,7 @@ macro_rules! store_conformance {
 
 mod audit;
 mod cancel;
+mod changes;
 mod claims;
 mod concurrency;
 mod failures;
@@ -168,6 +170,7 @@ mod search_bench;
 
 pub use audit::*;
 pub use cancel::*;
+pub use changes::*;
 pub use claims::*;
 pub use concurrency::*;
 pub use failures::*;

@@ -41,4 +41,8 @@ impl<B: Backend, G: Send + Sync + 'static> Backend for Guarded<B, G> {
     fn clock(&self) -> &Clock {
         self.backend.clock()
     }
+
+    fn changes(&self) -> &crate::Changes {
+        self.backend.changes()
+    }
 }

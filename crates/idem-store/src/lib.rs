@@ -15,6 +15,8 @@
 //!   fall back to one by one).
 //! - [`feed`]: the tenant event feed's cursor and events (how a page never
 //!   skips an event written by a concurrent transaction).
+//! - [`changes`]: the committed changes every instance hears (PostgreSQL
+//!   `LISTEN/NOTIFY`, in process on SQLite), which wake waiting requests.
 //! - [`clock`]: the [`Clock`] a backend reads its time through (real time,
 //!   or a test clock moved forward instead of sleeping).
 //! - [`retries`]: which scopes this process saw bound, and the read-only
@@ -41,6 +43,7 @@ use idem_core::model::{ApiKey, Attempt, Event, Evidence, Task, Timestamp};
 use uuid::Uuid;
 
 pub mod batch;
+pub mod changes;
 pub mod clock;
 #[cfg(feature = "conformance")]
 pub mod conformance;
@@ -52,6 +55,7 @@ pub mod retries;
 mod store;
 pub mod sweeper;
 
+pub use changes::{Change, Changes, Notice, Watch};
 pub use clock::Clock;
 pub use guarded::Guarded;
 pub use ops::Op;
@@ -389,6 +393,8 @@ pub trait Backend: Send + Sync + 'static {
     fn kind(&self) -> &'static str;
     /// The clock this backend reads its time through (every [`Tx::now`]).
     fn clock(&self) -> &Clock;
+    /// The committed changes of this database ([`changes`]).
+    fn changes(&self) -> &changes::Changes;
 }
 
 /// Business refusal of an operation (not a storage failure).

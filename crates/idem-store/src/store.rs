@@ -49,6 +49,12 @@ impl Store {
         self.backend.clock()
     }
 
+    /// The committed changes of this store's database: subscribe to wait for
+    /// a task or for work ([`crate::changes`]).
+    pub fn changes(&self) -> &crate::Changes {
+        self.backend.changes()
+    }
+
     /// Readiness probe.
     ///
     /// # Errors

@@ -4,10 +4,7 @@
 //! `metrics` facade: the server's recorder exports them) and its failures are
 //! logged.
 
-use std::sync::Arc;
 use std::time::Duration;
-
-use tokio::sync::Notify;
 
 use crate::Store;
 
@@ -22,7 +19,8 @@ pub const KEYS_RELEASED: &str = "idem_keys_released_total";
 const SWEEP_BATCH: i64 = 500;
 
 /// Runs one sweep (lease expiry, backoff wake-ups, retention) every `every` until
-/// `shutdown` resolves; `work` is notified when a sweep made work claimable.
+/// `shutdown` resolves. What a sweep makes claimable wakes waiting claims
+/// through the events it writes ([`crate::changes`]).
 /// Errors are retried on the next tick and logged (WARN `sweep failed`) when
 /// they differ from the previous sweep's, so a store that stays down (or a
 /// SQLite file removed under it, which fails every sweep) logs one line, not
@@ -30,7 +28,6 @@ const SWEEP_BATCH: i64 = 500;
 /// (INFO).
 pub async fn run_sweeper(
     store: Store,
-    work: Arc<Notify>,
     every: Duration,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
@@ -47,9 +44,6 @@ pub async fn run_sweeper(
             Ok(s) => {
                 if failing.take().is_some() {
                     tracing::info!("sweeps work again");
-                }
-                if s.expired + s.woken > 0 {
-                    work.notify_waiters();
                 }
                 // Only what happened: the series exist (at 0) from start-up
                 // (the server registers them), not from the first sweep.

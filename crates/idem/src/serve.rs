@@ -104,7 +104,6 @@ pub(crate) async fn serve(args: ServeArgs, store_args: StoreArgs) -> Result<()> 
     let store = open_store_waiting(&store_args, store_wait).await?;
     let version = config.version();
     let state = idem_http::AppState::new(store.clone(), config);
-    let work = state.work.clone();
     let draining = state.clone();
     // Before "listening" is printed: whoever starts us may signal from then on.
     let mut signals = ShutdownSignals::install()?;
@@ -137,9 +136,10 @@ pub(crate) async fn serve(args: ServeArgs, store_args: StoreArgs) -> Result<()> 
     // sweep's counts (after a restart, every lease that ran out meanwhile) are
     // recorded too; the router would install it only later.
     let _ = idem_http::metrics_handle();
+    // Listen for committed changes before the first request waits on them.
+    store.changes().start();
     let sweeper = tokio::spawn(idem_store::sweeper::run_sweeper(
-        store,
-        work,
+        store.clone(),
         Duration::from_millis(sweep_ms.max(10)),
         async move {
             let mut rx = stop_rx;
@@ -169,8 +169,8 @@ pub(crate) async fn serve(args: ServeArgs, store_args: StoreArgs) -> Result<()> 
     idem_http::serve(listener, idem_http::router(state), limits, async move {
         signals.next().await;
         tracing::info!("shutting down: answering open requests");
-        // Long-polling claims answer now, so the shutdown does not wait
-        // out their `wait_ms`.
+        // Long-polling claims, `Prefer: wait` and event streams answer or
+        // end now, so the shutdown does not wait them out.
         draining.drain();
         let _ = signalled.send(signals);
     })

@@ -78,7 +78,6 @@ impl Target {
         let (sweep_stop, sweep_stopped) = oneshot::channel::<()>();
         tokio::spawn(idem_store::sweeper::run_sweeper(
             store,
-            state.work.clone(),
             Duration::from_millis(50),
             async move {
                 let _ = sweep_stopped.await;

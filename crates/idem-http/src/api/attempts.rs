@@ -91,16 +91,30 @@ pub async fn claim(
         lease_ms: body.lease_ms,
     };
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
+    // A claim that may wait takes a seat among this instance's waiting claims
+    // (`crate::claims`): it queries only when woken or when its group is not
+    // known to be empty.
+    let seat = (wait_ms > 0 && !req.operations.is_empty())
+        .then(|| st.claims.join(&st.store, &req.tenant, &req.operations));
     // Whether the claim has found nothing once and waits (logged once).
     let mut waiting = false;
     loop {
-        let notified = st.work.notified();
-        let claimed = if req.operations.is_empty() {
-            Vec::new()
-        } else {
-            st.store.claim(req.clone()).await?
+        let claimed = match &seat {
+            _ if req.operations.is_empty() => Vec::new(),
+            None => st.store.claim(req.clone()).await?,
+            Some(seat) => {
+                let turn = seat.begin();
+                if turn.claim {
+                    let claimed = st.store.claim(req.clone()).await?;
+                    seat.end(turn, claimed.len(), max as usize);
+                    claimed
+                } else {
+                    Vec::new()
+                }
+            }
         };
-        if !claimed.is_empty() || tokio::time::Instant::now() >= deadline || st.is_draining() {
+        let done = !claimed.is_empty() || tokio::time::Instant::now() >= deadline;
+        if done || st.is_draining() {
             metrics::counter!("idem_attempts_leased_total").increment(claimed.len() as u64);
             let attempts = claimed
                 .into_iter()
@@ -122,9 +136,18 @@ pub async fn claim(
             waiting = true;
             tracing::debug!(executor_id = %req.executor_id, wait_ms, "claim waiting for work");
         }
-        // Other instances' work is not notified here: poll at least every 100 ms.
-        let nap = deadline.min(tokio::time::Instant::now() + Duration::from_millis(100));
-        let _ = tokio::time::timeout_at(nap, notified).await;
+        // Without a seat (no class granted) only the deadline or a drain ends it.
+        let woken = async {
+            match &seat {
+                Some(seat) => seat.woken().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = woken => {}
+            () = tokio::time::sleep_until(deadline) => {}
+            () = st.drained() => {}
+        }
     }
 }
 
@@ -218,9 +241,6 @@ pub async fn report(
     };
     REPORTS.increment(label);
     let task = res.map_err(|r| Problem::refused(r, no_attempt(attempt_id)))?;
-    if !task.state.is_terminal() {
-        st.work.notify_waiters();
-    }
     Ok(Json(TaskEnvelope { task }))
 }
 

@@ -3,7 +3,9 @@
 //! tenant feed (`GET /v1/events`) as JSON pages or as a stream.
 //!
 //! A stream sends what is stored after the client's place (`Last-Event-ID`),
-//! then waits in [`may_have_new_events`] and reads again. Every read is an
+//! then waits in [`may_have_new_events`] (a committed change of its task or
+//! tenant heard on the store's [`idem_store::changes`], from any instance)
+//! and reads again. Every read is an
 //! ordinary store read, so a stream sees only committed events, and resuming
 //! from the last `id:` it received neither skips nor repeats one (task
 //! streams: `id:` is the event's `seq`; the feed: the event's cursor,
@@ -22,8 +24,8 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::Stream;
 use idem_core::model::{Event, Role, Task};
-use idem_store::Store;
 use idem_store::feed::{FeedCursor, FeedEvent};
+use idem_store::{Notice, Store, Watch};
 use serde::Deserialize;
 use utoipa::IntoParams;
 use uuid::Uuid;
@@ -34,27 +36,49 @@ use crate::auth::Caller;
 use crate::problem::Problem;
 use crate::{AppResult, AppState, St};
 
-/// How long a stream waits at most before it reads again when nothing woke
-/// it: events committed by another instance (or by a transition that does not
-/// notify this one) reach a stream within this bound.
+/// How long a feed stream waits at most before it reads again when nothing
+/// woke it. On PostgreSQL an event joins the feed only once every older
+/// transaction has ended ([`idem_store::feed`]), which no notification
+/// announces: an event heard while an older transaction is still open
+/// reaches the stream within this bound after that transaction ends.
 pub const EVENTS_RECHECK: Duration = Duration::from_millis(250);
+
+/// How long a task stream waits at most before it reads again when it heard
+/// nothing (a lost notification costs at most this).
+pub const TASK_EVENTS_RECHECK: Duration = crate::wait::TASK_RECHECK;
 
 /// Default feed page size.
 pub const DEFAULT_FEED_LIMIT: i64 = 100;
 
 /// Waits until `tenant` (and, for a task stream, `task`) may have new
-/// events: this process's work notification ([`AppState::work`]: submits,
-/// non-terminal reports, sweeps), [`AppState::drain`], or [`EVENTS_RECHECK`]
+/// events: a committed event of that task (or of that tenant, for the feed)
+/// heard on `watch`, a [`Notice::Resync`], [`AppState::drain`], or `recheck`
 /// at most. A wake-up without new events costs one read. This is the one
-/// place a stream waits: events committed by another instance reach it
-/// within [`EVENTS_RECHECK`].
-pub(crate) async fn may_have_new_events(st: &AppState, tenant: &str, task: Option<Uuid>) {
-    let _ = (tenant, task);
-    let notified = st.work.notified();
-    if st.is_draining() {
-        return;
+/// place a stream waits.
+pub(crate) async fn may_have_new_events(
+    st: &AppState,
+    watch: &mut Watch,
+    tenant: &str,
+    task: Option<Uuid>,
+    recheck: Duration,
+) {
+    let deadline = tokio::time::Instant::now() + recheck;
+    let drained = st.drained();
+    tokio::pin!(drained);
+    loop {
+        tokio::select! {
+            () = &mut drained => return,
+            () = tokio::time::sleep_until(deadline) => return,
+            notice = watch.next() => match notice {
+                Notice::Resync => return,
+                Notice::Change(c) => {
+                    if c.tenant == tenant && task.is_none_or(|id| id == c.task_id) {
+                        return;
+                    }
+                }
+            },
+        }
     }
-    let _ = tokio::time::timeout(EVENTS_RECHECK, notified).await;
 }
 
 /// Whether the request asks for a stream (`Accept` names `text/event-stream`).
@@ -145,6 +169,8 @@ pub(crate) async fn task_stream(
     };
     let store = caller.store(&st);
     let tenant = caller.0.tenant.clone();
+    // Before the first read: an event committed after it is heard.
+    let watch = store.changes().subscribe();
     let (task, history) = store
         .task_history(Some(&tenant), id)
         .await?
@@ -155,6 +181,7 @@ pub(crate) async fn task_stream(
     }
     let state = TaskStream {
         st,
+        watch,
         store,
         tenant,
         id,
@@ -168,6 +195,7 @@ pub(crate) async fn task_stream(
 /// A task stream between two events.
 struct TaskStream {
     st: AppState,
+    watch: Watch,
     store: Store,
     tenant: String,
     id: Uuid,
@@ -192,7 +220,14 @@ impl TaskStream {
             if self.ending {
                 return None;
             }
-            may_have_new_events(&self.st, &self.tenant, Some(self.id)).await;
+            may_have_new_events(
+                &self.st,
+                &mut self.watch,
+                &self.tenant,
+                Some(self.id),
+                TASK_EVENTS_RECHECK,
+            )
+            .await;
             if self.st.is_draining() {
                 return None;
             }
@@ -260,6 +295,7 @@ pub async fn tenant_feed(
     };
     let store = caller.store(&st);
     let tenant = caller.0.tenant.clone();
+    let watch = stream.then(|| store.changes().subscribe());
     let page = store.feed(&tenant, after, limit).await?;
     if !stream {
         let next_cursor = page.last().map_or(after, |e| e.cursor).to_string();
@@ -271,6 +307,7 @@ pub async fn tenant_feed(
         .into_response());
     }
     let state = FeedStream {
+        watch: watch.unwrap_or_else(|| store.changes().subscribe()),
         st,
         store,
         tenant,
@@ -294,6 +331,7 @@ fn wire_event(e: FeedEvent) -> wire::FeedEvent {
 /// A feed stream between two events.
 struct FeedStream {
     st: AppState,
+    watch: Watch,
     store: Store,
     tenant: String,
     /// The cursor of the last event sent (or the start).
@@ -317,7 +355,14 @@ impl FeedStream {
                 return Some((Ok(sse_event(e.cursor.clone(), &e)), self));
             }
             if !self.full {
-                may_have_new_events(&self.st, &self.tenant, None).await;
+                may_have_new_events(
+                    &self.st,
+                    &mut self.watch,
+                    &self.tenant,
+                    None,
+                    EVENTS_RECHECK,
+                )
+                .await;
                 if self.st.is_draining() {
                     return None;
                 }

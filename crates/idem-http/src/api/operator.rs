@@ -51,7 +51,6 @@ pub async fn retry_now(
         .retry_now(Some(&caller.0.tenant), id, by)
         .await?
         .map_err(|r| Problem::refused(r, no_task(id)))?;
-    st.work.notify_waiters();
     Ok(Json(TaskEnvelope { task }))
 }
 
@@ -75,9 +74,6 @@ pub async fn resolve(
         .resolve(Some(&caller.0.tenant), id, by, resolution)
         .await?
         .map_err(|r| Problem::refused(r, no_task(id)))?;
-    if !task.state.is_terminal() {
-        st.work.notify_waiters();
-    }
     Ok(Json(TaskEnvelope { task }))
 }
 
@@ -136,6 +132,5 @@ pub async fn redrive(
         .redrive(Some(&caller.0.tenant), id, by)
         .await?
         .map_err(|r| Problem::refused(r, no_task(id)))?;
-    st.work.notify_waiters();
     Ok(Json(TaskEnvelope { task }))
 }

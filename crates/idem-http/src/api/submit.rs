@@ -33,13 +33,15 @@ fn request_id(headers: &HeaderMap) -> String {
 
 /// Submit a task with an `Idempotency-Key` (SPEC §2.1–2.3, IDEM-01).
 #[utoipa::path(post, path = "/v1/tasks", tag = "tasks",
-    params(("Idempotency-Key" = String, Header, description = "RFC 9651 sf-string (\"abc\") or bare token; the key is 1–255 visible ASCII", pattern = "^(\"[!-~]{1,255}\"|[!-~]{1,255})$")),
+    params(("Idempotency-Key" = String, Header, description = "RFC 9651 sf-string (\"abc\") or bare token; the key is 1–255 visible ASCII", pattern = "^(\"[!-~]{1,255}\"|[!-~]{1,255})$"),
+        ("Prefer" = Option<String>, Header, description = "`wait=N`: hold the answer (a replay's too) until the task is terminal or N seconds (at most 60) passed (RFC 7240)")),
     request_body = SubmitBody,
     responses(
         (status = 201, description = "Accepted, or a replay (`Idempotent-Replayed: true`)", body = SubmitResponse,
             headers(
                 ("Location" = String, description = "`/v1/tasks/{id}` of the task"),
                 ("Idempotent-Replayed" = String, description = "`true` when the answer is a replay of an earlier submit (absent otherwise)"),
+                ("Preference-Applied" = String, description = "`wait=N` when a `wait` preference was honoured"),
             )),
         (status = 400, description = "IDEMPOTENCY_KEY_MISSING, IDEMPOTENCY_KEY_INVALID, INVALID_REQUEST", body = Problem, content_type = "application/problem+json"),
         (status = 401, body = Problem, content_type = "application/problem+json"),
@@ -92,10 +94,7 @@ async fn submit_inner(
     let key = submission.idempotency_key.clone();
     let outcome = st.store.submit(submission).await?;
     let (task, replayed) = match outcome {
-        SubmitOutcome::Created(t) => {
-            st.work.notify_waiters();
-            (t, false)
-        }
+        SubmitOutcome::Created(t) => (t, false),
         SubmitOutcome::Replayed(t) => (t, true),
         SubmitOutcome::Conflict { task_id } => {
             let mut p = Problem::new(
@@ -114,6 +113,14 @@ async fn submit_inner(
             st.keys.remove(&submitter.token_hash);
             return Err(Problem::unauthenticated("this API key was revoked"));
         }
+    };
+    let wait = crate::wait::wait_preference(headers);
+    let task = match wait {
+        Some(seconds) => {
+            crate::wait::until_terminal(st, &st.store, &submitter.caller.0.tenant, task, seconds)
+                .await?
+        }
+        None => task,
     };
     let location = format!("/v1/tasks/{}", task.id);
     let body = SubmitResponse {
@@ -136,6 +143,9 @@ async fn submit_inner(
     if replayed {
         res.headers_mut()
             .insert("idempotent-replayed", HeaderValue::from_static("true"));
+    }
+    if let Some(seconds) = wait {
+        crate::wait::applied(res.headers_mut(), seconds);
     }
     Ok((res, replayed))
 }

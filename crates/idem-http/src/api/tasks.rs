@@ -54,21 +54,30 @@ pub async fn lookup_task(
     Ok(Json(TaskEnvelope { task }))
 }
 
-/// Read a task.
-#[utoipa::path(get, path = "/v1/tasks/{id}", tag = "tasks", params(("id" = String, Path, description = "task id")),
-    responses((status = 200, body = TaskEnvelope), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")))]
+/// Read a task. With `Prefer: wait=N` (RFC 7240; N seconds, at most 60) the
+/// answer waits until the task is terminal or N seconds passed, and carries
+/// `Preference-Applied: wait=N`.
+#[utoipa::path(get, path = "/v1/tasks/{id}", tag = "tasks", params(("id" = String, Path, description = "task id"), ("Prefer" = Option<String>, Header, description = "`wait=N`: hold the answer until the task is terminal or N seconds (at most 60) passed (RFC 7240)")),
+    responses((status = 200, body = TaskEnvelope, headers(("Preference-Applied" = String, description = "`wait=N` when a `wait` preference was honoured"))), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")))]
 pub async fn get_task(
     State(st): St,
     caller: Caller,
     IdPath(id): IdPath,
-) -> AppResult<Json<TaskEnvelope>> {
+    headers: HeaderMap,
+) -> AppResult<Response> {
     caller.require(Role::Client)?;
-    let task = caller
-        .store(&st)
+    let store = caller.store(&st);
+    let task = store
         .get_task(Some(&caller.0.tenant), id)
         .await?
         .map_err(|r| Problem::refused(r, no_task(id)))?;
-    Ok(Json(TaskEnvelope { task }))
+    let Some(seconds) = crate::wait::wait_preference(&headers) else {
+        return Ok(Json(TaskEnvelope { task }).into_response());
+    };
+    let task = crate::wait::until_terminal(&st, &store, &caller.0.tenant, task, seconds).await?;
+    let mut res = Json(TaskEnvelope { task }).into_response();
+    crate::wait::applied(res.headers_mut(), seconds);
+    Ok(res)
 }
 
 /// Attempts of a task with their evidence.

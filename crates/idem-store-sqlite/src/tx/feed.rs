@@ -8,18 +8,19 @@
 use idem_core::model::{Event, Timestamp};
 use idem_store::StoreError;
 use idem_store::feed::{FeedCursor, FeedEvent};
-use rusqlite::params;
+use rusqlite::{OptionalExtension, params};
 use uuid::Uuid;
 
 use super::{SqliteTx, db, decode, from_json, to_json, uuid, word};
 
 /// One event of task `?1` (`seq`, `type`, `at`, `data`: `?2`–`?5`) with the
-/// task's tenant and class and the next position. Inserts no row when the
-/// task does not exist.
+/// task's tenant and class and the next position; answers the tenant and
+/// class. Inserts no row when the task does not exist.
 const EVENT_INSERT: &str = "INSERT INTO events (task_id, seq, type, at, data, tenant, operation, position) \
      SELECT ?1, ?2, ?3, ?4, ?5, t.tenant, t.operation, \
             (SELECT coalesce(max(position), 0) + 1 FROM events) \
-     FROM tasks t WHERE t.id = ?1";
+     FROM tasks t WHERE t.id = ?1 \
+     RETURNING tenant, operation";
 
 /// Tenant `?1`'s events after position `?2`, of the classes in the JSON array
 /// `?3` (NULL: all), by position, at most `?4`.
@@ -39,15 +40,24 @@ impl SqliteTx<'_> {
         let id = task_id.to_string();
         for e in events {
             let data = to_json(&e.data)?;
-            let n = stmt
-                .execute(params![id, e.seq, e.kind.as_str(), e.at.0, data])
+            let inserted = stmt
+                .query_row(params![id, e.seq, e.kind.as_str(), e.at.0, data], |r| {
+                    Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+                })
+                .optional()
                 .map_err(db)?;
-            if n != 1 {
+            let Some((tenant, operation)) = inserted else {
                 return Err(StoreError::Corrupt(format!(
                     "event {} of task {task_id}: the task row is missing",
                     e.seq
                 )));
-            }
+            };
+            self.notes.push(idem_store::Change {
+                tenant,
+                operation,
+                task_id,
+                kind: e.kind,
+            });
         }
         Ok(())
     }

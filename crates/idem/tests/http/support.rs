@@ -281,7 +281,6 @@ impl Server {
         };
         tokio::spawn(idem_store::sweeper::run_sweeper(
             store,
-            state.work.clone(),
             Duration::from_millis(50),
             until_stopped(stopped.clone()),
         ));
