@@ -99,6 +99,7 @@ pub async fn until_terminal(
     // Read once more after subscribing: an event committed between the
     // caller's read and the subscription was not heard.
     let mut task = reread(store, tenant, id, task).await?;
+    tracing::debug!(task_id = %id, seconds, "task wait holding");
     let drained = st.drained();
     tokio::pin!(drained);
     loop {
