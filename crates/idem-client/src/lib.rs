@@ -38,6 +38,7 @@ mod events;
 mod operator;
 mod search;
 mod types;
+mod wait;
 
 pub use events::{EventStream, FeedEvent, FeedPage};
 use idem_api::{AckBody, ClaimBody, ClaimResponse, HeartbeatBody, SubmitBody};
@@ -396,6 +397,19 @@ impl Client {
         params: &Value,
         idempotency_key: &str,
     ) -> Result<Submitted> {
+        self.submit_waiting(operation, params, idempotency_key, None)
+            .await
+    }
+
+    /// [`Client::submit`], with `Prefer: wait=N` when `wait` is given
+    /// ([`Client::submit_and_wait`]).
+    async fn submit_waiting(
+        &self,
+        operation: &str,
+        params: &Value,
+        idempotency_key: &str,
+        wait: Option<Duration>,
+    ) -> Result<Submitted> {
         let key = sf_string(idempotency_key)?;
         let url = self.url("v1/tasks")?;
         let rb = self
@@ -405,6 +419,7 @@ impl Client {
                 operation: operation.to_owned(),
                 params: params.clone(),
             });
+        let rb = wait::prefer(rb, wait, self.timeout);
         let answer: Answer<SubmitEnvelope> = self.send(rb).await?;
         Ok(Submitted {
             replayed: answer.replayed || answer.body.meta.replayed,

@@ -77,3 +77,56 @@ async fn submit_with_retry_never_returns_another_requests_task() {
         other => panic!("expected 422 IDEMPOTENCY_CONFLICT, got {other:?}"),
     }
 }
+
+/// `submit_and_wait` and `wait_task` hold the answer until an executor
+/// delivers the task; a wait that runs out answers the task as it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_and_wait_returns_the_delivered_task() {
+    let srv = Server::fast().await;
+    let c = Client::new(&srv.url, srv.keys.acme.clone()).unwrap();
+    let queued = c
+        .wait_task(
+            c.submit("generation.dispatch", &json!({"prompt": "p"}), "sw-0")
+                .await
+                .unwrap()
+                .task
+                .id,
+            Duration::from_millis(1),
+        )
+        .await
+        .unwrap();
+    assert_eq!(queued.state, idem_client::TaskState::Queued);
+    let exec = Client::new(&srv.url, srv.keys.exec.clone()).unwrap();
+    let held = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            c.submit_and_wait(
+                "generation.dispatch",
+                &json!({"prompt": "q"}),
+                "sw-1",
+                Duration::from_secs(30),
+            )
+            .await
+        })
+    };
+    // The executor takes the held submit's task (the earlier one first).
+    let mut delivered = 0;
+    while delivered < 2 {
+        let claimed = exec
+            .claim("sdk", &["generation.dispatch"], 1, None, 10_000)
+            .await
+            .unwrap();
+        for a in claimed {
+            let body = idem_client::ReportBody::succeeded(a.generation, json!({"url": "u"}));
+            exec.report(a.id, &body).await.unwrap();
+            delivered += 1;
+        }
+    }
+    let s = held.await.unwrap().unwrap();
+    assert_eq!(s.task.state, idem_client::TaskState::Succeeded);
+    let again = c
+        .wait_task(s.task.id, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(again.state, idem_client::TaskState::Succeeded);
+}
