@@ -62,7 +62,12 @@ struct Waiter {
 impl Group {
     /// Wakes the oldest waiter not woken yet; `false` when every one is.
     fn wake_one(&mut self) -> bool {
-        match self.waiters.iter_mut().find(|w| !w.woken) {
+        self.wake_one_but(0)
+    }
+
+    /// Wakes the oldest waiter not woken yet other than `id` (ids start at 1).
+    fn wake_one_but(&mut self, id: u64) -> bool {
+        match self.waiters.iter_mut().find(|w| !w.woken && w.id != id) {
             Some(w) => {
                 w.woken = true;
                 w.wake.notify_one();
@@ -100,6 +105,11 @@ impl ClaimHub {
         if !self.listening.swap(true, Ordering::SeqCst) {
             tokio::spawn(listen(Arc::downgrade(self), store.changes().subscribe()));
         }
+        self.seat(tenant, operations)
+    }
+
+    /// A seat in the group of `tenant` and `operations` (see [`ClaimHub::join`]).
+    fn seat(self: &Arc<Self>, tenant: &str, operations: &[String]) -> Seat {
         let mut operations = operations.to_vec();
         operations.sort_unstable();
         operations.dedup();
@@ -252,7 +262,7 @@ impl Seat {
                 group.empty = true;
             }
         } else {
-            group.wake_one();
+            group.wake_one_but(self.id);
         }
     }
 
@@ -283,5 +293,90 @@ impl Drop for Seat {
         } else if unused {
             group.wake_one();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ops(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    /// Whether `seat` was woken (a permit is waiting), without waiting.
+    fn was_woken(seat: &Seat) -> bool {
+        futures::FutureExt::now_or_never(seat.woken()).is_some()
+    }
+
+    #[test]
+    fn a_group_found_empty_is_not_queried_again_until_a_change_of_its_class() {
+        let hub = Arc::new(ClaimHub::default());
+        let a = hub.seat("t", &ops(&["pay", "gen"]));
+        let b = hub.seat("t", &ops(&["gen", "pay", "gen"]));
+        assert_eq!(hub.waiting(), (2, 1), "one group for one set of classes");
+        let turn = a.begin();
+        assert!(turn.claim, "a new group is not known empty");
+        a.end(turn, 0, 1);
+        assert!(!b.begin().claim, "found empty, and nothing changed since");
+        // Another tenant's or another class's change wakes nobody here.
+        hub.changed("u", "pay");
+        hub.changed("t", "mail");
+        assert!(!b.begin().claim);
+        assert!(!was_woken(&a) && !was_woken(&b));
+        // One change of a class of the group: one waiter, the oldest.
+        hub.changed("t", "gen");
+        assert!(was_woken(&a) && !was_woken(&b));
+        assert!(a.begin().claim);
+    }
+
+    #[test]
+    fn a_change_during_a_claim_keeps_the_group_open() {
+        let hub = Arc::new(ClaimHub::default());
+        let a = hub.seat("t", &ops(&["pay"]));
+        let b = hub.seat("t", &ops(&["pay"]));
+        let turn = a.begin();
+        hub.changed("t", "pay");
+        a.end(turn, 0, 1);
+        assert!(b.begin().claim, "the change came after the claim's snapshot");
+    }
+
+    #[test]
+    fn one_change_wakes_one_waiter_and_a_full_claim_wakes_the_next() {
+        let hub = Arc::new(ClaimHub::default());
+        let seats: Vec<Seat> = (0..3).map(|_| hub.seat("t", &ops(&["pay"]))).collect();
+        hub.changed("t", "pay");
+        let woken: Vec<bool> = seats.iter().map(was_woken).collect();
+        assert_eq!(woken, [true, false, false]);
+        let turn = seats[0].begin();
+        seats[0].end(turn, 1, 1);
+        let woken: Vec<bool> = seats.iter().map(was_woken).collect();
+        assert_eq!(woken, [false, true, false], "there may be more work");
+    }
+
+    #[test]
+    fn a_wake_up_not_used_goes_to_the_next_waiter() {
+        let hub = Arc::new(ClaimHub::default());
+        let a = hub.seat("t", &ops(&["pay"]));
+        let b = hub.seat("t", &ops(&["pay"]));
+        hub.changed("t", "pay");
+        drop(a);
+        assert!(was_woken(&b));
+        drop(b);
+        assert_eq!(hub.waiting(), (0, 0), "an empty group is removed");
+    }
+
+    #[test]
+    fn a_recheck_wakes_the_oldest_waiter_of_every_group() {
+        let hub = Arc::new(ClaimHub::default());
+        let a = hub.seat("t", &ops(&["pay"]));
+        let a2 = hub.seat("t", &ops(&["pay"]));
+        let b = hub.seat("u", &ops(&["gen"]));
+        for s in [&a, &b] {
+            let turn = s.begin();
+            s.end(turn, 0, 1);
+        }
+        hub.recheck_all();
+        assert!(was_woken(&a) && !was_woken(&a2) && was_woken(&b));
     }
 }
