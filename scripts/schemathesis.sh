@@ -41,11 +41,12 @@ curl -fsS "$url/openapi.json" -o "$dir/openapi.json"
 python3 -c 'import json, sys; from openapi_spec_validator import validate; validate(json.load(open(sys.argv[1]))); print("openapi.json: valid OpenAPI 3.1")' "$dir/openapi.json"
 
 # A claim may long-poll for up to 30 s (`wait_ms` ≤ 30000) when no work is
-# queued, so requests may take that long: the default 10 s timeout would
-# report such a claim as a network error.
+# queued, and a read or submit with `Prefer: wait=N` may be held for up to
+# 60 s, so requests may take that long: the default 10 s timeout would report
+# such a request as a network error.
 schemathesis run "$url/openapi.json" \
   -H "Authorization: Bearer $key" \
-  --request-timeout 35 \
+  --request-timeout 65 \
   --max-examples "$examples" \
   --seed 20261129 \
   --checks not_a_server_error,status_code_conformance,content_type_conformance,response_headers_conformance,response_schema_conformance
