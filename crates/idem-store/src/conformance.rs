@@ -143,6 +143,7 @@ macro_rules! store_conformance {
             operator_redrive_races_a_late_report,
             feed_readers_never_skip_while_writers_commit_concurrently,
             feed_is_scoped_to_tenant_and_grant,
+            feed_refuses_a_cursor_ahead_of_its_head,
         );
     };
     (@cases $make:expr; $($case:ident),+ $(,)?) => {

@@ -260,7 +260,10 @@ pub async fn tenant_feed(
     };
     let store = caller.store(&st);
     let tenant = caller.0.tenant.clone();
-    let page = store.feed(&tenant, after, limit).await?;
+    let page = store
+        .read_feed(&tenant, after, limit)
+        .await?
+        .map_err(|e| Problem::invalid(e.to_string()))?;
     if !stream {
         let next_cursor = page.last().map_or(after, |e| e.cursor).to_string();
         let events = page.into_iter().map(wire_event).collect();
