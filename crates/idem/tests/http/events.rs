@@ -592,3 +592,30 @@ async fn a_cursor_ahead_of_the_feed_is_refused_postgres() {
     let srv = Server::start_pg(db.url(), &keys, &[]).await;
     cursor_ahead_of_the_feed_is_refused(srv, Backend::Postgres).await;
 }
+
+/// The feed takes `after` and `limit`, each at most once: an unknown
+/// parameter is 400 naming it, a repeated one 400 saying so (as a search
+/// answers them).
+#[tokio::test]
+async fn the_feed_refuses_unknown_and_repeated_parameters() {
+    let srv = Server::in_process().await;
+    for (query, says) in [
+        ("foo=1", "unknown parameter `foo`"),
+        ("after=0-0&Limit=5", "unknown parameter `Limit`"),
+        ("after=0-0&after=0-0", "`after` is given more than once"),
+        ("limit=5&limit=5", "`limit` is given more than once"),
+    ] {
+        for path in ["/v1/events", "/v1/tasks"] {
+            if path == "/v1/tasks" && query.starts_with("after") {
+                continue;
+            }
+            let r = srv.get(&format!("{path}?{query}"), &srv.keys.acme).await;
+            r.assert_problem(400, "INVALID_REQUEST");
+            let detail = r.json["detail"].as_str().unwrap();
+            assert!(detail.contains(says), "{path}?{query}: {detail}");
+        }
+    }
+    srv.get("/v1/events?after=0-0&limit=5", &srv.keys.acme)
+        .await
+        .ok(200);
+}
