@@ -20,9 +20,11 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::Stream;
+use headers_accept::Accept;
 use idem_core::model::{Event, Role, Task};
 use idem_store::Store;
 use idem_store::feed::{FeedCursor, FeedEvent};
+use mediatype::{MediaType, names};
 use utoipa::IntoParams;
 use uuid::Uuid;
 
@@ -55,18 +57,32 @@ pub(crate) async fn may_have_new_events(st: &AppState, tenant: &str, task: Optio
     let _ = tokio::time::timeout(EVENTS_RECHECK, notified).await;
 }
 
-/// Whether the request asks for a stream (`Accept` names `text/event-stream`).
+/// `application/json`, the answer unless the stream is preferred.
+const JSON: MediaType<'static> = MediaType::new(names::APPLICATION, names::JSON);
+
+/// `text/event-stream`.
+const EVENT_STREAM: MediaType<'static> = MediaType::new(names::TEXT, names::EVENT_STREAM);
+
+/// Whether the request's `Accept` (all its lines) prefers the event stream
+/// to JSON, negotiated as RFC 9110 §12.5.1 says (`headers-accept`): each
+/// type takes the q-value of the most specific range that matches it, and
+/// `q=0` means not acceptable. The stream needs `text/event-stream` named
+/// (a wildcard alone never opens one) and acceptable, and must win: a higher
+/// q than JSON, or on a tie a more specific range (`text/event-stream, */*`)
+/// or one listed before JSON's. Anything else (no `Accept`, one that does
+/// not parse, `*/*`, a tie) answers JSON.
 pub(crate) fn wants_stream(headers: &HeaderMap) -> bool {
-    headers
-        .get_all(header::ACCEPT)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|m| {
-            m.split(';')
-                .next()
-                .is_some_and(|t| t.trim().eq_ignore_ascii_case("text/event-stream"))
-        })
+    let mut lines = headers.get_all(header::ACCEPT).iter();
+    let Ok(accept) = <Accept as headers_core::Header>::decode(&mut lines) else {
+        return false;
+    };
+    let named = accept
+        .media_types()
+        .any(|m| m.ty() == names::TEXT && m.subty() == names::EVENT_STREAM);
+    named
+        && accept
+            .negotiate(&[JSON, EVENT_STREAM])
+            .is_some_and(|best| *best == EVENT_STREAM)
 }
 
 /// The `Last-Event-ID` header, when present.
@@ -410,17 +426,33 @@ mod tests {
     }
 
     #[test]
-    fn accept_names_the_event_stream_among_others() {
+    fn accept_is_negotiated_by_q_value() {
+        assert!(!wants_stream(&HeaderMap::new()));
+        for (accept, streams) in [
+            ("text/event-stream", true),
+            ("Text/Event-Stream", true),
+            ("text/event-stream;q=0", false),
+            ("text/event-stream;q=0.000, */*;q=0.1", false),
+            ("application/json;q=0.5, Text/Event-Stream;q=1", true),
+            ("application/json, text/event-stream;q=0.9", false),
+            ("application/json, text/event-stream", false),
+            ("text/event-stream, application/json", true),
+            ("text/event-stream, */*", true),
+            ("text/event-stream;q=0.5, */*", false),
+            ("text/*, text/event-stream;q=0", false),
+            ("*/*", false),
+            ("text/*", false),
+            ("application/json", false),
+            ("text/event-stream, this is not a media type", false),
+        ] {
+            let mut h = HeaderMap::new();
+            h.insert(header::ACCEPT, accept.parse().unwrap());
+            assert_eq!(wants_stream(&h), streams, "Accept: {accept}");
+        }
+        // Several lines are one list.
         let mut h = HeaderMap::new();
-        assert!(!wants_stream(&h));
-        h.insert(header::ACCEPT, "application/json".parse().unwrap());
-        assert!(!wants_stream(&h));
-        h.insert(
-            header::ACCEPT,
-            "application/json;q=0.5, Text/Event-Stream;q=1"
-                .parse()
-                .unwrap(),
-        );
+        h.append(header::ACCEPT, "application/json;q=0.2".parse().unwrap());
+        h.append(header::ACCEPT, "text/event-stream".parse().unwrap());
         assert!(wants_stream(&h));
     }
 }

@@ -619,3 +619,51 @@ async fn the_feed_refuses_unknown_and_repeated_parameters() {
         .await
         .ok(200);
 }
+
+/// `Accept` is negotiated by q-value (RFC 9110 §12.5.1) between the JSON
+/// answer and the stream, on a task's events and on the feed: `q=0` is not
+/// acceptable, the higher q wins, a tie goes to JSON unless the stream is
+/// named more specifically or first, and a wildcard alone never opens a
+/// stream.
+#[tokio::test]
+async fn accept_is_negotiated_by_q_value() {
+    let srv = Server::in_process().await;
+    let task = srv
+        .new_task(&ikey(), "generation.dispatch", generation("a"))
+        .await;
+    let id = s(&task["id"]);
+    let cases = [
+        ("text/event-stream", true),
+        ("Text/Event-Stream", true),
+        ("text/event-stream;q=0", false),
+        ("text/event-stream; q=0.0, application/json;q=0.1", false),
+        ("application/json;q=0.5, text/event-stream", true),
+        ("application/json, text/event-stream;q=0.9", false),
+        ("application/json, text/event-stream", false),
+        ("text/event-stream, */*", true),
+        ("text/event-stream;q=0.5, */*", false),
+        ("*/*", false),
+        ("text/*", false),
+        ("application/json", false),
+    ];
+    for path in [format!("/v1/tasks/{id}/events"), "/v1/events".to_owned()] {
+        for (accept, streams) in cases {
+            let res = srv
+                .http
+                .get(format!("{}{path}", srv.url))
+                .bearer_auth(&srv.keys.acme)
+                .header("accept", accept)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(res.status().as_u16(), 200, "{path} {accept}");
+            let ct = res.headers()["content-type"].to_str().unwrap().to_owned();
+            let want = if streams {
+                "text/event-stream"
+            } else {
+                "application/json"
+            };
+            assert!(ct.starts_with(want), "{path} Accept: {accept} → {ct}");
+        }
+    }
+}
