@@ -9,7 +9,8 @@ use serde_json::Value;
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ReasonBody {
     /// Why the operator acts, recorded in the action's event: 1–500
-    /// characters, not only white space, no control characters.
+    /// characters, at least one of them visible (not only white space and
+    /// format characters, Unicode category Cf), no control characters.
     #[cfg_attr(feature = "openapi", schema(min_length = 1, max_length = 500))]
     pub reason: String,
 }

@@ -15,24 +15,58 @@
 //! final: resuming after it skips nothing and repeats nothing. The statement
 //! runs in autocommit (the feed is read-only): a transaction id of its own
 //! would hold its horizon back.
+//!
+//! The same statement reads the feed's head ([`idem_store::feed::FeedHead`]):
+//! the xmin it serves below, and the last value of the position sequence
+//! (`events_position_seq`; one less while it has given none), so a cursor
+//! ahead of the head is found without another round trip.
 
 use idem_core::model::{Event, EventKind};
 use idem_store::Result;
-use idem_store::feed::{FeedCursor, FeedEvent};
+use idem_store::feed::{FeedCursor, FeedEvent, FeedHead, FeedRead};
 use tokio_postgres::Row;
 
+use crate::error::corrupt;
 use crate::rows::{get, json, ts, word};
 
-/// Tenant `$1`'s events after `($2 txid, $3 position)`, of the classes in
-/// `$4` (NULL: all), at most `$5`, in feed order, below the snapshot's xmin.
-pub(crate) const FEED_PAGE: &str = "SELECT task_id, seq, type, at, data, operation, txid, position FROM events \
-     WHERE tenant = $1 AND (txid, position) > ($2, $3) \
-       AND txid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint \
-       AND ($4::text[] IS NULL OR operation = ANY($4)) \
-     ORDER BY txid, position LIMIT $5";
+/// The feed's head (`head_txid`, `head_position`) and tenant `$1`'s events
+/// after `($2 txid, $3 position)`, of the classes in `$4` (NULL: all), at
+/// most `$5`, in feed order, below the snapshot's xmin. Always one row or
+/// more: with no event, one row whose event columns are NULL.
+pub(crate) const FEED_PAGE: &str = "WITH head AS ( \
+       SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS txid_below, \
+              CASE WHEN is_called THEN last_value ELSE last_value - 1 END AS last_position \
+         FROM events_position_seq) \
+     SELECT h.txid_below AS head_txid, h.last_position AS head_position, \
+            e.task_id, e.seq, e.type, e.at, e.data, e.operation, e.txid, e.position \
+       FROM head h LEFT JOIN LATERAL ( \
+            SELECT task_id, seq, type, at, data, operation, txid, position FROM events \
+             WHERE tenant = $1 AND (txid, position) > ($2, $3) \
+               AND txid < h.txid_below \
+               AND ($4::text[] IS NULL OR operation = ANY($4)) \
+             ORDER BY txid, position LIMIT $5) e ON true \
+      ORDER BY e.txid, e.position";
 
-/// One row of [`FEED_PAGE`].
-pub(crate) fn feed_event(row: &Row) -> Result<FeedEvent> {
+/// The rows of [`FEED_PAGE`] as the head and the page.
+pub(crate) fn feed_read(rows: &[Row]) -> Result<FeedRead> {
+    let Some(first) = rows.first() else {
+        return Err(corrupt("feed page", "the head row is missing"));
+    };
+    let head = FeedHead {
+        txid_below: get(first, "head_txid")?,
+        last_position: get(first, "head_position")?,
+    };
+    let mut events = Vec::with_capacity(rows.len());
+    for row in rows {
+        if get::<Option<uuid::Uuid>>(row, "task_id")?.is_some() {
+            events.push(feed_event(row)?);
+        }
+    }
+    Ok(FeedRead { head, events })
+}
+
+/// One event row of [`FEED_PAGE`].
+fn feed_event(row: &Row) -> Result<FeedEvent> {
     Ok(FeedEvent {
         cursor: FeedCursor {
             txid: get(row, "txid")?,

@@ -697,15 +697,14 @@ impl Tx for PgTx<'_> {
         operations: Option<&[String]>,
         after: idem_store::feed::FeedCursor,
         limit: i64,
-    ) -> Result<Vec<idem_store::feed::FeedEvent>> {
-        self.query(
-            crate::feed::FEED_PAGE,
-            &[&tenant, &after.txid, &after.position, &operations, &limit],
-        )
-        .await?
-        .iter()
-        .map(crate::feed::feed_event)
-        .collect()
+    ) -> Result<idem_store::feed::FeedRead> {
+        let rows = self
+            .query(
+                crate::feed::FEED_PAGE,
+                &[&tenant, &after.txid, &after.position, &operations, &limit],
+            )
+            .await?;
+        crate::feed::feed_read(&rows)
     }
 
     async fn events(&mut self, task_id: Uuid) -> Result<Vec<Event>> {

@@ -721,7 +721,7 @@ impl Tx for SqliteTx<'_> {
         operations: Option<&[String]>,
         after: idem_store::feed::FeedCursor,
         limit: i64,
-    ) -> Result<Vec<idem_store::feed::FeedEvent>, StoreError> {
+    ) -> Result<idem_store::feed::FeedRead, StoreError> {
         self.feed_page(tenant, operations, after, limit)
     }
 

@@ -144,6 +144,7 @@ macro_rules! store_conformance {
             feed_readers_never_skip_while_writers_commit_concurrently,
             feed_is_scoped_to_tenant_and_grant,
             committed_events_are_heard_with_tenant_class_and_task,
+            feed_refuses_a_cursor_ahead_of_its_head,
         );
     };
     (@cases $make:expr; $($case:ident),+ $(,)?) => {

@@ -21,6 +21,12 @@
 //!   event the next position, so position order is commit order; `txid` is 0.
 //!
 //! The cursor's text form is opaque to clients: `{txid}-{position}`.
+//!
+//! A cursor no page could have given out, one ahead of the feed's head
+//! ([`FeedHead`]), is refused ([`CursorAhead`]): read as it is, it would
+//! answer empty pages until the feed caught up with it and then skip every
+//! event in between. The head is read by the page's own statement, so the
+//! check costs no round trip.
 
 use std::fmt;
 use std::str::FromStr;
@@ -75,6 +81,48 @@ impl FromStr for FeedCursor {
     }
 }
 
+/// Where a feed's head was when a page was read: every cursor the feed has
+/// given out (an event's, or `after` handed back with an empty page) lies at
+/// or behind it, and stays there, because both bounds only grow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FeedHead {
+    /// Every given cursor's `txid` is below this. PostgreSQL: the reading
+    /// statement's `pg_snapshot_xmin(pg_current_snapshot())` (a page serves
+    /// only events below it, and a later snapshot's xmin is never lower);
+    /// SQLite: 1 (every `txid` is 0).
+    pub txid_below: i64,
+    /// Every given cursor's `position` is at most this. PostgreSQL: the last
+    /// value the position sequence gave out (`events_position_seq`); SQLite:
+    /// the largest stored position (events are never removed).
+    pub last_position: i64,
+}
+
+impl FeedHead {
+    /// Whether `after` could have been given out by this feed: not ahead of
+    /// its head.
+    pub fn admits(&self, after: FeedCursor) -> bool {
+        after.txid < self.txid_below && after.position <= self.last_position
+    }
+}
+
+/// A page read after `after`: the feed's head then, and the events.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FeedRead {
+    /// The head when the page was read.
+    pub head: FeedHead,
+    /// The page's events, in feed order.
+    pub events: Vec<FeedEvent>,
+}
+
+/// A cursor ahead of the feed's head ([`FeedHead::admits`]): no page of this
+/// feed gave it out, and reading after it would skip the events before it
+/// once they appear (HTTP 400 `INVALID_REQUEST`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "cursor {0} is ahead of the feed: no page gave it out (pass an event's `cursor` or a page's `next_cursor` as it is)"
+)]
+pub struct CursorAhead(pub FeedCursor);
+
 /// One event of the feed with the task it belongs to.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FeedEvent {
@@ -115,5 +163,40 @@ mod tests {
         ] {
             assert_eq!(bad.parse::<FeedCursor>(), Err(BadCursor), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn the_head_admits_what_it_gave_out_and_nothing_beyond() {
+        let head = FeedHead {
+            txid_below: 700,
+            last_position: 42,
+        };
+        for given in [(0, 0), (0, 42), (699, 1), (699, 42)] {
+            let c = FeedCursor {
+                txid: given.0,
+                position: given.1,
+            };
+            assert!(head.admits(c), "{c}");
+        }
+        for ahead in [(0, 43), (700, 1), (699, 43), (i64::MAX, 0), (0, i64::MAX)] {
+            let c = FeedCursor {
+                txid: ahead.0,
+                position: ahead.1,
+            };
+            assert!(!head.admits(c), "{c}");
+        }
+        // SQLite: every txid is 0.
+        let sqlite = FeedHead {
+            txid_below: 1,
+            last_position: 5,
+        };
+        assert!(sqlite.admits(FeedCursor {
+            txid: 0,
+            position: 5
+        }));
+        assert!(!sqlite.admits(FeedCursor {
+            txid: 1,
+            position: 5
+        }));
     }
 }

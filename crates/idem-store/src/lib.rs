@@ -327,7 +327,8 @@ pub trait Tx: Send + ops::search::TaskSearch {
     /// Up to `limit` events of `tenant` after `after` in feed order, of the
     /// classes in `operations` (`None`: all), each with its cursor; only
     /// events before which no other can still appear ([`feed`]: below the
-    /// snapshot's xmin on PostgreSQL, committed on SQLite). Run outside a
+    /// snapshot's xmin on PostgreSQL, committed on SQLite); with the feed's
+    /// head as the same read saw it ([`feed::FeedHead`]). Run outside a
     /// writing transaction (its own id would hold the horizon back).
     fn feed(
         &mut self,
@@ -335,7 +336,7 @@ pub trait Tx: Send + ops::search::TaskSearch {
         operations: Option<&[String]>,
         after: feed::FeedCursor,
         limit: i64,
-    ) -> impl Future<Output = Result<Vec<feed::FeedEvent>>> + Send;
+    ) -> impl Future<Output = Result<feed::FeedRead>> + Send;
 
     /// Up to `limit` claimable task ids of `tenant` in `operations`, oldest `ready_at`
     /// first, locked for this transaction and skipping rows other transactions hold

@@ -262,16 +262,18 @@ impl Store {
     /// Up to `limit` (1–[`ops::feed::MAX_FEED_PAGE`]) events of `tenant`'s
     /// feed after `after`, of the classes this store's grant allows
     /// ([`crate::feed`]: none is ever skipped or repeated by a reader that
-    /// resumes from the last cursor it read).
+    /// resumes from the last cursor it read); a cursor ahead of the feed's
+    /// head is refused (the cursor a client sends).
     ///
     /// # Errors
-    /// Storage failures ([`StoreError`]).
-    pub async fn feed(
+    /// Storage failures ([`StoreError`]); [`crate::feed::CursorAhead`] in the
+    /// value.
+    pub async fn read_feed(
         &self,
         tenant: &str,
         after: crate::feed::FeedCursor,
         limit: i64,
-    ) -> Result<Vec<crate::feed::FeedEvent>> {
+    ) -> Result<Result<Vec<crate::feed::FeedEvent>, crate::feed::CursorAhead>> {
         self.call(ops::ReadFeed {
             tenant: tenant.to_owned(),
             grant: self.grant.clone(),
@@ -279,6 +281,28 @@ impl Store {
             limit,
         })
         .await
+    }
+
+    /// [`Store::read_feed`] after a cursor this feed gave out (a reader
+    /// resuming from the last event it read).
+    ///
+    /// # Errors
+    /// Storage failures ([`StoreError`]); [`StoreError::Corrupt`] when
+    /// `after` is ahead of the feed's head, which a cursor the feed gave out
+    /// can only be if the database lost events it had served (e.g. restored
+    /// from an older backup).
+    pub async fn feed(
+        &self,
+        tenant: &str,
+        after: crate::feed::FeedCursor,
+        limit: i64,
+    ) -> Result<Vec<crate::feed::FeedEvent>> {
+        self.read_feed(tenant, after, limit).await?.map_err(|e| {
+            StoreError::Corrupt(format!(
+                "feed cursor {} is ahead of the feed's head: the database lost events it served",
+                e.0
+            ))
+        })
     }
 
     /// Leases up to `req.max` attempts (`req.operations` already limited to

@@ -26,8 +26,10 @@ use crate::model::{
 pub const MAX_REASON_CHARS: usize = 500;
 
 /// Why an operator acted, as recorded in the action's event: 1 to
-/// [`MAX_REASON_CHARS`] characters, not only white space, no control
-/// characters (they would hide text in a log or a console).
+/// [`MAX_REASON_CHARS`] characters, at least one of them visible (not white
+/// space, not a format character of Unicode category Cf such as U+200B ZERO
+/// WIDTH SPACE or U+FEFF: a reason must show something in a log or a
+/// console), no control characters (they would hide text there).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reason(String);
 
@@ -35,9 +37,11 @@ pub struct Reason(String);
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ReasonError {
-    /// Empty or only white space.
-    #[error("`reason` must say why the operator acts (it is empty)")]
-    Empty,
+    /// Empty, or only white space and format characters (Cf).
+    #[error(
+        "`reason` must say why the operator acts: it has no visible character (only white space or invisible format characters such as U+200B)"
+    )]
+    NothingVisible,
     /// Over [`MAX_REASON_CHARS`].
     #[error("`reason` has {chars} characters; at most {MAX_REASON_CHARS} are kept")]
     TooLong {
@@ -49,14 +53,24 @@ pub enum ReasonError {
     Control,
 }
 
+/// Whether `c` shows in a text: not white space (Unicode `White_Space`),
+/// not a control character (Cc) and not a format character (Cf: zero-width
+/// spaces and joiners, the byte-order mark, bidirectional marks, soft
+/// hyphens, tags …). The category comes from `unicode-general-category`
+/// (Unicode 16.0): std has no general-category lookup.
+fn is_visible(c: char) -> bool {
+    use unicode_general_category::{GeneralCategory, get_general_category};
+    !c.is_whitespace() && !c.is_control() && get_general_category(c) != GeneralCategory::Format
+}
+
 impl Reason {
     /// `text` as a reason, unchanged.
     ///
     /// # Errors
     /// [`ReasonError`] when it breaks one of the rules of [`Reason`].
     pub fn parse(text: &str) -> Result<Reason, ReasonError> {
-        if text.trim().is_empty() {
-            return Err(ReasonError::Empty);
+        if !text.chars().any(is_visible) {
+            return Err(ReasonError::NothingVisible);
         }
         let chars = text.chars().count();
         if chars > MAX_REASON_CHARS {

@@ -17,23 +17,23 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::Json;
-use axum::extract::rejection::QueryRejection;
-use axum::extract::{Query, State};
+use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::Stream;
+use headers_accept::Accept;
 use idem_core::model::{Event, Role, Task};
 use idem_store::feed::{FeedCursor, FeedEvent};
 use idem_store::{Notice, Store, Watch};
-use serde::Deserialize;
+use mediatype::{MediaType, names};
 use utoipa::IntoParams;
 use uuid::Uuid;
 
 use super::no_task;
 use super::wire::{self, FeedPage};
 use crate::auth::Caller;
-use crate::problem::Problem;
+use crate::problem::{Problem, shorten};
 use crate::{AppResult, AppState, St};
 
 /// How long a feed stream waits at most before it reads again when nothing
@@ -81,18 +81,32 @@ pub(crate) async fn may_have_new_events(
     }
 }
 
-/// Whether the request asks for a stream (`Accept` names `text/event-stream`).
+/// `application/json`, the answer unless the stream is preferred.
+const JSON: MediaType<'static> = MediaType::new(names::APPLICATION, names::JSON);
+
+/// `text/event-stream`.
+const EVENT_STREAM: MediaType<'static> = MediaType::new(names::TEXT, names::EVENT_STREAM);
+
+/// Whether the request's `Accept` (all its lines) prefers the event stream
+/// to JSON, negotiated as RFC 9110 §12.5.1 says (`headers-accept`): each
+/// type takes the q-value of the most specific range that matches it, and
+/// `q=0` means not acceptable. The stream needs `text/event-stream` named
+/// (a wildcard alone never opens one) and acceptable, and must win: a higher
+/// q than JSON, or on a tie a more specific range (`text/event-stream, */*`)
+/// or one listed before JSON's. Anything else (no `Accept`, one that does
+/// not parse, `*/*`, a tie) answers JSON.
 pub(crate) fn wants_stream(headers: &HeaderMap) -> bool {
-    headers
-        .get_all(header::ACCEPT)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|m| {
-            m.split(';')
-                .next()
-                .is_some_and(|t| t.trim().eq_ignore_ascii_case("text/event-stream"))
-        })
+    let mut lines = headers.get_all(header::ACCEPT).iter();
+    let Ok(accept) = <Accept as headers_core::Header>::decode(&mut lines) else {
+        return false;
+    };
+    let named = accept
+        .media_types()
+        .any(|m| m.ty() == names::TEXT && m.subty() == names::EVENT_STREAM);
+    named
+        && accept
+            .negotiate(&[JSON, EVENT_STREAM])
+            .is_some_and(|best| *best == EVENT_STREAM)
 }
 
 /// The `Last-Event-ID` header, when present.
@@ -248,17 +262,61 @@ impl TaskStream {
     }
 }
 
-/// `GET /v1/events` query.
-#[derive(Debug, Deserialize, IntoParams)]
+/// `GET /v1/events` query (for the OpenAPI document; read by
+/// [`read_feed_query`]). Each parameter at most once; any other is 400.
+#[derive(Debug, IntoParams)]
 #[into_params(parameter_in = Query)]
+#[allow(dead_code)]
 pub struct FeedQuery {
     /// Read the events after this cursor (an event's `cursor` or a page's
-    /// `next_cursor`; absent: from the first event kept). With
+    /// `next_cursor`; absent: from the first event kept; a cursor ahead of
+    /// the feed, one no page gave out, is 400). With
     /// `Accept: text/event-stream`, a `Last-Event-ID` header takes its place.
-    pub after: Option<String>,
+    after: Option<String>,
     /// Most events per page, 1–1000 (default 100).
     #[param(minimum = 1, maximum = 1000)]
-    pub limit: Option<i64>,
+    limit: Option<i64>,
+}
+
+/// The feed's parameters of `pairs` (a query string's decoded pairs):
+/// `after` (not parsed yet) and `limit`.
+///
+/// # Errors
+/// 400 `INVALID_REQUEST` for an unknown parameter or a repeated one (as a
+/// search answers them, [`super::search::read_query`]) and a `limit` that
+/// is not an integer from 1 to [`idem_store::ops::feed::MAX_FEED_PAGE`].
+pub fn read_feed_query(pairs: &[(String, String)]) -> Result<(Option<&str>, i64), Problem> {
+    let max = idem_store::ops::feed::MAX_FEED_PAGE;
+    let (mut after, mut limit) = (None, None);
+    for (k, v) in pairs {
+        let slot = match k.as_str() {
+            "after" => &mut after,
+            "limit" => &mut limit,
+            other => {
+                return Err(Problem::invalid(format!(
+                    "unknown parameter `{}`; the feed takes after and limit",
+                    shorten(other)
+                )));
+            }
+        };
+        if slot.replace(v.as_str()).is_some() {
+            return Err(Problem::invalid(format!("`{k}` is given more than once")));
+        }
+    }
+    let limit = match limit {
+        None => DEFAULT_FEED_LIMIT,
+        Some(v) => v
+            .parse::<i64>()
+            .ok()
+            .filter(|n| (1..=max).contains(n))
+            .ok_or_else(|| {
+                Problem::invalid(format!(
+                    "`limit` must be an integer from 1 to {max} (default {DEFAULT_FEED_LIMIT}), not `{}`",
+                    shorten(v)
+                ))
+            })?,
+    };
+    Ok((after, limit))
 }
 
 /// The tenant's event feed: every event of the caller's tenant (of the
@@ -271,21 +329,18 @@ pub async fn tenant_feed(
     State(st): St,
     caller: Caller,
     headers: HeaderMap,
-    q: Result<Query<FeedQuery>, QueryRejection>,
+    RawQuery(raw): RawQuery,
 ) -> AppResult<Response> {
     caller.require(Role::Client)?;
-    let Query(q) = q.map_err(|e| Problem::invalid(e.body_text()))?;
-    let limit = q.limit.unwrap_or(DEFAULT_FEED_LIMIT);
-    if !(1..=idem_store::ops::feed::MAX_FEED_PAGE).contains(&limit) {
-        return Err(Problem::invalid(format!(
-            "`limit` must be 1–{}",
-            idem_store::ops::feed::MAX_FEED_PAGE
-        )));
-    }
+    let pairs: Vec<(String, String)> =
+        form_urlencoded::parse(raw.as_deref().unwrap_or_default().as_bytes())
+            .into_owned()
+            .collect();
+    let (after, limit) = read_feed_query(&pairs)?;
     let stream = wants_stream(&headers);
     let from = match (stream, last_event_id(&headers)?) {
         (true, Some(id)) => Some(id),
-        _ => q.after.as_deref(),
+        _ => after,
     };
     let after = match from {
         None => FeedCursor::START,
@@ -296,7 +351,10 @@ pub async fn tenant_feed(
     let store = caller.store(&st);
     let tenant = caller.0.tenant.clone();
     let watch = stream.then(|| store.changes().subscribe());
-    let page = store.feed(&tenant, after, limit).await?;
+    let page = store
+        .read_feed(&tenant, after, limit)
+        .await?
+        .map_err(|e| Problem::invalid(e.to_string()))?;
     if !stream {
         let next_cursor = page.last().map_or(after, |e| e.cursor).to_string();
         let events = page.into_iter().map(wire_event).collect();
@@ -385,18 +443,61 @@ impl FeedStream {
 mod tests {
     use super::*;
 
+    fn feed_query(s: &str) -> Result<(Option<String>, i64), Problem> {
+        let pairs: Vec<(String, String)> =
+            form_urlencoded::parse(s.as_bytes()).into_owned().collect();
+        read_feed_query(&pairs).map(|(a, l)| (a.map(str::to_owned), l))
+    }
+
     #[test]
-    fn accept_names_the_event_stream_among_others() {
-        let mut h = HeaderMap::new();
-        assert!(!wants_stream(&h));
-        h.insert(header::ACCEPT, "application/json".parse().unwrap());
-        assert!(!wants_stream(&h));
-        h.insert(
-            header::ACCEPT,
-            "application/json;q=0.5, Text/Event-Stream;q=1"
-                .parse()
-                .unwrap(),
+    fn the_feed_query_takes_after_and_limit_once_each() {
+        assert_eq!(feed_query("").unwrap(), (None, DEFAULT_FEED_LIMIT));
+        assert_eq!(
+            feed_query("after=3-4&limit=1000").unwrap(),
+            (Some("3-4".to_owned()), 1000)
         );
+        for (bad, says) in [
+            ("foo=1", "unknown parameter `foo`"),
+            ("after=1-1&after=1-1", "`after` is given more than once"),
+            ("limit=5&limit=6", "`limit` is given more than once"),
+            ("limit=0", "`limit` must be an integer from 1 to 1000"),
+            ("limit=1001", "`limit` must be an integer from 1 to 1000"),
+            ("limit=x", "`limit` must be an integer from 1 to 1000"),
+        ] {
+            let p = feed_query(bad).unwrap_err();
+            assert_eq!(p.status, 400, "{bad}");
+            assert!(p.detail.contains(says), "{bad}: {}", p.detail);
+        }
+    }
+
+    #[test]
+    fn accept_is_negotiated_by_q_value() {
+        assert!(!wants_stream(&HeaderMap::new()));
+        for (accept, streams) in [
+            ("text/event-stream", true),
+            ("Text/Event-Stream", true),
+            ("text/event-stream;q=0", false),
+            ("text/event-stream;q=0.000, */*;q=0.1", false),
+            ("application/json;q=0.5, Text/Event-Stream;q=1", true),
+            ("application/json, text/event-stream;q=0.9", false),
+            ("application/json, text/event-stream", false),
+            ("text/event-stream, application/json", true),
+            ("text/event-stream, */*", true),
+            ("text/event-stream;q=0.5, */*", false),
+            ("text/*, text/event-stream;q=0", false),
+            ("*/*", false),
+            ("text/*", false),
+            ("application/json", false),
+            ("text/event-stream, this is not a media type", false),
+        ] {
+            let mut h = HeaderMap::new();
+            h.insert(header::ACCEPT, accept.parse().unwrap());
+            assert_eq!(wants_stream(&h), streams, "Accept: {accept}");
+        }
+        // Several lines are one list.
+        let mut h = HeaderMap::new();
+        h.append(header::ACCEPT, "application/json;q=0.2".parse().unwrap());
+        h.append(header::ACCEPT, "text/event-stream".parse().unwrap());
         assert!(wants_stream(&h));
     }
 }

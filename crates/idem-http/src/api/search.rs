@@ -11,6 +11,7 @@ use idem_store::ops::search::{DEFAULT_LIMIT, MAX_LIMIT, TaskCursor, TaskQuery};
 use serde::Serialize;
 use utoipa::{IntoParams, ToSchema};
 
+use super::attempts::is_short_text;
 use super::unknown_operation;
 use super::wire::{LookupQuery, TaskEnvelope, TasksPage};
 use crate::auth::Caller;
@@ -43,8 +44,10 @@ pub struct TasksQuery {
     /// no character is a wildcard).
     #[param(pattern = "^[!-~]{1,255}$")]
     idempotency_key_prefix: Option<String>,
-    /// Only the task whose attempt reported this provider transaction id.
-    #[param(min_length = 1, max_length = 1024)]
+    /// Only the task whose attempt reported this provider transaction id
+    /// (1–200 characters, none of them a control character: what a report
+    /// takes, SPEC §7).
+    #[param(min_length = 1, max_length = 200)]
     external_txn_id: Option<String>,
     /// Page size, 1–200 (default 50).
     #[param(minimum = 1, maximum = 200)]
@@ -104,8 +107,9 @@ pub async fn list_tasks(
 /// # Errors
 /// 400 `INVALID_REQUEST` for an unknown parameter, a repeated one other than
 /// `state`, an unknown state, a timestamp that is not RFC 3339, a limit
-/// outside 1–200, a cursor this server did not hand out, or an empty or
-/// malformed prefix or transaction id.
+/// outside 1–200, a cursor this server did not hand out, an empty or
+/// malformed prefix, or a transaction id a report would not take (1–200
+/// characters, no control character).
 pub fn read_query(pairs: &[(String, String)]) -> Result<TaskQuery, Problem> {
     let mut q = TaskQuery::default();
     let mut seen: Vec<&str> = Vec::new();
@@ -140,9 +144,11 @@ pub fn read_query(pairs: &[(String, String)]) -> Result<TaskQuery, Problem> {
                 q.idempotency_key_prefix = Some(v.clone());
             }
             "external_txn_id" => {
-                if v.is_empty() || v.chars().count() > 1024 {
+                // The rule of the reports that store these ids: one the
+                // report would refuse can match no task.
+                if !is_short_text(v) {
                     return Err(Problem::invalid(
-                        "`external_txn_id` must be 1–1024 characters",
+                        "`external_txn_id` must be 1–200 characters, none of them a control character",
                     ));
                 }
                 q.external_txn_id = Some(v.clone());
@@ -250,11 +256,27 @@ mod tests {
             "idempotency_key_prefix=",
             "idempotency_key_prefix=caf%C3%A9",
             "external_txn_id=",
+            "external_txn_id=%00",
+            "external_txn_id=tx%0A",
+            "external_txn_id=tx%C2%85",
             "limit=5&limit=6",
             "states=queued",
         ] {
             let p = q(bad).unwrap_err();
             assert_eq!(p.status, 400, "{bad}");
         }
+        let longest = "é".repeat(200);
+        assert_eq!(
+            q(&format!("external_txn_id={longest}"))
+                .unwrap()
+                .external_txn_id,
+            Some(longest.clone())
+        );
+        assert_eq!(
+            q(&format!("external_txn_id={longest}x"))
+                .unwrap_err()
+                .status,
+            400
+        );
     }
 }

@@ -3,11 +3,13 @@
 //! than the largest stored (the unique index `events_position` makes that a
 //! single index probe). The one writer commits one transaction at a time and
 //! readers see whole commits, so a reader paging by position never sees an
-//! event appear below the last one it read.
+//! event appear below the last one it read. The feed's head
+//! ([`idem_store::feed::FeedHead`]) is the largest stored position, one probe
+//! of the same index, read on the same connection as the page.
 
 use idem_core::model::{Event, Timestamp};
 use idem_store::StoreError;
-use idem_store::feed::{FeedCursor, FeedEvent};
+use idem_store::feed::{FeedCursor, FeedEvent, FeedHead, FeedRead};
 use rusqlite::{OptionalExtension, params};
 use uuid::Uuid;
 
@@ -28,6 +30,10 @@ const FEED_PAGE: &str = "SELECT task_id, seq, type, at, data, operation, positio
      WHERE tenant = ?1 AND position > ?2 \
        AND (?3 IS NULL OR operation IN (SELECT value FROM json_each(?3))) \
      ORDER BY position LIMIT ?4";
+
+/// The largest stored position (0 when there is no event): every position
+/// the feed gave out is at most this, as events are never removed.
+const LAST_POSITION: &str = "SELECT coalesce(max(position), 0) FROM events";
 
 impl SqliteTx<'_> {
     /// Appends `events` of `task_id` (the task row must exist).
@@ -83,14 +89,25 @@ impl SqliteTx<'_> {
         rows.collect::<rusqlite::Result<Vec<_>>>().map_err(decode)
     }
 
-    /// A page of the tenant feed ([`idem_store::Tx::feed`]).
+    /// A page of the tenant feed with the feed's head
+    /// ([`idem_store::Tx::feed`]): every `txid` is 0, so the head's
+    /// `txid_below` is 1.
     pub(super) fn feed_page(
         &mut self,
         tenant: &str,
         operations: Option<&[String]>,
         after: FeedCursor,
         limit: i64,
-    ) -> Result<Vec<FeedEvent>, StoreError> {
+    ) -> Result<FeedRead, StoreError> {
+        let last_position: i64 = self
+            .conn
+            .prepare_cached(LAST_POSITION)
+            .and_then(|mut stmt| stmt.query_row([], |r| r.get(0)))
+            .map_err(db)?;
+        let head = FeedHead {
+            txid_below: 1,
+            last_position,
+        };
         let classes = operations.map(|o| to_json(&o)).transpose()?;
         let mut stmt = self.conn.prepare_cached(FEED_PAGE).map_err(db)?;
         let rows = stmt
@@ -111,6 +128,7 @@ impl SqliteTx<'_> {
                 })
             })
             .map_err(db)?;
-        rows.collect::<rusqlite::Result<Vec<_>>>().map_err(decode)
+        let events = rows.collect::<rusqlite::Result<Vec<_>>>().map_err(decode)?;
+        Ok(FeedRead { head, events })
     }
 }

@@ -241,3 +241,54 @@ pub async fn feed_is_scoped_to_tenant_and_grant(store: Store) {
     assert_eq!(events, a.events(safe.id).await);
     assert_not_found(store.task_history(Some("globex"), safe.id).await, "history");
 }
+
+/// A cursor ahead of the feed's head is refused ([`crate::feed::CursorAhead`]):
+/// a position past the last one given out, or a transaction id not yet
+/// served; every cursor the feed gave out, the head's included, is read, also
+/// by another tenant (a cursor names no tenant) and by a key limited to other
+/// classes.
+pub async fn feed_refuses_a_cursor_ahead_of_its_head(store: Store) {
+    let a = Ctx::new(&store, "acme").await;
+    a.create(SAFE, &contract(SAFE)).await;
+    let page = read_until(&store, "acme", FeedCursor::START, 1).await;
+    let head = must(
+        page.last().map(|e| e.cursor).ok_or(()),
+        "acme's submit event",
+    );
+    let limited = store.granted(Some(vec![NON_SAFE.to_owned()]));
+    for (who, reader, tenant) in [
+        ("acme", &store, "acme"),
+        ("globex", &store, "globex"),
+        ("a key of another class", &limited, "acme"),
+    ] {
+        for given in [FeedCursor::START, head] {
+            let read = must(reader.read_feed(tenant, given, 10).await, "feed");
+            assert!(read.is_ok(), "{who}: {given} was given out: {read:?}");
+        }
+    }
+    let ahead = [
+        FeedCursor {
+            txid: head.txid,
+            position: head.position + 1,
+        },
+        FeedCursor {
+            txid: 0,
+            position: 99_999_999,
+        },
+        FeedCursor {
+            txid: i64::MAX / 2,
+            position: head.position,
+        },
+    ];
+    for c in ahead {
+        let read = must(store.read_feed("acme", c, 10).await, "feed");
+        assert_eq!(read, Err(crate::feed::CursorAhead(c)), "{c} is ahead");
+        assert!(
+            matches!(
+                store.feed("acme", c, 10).await,
+                Err(crate::StoreError::Corrupt(_))
+            ),
+            "{c}: a reader's own cursor ahead of the head is a lost history"
+        );
+    }
+}

@@ -5,7 +5,7 @@ use idem_core::model::{Event, Task};
 use uuid::Uuid;
 
 use super::{Access, Grant, Operation, owned_task};
-use crate::feed::{FeedCursor, FeedEvent};
+use crate::feed::{CursorAhead, FeedCursor, FeedEvent};
 use crate::{Refusal, Result, Tx};
 
 /// Most events one feed page holds.
@@ -36,7 +36,8 @@ impl Operation for TaskHistory {
 }
 
 /// One page of a tenant's feed: up to `limit` events after `after`, in feed
-/// order, of the classes the grant allows.
+/// order, of the classes the grant allows; refused when `after` is ahead of
+/// the feed's head ([`crate::feed::FeedHead`]).
 #[derive(Debug, Clone)]
 pub struct ReadFeed {
     /// Tenant.
@@ -50,16 +51,22 @@ pub struct ReadFeed {
 }
 
 impl Operation for ReadFeed {
-    type Reply = Vec<FeedEvent>;
+    type Reply = Result<Vec<FeedEvent>, CursorAhead>;
     const WRITES: bool = false;
     async fn run<T: Tx>(&self, tx: &mut T) -> Result<Self::Reply> {
         let limit = self.limit.clamp(1, MAX_FEED_PAGE);
-        tx.feed(
-            &self.tenant,
-            self.grant.as_deref().map(Vec::as_slice),
-            self.after,
-            limit,
-        )
-        .await
+        let read = tx
+            .feed(
+                &self.tenant,
+                self.grant.as_deref().map(Vec::as_slice),
+                self.after,
+                limit,
+            )
+            .await?;
+        Ok(if read.head.admits(self.after) {
+            Ok(read.events)
+        } else {
+            Err(CursorAhead(self.after))
+        })
     }
 }

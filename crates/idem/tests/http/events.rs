@@ -493,3 +493,177 @@ async fn the_feed_misses_nothing_across_a_sigkill_postgres() {
     })
     .await;
 }
+
+/// The first non-empty page of `key`'s feed (bounded wait: on PostgreSQL an
+/// event is served once every older transaction has ended).
+async fn first_page(srv: &Server, key: &str) -> idem_client::FeedPage {
+    let c = client(srv, key);
+    let deadline = Instant::now() + POLL_TIMEOUT;
+    loop {
+        let p = c.feed_page(None, None).await.unwrap();
+        if !p.events.is_empty() {
+            return p;
+        }
+        assert!(Instant::now() < deadline, "the feed stays empty");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `GET /v1/events` as a stream with `Last-Event-ID: cursor`.
+async fn feed_stream_from(srv: &Server, cursor: &str) -> crate::support::Resp {
+    crate::support::send(
+        srv.http
+            .get(format!("{}/v1/events", srv.url))
+            .bearer_auth(&srv.keys.acme)
+            .header("accept", "text/event-stream")
+            .header("last-event-id", cursor),
+    )
+    .await
+}
+
+/// Which store a test's server runs on.
+#[derive(Clone, Copy, PartialEq)]
+enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// A cursor no page of the feed could have given out, one ahead of the
+/// feed's head, is 400 `INVALID_REQUEST` as a page (`after`) and as a stream
+/// (`Last-Event-ID`): a position past the last one given out, a transaction
+/// id not yet served (PostgreSQL: at or above the snapshot's xmin; SQLite:
+/// any but 0). Every cursor the feed gave out, the head's included, and the
+/// start (`0-0`) are read.
+async fn cursor_ahead_of_the_feed_is_refused(srv: Server, backend: Backend) {
+    srv.new_task(&ikey(), "generation.dispatch", generation("a"))
+        .await;
+    let page = first_page(&srv, &srv.keys.acme).await;
+    let head = page.next_cursor.clone();
+    let (txid, position) = head.split_once('-').unwrap();
+    let (txid, position): (i64, i64) = (txid.parse().unwrap(), position.parse().unwrap());
+    for given in ["0-0".to_owned(), head.clone()] {
+        let r = srv
+            .get(&format!("/v1/events?after={given}"), &srv.keys.acme)
+            .await;
+        r.ok(200);
+    }
+    let mut ahead = vec![
+        "0-99999999".to_owned(),
+        format!("{txid}-{}", position + 1),
+        format!("{}-{position}", i64::MAX / 2),
+    ];
+    if backend == Backend::Sqlite {
+        ahead.push(format!("1-{position}"));
+    }
+    for cursor in &ahead {
+        let r = srv
+            .get(&format!("/v1/events?after={cursor}"), &srv.keys.acme)
+            .await;
+        r.assert_problem(400, "INVALID_REQUEST");
+        assert!(
+            r.json["detail"]
+                .as_str()
+                .unwrap()
+                .contains("ahead of the feed"),
+            "{cursor}: {}",
+            r.text
+        );
+        feed_stream_from(&srv, cursor)
+            .await
+            .assert_problem(400, "INVALID_REQUEST");
+    }
+    // Another tenant's feed has the same head: acme's head cursor is not
+    // ahead of it (a cursor names no tenant), it just holds nothing after it.
+    let theirs = srv
+        .get(&format!("/v1/events?after={head}"), &srv.keys.other)
+        .await;
+    assert_eq!(theirs.ok(200)["events"], json!([]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_ahead_of_the_feed_is_refused_sqlite() {
+    cursor_ahead_of_the_feed_is_refused(Server::fast().await, Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_ahead_of_the_feed_is_refused_postgres() {
+    let db = idem_store_postgres::testing::fresh_database().await;
+    let keys = Server::create_keys(db.url());
+    let srv = Server::start_pg(db.url(), &keys, &[]).await;
+    cursor_ahead_of_the_feed_is_refused(srv, Backend::Postgres).await;
+}
+
+/// The feed takes `after` and `limit`, each at most once: an unknown
+/// parameter is 400 naming it, a repeated one 400 saying so (as a search
+/// answers them).
+#[tokio::test]
+async fn the_feed_refuses_unknown_and_repeated_parameters() {
+    let srv = Server::in_process().await;
+    for (query, says) in [
+        ("foo=1", "unknown parameter `foo`"),
+        ("after=0-0&Limit=5", "unknown parameter `Limit`"),
+        ("after=0-0&after=0-0", "`after` is given more than once"),
+        ("limit=5&limit=5", "`limit` is given more than once"),
+    ] {
+        for path in ["/v1/events", "/v1/tasks"] {
+            if path == "/v1/tasks" && query.starts_with("after") {
+                continue;
+            }
+            let r = srv.get(&format!("{path}?{query}"), &srv.keys.acme).await;
+            r.assert_problem(400, "INVALID_REQUEST");
+            let detail = r.json["detail"].as_str().unwrap();
+            assert!(detail.contains(says), "{path}?{query}: {detail}");
+        }
+    }
+    srv.get("/v1/events?after=0-0&limit=5", &srv.keys.acme)
+        .await
+        .ok(200);
+}
+
+/// `Accept` is negotiated by q-value (RFC 9110 §12.5.1) between the JSON
+/// answer and the stream, on a task's events and on the feed: `q=0` is not
+/// acceptable, the higher q wins, a tie goes to JSON unless the stream is
+/// named more specifically or first, and a wildcard alone never opens a
+/// stream.
+#[tokio::test]
+async fn accept_is_negotiated_by_q_value() {
+    let srv = Server::in_process().await;
+    let task = srv
+        .new_task(&ikey(), "generation.dispatch", generation("a"))
+        .await;
+    let id = s(&task["id"]);
+    let cases = [
+        ("text/event-stream", true),
+        ("Text/Event-Stream", true),
+        ("text/event-stream;q=0", false),
+        ("text/event-stream; q=0.0, application/json;q=0.1", false),
+        ("application/json;q=0.5, text/event-stream", true),
+        ("application/json, text/event-stream;q=0.9", false),
+        ("application/json, text/event-stream", false),
+        ("text/event-stream, */*", true),
+        ("text/event-stream;q=0.5, */*", false),
+        ("*/*", false),
+        ("text/*", false),
+        ("application/json", false),
+    ];
+    for path in [format!("/v1/tasks/{id}/events"), "/v1/events".to_owned()] {
+        for (accept, streams) in cases {
+            let res = srv
+                .http
+                .get(format!("{}{path}", srv.url))
+                .bearer_auth(&srv.keys.acme)
+                .header("accept", accept)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(res.status().as_u16(), 200, "{path} {accept}");
+            let ct = res.headers()["content-type"].to_str().unwrap().to_owned();
+            let want = if streams {
+                "text/event-stream"
+            } else {
+                "application/json"
+            };
+            assert!(ct.starts_with(want), "{path} Accept: {accept} → {ct}");
+        }
+    }
+}

@@ -425,3 +425,59 @@ async fn the_sdk_and_the_command_line_act_as_operators() {
     let task: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(task["state"], json!("queued"));
 }
+
+/// A reason must show something: one made only of white space and format
+/// characters (Unicode category Cf: zero-width space, byte-order mark, word
+/// joiner, soft hyphen …) is 400 `INVALID_REQUEST` on every action and
+/// changes nothing; one visible character among them is enough.
+#[tokio::test]
+async fn a_reason_needs_a_visible_character() {
+    let (srv, admin_id, admin, _) = with_admins().await;
+    let t = srv.new_task("inv-1", PAY, payment(5)).await;
+    let id = s(&t["id"]);
+    let invisible = [
+        "\u{200B}",
+        "\u{FEFF}",
+        " \u{200B}\u{2060} ",
+        "\u{00AD}\u{200D}\u{200E}",
+        "\u{3000}\u{00A0}",
+    ];
+    for action in ["retry-now", "cancel", "resolve", "redrive"] {
+        for reason in invisible {
+            let mut body = json!({"reason": reason});
+            if action == "resolve" {
+                body["outcome"] = json!("not_committed");
+            }
+            let r = act(&srv, &admin, &id, action, body).await;
+            r.assert_problem(400, "INVALID_REQUEST");
+            assert!(
+                r.json["detail"].as_str().unwrap().contains("visible"),
+                "{action} {reason:?}: {}",
+                r.text
+            );
+        }
+    }
+    let now = srv.task(&id).await;
+    assert_eq!(now["state"], json!("queued"));
+    assert_eq!(srv.events(&id).await.len(), 1);
+    // One visible character among format characters is a reason.
+    let r = act(
+        &srv,
+        &admin,
+        &id,
+        "cancel",
+        json!({"reason": "\u{200B}ok\u{FEFF}"}),
+    )
+    .await;
+    r.ok(200);
+    let events = srv.events(&id).await;
+    let e = events
+        .iter()
+        .find(|e| e["type"] == json!("operator_cancel"))
+        .expect("operator_cancel");
+    assert_eq!(
+        e["data"]["actor"],
+        json!({"type": "api_key", "api_key_id": admin_id})
+    );
+    assert_eq!(e["data"]["reason"], json!("\u{200B}ok\u{FEFF}"));
+}

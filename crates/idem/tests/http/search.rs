@@ -393,3 +393,71 @@ async fn conflict_names_differing_fields_and_terminal_meta_has_key_expiry() {
         "{expires}"
     );
 }
+
+/// `GET /v1/tasks?external_txn_id=txn` as acme's client.
+async fn by_txn(srv: &Server, txn: &str) -> crate::support::Resp {
+    let mut url = reqwest::Url::parse(&format!("{}/v1/tasks", srv.url)).unwrap();
+    url.query_pairs_mut().append_pair("external_txn_id", txn);
+    crate::support::send(srv.http.get(url).bearer_auth(&srv.keys.acme)).await
+}
+
+/// The `external_txn_id` filter takes what a report takes (SPEC §7: 1–200
+/// characters, none of them a control character) and answers the same on
+/// every store: the task whose attempt reported a 200-character id is found
+/// by it; a NUL, another control character, 201 characters or an empty id
+/// is 400 `INVALID_REQUEST` naming the rule.
+async fn external_txn_id_filter_takes_what_a_report_takes(srv: Server) {
+    let task = srv
+        .new_task(
+            &crate::support::ikey(),
+            "payment.release",
+            crate::support::payment(5),
+        )
+        .await;
+    let a = srv.claim_one("payment.release", None).await;
+    let txn = format!("tx-{}", "é".repeat(197));
+    assert_eq!(txn.chars().count(), 200);
+    srv.report(
+        &crate::support::s(&a["id"]),
+        json!({"generation": a["generation"], "outcome": "succeeded", "result": {"ok": true}, "external_txn_id": txn}),
+    )
+    .await
+    .ok(200);
+    let found = by_txn(&srv, &txn).await;
+    let tasks = found.ok(200)["tasks"].as_array().unwrap().clone();
+    assert_eq!(tasks.len(), 1, "{}", found.text);
+    assert_eq!(tasks[0]["id"], task["id"]);
+    assert_eq!(by_txn(&srv, "tx-none").await.ok(200)["tasks"], json!([]));
+    for bad in [
+        "\0".to_owned(),
+        "tx\u{1}".to_owned(),
+        "tx\u{7f}".to_owned(),
+        "tx\u{85}".to_owned(),
+        format!("{txn}x"),
+        String::new(),
+    ] {
+        let r = by_txn(&srv, &bad).await;
+        r.assert_problem(400, "INVALID_REQUEST");
+        assert!(
+            r.json["detail"]
+                .as_str()
+                .unwrap()
+                .contains("`external_txn_id` must be 1–200 characters"),
+            "{bad:?}: {}",
+            r.text
+        );
+    }
+}
+
+#[tokio::test]
+async fn external_txn_id_filter_takes_what_a_report_takes_sqlite() {
+    external_txn_id_filter_takes_what_a_report_takes(Server::fast().await).await;
+}
+
+#[tokio::test]
+async fn external_txn_id_filter_takes_what_a_report_takes_postgres() {
+    let db = idem_store_postgres::testing::fresh_database().await;
+    let keys = Server::create_keys(db.url());
+    let srv = Server::start_pg(db.url(), &keys, &[]).await;
+    external_txn_id_filter_takes_what_a_report_takes(srv).await;
+}

@@ -472,3 +472,47 @@ async fn no_submit_is_acknowledged_that_the_file_does_not_hold() {
         "acknowledged but not stored: {missing:?}"
     );
 }
+
+/// The longest request target reaches the API and gets its problem; one
+/// byte more is answered by hyper's HTTP/1 parser before any route or
+/// middleware runs (request targets over 65,534 bytes, a constant of hyper's,
+/// `MAX_URI_LEN`): 414 with an empty body, no problem document and no
+/// `X-Request-Id` (SPEC §7). Sent over a raw connection: HTTP clients refuse
+/// to build such a request.
+#[tokio::test]
+async fn a_request_target_over_hypers_limit_is_414_without_a_body() {
+    let srv = Server::in_process().await;
+    let head = |len: usize| {
+        let path = "/v1/tasks?pad=";
+        let target = format!("{path}{}", "a".repeat(len - path.len()));
+        format!(
+            "GET {target} HTTP/1.1\r\nHost: idem\r\nAuthorization: Bearer {}\r\nConnection: close\r\n\r\n",
+            srv.keys.acme
+        )
+    };
+    let mut conn = TcpStream::connect(addr(&srv)).await.unwrap();
+    conn.write_all(head(65_534).as_bytes()).await.unwrap();
+    let mut longest = String::new();
+    conn.read_to_string(&mut longest).await.unwrap();
+    let (status, rest) = longest.split_once("\r\n").unwrap();
+    assert_eq!(status, "HTTP/1.1 400 Bad Request");
+    let lower = rest.to_ascii_lowercase();
+    assert!(
+        lower.contains("content-type: application/problem+json"),
+        "{rest}"
+    );
+    assert!(lower.contains("x-request-id:"), "{rest}");
+    assert!(rest.contains("unknown parameter `pad"), "{rest}");
+
+    let mut conn = TcpStream::connect(addr(&srv)).await.unwrap();
+    conn.write_all(head(65_535).as_bytes()).await.unwrap();
+    let mut over = String::new();
+    conn.read_to_string(&mut over).await.unwrap();
+    let (status, rest) = over.split_once("\r\n").unwrap();
+    assert_eq!(status, "HTTP/1.1 414 URI Too Long");
+    let lower = rest.to_ascii_lowercase();
+    assert!(lower.contains("content-length: 0\r\n"), "{rest}");
+    assert!(!lower.contains("content-type:"), "{rest}");
+    assert!(!lower.contains("x-request-id:"), "{rest}");
+    assert!(rest.ends_with("\r\n\r\n"), "{rest}");
+}

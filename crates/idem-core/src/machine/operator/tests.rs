@@ -144,8 +144,24 @@ fn operator_event(j: &Journal, kind: EventKind) -> Value {
 
 #[test]
 fn reasons_are_bounded_printable_text() {
-    assert_eq!(Reason::parse(""), Err(ReasonError::Empty));
-    assert_eq!(Reason::parse("  \u{3000}"), Err(ReasonError::Empty));
+    for nothing_visible in [
+        "",
+        "  \u{3000}",
+        "\u{200B}",
+        "\u{FEFF}",
+        " \u{200B}\u{2060} ",
+        "\u{00AD}\u{200D}\u{200E}\u{202E}",
+        "\u{E0041}\u{180E}",
+    ] {
+        assert_eq!(
+            Reason::parse(nothing_visible),
+            Err(ReasonError::NothingVisible),
+            "{nothing_visible:?}"
+        );
+    }
+    for visible in ["\u{200B}ok\u{FEFF}", "👩\u{200D}🔧", "\u{0301}", "·"] {
+        assert_eq!(Reason::parse(visible).map(|r| r.0), Ok(visible.to_owned()));
+    }
     assert_eq!(Reason::parse("a\nb"), Err(ReasonError::Control));
     assert_eq!(Reason::parse("a\u{0}b"), Err(ReasonError::Control));
     assert_eq!(Reason::parse("a\u{85}b"), Err(ReasonError::Control));
