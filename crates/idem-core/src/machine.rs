@@ -873,12 +873,14 @@ fn schedule_reconcile(task: &mut Task, j: &mut Journal, now: Timestamp, reason: 
     let first = task.state != TaskState::Reconciling;
     task.state = TaskState::Reconciling;
     task.control.next_kind = Some(AttemptKind::Reconcile);
-    task.control.ready_at = if first {
-        now
+    let backoff_ms = if first {
+        0
     } else {
-        now.plus_ms(task.contract.retry.backoff.initial_ms)
+        task.contract.retry.backoff.initial_ms
     };
-    let data = json!({"reason": reason, "ready_at": task.control.ready_at});
+    task.control.ready_at = now.plus_ms(backoff_ms);
+    let data =
+        json!({"reason": reason, "backoff_ms": backoff_ms, "ready_at": task.control.ready_at});
     j.record(task, now, EventKind::ReconciliationRequired, data);
 }
 

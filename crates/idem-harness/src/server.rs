@@ -121,6 +121,7 @@ pub async fn start(store_url: Option<&str>, config: Config, sweep: Duration) -> 
             let (_, client_key) = store.create_api_key("bench", Role::Client, None).await?;
             let (_, executor_key) = store.create_api_key("bench", Role::Executor, None).await?;
             let state = idem_http::AppState::new(store.clone(), config);
+            state.start();
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
             let url = format!("http://{}", listener.local_addr()?);
             let (sweep_stop, sweep_stopped) = oneshot::channel::<()>();

@@ -6,7 +6,9 @@
 //!   it is woken, never on a timer of its own.
 //! - A committed event that may make a task claimable
 //!   ([`EventKind::may_make_claimable`]) wakes one waiter of a group whose
-//!   tenant and classes match: one task, one claim query. A claim that got
+//!   tenant and classes match: one task, one claim query; when the event set
+//!   a backoff ([`idem_store::Change::due_in_ms`]), the waiter is woken when
+//!   the backoff has passed instead. A claim that got
 //!   as many attempts as it asked for wakes the next waiter (there may be
 //!   more work).
 //! - Waiters of a group share what their claims learnt: a claim that found
@@ -32,6 +34,11 @@ use tokio::sync::Notify;
 /// How often the oldest waiter of every group runs a claim query with no
 /// change heard: what a lost notification costs at most.
 pub const CLAIM_RECHECK: Duration = Duration::from_secs(5);
+
+/// How long after a backoff's end a waiter is woken for its task: the
+/// backoff is measured on this instance's clock from the moment the change
+/// is heard, later than the database's, so a small margin suffices.
+pub const DUE_MARGIN: Duration = Duration::from_millis(5);
 
 /// A group: the claims of one tenant for one set of classes.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -102,10 +109,18 @@ impl ClaimHub {
         tenant: &str,
         operations: &[String],
     ) -> Seat {
+        self.start(store);
+        self.seat(tenant, operations)
+    }
+
+    /// Starts listening on `store`'s changes, if not yet (a server does at
+    /// start-up, [`crate::AppState::start`], so a backoff that began before
+    /// the first claim waited still wakes it when it ends). Needs a tokio
+    /// runtime.
+    pub fn start(self: &Arc<Self>, store: &Store) {
         if !self.listening.swap(true, Ordering::SeqCst) {
             tokio::spawn(listen(Arc::downgrade(self), store.changes().subscribe()));
         }
-        self.seat(tenant, operations)
     }
 
     /// A seat in the group of `tenant` and `operations` (see [`ClaimHub::join`]).
@@ -197,7 +212,18 @@ async fn listen(hub: Weak<ClaimHub>, mut watch: idem_store::Watch) {
             notice = watch.next() => {
                 let Some(hub) = hub.upgrade() else { return };
                 match notice {
-                    Notice::Change(c) if c.kind.may_make_claimable() => hub.changed(&c.tenant, &c.operation),
+                    Notice::Change(c) if c.kind.may_make_claimable() => match c.due_in_ms {
+                        None => hub.changed(&c.tenant, &c.operation),
+                        Some(ms) => {
+                            let hub = Arc::downgrade(&hub);
+                            tokio::spawn(async move {
+                                tokio::time::sleep(Duration::from_millis(ms) + DUE_MARGIN).await;
+                                if let Some(hub) = hub.upgrade() {
+                                    hub.changed(&c.tenant, &c.operation);
+                                }
+                            });
+                        }
+                    },
                     Notice::Change(_) => {}
                     Notice::Resync => hub.recheck_all(),
                 }

@@ -115,6 +115,16 @@ impl AppState {
         self.draining.send_replace(true);
     }
 
+    /// Starts what waiting requests are woken by: the store's change
+    /// notifications (on PostgreSQL its listening connection) and the
+    /// waiting claims' listener ([`claims::ClaimHub::start`]). A server calls
+    /// it before it takes requests; without it both start on first use.
+    /// Needs a tokio runtime.
+    pub fn start(&self) {
+        self.store.changes().start();
+        self.claims.start(&self.store);
+    }
+
     /// Whether [`AppState::drain`] was called.
     pub fn is_draining(&self) -> bool {
         *self.draining.borrow()

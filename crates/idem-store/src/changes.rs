@@ -19,7 +19,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use idem_core::model::EventKind;
+use idem_core::model::{Event, EventKind};
 use tokio::sync::{broadcast, watch};
 use uuid::Uuid;
 
@@ -41,20 +41,43 @@ pub struct Change {
     pub task_id: Uuid,
     /// The event's type.
     pub kind: EventKind,
+    /// How long after this event its task becomes claimable, ms, when the
+    /// transition set a backoff (the event's `data.backoff_ms` above 0:
+    /// `retry_scheduled`, `reconciliation_required`); `None`: at once, or not
+    /// at all.
+    pub due_in_ms: Option<u64>,
 }
 
 impl Change {
+    /// The change an event of `task_id` of `tenant` and `operation` is.
+    pub fn of_event(tenant: String, operation: String, task_id: Uuid, event: &Event) -> Change {
+        Change {
+            tenant,
+            operation,
+            task_id,
+            kind: event.kind,
+            due_in_ms: event.data["backoff_ms"].as_u64().filter(|ms| *ms > 0),
+        }
+    }
+
     /// Decodes the payload of a PostgreSQL notification: the JSON array
-    /// `[tenant, operation, task_id, type]` the `events` trigger builds
-    /// (migration 8). `None` for anything else.
+    /// `[tenant, operation, task_id, type, backoff_ms]` the `events` trigger
+    /// builds (migration 8; `backoff_ms` is the event's `data.backoff_ms` or
+    /// null). `None` for anything else.
     pub fn from_payload(payload: &str) -> Option<Change> {
-        let (tenant, operation, task_id, kind): (String, String, Uuid, String) =
-            serde_json::from_str(payload).ok()?;
+        let (tenant, operation, task_id, kind, backoff_ms): (
+            String,
+            String,
+            Uuid,
+            String,
+            Option<u64>,
+        ) = serde_json::from_str(payload).ok()?;
         Some(Change {
             tenant,
             operation,
             task_id,
             kind: kind.parse().ok()?,
+            due_in_ms: backoff_ms.filter(|ms| *ms > 0),
         })
     }
 }
@@ -218,12 +241,20 @@ mod tests {
     #[test]
     fn payloads_of_the_trigger_decode_and_others_do_not() {
         let id = Uuid::nil();
-        let c = Change::from_payload(&format!(r#"["t1","payout","{id}","delivered"]"#)).unwrap();
+        let c =
+            Change::from_payload(&format!(r#"["t1","payout","{id}","delivered",null]"#)).unwrap();
         assert_eq!(c.tenant, "t1");
         assert_eq!(c.operation, "payout");
         assert_eq!(c.kind, EventKind::Delivered);
-        assert!(Change::from_payload(r#"["t1","payout","x","delivered"]"#).is_none());
-        assert!(Change::from_payload(&format!(r#"["t1","payout","{id}","nope"]"#)).is_none());
+        assert_eq!(c.due_in_ms, None);
+        let c = Change::from_payload(&format!(r#"["t1","payout","{id}","retry_scheduled",250]"#))
+            .unwrap();
+        assert_eq!(c.due_in_ms, Some(250));
+        let c = Change::from_payload(&format!(r#"["t1","payout","{id}","retry_scheduled",0]"#))
+            .unwrap();
+        assert_eq!(c.due_in_ms, None);
+        assert!(Change::from_payload(r#"["t1","payout","x","delivered",null]"#).is_none());
+        assert!(Change::from_payload(&format!(r#"["t1","payout","{id}","nope",null]"#)).is_none());
         assert!(Change::from_payload("{}").is_none());
     }
 
@@ -243,6 +274,7 @@ mod tests {
             operation: "op".into(),
             task_id: Uuid::nil(),
             kind: EventKind::TaskSubmitted,
+            due_in_ms: None,
         };
         changes.publish(change.clone());
         for w in [&mut a, &mut b] {
@@ -263,6 +295,7 @@ mod tests {
                 operation: "op".into(),
                 task_id: Uuid::nil(),
                 kind: EventKind::TaskSubmitted,
+                due_in_ms: None,
             });
         }
         assert!(matches!(w.next().await, Notice::Resync));

@@ -137,7 +137,7 @@ pub(crate) async fn serve(args: ServeArgs, store_args: StoreArgs) -> Result<()> 
     // recorded too; the router would install it only later.
     let _ = idem_http::metrics_handle();
     // Listen for committed changes before the first request waits on them.
-    store.changes().start();
+    state.start();
     let sweeper = tokio::spawn(idem_store::sweeper::run_sweeper(
         store.clone(),
         Duration::from_millis(sweep_ms.max(10)),

@@ -72,6 +72,7 @@ impl Target {
         .map(|(k, v)| (k.to_owned(), v.to_owned()));
         let config = Config::from_toml_with_env(DEFAULT_TOML, overrides)?;
         let state = idem_http::AppState::new(store.clone(), config);
+        state.start();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let url = format!("http://{}", listener.local_addr()?);
         let (stop, stopped) = oneshot::channel::<()>();

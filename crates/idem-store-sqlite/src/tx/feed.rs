@@ -58,12 +58,8 @@ impl SqliteTx<'_> {
                     e.seq
                 )));
             };
-            self.notes.push(idem_store::Change {
-                tenant,
-                operation,
-                task_id,
-                kind: e.kind,
-            });
+            self.notes
+                .push(idem_store::Change::of_event(tenant, operation, task_id, e));
         }
         Ok(())
     }

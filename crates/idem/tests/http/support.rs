@@ -271,6 +271,7 @@ impl Server {
         let config = idem_core::config::Config::from_toml_with_env(&text, opts.env.clone())
             .expect("the configuration");
         let state = idem_http::AppState::new(store.clone(), config);
+        state.start();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind 127.0.0.1:0");

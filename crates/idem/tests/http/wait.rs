@@ -225,3 +225,53 @@ async fn a_new_task_wakes_a_waiter_of_its_class() {
     submitted.sort_by_key(|v| v.to_string());
     assert_eq!(claimed, submitted);
 }
+
+/// A task that becomes claimable only after a backoff (here a reconcile
+/// repeated 1 s after a failed one) wakes a waiting claim when the backoff
+/// has passed: the claim, waiting 3 s, gets it without waiting for the
+/// group's 5 s re-check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_claim_is_woken_when_a_backoff_ends() {
+    let srv = Server::start_with(
+        Options::fast()
+            .env(
+                "IDEM_OPERATIONS__PAYMENT_RELEASE__RETRY__BACKOFF__INITIAL_MS",
+                "1000",
+            )
+            .env(
+                "IDEM_OPERATIONS__PAYMENT_RELEASE__RETRY__BACKOFF__MAX_MS",
+                "1000",
+            )
+            .env("RUST_LOG", DEBUG_LOG),
+    )
+    .await;
+    let t = srv
+        .new_task("w-8", "payment.release", crate::support::payment(40))
+        .await;
+    let id = s(&t["id"]);
+    let a = srv.claim_one("payment.release", None).await;
+    srv.report(
+        &s(&a["id"]),
+        json!({"generation": a["generation"], "outcome": "unknown"}),
+    )
+    .await
+    .ok(200);
+    let r = srv.claim_one("payment.release", None).await;
+    assert_eq!(r["kind"], json!("reconcile"));
+    srv.report(
+        &s(&r["id"]),
+        json!({"generation": r["generation"], "outcome": "failed", "failure_class": "transient"}),
+    )
+    .await
+    .ok(200);
+    let req = srv
+        .http
+        .post(format!("{}/v1/attempts/claim", srv.url))
+        .bearer_auth(&srv.keys.exec)
+        .json(&json!({"executor_id": "due", "operations": ["payment.release"], "wait_ms": 3000}));
+    let r = send(req).await;
+    let got = r.ok(200)["attempts"].as_array().expect("array").clone();
+    assert_eq!(got.len(), 1, "woken when the backoff ended: {}", r.text);
+    assert_eq!(got[0]["task_id"], json!(id));
+    assert_eq!(got[0]["kind"], json!("reconcile"));
+}
