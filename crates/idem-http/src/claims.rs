@@ -338,7 +338,10 @@ mod tests {
         let turn = a.begin();
         hub.changed("t", "pay");
         a.end(turn, 0, 1);
-        assert!(b.begin().claim, "the change came after the claim's snapshot");
+        assert!(
+            b.begin().claim,
+            "the change came after the claim's snapshot"
+        );
     }
 
     #[test]
