@@ -39,6 +39,7 @@ mod operator;
 mod search;
 mod types;
 mod wait;
+pub mod worker;
 
 pub use events::{EventStream, FeedEvent, FeedPage};
 use idem_api::{AckBody, ClaimBody, ClaimResponse, HeartbeatBody, SubmitBody};

@@ -21,3 +21,4 @@ mod serving;
 mod submit;
 mod support;
 mod wait;
+mod worker;

@@ -1,0 +1,501 @@
+//! An executor runtime (SPEC §4, executor protocol): a [`Worker`] long-poll
+//! claims attempts for the operation classes it has a [`Handler`] for, runs
+//! each with a [`Context`], heartbeats it at a third of its lease with the
+//! usage the handler recorded, tells the handler when a cancellation is
+//! requested or the lease is lost, and reports the outcome once.
+//!
+//! What a handler's answer is reported as:
+//!
+//! | handler answer | report |
+//! | --- | --- |
+//! | `execute` → `Ok(Execution::Succeeded { … })` | `succeeded` (result, `external_txn_id`, usage) |
+//! | `execute` → `Ok(Execution::Cancelled)` | `cancelled` (usage kept) |
+//! | `Err(HandlerError::Transient)` / `InvalidInput` / `PermissionDenied` | `failed` with that class |
+//! | `Err(HandlerError::Unknown)`, or a panic, in `execute` | `unknown`: a non-safe class is reconciled before anything repeats |
+//! | `reconcile` → `Ok(Reconciliation::Committed { … })` / `NotCommitted` | `committed` / `not_committed` |
+//! | any error or panic in `reconcile` | `failed` `transient`: another reconcile attempt follows, never an execute (SPEC §2) |
+//!
+//! A lost lease (a heartbeat answered 409 `STALE_GENERATION`) is told to the
+//! handler ([`Context::lease_lost`], [`Context::stopped`]); whatever it
+//! returns is still reported once, and idem keeps it as evidence.
+//!
+//! Shutdown (the future given to [`Worker::run`]) stops claiming at once,
+//! lets running attempts finish within [`Worker::grace`], then returns;
+//! attempts still running are abandoned, and their leases run out.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::FutureExt;
+use serde_json::Value;
+use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinSet;
+use uuid::Uuid;
+
+use crate::{AttemptKind, ClaimedAttempt, Client, ClientError, FailureClass, ReportBody, Task};
+
+/// A boxed future a [`Handler`] returns.
+pub type HandlerFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, HandlerError>> + Send + 'a>>;
+
+/// What an `execute` attempt ended with.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Execution {
+    /// The effect happened: report `succeeded`.
+    Succeeded {
+        /// The result delivered to the client.
+        result: Value,
+        /// The provider's transaction id, if any.
+        external_txn_id: Option<String>,
+        /// The usage total, when the handler did not record it with
+        /// [`Context::record_usage`].
+        usage: Option<i64>,
+    },
+    /// Stopped on a cancellation request before the effect: report `cancelled`.
+    Cancelled,
+}
+
+impl Execution {
+    /// `Succeeded` with `result` and nothing else.
+    pub fn succeeded(result: Value) -> Execution {
+        Execution::Succeeded {
+            result,
+            external_txn_id: None,
+            usage: None,
+        }
+    }
+}
+
+/// What a `reconcile` attempt found out.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reconciliation {
+    /// The earlier effect happened: report `committed`.
+    Committed {
+        /// Its result.
+        result: Value,
+        /// The provider's transaction id, if any.
+        external_txn_id: Option<String>,
+    },
+    /// It did not happen: report `not_committed` (the next execute may start).
+    NotCommitted,
+}
+
+/// A handler's failure; each variant is a failure class (SPEC §3).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HandlerError {
+    /// Worth retrying after a backoff (safe classes only; a non-safe class fails).
+    #[error("transient: {0}")]
+    Transient(String),
+    /// The request can never succeed.
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    /// Not allowed, and asking again will not help.
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
+    /// The handler cannot tell whether the effect happened (a timeout after
+    /// sending to the provider, a crash mid-call).
+    #[error("outcome unknown: {0}")]
+    Unknown(String),
+}
+
+/// The code for one operation class.
+pub trait Handler: Send + Sync + 'static {
+    /// Performs the effect. Pass [`Context::task_id`] to the provider as its
+    /// idempotency key, so a repeat of this task is one effect there too.
+    fn execute<'a>(&'a self, ctx: &'a Context) -> HandlerFuture<'a, Execution>;
+    /// Asks the provider whether an earlier execute of this task took effect.
+    fn reconcile<'a>(&'a self, ctx: &'a Context) -> HandlerFuture<'a, Reconciliation>;
+}
+
+/// Why a running attempt should stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    Running,
+    CancelRequested,
+    LeaseLost,
+}
+
+/// What a handler gets for one attempt.
+#[derive(Debug)]
+pub struct Context {
+    attempt: ClaimedAttempt,
+    client: Client,
+    usage: Mutex<Option<i64>>,
+    stop: watch::Sender<Stop>,
+}
+
+impl Context {
+    /// The task: pass its id to the provider as the provider's idempotency key.
+    pub fn task_id(&self) -> Uuid {
+        self.attempt.task_id
+    }
+    /// The attempt.
+    pub fn attempt_id(&self) -> Uuid {
+        self.attempt.id
+    }
+    /// The attempt's number (1 for the first).
+    pub fn number(&self) -> i64 {
+        self.attempt.number
+    }
+    /// The fencing generation this attempt holds.
+    pub fn generation(&self) -> i64 {
+        self.attempt.generation
+    }
+    /// `execute` or `reconcile`.
+    pub fn kind(&self) -> &AttemptKind {
+        &self.attempt.kind
+    }
+    /// The operation class.
+    pub fn operation(&self) -> &str {
+        &self.attempt.operation
+    }
+    /// The task's params.
+    pub fn params(&self) -> &Value {
+        &self.attempt.params
+    }
+    /// The client's idempotency key of the task.
+    pub fn idempotency_key(&self) -> &str {
+        &self.attempt.idempotency_key
+    }
+    /// The claimed attempt as idem sent it.
+    pub fn attempt(&self) -> &ClaimedAttempt {
+        &self.attempt
+    }
+
+    /// Records the usage total so far (sent with the next heartbeat and the report).
+    pub fn record_usage(&self, total: i64) {
+        if let Ok(mut usage) = self.usage.lock() {
+            *usage = Some(total);
+        }
+    }
+
+    /// The usage total recorded so far.
+    pub fn usage(&self) -> Option<i64> {
+        self.usage.lock().ok().and_then(|u| *u)
+    }
+
+    /// Whether a cancellation of the task was requested: stop before the
+    /// effect if you can and return [`Execution::Cancelled`].
+    pub fn cancel_requested(&self) -> bool {
+        *self.stop.borrow() == Stop::CancelRequested
+    }
+
+    /// Whether this attempt lost its lease: another attempt may run; what
+    /// this one reports is kept as evidence only.
+    pub fn lease_lost(&self) -> bool {
+        *self.stop.borrow() == Stop::LeaseLost
+    }
+
+    /// Resolves once a cancellation is requested or the lease is lost.
+    pub async fn stopped(&self) {
+        let mut rx = self.stop.subscribe();
+        let _ = rx.wait_for(|s| *s != Stop::Running).await;
+    }
+
+    /// `POST /v1/attempts/{id}/ack`: a device gateway's "command
+    /// acknowledged", separate from the completion the handler returns.
+    ///
+    /// # Errors
+    /// As [`Client::ack`].
+    pub async fn ack(&self) -> crate::Result<Task> {
+        self.client
+            .ack(self.attempt.id, self.attempt.generation)
+            .await
+    }
+}
+
+/// The executor runtime. Build with [`Worker::new`] and the `with_*` methods,
+/// run with [`Worker::run`].
+pub struct Worker {
+    client: Client,
+    executor_id: String,
+    handlers: HashMap<String, Arc<dyn Handler>>,
+    concurrency: usize,
+    lease_ms: u64,
+    grace: Duration,
+    poll_wait_ms: u64,
+    heartbeat_every: Option<Duration>,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("executor_id", &self.executor_id)
+            .field("operations", &self.handlers.keys().collect::<Vec<_>>())
+            .field("concurrency", &self.concurrency)
+            .field("lease_ms", &self.lease_ms)
+            .finish()
+    }
+}
+
+/// How long a claim long-polls by default, ms.
+pub const POLL_WAIT_MS: u64 = 20_000;
+/// How long a failed claim waits before the next, and the first wait between
+/// report tries.
+pub const RETRY_PAUSE: Duration = Duration::from_millis(500);
+/// Report tries on transport errors and 5xx (a repeated report is idempotent).
+pub const REPORT_TRIES: u32 = 5;
+
+impl Worker {
+    /// A worker claiming as `executor_id` through `client` (an executor key),
+    /// one attempt at a time, with 30 s leases and a 30 s shutdown grace.
+    pub fn new(client: Client, executor_id: impl Into<String>) -> Worker {
+        Worker {
+            client,
+            executor_id: executor_id.into(),
+            handlers: HashMap::new(),
+            concurrency: 1,
+            lease_ms: 30_000,
+            grace: Duration::from_secs(30),
+            poll_wait_ms: POLL_WAIT_MS,
+            heartbeat_every: None,
+        }
+    }
+
+    /// Handles `operation` with `handler`.
+    pub fn with_handler(mut self, operation: impl Into<String>, handler: impl Handler) -> Worker {
+        self.handlers.insert(operation.into(), Arc::new(handler));
+        self
+    }
+
+    /// At most `n` attempts at once (at least 1, at most 100: a claim's `max`).
+    pub fn with_concurrency(mut self, n: usize) -> Worker {
+        self.concurrency = n.clamp(1, 100);
+        self
+    }
+
+    /// The lease asked for each attempt, ms (heartbeats every third of it).
+    pub fn with_lease_ms(mut self, lease_ms: u64) -> Worker {
+        self.lease_ms = lease_ms;
+        self
+    }
+
+    /// How long a shutdown waits for running attempts.
+    pub fn with_grace(mut self, grace: Duration) -> Worker {
+        self.grace = grace;
+        self
+    }
+
+    /// How long each claim long-polls, ms (at most 30 000).
+    pub fn with_poll_wait_ms(mut self, wait_ms: u64) -> Worker {
+        self.poll_wait_ms = wait_ms.min(30_000);
+        self
+    }
+
+    /// The heartbeat interval (default: a third of the lease). Longer than
+    /// the lease lets leases run out: for tests of lease loss.
+    pub fn with_heartbeat_every(mut self, every: Duration) -> Worker {
+        self.heartbeat_every = Some(every);
+        self
+    }
+
+    /// The shutdown grace ([`Worker::with_grace`]).
+    pub fn grace(&self) -> Duration {
+        self.grace
+    }
+
+    /// Claims and runs attempts until `shutdown` resolves, then lets running
+    /// attempts finish within the grace and returns. Claim failures (idem
+    /// unreachable, 503) are retried after [`RETRY_PAUSE`].
+    ///
+    /// # Errors
+    /// [`ClientError::InvalidArgument`] when no handler was given; a claim
+    /// refused for good (401, 403, 400) ends the run with its error.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> crate::Result<()> {
+        if self.handlers.is_empty() {
+            return Err(ClientError::InvalidArgument(
+                "a worker needs at least one handler".into(),
+            ));
+        }
+        let worker = Arc::new(self);
+        let mut operations: Vec<&str> = worker.handlers.keys().map(String::as_str).collect();
+        operations.sort_unstable();
+        let slots = Arc::new(Semaphore::new(worker.concurrency));
+        let mut running = JoinSet::new();
+        tokio::pin!(shutdown);
+        let ended = loop {
+            while running.try_join_next().is_some() {}
+            let free = slots.available_permits();
+            if free == 0 {
+                tokio::select! {
+                    () = &mut shutdown => break Ok(()),
+                    _ = running.join_next() => continue,
+                }
+            }
+            let claim = worker.client.claim(
+                &worker.executor_id,
+                &operations,
+                u32::try_from(free).unwrap_or(1),
+                Some(worker.lease_ms),
+                worker.poll_wait_ms,
+            );
+            let claimed = tokio::select! {
+                () = &mut shutdown => break Ok(()),
+                claimed = claim => claimed,
+            };
+            match claimed {
+                Ok(attempts) => {
+                    for attempt in attempts {
+                        let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
+                            break;
+                        };
+                        let worker = Arc::clone(&worker);
+                        running.spawn(async move {
+                            worker.run_attempt(attempt).await;
+                            drop(permit);
+                        });
+                    }
+                }
+                Err(e) if e.is_retryable() => {
+                    tokio::select! {
+                        () = &mut shutdown => break Ok(()),
+                        () = tokio::time::sleep(RETRY_PAUSE) => {}
+                    }
+                }
+                Err(e) => break Err(e),
+            }
+        };
+        let drained = tokio::time::timeout(worker.grace, async {
+            while running.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            running.abort_all();
+        }
+        ended
+    }
+
+    /// Runs one attempt to its report.
+    async fn run_attempt(&self, attempt: ClaimedAttempt) {
+        let Some(handler) = self.handlers.get(&attempt.operation).cloned() else {
+            return;
+        };
+        let ctx = Arc::new(Context {
+            attempt,
+            client: self.client.clone(),
+            usage: Mutex::new(None),
+            stop: watch::Sender::new(Stop::Running),
+        });
+        let every = self
+            .heartbeat_every
+            .unwrap_or(Duration::from_millis((self.lease_ms / 3).max(1)));
+        let heartbeats = tokio::spawn(heartbeat(Arc::clone(&ctx), every));
+        let generation = ctx.generation();
+        let body = match ctx.kind() {
+            AttemptKind::Reconcile => {
+                let found = AssertUnwindSafe(handler.reconcile(&ctx))
+                    .catch_unwind()
+                    .await;
+                match found {
+                    Ok(Ok(Reconciliation::Committed {
+                        result,
+                        external_txn_id,
+                    })) => with_txn(ReportBody::committed(generation, result), external_txn_id),
+                    Ok(Ok(Reconciliation::NotCommitted)) => ReportBody::not_committed(generation),
+                    Ok(Err(e)) => {
+                        ReportBody::failed(generation, FailureClass::Transient, e.to_string())
+                    }
+                    Err(_) => ReportBody::failed(
+                        generation,
+                        FailureClass::Transient,
+                        "the reconcile handler panicked",
+                    ),
+                }
+            }
+            _ => {
+                let done = AssertUnwindSafe(handler.execute(&ctx)).catch_unwind().await;
+                match done {
+                    Ok(Ok(Execution::Succeeded {
+                        result,
+                        external_txn_id,
+                        usage,
+                    })) => {
+                        if let Some(u) = usage {
+                            ctx.record_usage(u);
+                        }
+                        with_txn(ReportBody::succeeded(generation, result), external_txn_id)
+                    }
+                    Ok(Ok(Execution::Cancelled)) => ReportBody::cancelled(generation),
+                    Ok(Err(HandlerError::Transient(m))) => {
+                        ReportBody::failed(generation, FailureClass::Transient, m)
+                    }
+                    Ok(Err(HandlerError::InvalidInput(m))) => {
+                        ReportBody::failed(generation, FailureClass::InvalidInput, m)
+                    }
+                    Ok(Err(HandlerError::PermissionDenied(m))) => {
+                        ReportBody::failed(generation, FailureClass::PermissionDenied, m)
+                    }
+                    Ok(Err(HandlerError::Unknown(m))) => {
+                        ReportBody::unknown(generation).with_message(m)
+                    }
+                    Err(_) => ReportBody::unknown(generation).with_message("the handler panicked"),
+                }
+            }
+        };
+        heartbeats.abort();
+        let body = match ctx.usage() {
+            Some(u) => body.with_usage(u),
+            None => body,
+        };
+        self.report(&ctx, &body).await;
+    }
+
+    /// Reports once; repeats the same report on transport errors and 5xx.
+    async fn report(&self, ctx: &Context, body: &ReportBody) {
+        let mut pause = RETRY_PAUSE;
+        for _ in 0..REPORT_TRIES {
+            match self.client.report(ctx.attempt_id(), body).await {
+                Ok(_) => return,
+                Err(e) if e.code() == Some("STALE_GENERATION") => {
+                    // Kept by idem as evidence; nothing else to do.
+                    return;
+                }
+                Err(e) if e.is_retryable() => {
+                    tokio::time::sleep(pause).await;
+                    pause *= 2;
+                }
+                Err(_) => return,
+            }
+        }
+    }
+}
+
+fn with_txn(body: ReportBody, external_txn_id: Option<String>) -> ReportBody {
+    match external_txn_id {
+        Some(id) => body.with_external_txn_id(id),
+        None => body,
+    }
+}
+
+/// Heartbeats `ctx`'s attempt every `every` until aborted or the lease is lost.
+async fn heartbeat(ctx: Arc<Context>, every: Duration) {
+    loop {
+        tokio::time::sleep(every).await;
+        match ctx
+            .client
+            .heartbeat(ctx.attempt_id(), ctx.generation(), ctx.usage())
+            .await
+        {
+            Ok(ack) => {
+                if ack.cancel_requested {
+                    ctx.stop.send_if_modified(|s| {
+                        let changed = *s == Stop::Running;
+                        if changed {
+                            *s = Stop::CancelRequested;
+                        }
+                        changed
+                    });
+                }
+            }
+            Err(e) if e.code() == Some("STALE_GENERATION") || e.status() == Some(404) => {
+                ctx.stop.send_replace(Stop::LeaseLost);
+                return;
+            }
+            // Transient: the next beat tries again, within the lease.
+            Err(_) => {}
+        }
+    }
+}
