@@ -47,6 +47,18 @@ def event_types(client: idem.Client, task_id: str) -> list[str]:
     return [e.type for e in client.events(task_id)]
 
 
+def run_one(tenant: Tenant, operation: str, params: dict, handler: Recorder) -> idem.Task:
+    """Submits one task, runs a worker with ``handler`` until the task is terminal."""
+
+    async def scenario() -> idem.Task:
+        async with tenant.executor() as ex, tenant.async_client() as client:
+            async with serving(Worker(ex, "w", {operation: handler}, lease_ms=5000)):
+                task = (await client.submit(operation, params, key())).task
+                return await client.get(task.id, wait=15)
+
+    return asyncio.run(scenario())
+
+
 def test_a_heartbeating_handler_keeps_its_lease_past_three_leases(tenant: Tenant) -> None:
     lease_ms = 1000
 
@@ -118,14 +130,7 @@ def test_an_exception_on_payment_release_is_reconciled_before_any_second_execute
         return NotCommitted()
 
     handler = Recorder(crash_once, not_committed)
-
-    async def scenario() -> idem.Task:
-        async with tenant.executor() as ex, tenant.async_client() as client:
-            async with serving(Worker(ex, "w-reconcile", {"payment.release": handler}, lease_ms=5000)):
-                task = (await client.submit("payment.release", payment(), key())).task
-                return await client.get(task.id, wait=15)
-
-    task = asyncio.run(scenario())
+    task = run_one(tenant, "payment.release", payment(), handler)
     assert handler.calls == [("execute", 1), ("reconcile", 2), ("execute", 3)]
     assert task.state == "succeeded" and task.delivery.result == {"payout": task.id}
     with tenant.client() as client:
@@ -134,6 +139,50 @@ def test_an_exception_on_payment_release_is_reconciled_before_any_second_execute
             ("execute", "unknown"), ("reconcile", "not_committed"), ("execute", "succeeded")]
         assert attempts[0].evidence[0].body["outcome"] == "unknown"
         assert "provider hung up" in attempts[0].evidence[0].body["message"]
+
+
+def test_an_exception_in_reconcile_leads_to_another_reconcile(tenant: Tenant) -> None:
+    async def unknown(ctx: Context, n: int) -> Any:
+        raise idem.UnknownOutcomeError("no answer from the provider")
+
+    tries: list[int] = []
+
+    async def flaky_lookup(ctx: Context) -> Any:
+        tries.append(ctx.number)
+        if len(tries) == 1:
+            raise TimeoutError("the provider's lookup timed out")
+        return Committed({"found": True}, external_txn_id="prov-7")
+
+    handler = Recorder(unknown, flaky_lookup)
+    task = run_one(tenant, "payment.release", payment(), handler)
+    assert handler.calls == [("execute", 1), ("reconcile", 2), ("reconcile", 3)]
+    assert task.state == "succeeded" and task.delivery.result == {"found": True}
+    assert task.delivery.external_txn_id == "prov-7"
+
+
+def test_typed_failures_are_final_and_a_result_that_is_not_json_is_reconciled(tenant: Tenant) -> None:
+    async def invalid(ctx: Context, n: int) -> Any:
+        raise idem.InvalidInputError("unknown model")
+
+    task = run_one(tenant, "generation.dispatch", {"n": 1}, Recorder(invalid))
+    assert (task.state, task.failure.class_, task.attempt_count) == ("failed", "invalid_input", 1)
+
+    async def denied(ctx: Context, n: int) -> Any:
+        raise idem.PermissionDeniedError("the provider refused our credentials")
+
+    task = run_one(tenant, "generation.dispatch", {"n": 2}, Recorder(denied))
+    assert (task.state, task.failure.class_, task.attempt_count) == ("failed", "permission_denied", 1)
+
+    async def not_json(ctx: Context, n: int) -> Any:
+        return {"at": time} if n == 1 else {"ok": True}
+
+    async def not_committed(ctx: Context) -> Any:
+        return NotCommitted()
+
+    handler = Recorder(not_json, not_committed)
+    task = run_one(tenant, "payment.release", payment(), handler)
+    assert handler.calls == [("execute", 1), ("reconcile", 2), ("execute", 3)]
+    assert task.state == "succeeded"
 
 
 class StallingClient(idem.AsyncClient):
@@ -193,14 +242,7 @@ def test_transient_on_generation_dispatch_is_retried_after_backoff(tenant: Tenan
         return {"frames": 24}
 
     handler = Recorder(fail_once)
-
-    async def scenario() -> idem.Task:
-        async with tenant.executor() as ex, tenant.async_client() as client:
-            async with serving(Worker(ex, "w-transient", {"generation.dispatch": handler}, lease_ms=5000)):
-                task = (await client.submit("generation.dispatch", {"n": 1}, key())).task
-                return await client.get(task.id, wait=15)
-
-    task = asyncio.run(scenario())
+    task = run_one(tenant, "generation.dispatch", {"n": 1}, handler)
     assert handler.calls == [("execute", 1), ("execute", 2)]
     assert task.state == "succeeded" and task.delivery.result == {"frames": 24}
     with tenant.client() as client:
@@ -211,6 +253,23 @@ def test_transient_on_generation_dispatch_is_retried_after_backoff(tenant: Tenan
         assert "retry_scheduled" in event_types(client, task.id)
 
 
+class CountingClient(idem.AsyncClient):
+    """An executor client that notes when each claim starts, and when none is in flight."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.claims_started: list[float] = []
+        self.no_claim = asyncio.Event()
+
+    async def claim(self, *args: Any, **kw: Any) -> list[idem.ClaimedAttempt]:
+        self.claims_started.append(time.monotonic())
+        self.no_claim.clear()
+        try:
+            return await super().claim(*args, **kw)
+        finally:
+            self.no_claim.set()
+
+
 def test_shutdown_claims_nothing_more_and_lets_running_attempts_finish(tenant: Tenant) -> None:
     async def one_second(ctx: Context, n: int) -> Any:
         await asyncio.sleep(1.0)
@@ -218,22 +277,27 @@ def test_shutdown_claims_nothing_more_and_lets_running_attempts_finish(tenant: T
 
     handler = Recorder(one_second)
 
-    async def scenario() -> tuple[float, idem.Task, idem.Task]:
-        async with tenant.executor() as ex, tenant.async_client() as client:
+    async def scenario() -> tuple[float, list[float], idem.Task, idem.Task]:
+        async with CountingClient(tenant.url, tenant.executor_key) as ex, tenant.async_client() as client:
             worker = Worker(ex, "w-stop", {"generation.dispatch": handler}, concurrency=2, grace=5)
             serving_task = asyncio.create_task(worker.serve())
             first = (await client.submit("generation.dispatch", {"n": 1}, key())).task
             await asyncio.wait_for(handler.started.wait(), 10)
             worker.stop()
             stopped = time.monotonic()
+            # The long-poll that was waiting is abandoned (its connection closed)…
+            await asyncio.wait_for(ex.no_claim.wait(), 1)
+            # …and a task submitted now is not claimed while the worker finishes.
             second = (await client.submit("generation.dispatch", {"n": 2}, key())).task
             await asyncio.wait_for(serving_task, 10)
             took = time.monotonic() - stopped
+            late_claims = [t for t in ex.claims_started if t >= stopped]
             # Held until terminal or 1 s: the second task stays queued.
-            return took, await client.get(first.id), await client.get(second.id, wait=1)
+            return took, late_claims, await client.get(first.id), await client.get(second.id, wait=1)
 
-    took, first, second = asyncio.run(scenario())
+    took, late_claims, first, second = asyncio.run(scenario())
     assert took < 5, f"exited {took:.2f} s after stop, within its grace"
+    assert late_claims == [], "no claim after stop"
     assert first.state == "succeeded", "the running attempt finished and was reported"
     assert (second.state, second.attempt_count) == ("queued", 0), "nothing claimed after stop"
     assert handler.calls == [("execute", 1)]

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import json
 import logging
 import signal
 from collections.abc import Mapping
@@ -185,6 +186,7 @@ class Worker:
         self._stopping = False
         self._abandon = False
         self._wake: asyncio.Event | None = None
+        self._claiming: asyncio.Task[list[ClaimedAttempt]] | None = None
 
     def stop(self) -> None:
         """Stops claiming at once (the waiting claim is abandoned) and lets running
@@ -193,6 +195,8 @@ class Worker:
         if self._stopping:
             self._abandon = True
         self._stopping = True
+        if self._claiming is not None:
+            self._claiming.cancel()
         if self._wake is not None:
             self._wake.set()
 
@@ -249,18 +253,20 @@ class Worker:
             await self._drain(running)
 
     async def _claim(self, free: int) -> list[ClaimedAttempt]:
-        """One long-poll claim, abandoned when ``stop()`` is called (what it
-        leased then is run all the same if its answer is already in)."""
-        claim = asyncio.create_task(self.client.claim(
+        """One long-poll claim; ``stop()`` cancels it, which closes its connection
+        (what it leased is run all the same if its answer was already in).
+
+        A task that arrives while the closing connection is still on its way
+        may be leased to the abandoned claim: idem cannot tell until it sees the
+        connection close. Its lease then runs out and idem retries it (safe
+        class) or reconciles it (non-safe) as for any lost executor."""
+        claim = self._claiming = asyncio.create_task(self.client.claim(
             self.executor_id, list(self.handlers), max=free, lease_ms=self.lease_ms, wait_ms=self.claim_wait_ms))
-        assert self._wake is not None
-        woken = asyncio.create_task(self._wake.wait())
         try:
-            await asyncio.wait({claim, woken}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({claim})
         finally:
-            woken.cancel()
-            if not claim.done():
-                claim.cancel()
+            self._claiming = None
+            claim.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             return await claim
         return []
@@ -301,6 +307,14 @@ class Worker:
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
+        try:
+            json.dumps(body, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            # The effect may have happened, its result cannot be sent: as an exception would.
+            log.error("attempt %s of task %s: the %s cannot be sent as JSON: %s", ctx.attempt_id, ctx.task_id,
+                      ctx.kind, e)
+            body = ({"outcome": "unknown"} if ctx.kind == "execute" else
+                    {"outcome": "failed", "failure_class": "transient"}) | {"message": f"result is not JSON: {e}"}
         body["generation"] = ctx.generation
         body["usage"] = ctx.usage
         try:
