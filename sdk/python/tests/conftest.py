@@ -20,9 +20,9 @@ import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -57,8 +57,12 @@ class Server:
     dir: Path
 
     def create_key(self, tenant: str, role: str) -> str:
-        out = subprocess.run([idem_bin(), "keys", "create", "--tenant", tenant, "--role", role, "--store", self.store],
-                             check=True, capture_output=True, text=True)
+        out = subprocess.run(
+            [idem_bin(), "keys", "create", "--tenant", tenant, "--role", role, "--store", self.store],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
         return out.stdout.strip()
 
 
@@ -66,11 +70,13 @@ class Server:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     d = tmp_path_factory.mktemp("idem")
     store = f"sqlite://{d / 'idem.db'}"
-    stdout, stderr = open(d / "stdout.log", "w+"), open(d / "stderr.log", "w")
-    proc = subprocess.Popen(
-        [idem_bin(), "serve", "--listen", "127.0.0.1:0", "--store", store, "--sweep-interval-ms", "50"],
-        stdout=stdout, stderr=stderr, env={**os.environ, **SERVER_ENV},
-    )
+    with open(d / "stdout.log", "w") as stdout, open(d / "stderr.log", "w") as stderr:
+        proc = subprocess.Popen(
+            [idem_bin(), "serve", "--listen", "127.0.0.1:0", "--store", store, "--sweep-interval-ms", "50"],
+            stdout=stdout,
+            stderr=stderr,
+            env={**os.environ, **SERVER_ENV},
+        )
     try:
         deadline = time.monotonic() + 30
         url = None
@@ -84,8 +90,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-        stdout.close()
-        stderr.close()
 
 
 @dataclass
@@ -181,10 +185,13 @@ class Proxy:
         with client:
             if mode == "503":
                 _read_request(client)
-                body = b'{"type":"about:blank","title":"Service Unavailable","status":503,"detail":"proxy","code":"UNAVAILABLE"}'
-                client.sendall(b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nConnection: close\r\n"
-                               b"Content-Type: application/problem+json\r\n"
-                               + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+                body = b'{"title":"Service Unavailable","status":503,"detail":"proxy","code":"UNAVAILABLE"}'
+                client.sendall(
+                    b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nConnection: close\r\n"
+                    b"Content-Type: application/problem+json\r\n"
+                    + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
                 return
             with socket.create_connection(self.upstream) as upstream:
                 threading.Thread(target=_pipe, args=(client, upstream), daemon=True).start()

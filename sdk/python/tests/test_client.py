@@ -55,9 +55,12 @@ def test_a_lookup_never_returns_another_requests_task(tenant: Tenant) -> None:
     with tenant.client() as client:
         client.submit("payment.release", payment(100), k)
     retry = idem.RetryPolicy(max_tries=2, initial_backoff=0.01)
-    with Proxy(tenant.url, ["drop"] * 2) as proxy, idem.Client(proxy.url, tenant.client_key, retry=retry) as client:
-        with pytest.raises(idem.IdemTransportError):
-            client.submit("payment.release", payment(200), k)
+    with (
+        Proxy(tenant.url, ["drop"] * 2) as proxy,
+        idem.Client(proxy.url, tenant.client_key, retry=retry) as client,
+        pytest.raises(idem.IdemTransportError),
+    ):
+        client.submit("payment.release", payment(200), k)
 
 
 def test_503_is_repeated_after_its_retry_after(tenant: Tenant) -> None:
@@ -110,7 +113,8 @@ def test_list_follows_cursor_pages(tenant: Tenant) -> None:
     with tenant.client() as client:
         ids = {client.submit("generation.dispatch", {"n": n}, key()).task.id for n in range(5)}
         assert {t.id for t in client.list(limit=2)} == ids
-        assert [t.state for t in client.list(state=["queued"], operation="generation.dispatch", limit=2)] == ["queued"] * 5
+        queued = client.list(state=["queued"], operation="generation.dispatch", limit=2)
+        assert [t.state for t in queued] == ["queued"] * 5
         assert list(client.list(state="running")) == []
 
 

@@ -13,7 +13,7 @@ from idem._api import SSEMessage, SSEParser, error_from, retry_after, sf_string
 
 STREAM = (
     "\ufeff: keep-alive comment\r\n"
-    "id: 1\r\ndata: {\"a\": \"line\u2028separator\u0085next\"}\r\n\r\n"
+    'id: 1\r\ndata: {"a": "line\u2028separator\u0085next"}\r\n\r\n'
     "id: 2\rdata: first\rdata:second\r\r"
     "data: no id line: keeps the last id\n\n"
     "id: bad\0id\ndata: x\n\n"
@@ -39,7 +39,7 @@ def test_sse_split_anywhere(size: int) -> None:
     parser = SSEParser()
     out = []
     for i in range(0, len(STREAM), size):
-        out += parser.feed(STREAM[i: i + size])
+        out += parser.feed(STREAM[i : i + size])
     assert out == EXPECTED
 
 
@@ -59,12 +59,19 @@ def test_sf_strings() -> None:
 
 
 def test_problems_decode_to_their_class() -> None:
-    body = b'{"type":"x","title":"Unprocessable","status":422,"detail":"bound","code":"IDEMPOTENCY_CONFLICT",' \
-           b'"task_id":"t1","differing_fields":["/amount"]}'
+    body = (
+        b'{"type":"x","title":"Unprocessable","status":422,"detail":"bound","code":"IDEMPOTENCY_CONFLICT",'
+        b'"task_id":"t1","differing_fields":["/amount"]}'
+    )
     e = error_from(422, {"x-request-id": "r1"}, body)
     assert isinstance(e, idem.IdempotencyConflictError)
-    assert (e.status, e.code, e.task_id, e.differing_fields, e.request_id) == (422, "IDEMPOTENCY_CONFLICT", "t1",
-                                                                               ["/amount"], "r1")
+    assert (e.status, e.code, e.task_id, e.differing_fields, e.request_id) == (
+        422,
+        "IDEMPOTENCY_CONFLICT",
+        "t1",
+        ["/amount"],
+        "r1",
+    )
     assert not e.retryable
     newer = error_from(409, {}, b'{"status":409,"detail":"new","code":"SOME_NEW_CODE"}')
     assert type(newer) is idem.IdemError and newer.code == "SOME_NEW_CODE"

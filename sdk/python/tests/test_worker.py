@@ -51,10 +51,13 @@ def run_one(tenant: Tenant, operation: str, params: dict, handler: Recorder) -> 
     """Submits one task, runs a worker with ``handler`` until the task is terminal."""
 
     async def scenario() -> idem.Task:
-        async with tenant.executor() as ex, tenant.async_client() as client:
-            async with serving(Worker(ex, "w", {operation: handler}, lease_ms=5000)):
-                task = (await client.submit(operation, params, key())).task
-                return await client.get(task.id, wait=15)
+        async with (
+            tenant.executor() as ex,
+            tenant.async_client() as client,
+            serving(Worker(ex, "w", {operation: handler}, lease_ms=5000)),
+        ):
+            task = (await client.submit(operation, params, key())).task
+            return await client.get(task.id, wait=15)
 
     return asyncio.run(scenario())
 
@@ -70,12 +73,15 @@ def test_a_heartbeating_handler_keeps_its_lease_past_three_leases(tenant: Tenant
     handler = Recorder(slow)
 
     async def scenario() -> tuple[idem.Task, float]:
-        async with tenant.executor() as ex, tenant.async_client() as client:
-            async with serving(Worker(ex, "w-lease", {"generation.dispatch": handler}, lease_ms=lease_ms)):
-                task = (await client.submit("generation.dispatch", {"n": 1}, key())).task
-                started = time.monotonic()
-                task = await client.get(task.id, wait=15)
-                return task, time.monotonic() - started
+        async with (
+            tenant.executor() as ex,
+            tenant.async_client() as client,
+            serving(Worker(ex, "w-lease", {"generation.dispatch": handler}, lease_ms=lease_ms)),
+        ):
+            task = (await client.submit("generation.dispatch", {"n": 1}, key())).task
+            started = time.monotonic()
+            task = await client.get(task.id, wait=15)
+            return task, time.monotonic() - started
 
     task, took = asyncio.run(scenario())
     assert took > 3 * lease_ms / 1000
@@ -101,14 +107,17 @@ def test_a_cancel_reaches_the_running_handler_within_one_heartbeat_interval(tena
     handler = Recorder(until_cancelled)
 
     async def scenario() -> tuple[idem.Task, float, int]:
-        async with tenant.executor() as ex, tenant.async_client() as client:
-            async with serving(Worker(ex, "w-cancel", {"generation.dispatch": handler}, lease_ms=lease_ms)):
-                task = (await client.submit("generation.dispatch", {"n": 1}, key())).task
-                await asyncio.wait_for(handler.started.wait(), 10)
-                asked = time.monotonic()
-                answer = await client.cancel(task.id)
-                task = await client.get(task.id, wait=10)
-                return task, seen_at[0] - asked, answer.status
+        async with (
+            tenant.executor() as ex,
+            tenant.async_client() as client,
+            serving(Worker(ex, "w-cancel", {"generation.dispatch": handler}, lease_ms=lease_ms)),
+        ):
+            task = (await client.submit("generation.dispatch", {"n": 1}, key())).task
+            await asyncio.wait_for(handler.started.wait(), 10)
+            asked = time.monotonic()
+            answer = await client.cancel(task.id)
+            task = await client.get(task.id, wait=10)
+            return task, seen_at[0] - asked, answer.status
 
     task, delay, status = asyncio.run(scenario())
     assert status == 202, "recorded, pending while the handler runs"
@@ -136,7 +145,10 @@ def test_an_exception_on_payment_release_is_reconciled_before_any_second_execute
     with tenant.client() as client:
         attempts = client.attempts(task.id)
         assert [(a.kind, a.state) for a in attempts] == [
-            ("execute", "unknown"), ("reconcile", "not_committed"), ("execute", "succeeded")]
+            ("execute", "unknown"),
+            ("reconcile", "not_committed"),
+            ("execute", "succeeded"),
+        ]
         assert attempts[0].evidence[0].body["outcome"] == "unknown"
         assert "provider hung up" in attempts[0].evidence[0].body["message"]
 
@@ -215,11 +227,13 @@ def test_a_lost_lease_is_told_to_the_handler_and_its_late_result_is_evidence_onl
     handler = Recorder(until_stopped, committed)
 
     async def scenario() -> idem.Task:
-        async with StallingClient(tenant.url, tenant.executor_key, stall=3 * lease_ms / 1000) as ex, \
-                tenant.async_client() as client:
-            async with serving(Worker(ex, "w-lost", {"payment.release": handler}, lease_ms=lease_ms)):
-                task = (await client.submit("payment.release", payment(), key())).task
-                return await client.get(task.id, wait=15)
+        async with (
+            StallingClient(tenant.url, tenant.executor_key, stall=3 * lease_ms / 1000) as ex,
+            tenant.async_client() as client,
+            serving(Worker(ex, "w-lost", {"payment.release": handler}, lease_ms=lease_ms)),
+        ):
+            task = (await client.submit("payment.release", payment(), key())).task
+            return await client.get(task.id, wait=15)
 
     task = asyncio.run(scenario())
     ctx = handler.contexts[0]
@@ -357,8 +371,12 @@ WORKER_SCRIPT = textwrap.dedent("""
 def test_run_stops_on_sigterm_within_its_grace(tenant: Tenant) -> None:
     with tenant.client() as client:
         task = client.submit("generation.dispatch", {"n": 1}, key()).task
-        proc = subprocess.Popen([sys.executable, "-c", WORKER_SCRIPT, tenant.url, tenant.executor_key],
-                                stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        proc = subprocess.Popen(
+            [sys.executable, "-c", WORKER_SCRIPT, tenant.url, tenant.executor_key],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         try:
             assert proc.stdout.readline().strip() == "started"
             proc.send_signal(signal.SIGTERM)

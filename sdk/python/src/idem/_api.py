@@ -14,10 +14,10 @@ import email.utils
 import json
 import re
 import time
+from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from collections.abc import Generator, Iterable
-from typing import Any, Optional
+from typing import Any
 from urllib.parse import quote
 
 from .errors import ERRORS_BY_CODE, IdemError, IdemTransportError
@@ -44,11 +44,11 @@ class Call:
 
     method: str
     path: str
-    query: Optional[list[tuple[str, str]]] = None
+    query: list[tuple[str, str]] | None = None
     json: Any = None
     headers: dict[str, str] = field(default_factory=dict)
     extra_timeout: float = 0.0
-    timeout: Optional[float] = None
+    timeout: float | None = None
 
 
 @dataclass
@@ -112,8 +112,12 @@ def error_from(status: int, headers: dict[str, str], body: bytes) -> IdemError:
     except ValueError:
         problem = None
     if not isinstance(problem, dict):
-        return IdemError(body[:200].decode("utf-8", "replace"), status=status, request_id=headers.get("x-request-id"),
-                         retry_after=retry_after(headers.get("retry-after")))
+        return IdemError(
+            body[:200].decode("utf-8", "replace"),
+            status=status,
+            request_id=headers.get("x-request-id"),
+            retry_after=retry_after(headers.get("retry-after")),
+        )
     code = problem.get("code")
     cls = ERRORS_BY_CODE.get(code, IdemError) if isinstance(code, str) else IdemError
     return cls(
@@ -175,8 +179,13 @@ def submit(
     headers = {"Idempotency-Key": sf_string(idempotency_key), **_prefer(wait)}
     if traceparent:
         headers["traceparent"] = traceparent
-    call = Call("POST", "v1/tasks", json={"operation": operation, "params": params}, headers=headers,
-                extra_timeout=float(wait or 0))
+    call = Call(
+        "POST",
+        "v1/tasks",
+        json={"operation": operation, "params": params},
+        headers=headers,
+        extra_timeout=float(wait or 0),
+    )
     pauses = retry.pauses()
     last: Exception | None = None
     tries = max(retry.max_tries, 1)
@@ -192,7 +201,8 @@ def submit(
                 yield Sleep(min(after, retry.max_backoff) if after is not None else pauses[n - 1])
             continue
         replayed = answer.headers.get("idempotent-replayed", "").lower() == "true" or bool(
-            answer.body.get("meta", {}).get("replayed"))
+            answer.body.get("meta", {}).get("replayed")
+        )
         return Submitted(Task.from_json(answer.body["task"]), replayed=replayed, looked_up=False, tries=n)
     assert last is not None
     try:
@@ -302,14 +312,15 @@ def live_events(task_id: str, retry: RetryPolicy) -> Flow:
             yield Close(handle)
         failures = 0 if received else failures + 1
         if failures >= max(retry.max_tries, 1):
-            raise error or IdemTransportError(f"the event stream of task {task_id} ended {failures} times without events")
+            raise error or IdemTransportError(f"the event stream of task {task_id} ended {failures} times, empty")
         yield Sleep(pauses[failures - 1] if failures else retry.initial_backoff)
 
 
 def cancel(task_id: str) -> Flow:
     answer = yield Call("POST", f"v1/tasks/{_id(task_id)}/cancel", json={})
-    return CancelResponse(Task.from_json(answer.body["task"]), Cancellation.from_json(answer.body["cancellation"]),
-                          answer.status)
+    return CancelResponse(
+        Task.from_json(answer.body["task"]), Cancellation.from_json(answer.body["cancellation"]), answer.status
+    )
 
 
 def ack_delivery(task_id: str) -> Flow:
@@ -353,7 +364,7 @@ def report(attempt_id: str, body: dict[str, Any]) -> Flow:
 
 @dataclass(frozen=True)
 class SSEMessage:
-    id: Optional[str]
+    id: str | None
     data: str
 
 

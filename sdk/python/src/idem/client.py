@@ -17,7 +17,17 @@ import httpx
 from . import _api
 from ._api import Answer, Call, Close, Flow, Item, Open, Read, Sleep, error_from
 from .errors import IdemError, IdemTimeoutError, IdemTransportError
-from .models import Attempt, CancelResponse, ClaimedAttempt, Event, HeartbeatAck, RetryPolicy, Submitted, Task
+from .models import (
+    DEFAULT_RETRY,
+    Attempt,
+    CancelResponse,
+    ClaimedAttempt,
+    Event,
+    HeartbeatAck,
+    RetryPolicy,
+    Submitted,
+    Task,
+)
 
 #: A stream's read time limit, at least: idem sends a comment every 15 s.
 _STREAM_READ_TIMEOUT = 45.0
@@ -35,12 +45,16 @@ class _Base:
     def _request_args(self, call: Call, stream: bool = False) -> dict[str, Any]:
         limit = call.timeout if call.timeout is not None else self.timeout + call.extra_timeout
         timeout = httpx.Timeout(limit, read=max(limit, _STREAM_READ_TIMEOUT)) if stream else httpx.Timeout(limit)
+        headers = dict(self._auth)
+        content = None
+        if call.json is not None:
+            # Compact, as httpx would send it; the same bytes on every retry.
+            content = json.dumps(call.json, separators=(",", ":"), allow_nan=False).encode()
+            headers["Content-Type"] = "application/json"
         return {
             "params": call.query,
-            # Compact, as httpx would send it; the same bytes on every retry.
-            "content": None if call.json is None else json.dumps(call.json, separators=(",", ":"), allow_nan=False).encode(),
-            "headers": {**self._auth, **({"Content-Type": "application/json"} if call.json is not None else {}),
-                        **call.headers},
+            "content": content,
+            "headers": {**headers, **call.headers},
             "timeout": timeout,
         }
 
@@ -69,7 +83,7 @@ class Client(_Base):
     ``submit`` repeats. Use as a context manager, or call ``close()``.
     """
 
-    def __init__(self, base_url: str, api_key: str, timeout: float = 30.0, retry: RetryPolicy = RetryPolicy()) -> None:
+    def __init__(self, base_url: str, api_key: str, timeout: float = 30.0, retry: RetryPolicy = DEFAULT_RETRY) -> None:
         super().__init__(base_url, api_key, timeout, retry)
         self._http = httpx.Client(base_url=self.base_url)
 
@@ -93,8 +107,9 @@ class Client(_Base):
 
     def _open(self, call: Call, stack: contextlib.ExitStack) -> httpx.Response:
         try:
-            r = self._http.send(self._http.build_request(call.method, call.path, **self._request_args(call, True)),
-                                stream=True)
+            r = self._http.send(
+                self._http.build_request(call.method, call.path, **self._request_args(call, True)), stream=True
+            )
         except httpx.TransportError as e:
             raise self._transport_error(call, e) from e
         stack.callback(r.close)
@@ -150,8 +165,14 @@ class Client(_Base):
 
     # -- client API --
 
-    def submit(self, operation: str, params: Any, idempotency_key: str, wait: float | None = None,
-               traceparent: str | None = None) -> Submitted:
+    def submit(
+        self,
+        operation: str,
+        params: Any,
+        idempotency_key: str,
+        wait: float | None = None,
+        traceparent: str | None = None,
+    ) -> Submitted:
         """POST /v1/tasks under ``idempotency_key`` (it names the business
         operation). Repeats the SAME request on timeouts, connection errors and
         5xx, honouring ``Retry-After``; when the tries are used up, returns the
@@ -169,14 +190,23 @@ class Client(_Base):
         """The task of a scope (``NotFoundError`` when there is none)."""
         return self._run(_api.find(operation, idempotency_key))
 
-    def list(self, state: str | Iterable[str] | None = None, operation: str | None = None,
-             created_after: datetime | str | None = None, created_before: datetime | str | None = None,
-             idempotency_key_prefix: str | None = None, external_txn_id: str | None = None,
-             limit: int | None = None) -> Iterator[Task]:
+    def list(
+        self,
+        state: str | Iterable[str] | None = None,
+        operation: str | None = None,
+        created_after: datetime | str | None = None,
+        created_before: datetime | str | None = None,
+        idempotency_key_prefix: str | None = None,
+        external_txn_id: str | None = None,
+        limit: int | None = None,
+    ) -> Iterator[Task]:
         """The tenant's tasks matching every filter given, newest first, across
         all pages (``limit`` is the page size)."""
-        return self._iterate(_api.list_tasks(state, operation, created_after, created_before,
-                                             idempotency_key_prefix, external_txn_id, limit))
+        return self._iterate(
+            _api.list_tasks(
+                state, operation, created_after, created_before, idempotency_key_prefix, external_txn_id, limit
+            )
+        )
 
     def attempts(self, task_id: str) -> builtins.list[Attempt]:
         """GET /v1/tasks/{id}/attempts: every attempt with its evidence."""
@@ -199,13 +229,20 @@ class Client(_Base):
 
     # -- executor API --
 
-    def claim(self, executor_id: str, operations: Iterable[str] | None = None, max: int = 1,
-              lease_ms: int | None = None, wait_ms: int = 0) -> builtins.list[ClaimedAttempt]:
+    def claim(
+        self,
+        executor_id: str,
+        operations: Iterable[str] | None = None,
+        max: int = 1,
+        lease_ms: int | None = None,
+        wait_ms: int = 0,
+    ) -> builtins.list[ClaimedAttempt]:
         """POST /v1/attempts/claim: up to ``max`` attempts, waiting up to ``wait_ms``."""
         return self._run(_api.claim(executor_id, operations, max, lease_ms, wait_ms))
 
-    def heartbeat(self, attempt_id: str, generation: int, usage: int | None = None,
-                  timeout: float | None = None) -> HeartbeatAck:
+    def heartbeat(
+        self, attempt_id: str, generation: int, usage: int | None = None, timeout: float | None = None
+    ) -> HeartbeatAck:
         """Extends the lease (``StaleGenerationError`` when it is lost)."""
         return self._run(_api.heartbeat(attempt_id, generation, usage, timeout))
 
@@ -222,7 +259,7 @@ class AsyncClient(_Base):
     """The asyncio twin of ``Client``: the same methods, as coroutines (``list``
     and ``events`` return async iterators). Use ``async with`` or ``aclose()``."""
 
-    def __init__(self, base_url: str, api_key: str, timeout: float = 30.0, retry: RetryPolicy = RetryPolicy()) -> None:
+    def __init__(self, base_url: str, api_key: str, timeout: float = 30.0, retry: RetryPolicy = DEFAULT_RETRY) -> None:
         super().__init__(base_url, api_key, timeout, retry)
         self._http = httpx.AsyncClient(base_url=self.base_url)
 
@@ -245,7 +282,8 @@ class AsyncClient(_Base):
     async def _open(self, call: Call, stack: contextlib.AsyncExitStack) -> httpx.Response:
         try:
             r = await self._http.send(
-                self._http.build_request(call.method, call.path, **self._request_args(call, True)), stream=True)
+                self._http.build_request(call.method, call.path, **self._request_args(call, True)), stream=True
+            )
         except httpx.TransportError as e:
             raise self._transport_error(call, e) from e
         stack.push_async_callback(r.aclose)
@@ -300,8 +338,14 @@ class AsyncClient(_Base):
             pass
         return result[0]
 
-    async def submit(self, operation: str, params: Any, idempotency_key: str, wait: float | None = None,
-                     traceparent: str | None = None) -> Submitted:
+    async def submit(
+        self,
+        operation: str,
+        params: Any,
+        idempotency_key: str,
+        wait: float | None = None,
+        traceparent: str | None = None,
+    ) -> Submitted:
         """As ``Client.submit``."""
         return await self._run(_api.submit(operation, params, idempotency_key, wait, traceparent, self.retry))
 
@@ -311,13 +355,22 @@ class AsyncClient(_Base):
     async def find(self, operation: str, idempotency_key: str) -> Task:
         return await self._run(_api.find(operation, idempotency_key))
 
-    def list(self, state: str | Iterable[str] | None = None, operation: str | None = None,
-             created_after: datetime | str | None = None, created_before: datetime | str | None = None,
-             idempotency_key_prefix: str | None = None, external_txn_id: str | None = None,
-             limit: int | None = None) -> AsyncIterator[Task]:
+    def list(
+        self,
+        state: str | Iterable[str] | None = None,
+        operation: str | None = None,
+        created_after: datetime | str | None = None,
+        created_before: datetime | str | None = None,
+        idempotency_key_prefix: str | None = None,
+        external_txn_id: str | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[Task]:
         """As ``Client.list``, an async iterator."""
-        return self._iterate(_api.list_tasks(state, operation, created_after, created_before,
-                                             idempotency_key_prefix, external_txn_id, limit))
+        return self._iterate(
+            _api.list_tasks(
+                state, operation, created_after, created_before, idempotency_key_prefix, external_txn_id, limit
+            )
+        )
 
     async def attempts(self, task_id: str) -> builtins.list[Attempt]:
         return await self._run(_api.attempts(task_id))
@@ -333,12 +386,19 @@ class AsyncClient(_Base):
     async def ack_delivery(self, task_id: str) -> Task:
         return await self._run(_api.ack_delivery(task_id))
 
-    async def claim(self, executor_id: str, operations: Iterable[str] | None = None, max: int = 1,
-                    lease_ms: int | None = None, wait_ms: int = 0) -> builtins.list[ClaimedAttempt]:
+    async def claim(
+        self,
+        executor_id: str,
+        operations: Iterable[str] | None = None,
+        max: int = 1,
+        lease_ms: int | None = None,
+        wait_ms: int = 0,
+    ) -> builtins.list[ClaimedAttempt]:
         return await self._run(_api.claim(executor_id, operations, max, lease_ms, wait_ms))
 
-    async def heartbeat(self, attempt_id: str, generation: int, usage: int | None = None,
-                        timeout: float | None = None) -> HeartbeatAck:
+    async def heartbeat(
+        self, attempt_id: str, generation: int, usage: int | None = None, timeout: float | None = None
+    ) -> HeartbeatAck:
         return await self._run(_api.heartbeat(attempt_id, generation, usage, timeout))
 
     async def ack(self, attempt_id: str, generation: int) -> Any:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 TaskState = Literal["queued", "running", "retry_wait", "reconciling", "succeeded", "failed", "cancelled"]
 TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
@@ -41,8 +41,8 @@ class Cancellation:
 
     status: str
     requested_at: datetime
-    confirmed_at: Optional[datetime] = None
-    fee: Optional[int] = None
+    confirmed_at: datetime | None = None
+    fee: int | None = None
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Cancellation:
@@ -56,8 +56,8 @@ class Delivery:
     result: Any
     delivered_at: datetime
     charge: int
-    external_txn_id: Optional[str] = None
-    acknowledged_at: Optional[datetime] = None
+    external_txn_id: str | None = None
+    acknowledged_at: datetime | None = None
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Delivery:
@@ -100,9 +100,9 @@ class Task:
     contract: dict[str, Any]
     created_at: datetime
     updated_at: datetime
-    cancellation: Optional[Cancellation] = None
-    delivery: Optional[Delivery] = None
-    failure: Optional[Failure] = None
+    cancellation: Cancellation | None = None
+    delivery: Delivery | None = None
+    failure: Failure | None = None
 
     @property
     def terminal(self) -> bool:
@@ -185,7 +185,7 @@ class Attempt:
     leased_at: datetime
     lease_expires_at: datetime
     usage: int
-    external_txn_id: Optional[str] = None
+    external_txn_id: str | None = None
     evidence: list[Evidence] = field(default_factory=list)
 
     @classmethod
@@ -238,7 +238,7 @@ class ClaimedAttempt:
     operation: str
     params: Any
     idempotency_key: str
-    traceparent: Optional[str] = None
+    traceparent: str | None = None
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ClaimedAttempt:
@@ -286,3 +286,7 @@ class RetryPolicy:
             out.append(min(pause, self.max_backoff))
             pause *= 2
         return out
+
+
+#: 5 tries, 0.1 s doubling to at most 5 s.
+DEFAULT_RETRY = RetryPolicy()

@@ -38,7 +38,7 @@ import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Optional, Protocol, Union
+from typing import Any, Protocol
 
 from .client import AsyncClient
 from .errors import (
@@ -64,8 +64,8 @@ class Succeeded:
     ``result`` is a JSON object (or None); ``usage`` sets the recorded total."""
 
     result: Any = None
-    external_txn_id: Optional[str] = None
-    usage: Optional[int] = None
+    external_txn_id: str | None = None
+    usage: int | None = None
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class Committed:
     """``reconcile`` found the effect committed at the provider."""
 
     result: Any = None
-    external_txn_id: Optional[str] = None
+    external_txn_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ class Handler(Protocol):
 
     async def execute(self, ctx: Context) -> Any: ...
 
-    async def reconcile(self, ctx: Context) -> Union[Committed, NotCommitted]: ...
+    async def reconcile(self, ctx: Context) -> Committed | NotCommitted: ...
 
 
 class Context:
@@ -114,7 +114,7 @@ class Context:
         self.operation: str = attempt.operation
         self.params: Any = attempt.params
         self.idempotency_key: str = attempt.idempotency_key
-        self.traceparent: Optional[str] = attempt.traceparent
+        self.traceparent: str | None = attempt.traceparent
         #: 1-based attempt number within the task.
         self.number: int = attempt.number
         #: The lease end, moved by each heartbeat.
@@ -260,8 +260,11 @@ class Worker:
         may be leased to the abandoned claim: idem cannot tell until it sees the
         connection close. Its lease then runs out and idem retries it (safe
         class) or reconciles it (non-safe) as for any lost executor."""
-        claim = self._claiming = asyncio.create_task(self.client.claim(
-            self.executor_id, list(self.handlers), max=free, lease_ms=self.lease_ms, wait_ms=self.claim_wait_ms))
+        claim = self._claiming = asyncio.create_task(
+            self.client.claim(
+                self.executor_id, list(self.handlers), max=free, lease_ms=self.lease_ms, wait_ms=self.claim_wait_ms
+            )
+        )
         try:
             await asyncio.wait({claim})
         finally:
@@ -311,10 +314,12 @@ class Worker:
             json.dumps(body, allow_nan=False)
         except (TypeError, ValueError) as e:
             # The effect may have happened, its result cannot be sent: as an exception would.
-            log.error("attempt %s of task %s: the %s cannot be sent as JSON: %s", ctx.attempt_id, ctx.task_id,
-                      ctx.kind, e)
-            body = ({"outcome": "unknown"} if ctx.kind == "execute" else
-                    {"outcome": "failed", "failure_class": "transient"}) | {"message": f"result is not JSON: {e}"}
+            log.error(
+                "attempt %s of task %s: the %s cannot be sent as JSON: %s", ctx.attempt_id, ctx.task_id, ctx.kind, e
+            )
+            body = (
+                {"outcome": "unknown"} if ctx.kind == "execute" else {"outcome": "failed", "failure_class": "transient"}
+            ) | {"message": f"result is not JSON: {e}"}
         body["generation"] = ctx.generation
         body["usage"] = ctx.usage
         try:
@@ -356,10 +361,17 @@ class Worker:
         elif isinstance(value, NotCommitted):
             return {"outcome": "not_committed"}
         else:
-            log.error("attempt %s of task %s: reconcile returned %r, not Committed or NotCommitted",
-                      ctx.attempt_id, ctx.task_id, value)
-            return {"outcome": "failed", "failure_class": "transient",
-                    "message": f"reconcile returned {type(value).__name__}, not Committed or NotCommitted"}
+            log.error(
+                "attempt %s of task %s: reconcile returned %r, not Committed or NotCommitted",
+                ctx.attempt_id,
+                ctx.task_id,
+                value,
+            )
+            return {
+                "outcome": "failed",
+                "failure_class": "transient",
+                "message": f"reconcile returned {type(value).__name__}, not Committed or NotCommitted",
+            }
         if value.external_txn_id is not None:
             body["external_txn_id"] = value.external_txn_id
         return body
@@ -371,8 +383,9 @@ class Worker:
         while True:
             await asyncio.sleep(interval)
             try:
-                ack = await self.client.heartbeat(ctx.attempt_id, ctx.generation, ctx.usage,
-                                                  timeout=self.lease_ms / 1000)
+                ack = await self.client.heartbeat(
+                    ctx.attempt_id, ctx.generation, ctx.usage, timeout=self.lease_ms / 1000
+                )
             except StaleGenerationError:
                 ctx._lose_lease()
                 return
@@ -395,13 +408,18 @@ class Worker:
                 log.info("attempt %s of task %s: reported %s", ctx.attempt_id, ctx.task_id, body["outcome"])
                 return
             except StaleGenerationError:
-                log.warning("attempt %s of task %s: the %s report came after the lease was lost; idem kept it "
-                            "as evidence only", ctx.attempt_id, ctx.task_id, body["outcome"])
+                log.warning(
+                    "attempt %s of task %s: the %s report came after the lease was lost; idem kept it as evidence only",
+                    ctx.attempt_id,
+                    ctx.task_id,
+                    body["outcome"],
+                )
                 return
             except (IdemError, IdemTransportError) as e:
                 if isinstance(e, IdemError) and not e.retryable or n == len(pauses):
-                    log.error("attempt %s of task %s: report %s refused: %s",
-                              ctx.attempt_id, ctx.task_id, body["outcome"], e)
+                    log.error(
+                        "attempt %s of task %s: report %s refused: %s", ctx.attempt_id, ctx.task_id, body["outcome"], e
+                    )
                     return
                 await asyncio.sleep(pauses[n])
 
