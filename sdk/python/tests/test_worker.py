@@ -197,6 +197,24 @@ def test_typed_failures_are_final_and_a_result_that_is_not_json_is_reconciled(te
     assert task.state == "succeeded"
 
 
+def test_a_device_gateway_acknowledges_the_command_apart_from_its_completion(tenant: Tenant) -> None:
+    seen: list[str] = []
+
+    async def command(ctx: Context, n: int) -> Any:
+        await ctx.ack()
+        async with tenant.async_client() as client:
+            seen.append((await client.get(ctx.task_id)).state)
+        return {"observed": "door closed"}
+
+    task = run_one(tenant, "generation.dispatch", {"device": "door-7", "command": "close"}, Recorder(command))
+    assert seen == ["running"], "acknowledged, not completed"
+    assert task.state == "succeeded" and task.delivery.result == {"observed": "door closed"}
+    with tenant.client() as client:
+        (attempt,) = client.attempts(task.id)
+        assert [(e.outcome, e.disposition) for e in attempt.evidence] == [("ack", "applied"), ("succeeded", "applied")]
+        assert "command_acknowledged" in event_types(client, task.id)
+
+
 class StallingClient(idem.AsyncClient):
     """An executor client whose first heartbeat leaves ``stall`` seconds late, as
     from a worker paused (GC, a suspended VM) or cut off by the network: the

@@ -351,7 +351,7 @@ def heartbeat(attempt_id: str, generation: int, usage: int | None, timeout: floa
 
 def ack(attempt_id: str, generation: int) -> Flow:
     answer = yield Call("POST", f"v1/attempts/{_id(attempt_id)}/ack", json={"generation": generation})
-    return answer.body
+    return Task.from_json(answer.body["task"])
 
 
 def report(attempt_id: str, body: dict[str, Any]) -> Flow:

@@ -246,7 +246,7 @@ class Client(_Base):
         """Extends the lease (``StaleGenerationError`` when it is lost)."""
         return self._run(_api.heartbeat(attempt_id, generation, usage, timeout))
 
-    def ack(self, attempt_id: str, generation: int) -> Any:
+    def ack(self, attempt_id: str, generation: int) -> Task:
         """A device gateway's "command acknowledged" (not completed)."""
         return self._run(_api.ack(attempt_id, generation))
 
@@ -401,7 +401,7 @@ class AsyncClient(_Base):
     ) -> HeartbeatAck:
         return await self._run(_api.heartbeat(attempt_id, generation, usage, timeout))
 
-    async def ack(self, attempt_id: str, generation: int) -> Any:
+    async def ack(self, attempt_id: str, generation: int) -> Task:
         return await self._run(_api.ack(attempt_id, generation))
 
     async def report(self, attempt_id: str, body: dict[str, Any]) -> Task:
