@@ -15,7 +15,7 @@ import {
   type Task,
   type TaskEvent,
 } from "../src/index.js";
-import { Proxy, Server, key } from "./support.js";
+import { Proxy, Server, all, key } from "./support.js";
 
 const payment = (amount = 1250) => ({ payee: "acct-42", amount, currency: "EUR" });
 
@@ -23,12 +23,6 @@ const payment = (amount = 1250) => ({ payee: "acct-42", amount, currency: "EUR" 
 async function tasksWithKey(client: Client, operation: string, k: string): Promise<Task[]> {
   const out: Task[] = [];
   for await (const t of client.list({ operation, idempotencyKeyPrefix: k })) if (t.idempotency_key === k) out.push(t);
-  return out;
-}
-
-async function all<T>(it: AsyncIterable<T>): Promise<T[]> {
-  const out: T[] = [];
-  for await (const x of it) out.push(x);
   return out;
 }
 

@@ -218,14 +218,16 @@ export class Proxy {
             up.destroy();
             return;
           }
-          client.write(d);
           if (rule?.action === "cut") {
             relayed += d.toString("latin1");
             if (rule.cutWhen?.(relayed)) {
-              client.destroy();
+              // What was relayed reaches the client; then the connection closes mid-answer.
               up.destroy();
+              client.write(d, () => client.destroy());
+              return;
             }
           }
+          client.write(d);
         });
       };
       client.on("data", onFirst);
@@ -240,4 +242,11 @@ export class Proxy {
     for (const s of this.sockets) s.destroy();
     await new Promise((r) => this.server.close(r));
   }
+}
+
+/** Every item of an async iterable. */
+export async function all<T>(it: AsyncIterable<T>): Promise<T[]> {
+  const out: T[] = [];
+  for await (const x of it) out.push(x);
+  return out;
 }
