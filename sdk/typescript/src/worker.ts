@@ -104,7 +104,10 @@ export interface WorkerOptions {
   graceMs?: number;
   /** Long-poll wait of a claim, ms (≤ 30 000). Default 20 000. */
   claimWaitMs?: number;
-  /** Pause between heartbeats, ms. Default `leaseMs / 3`. */
+  /**
+   * Pause between heartbeats, ms. Default `leaseMs / 3`. One of `leaseMs` or more lets the
+   * lease run out between heartbeats (the SDK's tests lose a lease on purpose that way).
+   */
   heartbeatIntervalMs?: number;
   /** Default `console`. */
   logger?: Logger;
@@ -246,17 +249,19 @@ export class Worker {
       process.on("SIGINT", onInt);
     }
     let failure: unknown;
+    let summary: RunSummary;
     try {
       failure = await this.#claimLoop(stopping);
-      return await this.#drain();
+      summary = await this.#drain();
     } finally {
       if (this.#handleSignals) {
         process.off("SIGTERM", onTerm);
         process.off("SIGINT", onInt);
       }
       this.#run = undefined;
-      if (failure !== undefined) throw failure;
     }
+    if (failure !== undefined) throw failure;
+    return summary;
   }
 
   /** Claims until stopped; returns the error that stopped it, if any. */

@@ -8,6 +8,7 @@ import {
   Cancelled,
   Committed,
   NotCommitted,
+  PermissionDeniedError,
   Succeeded,
   TransientError,
   Worker,
@@ -36,11 +37,15 @@ function worker(t: Tenant, handlers: Record<string, Handler>, options: Partial<W
   return { worker: w, logger, run: w.run() };
 }
 
-/** The task once terminal (server-side wait, `Prefer: wait`). */
+/** The task once terminal (`Prefer: wait` where the server honours it, else read again). */
 async function terminal(client: Client, id: string) {
-  const t = await client.get(id, { wait: 15 });
-  if (["succeeded", "failed", "cancelled"].includes(t.state)) return t;
-  throw new Error(`task ${id} did not end within 15 s: ${JSON.stringify(t)}`);
+  const deadline = Date.now() + 15_000;
+  for (;;) {
+    const t = await client.get(id, { wait: 5 });
+    if (["succeeded", "failed", "cancelled"].includes(t.state)) return t;
+    if (Date.now() > deadline) throw new Error(`task ${id} did not end within 15 s: ${JSON.stringify(t)}`);
+    await delay(50);
+  }
 }
 
 describe("Worker against idem serve", () => {
@@ -311,6 +316,13 @@ describe("Worker against idem serve", () => {
     const [attempt] = await t.client.attempts(task.id);
     assert.equal(attempt!.state, "leased");
     assert.deepEqual(attempt!.evidence, []);
+  });
+
+  test("a claim refused with a 4xx stops the worker: run() rejects with the typed error", async () => {
+    const t = await server.tenant();
+    // A client key may not claim.
+    const w = new Worker(t.client, { executorId: "wrong-key", handlers: { "generation.dispatch": { execute: () => undefined, reconcile: never } }, logger: new MemoryLogger(), handleSignals: false });
+    await assert.rejects(w.run(), PermissionDeniedError);
   });
 
   test("SIGTERM stops a worker process: the running attempt finishes, the process exits within its grace", async () => {
