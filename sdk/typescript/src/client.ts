@@ -170,7 +170,7 @@ interface RequestSpec extends CallOptions {
   headers?: Record<string, string>;
   /** Time limit of the whole exchange, body included; default: the client's. */
   timeoutMs?: number;
-  /** An event stream: no time limit (the server keeps it open as long as it likes). */
+  /** An event stream: the time limit covers the answer's head, not its body. */
   stream?: boolean;
 }
 
@@ -443,7 +443,10 @@ export class Client {
     for (const [k, v] of spec.query ?? []) url.searchParams.append(k, v);
     const headers: Record<string, string> = { authorization: `Bearer ${this.#apiKey}`, ...spec.headers };
     if (spec.body !== undefined) headers["content-type"] = "application/json";
-    const timeout = spec.stream ? undefined : AbortSignal.timeout(spec.timeoutMs ?? this.timeoutMs);
+    // A stream's time limit covers its head only: the body lasts as long as the server keeps it open.
+    const headLimit = spec.stream ? new AbortController() : undefined;
+    const headTimer = headLimit && setTimeout(() => headLimit.abort(new DOMException("no answer in time", "TimeoutError")), spec.timeoutMs ?? this.timeoutMs);
+    const timeout = headLimit?.signal ?? AbortSignal.timeout(spec.timeoutMs ?? this.timeoutMs);
     const signals = [spec.signal, timeout].filter((s): s is AbortSignal => s !== undefined);
     let response: Response;
     try {
@@ -451,10 +454,12 @@ export class Client {
         method: spec.method,
         headers,
         body: spec.body === undefined ? undefined : JSON.stringify(spec.body),
-        signal: signals.length > 0 ? AbortSignal.any(signals) : undefined,
+        signal: AbortSignal.any(signals),
       });
     } catch (e) {
       throw this.#transport(e, spec, timeout);
+    } finally {
+      clearTimeout(headTimer);
     }
     if (response.ok) return { response, timeout };
     let text: string;
