@@ -1,7 +1,7 @@
 /**
  * The idem HTTP client (SPEC §4) over the global `fetch`.
  */
-import { IdemError, IdemTransportError, errorFromResponse } from "./errors.js";
+import { IdemError, IdemTimeoutError, IdemTransportError, errorFromResponse } from "./errors.js";
 import { readSse, SseParser } from "./sse.js";
 import type {
   Attempt,
@@ -221,7 +221,7 @@ export class Client {
    *
    * @throws {IdempotencyConflictError} the key is bound to other material params (`differingFields`)
    * @throws {IdemError} any other 4xx at once; the last retryable error when the tries and the lookup found nothing
-   * @throws {IdemTransportError} no answer after the last try and no task found by scope
+   * @throws {IdemTransportError} no answer after the last try (an {@link IdemTimeoutError} when none came in time) and no task found by scope
    */
   async submit(operation: string, params: JsonObject, idempotencyKey: string, options: SubmitOptions = {}): Promise<Submitted> {
     const headers: Record<string, string> = { "idempotency-key": sfString(idempotencyKey) };
@@ -494,7 +494,7 @@ export class Client {
   #transport(e: unknown, spec: RequestSpec, timeout: AbortSignal | undefined): unknown {
     if (spec.signal?.aborted) return spec.signal.reason;
     const what = `${spec.method} /${spec.path}`;
-    if (timeout?.aborted) return new IdemTransportError(`${what}: no answer within ${spec.timeoutMs ?? this.timeoutMs} ms`, { cause: e, timedOut: true });
+    if (timeout?.aborted) return new IdemTimeoutError(`${what}: no answer within ${spec.timeoutMs ?? this.timeoutMs} ms`, { cause: e });
     const cause = e instanceof Error && e.cause instanceof Error ? e.cause.message : String(e);
     return new IdemTransportError(`${what}: ${cause}`, { cause: e });
   }

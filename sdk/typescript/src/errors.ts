@@ -60,22 +60,27 @@ export class IdemError extends Error {
 }
 
 /**
- * No answer: connection refused or dropped, or no answer within the time limit
- * (`timedOut`). The request may or may not have been applied: repeat it with the same
- * idempotency key, or look the task up.
+ * No answer: connection refused or dropped, or the answer was cut off. The request may or
+ * may not have been applied: repeat it with the same idempotency key, or look the task up.
  */
 export class IdemTransportError extends Error {
-  readonly timedOut: boolean;
-  constructor(message: string, options: { cause?: unknown; timedOut?: boolean } = {}) {
+  constructor(message: string, options: { cause?: unknown } = {}) {
     super(message, { cause: options.cause });
-    this.name = "IdemTransportError";
-    this.timedOut = options.timedOut ?? false;
+    this.name = new.target.name;
   }
 
   get retryable(): boolean {
     return true;
   }
+
+  /** Whether it is an {@link IdemTimeoutError}. */
+  get timedOut(): boolean {
+    return this instanceof IdemTimeoutError;
+  }
 }
+
+/** No answer within the time limit (the request may have been applied). */
+export class IdemTimeoutError extends IdemTransportError {}
 
 /** 400: the request has no `Idempotency-Key`. */
 export class IdempotencyKeyMissingError extends IdemError {

@@ -1,9 +1,11 @@
 import assert from "node:assert/strict";
+import net from "node:net";
 import { after, before, describe, test } from "node:test";
 
 import {
   Client,
   IdemError,
+  IdemTimeoutError,
   IdemTransportError,
   IdempotencyConflictError,
   InvalidRequestError,
@@ -158,7 +160,37 @@ describe("Client against idem serve", () => {
     assert.throws(() => sfString(""), TypeError);
     assert.throws(() => sfString("with space"), TypeError);
     assert.equal(sfString('a"b\\c'), '"a\\"b\\\\c"');
-    await assert.rejects(new Client("http://127.0.0.1:9", "k", { retry: { maxTries: 1 } }).get("x"), IdemTransportError);
+    await assert.rejects(new Client("http://127.0.0.1:9", "k", { retry: { maxTries: 1 } }).get("x"), (e: unknown) => e instanceof IdemTransportError && !e.timedOut);
+  });
+
+  test("no answer in time: IdemTimeoutError; submit repeats it and then looks the scope up", async () => {
+    const { client: direct } = await server.tenant();
+    // Reads requests, never answers.
+    const sockets: net.Socket[] = [];
+    const requests: string[] = [];
+    const silent = net.createServer((s) => {
+      sockets.push(s);
+      s.once("data", (d: Buffer) => {
+        const text = d.toString("latin1");
+        const idemKey = /\r\nidempotency-key: ([^\r]*)/i.exec(text)?.[1];
+        requests.push(text.split(" HTTP/1.1")[0]! + (idemKey ? ` ${idemKey}` : ""));
+      });
+    });
+    await new Promise<void>((r) => silent.listen(0, "127.0.0.1", r));
+    try {
+      const url = `http://127.0.0.1:${(silent.address() as net.AddressInfo).port}`;
+      const client = new Client(url, "k", { timeoutMs: 200, retry: { maxTries: 2, initialBackoffMs: 10 } });
+      await assert.rejects(client.get("x"), IdemTimeoutError);
+      const k = key();
+      const started = Date.now();
+      await assert.rejects(client.submit("payment.release", payment(), k), IdemTimeoutError);
+      assert.ok(Date.now() - started < 2000);
+      assert.deepEqual(requests, ["GET /v1/tasks/x", `POST /v1/tasks "${k}"`, `POST /v1/tasks "${k}"`, `GET /v1/tasks?operation=payment.release&idempotency_key=${k}`]);
+      assert.equal((await all(direct.list())).length, 0);
+    } finally {
+      sockets.forEach((s) => s.destroy());
+      await new Promise((r) => silent.close(r));
+    }
   });
 
   test("a key with quotes and backslashes round-trips through the sf-string header", async () => {
