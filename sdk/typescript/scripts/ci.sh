@@ -6,5 +6,6 @@ set -eu
 cd "$(dirname "$0")/.."
 npm ci --no-audit --no-fund
 npm run check:generated
+npm run check:format
 npm test
 npm run check:pack

@@ -118,7 +118,8 @@ const MAX_KEY_LEN = 255;
  */
 export function sfString(key: string): string {
   if (key.length === 0) throw new TypeError("the idempotency key is empty");
-  if (key.length > MAX_KEY_LEN) throw new TypeError(`the idempotency key has ${key.length} characters; at most ${MAX_KEY_LEN} are allowed`);
+  if (key.length > MAX_KEY_LEN)
+    throw new TypeError(`the idempotency key has ${key.length} characters; at most ${MAX_KEY_LEN} are allowed`);
   if (!/^[\x21-\x7e]+$/.test(key)) throw new TypeError("the idempotency key may hold only visible ASCII (0x21–0x7E)");
   return `"${key.replace(/[\\"]/g, (c) => `\\${c}`)}"`;
 }
@@ -131,7 +132,10 @@ export function jsonEqual(a: unknown, b: unknown): boolean {
   if (Array.isArray(a) && Array.isArray(b)) return a.length === b.length && a.every((v, i) => jsonEqual(v, b[i]));
   const ka = Object.keys(a);
   const kb = Object.keys(b);
-  return ka.length === kb.length && ka.every((k) => Object.hasOwn(b, k) && jsonEqual((a as JsonObject)[k], (b as JsonObject)[k]));
+  return (
+    ka.length === kb.length &&
+    ka.every((k) => Object.hasOwn(b, k) && jsonEqual((a as JsonObject)[k], (b as JsonObject)[k]))
+  );
 }
 
 /** Resolves after `ms`, or rejects with the signal's reason when it aborts first. */
@@ -201,7 +205,8 @@ export class Client {
    */
   constructor(baseUrl: string | URL, apiKey: string, options: ClientOptions = {}) {
     const base = new URL(baseUrl);
-    if (base.protocol !== "http:" && base.protocol !== "https:") throw new TypeError(`base URL ${base} must be http:// or https://`);
+    if (base.protocol !== "http:" && base.protocol !== "https:")
+      throw new TypeError(`base URL ${base} must be http:// or https://`);
     if (!base.pathname.endsWith("/")) base.pathname += "/";
     base.search = "";
     base.hash = "";
@@ -223,7 +228,12 @@ export class Client {
    * @throws {IdemError} any other 4xx at once; the last retryable error when the tries and the lookup found nothing
    * @throws {IdemTransportError} no answer after the last try (an {@link IdemTimeoutError} when none came in time) and no task found by scope
    */
-  async submit(operation: string, params: JsonObject, idempotencyKey: string, options: SubmitOptions = {}): Promise<Submitted> {
+  async submit(
+    operation: string,
+    params: JsonObject,
+    idempotencyKey: string,
+    options: SubmitOptions = {},
+  ): Promise<Submitted> {
     const headers: Record<string, string> = { "idempotency-key": sfString(idempotencyKey) };
     let timeoutMs = this.timeoutMs;
     if (options.wait !== undefined) {
@@ -244,7 +254,8 @@ export class Client {
           timeoutMs,
           signal: options.signal,
         });
-        const replayed = answer.headers.get("idempotent-replayed")?.toLowerCase() === "true" || answer.body.meta.replayed;
+        const replayed =
+          answer.headers.get("idempotent-replayed")?.toLowerCase() === "true" || answer.body.meta.replayed;
         return { task: answer.body.task, replayed, lookedUp: false, tries, meta: answer.body.meta };
       } catch (e) {
         if (!isRetryable(e)) throw e;
@@ -277,7 +288,13 @@ export class Client {
       headers["prefer"] = `wait=${Math.floor(options.wait)}`;
       timeoutMs += options.wait * 1000;
     }
-    const answer = await this.#request<{ task: Task }>({ method: "GET", path: `v1/tasks/${enc(taskId)}`, headers, timeoutMs, signal: options.signal });
+    const answer = await this.#request<{ task: Task }>({
+      method: "GET",
+      path: `v1/tasks/${enc(taskId)}`,
+      headers,
+      timeoutMs,
+      signal: options.signal,
+    });
     return answer.body.task;
   }
 
@@ -291,7 +308,12 @@ export class Client {
       ["operation", operation],
       ["idempotency_key", idempotencyKey],
     ];
-    const answer = await this.#request<{ task: Task }>({ method: "GET", path: "v1/tasks", query, signal: options.signal });
+    const answer = await this.#request<{ task: Task }>({
+      method: "GET",
+      path: "v1/tasks",
+      query,
+      signal: options.signal,
+    });
     return answer.body.task;
   }
 
@@ -307,7 +329,12 @@ export class Client {
     if (filter.externalTxnId !== undefined) query.push(["external_txn_id", filter.externalTxnId]);
     if (filter.limit !== undefined) query.push(["limit", String(filter.limit)]);
     if (cursor !== undefined) query.push(["cursor", cursor]);
-    const answer = await this.#request<{ tasks: Task[]; next_cursor?: string | null }>({ method: "GET", path: "v1/tasks", query, signal: options.signal });
+    const answer = await this.#request<{ tasks: Task[]; next_cursor?: string | null }>({
+      method: "GET",
+      path: "v1/tasks",
+      query,
+      signal: options.signal,
+    });
     return { tasks: answer.body.tasks, nextCursor: answer.body.next_cursor ?? null };
   }
 
@@ -323,7 +350,11 @@ export class Client {
 
   /** `GET /v1/tasks/{id}/attempts`: every attempt, old ones included, with its evidence. */
   async attempts(taskId: string, options: CallOptions = {}): Promise<Attempt[]> {
-    const answer = await this.#request<{ attempts: Attempt[] }>({ method: "GET", path: `v1/tasks/${enc(taskId)}/attempts`, signal: options.signal });
+    const answer = await this.#request<{ attempts: Attempt[] }>({
+      method: "GET",
+      path: `v1/tasks/${enc(taskId)}/attempts`,
+      signal: options.signal,
+    });
     return answer.body.attempts;
   }
 
@@ -369,11 +400,16 @@ export class Client {
         }
         if (received) continue;
         // Ended with nothing: count it as a failure, so a server that keeps doing so is not hammered.
-        if (++failures >= this.retry.maxTries) throw new IdemTransportError(`event stream of task ${taskId} keeps ending without an event`);
+        if (++failures >= this.retry.maxTries)
+          throw new IdemTransportError(`event stream of task ${taskId} keeps ending without an event`);
       } catch (e) {
         if (options.signal?.aborted) throw options.signal.reason;
-        if (e instanceof SyntaxError) throw new IdemError(`event stream of task ${taskId}: ${e.message}`, { status: response.status, cause: e });
-        if (e instanceof IdemTransportError || ++failures >= this.retry.maxTries) throw e instanceof IdemTransportError ? e : new IdemTransportError(`event stream of task ${taskId} broke`, { cause: e });
+        if (e instanceof SyntaxError)
+          throw new IdemError(`event stream of task ${taskId}: ${e.message}`, { status: response.status, cause: e });
+        if (e instanceof IdemTransportError || ++failures >= this.retry.maxTries)
+          throw e instanceof IdemTransportError
+            ? e
+            : new IdemTransportError(`event stream of task ${taskId} broke`, { cause: e });
       }
       await sleep(parser.retryMs ?? pause, options.signal);
       pause = Math.min(pause * 2, this.retry.maxBackoffMs);
@@ -383,13 +419,21 @@ export class Client {
 
   /** `POST /v1/tasks/{id}/cancel`: records a cancel request (confirmed at once for a queued task). */
   async cancel(taskId: string, options: CallOptions = {}): Promise<CancelResult> {
-    const answer = await this.#request<{ task: Task; cancellation: Cancellation }>({ method: "POST", path: `v1/tasks/${enc(taskId)}/cancel`, signal: options.signal });
+    const answer = await this.#request<{ task: Task; cancellation: Cancellation }>({
+      method: "POST",
+      path: `v1/tasks/${enc(taskId)}/cancel`,
+      signal: options.signal,
+    });
     return { status: answer.status, task: answer.body.task, cancellation: answer.body.cancellation };
   }
 
   /** `POST /v1/tasks/{id}/delivery/ack`: acknowledges the delivered result (idempotent). */
   async ackDelivery(taskId: string, options: CallOptions = {}): Promise<Task> {
-    const answer = await this.#request<{ task: Task }>({ method: "POST", path: `v1/tasks/${enc(taskId)}/delivery/ack`, signal: options.signal });
+    const answer = await this.#request<{ task: Task }>({
+      method: "POST",
+      path: `v1/tasks/${enc(taskId)}/delivery/ack`,
+      signal: options.signal,
+    });
     return answer.body.task;
   }
 
@@ -415,16 +459,31 @@ export class Client {
    *
    * @throws {StaleGenerationError} the lease is lost
    */
-  async heartbeat(attemptId: string, generation: number, usage?: number, options: CallOptions & { timeoutMs?: number } = {}): Promise<HeartbeatResponse> {
+  async heartbeat(
+    attemptId: string,
+    generation: number,
+    usage?: number,
+    options: CallOptions & { timeoutMs?: number } = {},
+  ): Promise<HeartbeatResponse> {
     const body: Record<string, unknown> = { generation };
     if (usage !== undefined) body["usage"] = usage;
-    const answer = await this.#request<HeartbeatResponse>({ method: "POST", path: `v1/attempts/${enc(attemptId)}/heartbeat`, body, ...options });
+    const answer = await this.#request<HeartbeatResponse>({
+      method: "POST",
+      path: `v1/attempts/${enc(attemptId)}/heartbeat`,
+      body,
+      ...options,
+    });
     return answer.body;
   }
 
   /** `POST /v1/attempts/{id}/ack`: the command was acknowledged (not completed). */
   async ack(attemptId: string, generation: number, options: CallOptions = {}): Promise<void> {
-    await this.#request<unknown>({ method: "POST", path: `v1/attempts/${enc(attemptId)}/ack`, body: { generation }, signal: options.signal });
+    await this.#request<unknown>({
+      method: "POST",
+      path: `v1/attempts/${enc(attemptId)}/ack`,
+      body: { generation },
+      signal: options.signal,
+    });
   }
 
   /**
@@ -433,7 +492,12 @@ export class Client {
    * @throws {StaleGenerationError} the generation no longer holds the lease (the report is kept as evidence)
    */
   async report(attemptId: string, body: ReportBody, options: CallOptions = {}): Promise<Task> {
-    const answer = await this.#request<{ task: Task }>({ method: "POST", path: `v1/attempts/${enc(attemptId)}/report`, body, signal: options.signal });
+    const answer = await this.#request<{ task: Task }>({
+      method: "POST",
+      path: `v1/attempts/${enc(attemptId)}/report`,
+      body,
+      signal: options.signal,
+    });
     return answer.body.task;
   }
 
@@ -445,7 +509,12 @@ export class Client {
     if (spec.body !== undefined) headers["content-type"] = "application/json";
     // A stream's time limit covers its head only: the body lasts as long as the server keeps it open.
     const headLimit = spec.stream ? new AbortController() : undefined;
-    const headTimer = headLimit && setTimeout(() => headLimit.abort(new DOMException("no answer in time", "TimeoutError")), spec.timeoutMs ?? this.timeoutMs);
+    const headTimer =
+      headLimit &&
+      setTimeout(
+        () => headLimit.abort(new DOMException("no answer in time", "TimeoutError")),
+        spec.timeoutMs ?? this.timeoutMs,
+      );
     const timeout = headLimit?.signal ?? AbortSignal.timeout(spec.timeoutMs ?? this.timeoutMs);
     const signals = [spec.signal, timeout].filter((s): s is AbortSignal => s !== undefined);
     let response: Response;
@@ -486,7 +555,10 @@ export class Client {
     try {
       body = (text === "" ? undefined : JSON.parse(text)) as T;
     } catch (e) {
-      throw new IdemError(`HTTP ${response.status}: the answer is not JSON: ${text.slice(0, 200)}`, { status: response.status, cause: e });
+      throw new IdemError(`HTTP ${response.status}: the answer is not JSON: ${text.slice(0, 200)}`, {
+        status: response.status,
+        cause: e,
+      });
     }
     return { status: response.status, headers: response.headers, body };
   }
@@ -494,7 +566,8 @@ export class Client {
   #transport(e: unknown, spec: RequestSpec, timeout: AbortSignal | undefined): unknown {
     if (spec.signal?.aborted) return spec.signal.reason;
     const what = `${spec.method} /${spec.path}`;
-    if (timeout?.aborted) return new IdemTimeoutError(`${what}: no answer within ${spec.timeoutMs ?? this.timeoutMs} ms`, { cause: e });
+    if (timeout?.aborted)
+      return new IdemTimeoutError(`${what}: no answer within ${spec.timeoutMs ?? this.timeoutMs} ms`, { cause: e });
     const cause = e instanceof Error && e.cause instanceof Error ? e.cause.message : String(e);
     return new IdemTransportError(`${what}: ${cause}`, { cause: e });
   }

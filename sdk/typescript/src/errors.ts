@@ -204,7 +204,11 @@ const ERRORS: { [C in ProblemCode]: typeof IdemError } = {
  * The error for an answer with status `status` and body `text`: the subclass of the
  * problem's `code`, or {@link IdemError} for an unknown code or a body that is not a problem.
  */
-export function errorFromResponse(status: number, text: string, init: Omit<ErrorInit, "status" | "problem"> = {}): IdemError {
+export function errorFromResponse(
+  status: number,
+  text: string,
+  init: Omit<ErrorInit, "status" | "problem"> = {},
+): IdemError {
   let problem: Partial<Problem> | undefined;
   try {
     const parsed: unknown = JSON.parse(text);
@@ -215,7 +219,7 @@ export function errorFromResponse(status: number, text: string, init: Omit<Error
     // Not JSON: a proxy's page, say. The start of the body becomes the message.
   }
   const code = typeof problem?.code === "string" ? problem.code : undefined;
-  const ctor = (code !== undefined && Object.hasOwn(ERRORS, code) ? ERRORS[code as ProblemCode] : IdemError);
+  const ctor = code !== undefined && Object.hasOwn(ERRORS, code) ? ERRORS[code as ProblemCode] : IdemError;
   const message = problem
     ? `HTTP ${status} ${code ?? ""}: ${problem.detail ?? problem.title ?? ""}`.replace("  ", " ")
     : `HTTP ${status}: ${text.slice(0, 200)}`;

@@ -25,4 +25,12 @@ export {
   UnknownOutcomeError,
   Worker,
 } from "./worker.js";
-export type { AttemptContext, ExecuteResult, Handler, Logger, ReconcileResult, RunSummary, WorkerOptions } from "./worker.js";
+export type {
+  AttemptContext,
+  ExecuteResult,
+  Handler,
+  Logger,
+  ReconcileResult,
+  RunSummary,
+  WorkerOptions,
+} from "./worker.js";

@@ -158,7 +158,8 @@ class Ctx implements AttemptContext {
   }
 
   recordUsage(total: number): void {
-    if (!Number.isSafeInteger(total) || total < 0) throw new RangeError(`usage must be a non-negative integer, not ${total}`);
+    if (!Number.isSafeInteger(total) || total < 0)
+      throw new RangeError(`usage must be a non-negative integer, not ${total}`);
     this.usage = total;
   }
 
@@ -238,7 +239,9 @@ export class Worker {
         this.#log.warn(`${name} again: abandoning running attempts now`);
         this.#skipGrace?.abort();
       } else {
-        this.#log.info(`${name}: stopping (claiming nothing more, ${this.#running.size} attempt(s) running, grace ${this.#graceMs} ms)`);
+        this.#log.info(
+          `${name}: stopping (claiming nothing more, ${this.#running.size} attempt(s) running, grace ${this.#graceMs} ms)`,
+        );
         this.#stopping?.abort(new Error(name));
       }
     };
@@ -320,7 +323,9 @@ export class Worker {
       r.abandoned = true;
       abandoned++;
       r.ctx.controller.abort(new Error("the worker shut down: attempt abandoned"));
-      this.#log.warn(`attempt ${r.ctx.attemptId} (task ${r.ctx.taskId}) still running after the grace: abandoned, its lease runs out`);
+      this.#log.warn(
+        `attempt ${r.ctx.attemptId} (task ${r.ctx.taskId}) still running after the grace: abandoned, its lease runs out`,
+      );
     }
     this.#running.clear();
     return { abandoned };
@@ -329,11 +334,13 @@ export class Worker {
   #start(a: ClaimedAttempt): void {
     const ctx = new Ctx(a, this.#client);
     const entry = { ctx, done: Promise.resolve(), abandoned: false };
-    entry.done = this.#attempt(ctx, () => entry.abandoned).finally(() => {
-      if (this.#running.get(ctx.attemptId) === entry) this.#running.delete(ctx.attemptId);
-      this.#slotFreed?.();
-      this.#slotFreed = undefined;
-    });
+    entry.done = this.#attempt(ctx, () => entry.abandoned)
+      .catch((e: unknown) => this.#log.error(`attempt ${ctx.attemptId} (task ${ctx.taskId}): ${describe(e)}`))
+      .finally(() => {
+        if (this.#running.get(ctx.attemptId) === entry) this.#running.delete(ctx.attemptId);
+        this.#slotFreed?.();
+        this.#slotFreed = undefined;
+      });
     this.#running.set(ctx.attemptId, entry);
   }
 
@@ -343,9 +350,15 @@ export class Worker {
     let body: Omit<ReportBody, "generation">;
     try {
       if (!handler) throw new Error(`no handler for ${ctx.operation}`);
-      body = ctx.kind === "reconcile" ? reconcileReport(await handler.reconcile(ctx)) : executeReport(await handler.execute(ctx));
+      body =
+        ctx.kind === "reconcile"
+          ? reconcileReport(await handler.reconcile(ctx))
+          : executeReport(await handler.execute(ctx));
     } catch (e) {
-      body = ctx.kind === "reconcile" ? { outcome: "failed", failure_class: "transient", message: `reconcile threw: ${describe(e)}` } : failureReport(e);
+      body =
+        ctx.kind === "reconcile"
+          ? { outcome: "failed", failure_class: "transient", message: `reconcile threw: ${describe(e)}` }
+          : failureReport(e);
     } finally {
       stopHeartbeats();
     }
@@ -375,7 +388,8 @@ export class Worker {
       } catch (e) {
         if (stopped) return;
         if (e instanceof StaleGenerationError) return this.#leaseLost(ctx, describe(e));
-        if (Date.now() >= leaseEnd) return this.#leaseLost(ctx, `no heartbeat got through within the lease: ${describe(e)}`);
+        if (Date.now() >= leaseEnd)
+          return this.#leaseLost(ctx, `no heartbeat got through within the lease: ${describe(e)}`);
         this.#log.warn(`heartbeat of attempt ${ctx.attemptId} failed: ${describe(e)}`);
       }
       if (!stopped) timer = setTimeout(tick, this.#heartbeatMs);

@@ -31,7 +31,11 @@ async function tasksWithKey(client: Client, operation: string, k: string): Promi
 /** Claims the task's attempt with the executor client and reports it succeeded. */
 async function complete(executor: Client, taskId: string, result: Record<string, unknown>): Promise<Task> {
   for (let i = 0; i < 50; i++) {
-    const [a] = await executor.claim({ executorId: "test", operations: ["payment.release", "generation.dispatch"], waitMs: 2000 });
+    const [a] = await executor.claim({
+      executorId: "test",
+      operations: ["payment.release", "generation.dispatch"],
+      waitMs: 2000,
+    });
     if (a === undefined) continue;
     assert.equal(a.task_id, taskId);
     return executor.report(a.id, { generation: a.generation, outcome: "succeeded", result, usage: 3 });
@@ -75,7 +79,10 @@ describe("Client against idem serve", () => {
       assert.equal(s.replayed, true, "the first request was committed: the retry is a replay");
       assert.equal(s.lookedUp, false);
       const tasks = await tasksWithKey(direct, "payment.release", k);
-      assert.deepEqual(tasks.map((t) => t.id), [s.task.id]);
+      assert.deepEqual(
+        tasks.map((t) => t.id),
+        [s.task.id],
+      );
       assert.equal((await all(direct.list())).length, 1, "the tenant holds one task");
     } finally {
       await proxy.close();
@@ -93,7 +100,10 @@ describe("Client against idem serve", () => {
       assert.equal(s.lookedUp, true);
       assert.equal(s.tries, 3);
       const tasks = await all(direct.list());
-      assert.deepEqual(tasks.map((t) => t.id), [s.task.id]);
+      assert.deepEqual(
+        tasks.map((t) => t.id),
+        [s.task.id],
+      );
       assert.equal(tasks[0]!.idempotency_key, k);
     } finally {
       await proxy.close();
@@ -107,7 +117,10 @@ describe("Client against idem serve", () => {
     try {
       const client = new Client(proxy.url, clientKey, { retry: { maxTries: 2 } });
       const started = Date.now();
-      await assert.rejects(client.submit("payment.release", payment(), key()), (e: unknown) => e instanceof IdemError && e.code === "UNAVAILABLE" && e.retryAfterMs === 1000);
+      await assert.rejects(
+        client.submit("payment.release", payment(), key()),
+        (e: unknown) => e instanceof IdemError && e.code === "UNAVAILABLE" && e.retryAfterMs === 1000,
+      );
       assert.ok(Date.now() - started >= 1000, "Retry-After: 1 was honoured");
       assert.equal((await all(direct.list())).length, 0);
     } finally {
@@ -152,15 +165,24 @@ describe("Client against idem serve", () => {
     const { client, executor } = await server.tenant();
     const bad = await client.submit("payment.release", { payee: "acct-42", amount: 5 }, key()).catch((e: unknown) => e);
     assert.ok(bad instanceof InvalidRequestError, String(bad));
-    assert.deepEqual(bad.errors.map((e) => e.pointer), ["/params/currency"]);
+    assert.deepEqual(
+      bad.errors.map((e) => e.pointer),
+      ["/params/currency"],
+    );
     await assert.rejects(client.get("0190b8d6-0000-7000-8000-000000000000"), NotFoundError);
     await assert.rejects(client.find("payment.release", key()), NotFoundError);
-    await assert.rejects(new Client(server.url, "idem_wrong").get("0190b8d6-0000-7000-8000-000000000000"), UnauthenticatedError);
+    await assert.rejects(
+      new Client(server.url, "idem_wrong").get("0190b8d6-0000-7000-8000-000000000000"),
+      UnauthenticatedError,
+    );
     await assert.rejects(executor.heartbeat("0190b8d6-0000-7000-8000-000000000000", 1), NotFoundError);
     assert.throws(() => sfString(""), TypeError);
     assert.throws(() => sfString("with space"), TypeError);
     assert.equal(sfString('a"b\\c'), '"a\\"b\\\\c"');
-    await assert.rejects(new Client("http://127.0.0.1:9", "k", { retry: { maxTries: 1 } }).get("x"), (e: unknown) => e instanceof IdemTransportError && !e.timedOut);
+    await assert.rejects(
+      new Client("http://127.0.0.1:9", "k", { retry: { maxTries: 1 } }).get("x"),
+      (e: unknown) => e instanceof IdemTransportError && !e.timedOut,
+    );
   });
 
   test("no answer in time: IdemTimeoutError; submit repeats it and then looks the scope up", async () => {
@@ -185,7 +207,12 @@ describe("Client against idem serve", () => {
       const started = Date.now();
       await assert.rejects(client.submit("payment.release", payment(), k), IdemTimeoutError);
       assert.ok(Date.now() - started < 2000);
-      assert.deepEqual(requests, ["GET /v1/tasks/x", `POST /v1/tasks "${k}"`, `POST /v1/tasks "${k}"`, `GET /v1/tasks?operation=payment.release&idempotency_key=${k}`]);
+      assert.deepEqual(requests, [
+        "GET /v1/tasks/x",
+        `POST /v1/tasks "${k}"`,
+        `POST /v1/tasks "${k}"`,
+        `GET /v1/tasks?operation=payment.release&idempotency_key=${k}`,
+      ]);
       assert.equal((await all(direct.list())).length, 0);
     } finally {
       sockets.forEach((s) => s.destroy());
@@ -210,7 +237,10 @@ describe("Client against idem serve", () => {
     assert.equal(page.tasks.length, 2);
     assert.ok(page.nextCursor);
     const listed = await all(client.list({ operation: "generation.dispatch", limit: 2 }));
-    assert.deepEqual(listed.map((t) => t.id), [...ids].reverse());
+    assert.deepEqual(
+      listed.map((t) => t.id),
+      [...ids].reverse(),
+    );
     assert.equal((await all(client.list({ state: ["queued"], idempotencyKeyPrefix: "page-" }))).length, 5);
     assert.equal((await all(client.list({ state: "succeeded" }))).length, 0);
     assert.equal((await all(client.list({ createdAfter: new Date(Date.now() + 60_000) }))).length, 0);
@@ -223,7 +253,10 @@ describe("Client against idem serve", () => {
     await complete(executor, task.id, { payout: "p-1" });
     const events = await live;
     assert.equal(events.at(-1)?.type, "delivered");
-    assert.deepEqual(events.map((e) => e.seq), events.map((_, i) => i + 1));
+    assert.deepEqual(
+      events.map((e) => e.seq),
+      events.map((_, i) => i + 1),
+    );
     const history = await all(client.events(task.id));
     assert.deepEqual(history.slice(0, events.length), events);
     assert.deepEqual(await all(client.events(task.id, { afterSeq: 1 })), history.slice(1));
@@ -236,7 +269,12 @@ describe("Client against idem serve", () => {
     const { task } = await client.submit("payment.release", payment(), key());
     // The first stream is cut right after its first event.
     const proxy = await Proxy.start(server.url, [
-      { match: /^GET \/v1\/tasks\/[^ ]+\/events /, times: 1, action: "cut", cutWhen: (t) => /\ndata:[^\n]*\n\n/.test(t) },
+      {
+        match: /^GET \/v1\/tasks\/[^ ]+\/events /,
+        times: 1,
+        action: "cut",
+        cutWhen: (t) => /\ndata:[^\n]*\n\n/.test(t),
+      },
     ]);
     try {
       const seen: TaskEvent[] = [];
@@ -250,7 +288,10 @@ describe("Client against idem serve", () => {
       await complete(executor, task.id, { payout: "p-2" });
       await rest;
       assert.equal(proxy.applied.length, 1, "the stream was cut once");
-      assert.deepEqual(seen.map((e) => e.seq), seen.map((_, i) => i + 1));
+      assert.deepEqual(
+        seen.map((e) => e.seq),
+        seen.map((_, i) => i + 1),
+      );
       assert.equal(seen.at(-1)?.type, "delivered");
     } finally {
       await proxy.close();
@@ -277,16 +318,29 @@ describe("Client against idem serve", () => {
   test("executor calls: claim, heartbeat, ack, report; a stale generation is typed", async () => {
     const { client, executor } = await server.tenant();
     const { task } = await client.submit("payment.release", payment(), key());
-    const [a] = await executor.claim({ executorId: "exec-1", operations: ["payment.release"], max: 1, leaseMs: 5000, waitMs: 1000 });
+    const [a] = await executor.claim({
+      executorId: "exec-1",
+      operations: ["payment.release"],
+      max: 1,
+      leaseMs: 5000,
+      waitMs: 1000,
+    });
     assert.ok(a);
     assert.equal(a.task_id, task.id);
     assert.equal(a.kind, "execute");
     const hb = await executor.heartbeat(a.id, a.generation, 4);
     assert.equal(hb.cancel_requested, false);
     await executor.ack(a.id, a.generation);
-    const stale = await executor.report(a.id, { generation: a.generation + 1, outcome: "succeeded" }).catch((e: unknown) => e);
+    const stale = await executor
+      .report(a.id, { generation: a.generation + 1, outcome: "succeeded" })
+      .catch((e: unknown) => e);
     assert.ok(stale instanceof StaleGenerationError, String(stale));
-    const done = await executor.report(a.id, { generation: a.generation, outcome: "succeeded", result: { ok: true }, usage: 4 });
+    const done = await executor.report(a.id, {
+      generation: a.generation,
+      outcome: "succeeded",
+      result: { ok: true },
+      usage: 4,
+    });
     assert.equal(done.state, "succeeded");
     assert.equal(done.usage, 4);
     const waited = await client.get(task.id, { wait: 5 });

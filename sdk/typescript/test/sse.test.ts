@@ -20,7 +20,21 @@ test("one event per blank line; id, data and the default type", () => {
 
 test("any split of the stream gives the same events, for LF, CRLF and CR line ends", () => {
   for (const eol of ["\n", "\r\n", "\r"]) {
-    const text = ["\uFEFF: keep-alive", "retry: 250", "id: 7", "event: update", "data: line one", "data:line two", "", "data", "", "id: 8", "data: x", "", ""].join(eol);
+    const text = [
+      "\uFEFF: keep-alive",
+      "retry: 250",
+      "id: 7",
+      "event: update",
+      "data: line one",
+      "data:line two",
+      "",
+      "data",
+      "",
+      "id: 8",
+      "data: x",
+      "",
+      "",
+    ].join(eol);
     const whole = parse([text]).events;
     assert.deepEqual(whole, [
       { event: "update", data: "line one\nline two", id: "7" },

@@ -55,10 +55,24 @@ export class Server {
   static async start(): Promise<Server> {
     const dir = await mkdtemp(path.join(tmpdir(), "idem-ts-"));
     const store = `sqlite://${path.join(dir, "idem.db")}`;
-    const child = spawn(idemBin, ["serve", "--listen", "127.0.0.1:0", "--store", store, "--sweep-interval-ms", "50", "--shutdown-grace-ms", "2000"], {
-      env: { ...process.env, ...FAST_ENV, RUST_LOG: process.env["RUST_LOG"] ?? "warn" },
-      stdio: ["ignore", "pipe", "pipe"],
-    });
+    const child = spawn(
+      idemBin,
+      [
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--store",
+        store,
+        "--sweep-interval-ms",
+        "50",
+        "--shutdown-grace-ms",
+        "2000",
+      ],
+      {
+        env: { ...process.env, ...FAST_ENV, RUST_LOG: process.env["RUST_LOG"] ?? "warn" },
+        stdio: ["ignore", "pipe", "pipe"],
+      },
+    );
     let err = "";
     child.stderr!.on("data", (d: Buffer) => (err = (err + d.toString()).slice(-20_000)));
     const url = await new Promise<string>((resolve, reject) => {
@@ -82,9 +96,13 @@ export class Server {
   async tenant(options: ClientOptions = {}): Promise<Tenant> {
     const name = `t-${randomUUID()}`;
     const key = async (role: string) => {
-      const { stdout } = await run(idemBin, ["keys", "create", "--tenant", name, "--role", role, "--store", this.store], {
-        env: { ...process.env, RUST_LOG: "warn" },
-      });
+      const { stdout } = await run(
+        idemBin,
+        ["keys", "create", "--tenant", name, "--role", role, "--store", this.store],
+        {
+          env: { ...process.env, RUST_LOG: "warn" },
+        },
+      );
       return stdout.trim();
     };
     const clientKey = await key("client");
@@ -141,7 +159,9 @@ export function signal<T = void>(): { promise: Promise<T>; resolve: (v: T) => vo
 
 /** Resolves when `s` aborts. */
 export function aborted(s: AbortSignal): Promise<void> {
-  return new Promise((resolve) => (s.aborted ? resolve() : s.addEventListener("abort", () => resolve(), { once: true })));
+  return new Promise((resolve) =>
+    s.aborted ? resolve() : s.addEventListener("abort", () => resolve(), { once: true }),
+  );
 }
 
 export function ms(rfc3339: string): number {
@@ -194,7 +214,13 @@ export class Proxy {
           proxy.applied.push(`${rule!.action} ${head.split("\r\n")[0]}`);
         }
         if (rule?.action === "unavailable") {
-          const body = JSON.stringify({ type: "https://idem.dev/problems/unavailable", title: "Unavailable", status: 503, detail: "proxy says so", code: "UNAVAILABLE" });
+          const body = JSON.stringify({
+            type: "https://idem.dev/problems/unavailable",
+            title: "Unavailable",
+            status: 503,
+            detail: "proxy says so",
+            code: "UNAVAILABLE",
+          });
           client.end(
             `HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/problem+json\r\nretry-after: 1\r\ncontent-length: ${body.length}\r\nconnection: close\r\n\r\n${body}`,
           );

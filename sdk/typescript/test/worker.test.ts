@@ -32,7 +32,15 @@ const workers: Worker[] = [];
 
 function worker(t: Tenant, handlers: Record<string, Handler>, options: Partial<WorkerOptions> = {}) {
   const logger = new MemoryLogger();
-  const w = new Worker(t.executor, { executorId: "ts-test", handlers, leaseMs: LEASE_MS, graceMs: 2000, logger, handleSignals: false, ...options });
+  const w = new Worker(t.executor, {
+    executorId: "ts-test",
+    handlers,
+    leaseMs: LEASE_MS,
+    graceMs: 2000,
+    logger,
+    handleSignals: false,
+    ...options,
+  });
   workers.push(w);
   return { worker: w, logger, run: w.run() };
 }
@@ -67,6 +75,7 @@ describe("Worker against idem serve", () => {
       "generation.dispatch": {
         async execute(ctx) {
           seen = ctx;
+          await ctx.ack(); // a device gateway's "command acknowledged", before completion
           ctx.recordUsage(11);
           await delay(3.5 * LEASE_MS);
           return { frames: 24 };
@@ -84,13 +93,20 @@ describe("Worker against idem serve", () => {
     const [attempt, ...more] = await t.client.attempts(task.id);
     assert.equal(more.length, 0);
     assert.equal(attempt!.state, "succeeded");
-    const held = ms(attempt!.evidence![0]!.received_at) - ms(attempt!.leased_at);
+    assert.deepEqual(
+      attempt!.evidence!.map((e) => e.outcome),
+      ["ack", "succeeded"],
+    );
+    const held = ms(attempt!.evidence![1]!.received_at) - ms(attempt!.leased_at);
     assert.ok(held > 3 * LEASE_MS, `held the lease ${held} ms`);
     assert.equal(seen?.signal.aborted, false);
     assert.equal(seen?.leaseLost, false);
     const events = await all(t.client.events(task.id));
     assert.ok(!events.some((e) => e.type === "lease_expired"));
-    assert.ok(events.some((e) => e.type === "usage_recorded"), "the heartbeat carried the usage");
+    assert.ok(
+      events.some((e) => e.type === "usage_recorded"),
+      "the heartbeat carried the usage",
+    );
   });
 
   test("a cancel request reaches the running handler within one heartbeat interval; the task ends cancelled with its usage", async () => {
@@ -119,7 +135,10 @@ describe("Worker against idem serve", () => {
     const done = await terminal(t.client, task.id);
     await w.worker.stop();
     const delay = noticedAt - requestedAt;
-    assert.ok(delay > 0 && delay <= HEARTBEAT_MS + 250, `the handler heard of it after ${delay} ms (interval ${HEARTBEAT_MS} ms)`);
+    assert.ok(
+      delay > 0 && delay <= HEARTBEAT_MS + 250,
+      `the handler heard of it after ${delay} ms (interval ${HEARTBEAT_MS} ms)`,
+    );
     assert.equal(done.state, "cancelled");
     assert.equal(done.cancellation?.status, "confirmed");
     assert.equal(done.usage, 7);
@@ -203,7 +222,11 @@ describe("Worker against idem serve", () => {
           async execute(ctx) {
             if (ctx.number > 1) return { fresh: ctx.number };
             await aborted(ctx.signal);
-            told.push({ leaseLost: ctx.leaseLost, cancelRequested: ctx.cancelRequested, reason: String(ctx.signal.reason) });
+            told.push({
+              leaseLost: ctx.leaseLost,
+              cancelRequested: ctx.cancelRequested,
+              reason: String(ctx.signal.reason),
+            });
             return { late: true };
           },
           reconcile: never,
@@ -226,7 +249,10 @@ describe("Worker against idem serve", () => {
     assert.equal(late.outcome, "succeeded");
     assert.equal(late.disposition, "stale_generation");
     assert.deepEqual((late.body as { result?: unknown }).result, { late: true });
-    assert.ok(w.logger.lines.some((l) => /late result kept as evidence only/.test(l)), w.logger.lines.join("\n"));
+    assert.ok(
+      w.logger.lines.some((l) => /late result kept as evidence only/.test(l)),
+      w.logger.lines.join("\n"),
+    );
   });
 
   test("transient on generation.dispatch is retried after backoff", async () => {
@@ -249,7 +275,10 @@ describe("Worker against idem serve", () => {
     assert.equal(first!.state, "failed");
     assert.equal((first!.evidence![0]!.body as { failure_class?: string }).failure_class, "transient");
     const gap = ms(second!.leased_at) - ms(first!.evidence![0]!.received_at);
-    assert.ok(gap >= DISPATCH_BACKOFF_MS, `the retry came ${gap} ms after the failure (backoff ${DISPATCH_BACKOFF_MS} ms)`);
+    assert.ok(
+      gap >= DISPATCH_BACKOFF_MS,
+      `the retry came ${gap} ms after the failure (backoff ${DISPATCH_BACKOFF_MS} ms)`,
+    );
     const events = await all(t.client.events(task.id));
     assert.ok(events.some((e) => e.type === "retry_scheduled"));
   });
@@ -321,7 +350,12 @@ describe("Worker against idem serve", () => {
   test("a claim refused with a 4xx stops the worker: run() rejects with the typed error", async () => {
     const t = await server.tenant();
     // A client key may not claim.
-    const w = new Worker(t.client, { executorId: "wrong-key", handlers: { "generation.dispatch": { execute: () => undefined, reconcile: never } }, logger: new MemoryLogger(), handleSignals: false });
+    const w = new Worker(t.client, {
+      executorId: "wrong-key",
+      handlers: { "generation.dispatch": { execute: () => undefined, reconcile: never } },
+      logger: new MemoryLogger(),
+      handleSignals: false,
+    });
     await assert.rejects(w.run(), PermissionDeniedError);
   });
 
