@@ -415,7 +415,9 @@ export class Worker {
         await this.#client.report(ctx.attemptId, report);
         this.#log.warn(`${what}: reported after the lease was lost, yet accepted`);
       } catch (e) {
-        this.#log.info(`${what}: late result kept as evidence only (${describe(e)})`);
+        if (e instanceof StaleGenerationError)
+          this.#log.info(`${what}: late result kept as evidence only (${describe(e)})`);
+        else this.#log.warn(`${what}: late report failed, not retried: ${describe(e)}`);
       }
       return;
     }
