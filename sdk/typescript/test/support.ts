@@ -73,6 +73,8 @@ export class Server {
         stdio: ["ignore", "pipe", "pipe"],
       },
     );
+    // The server goes with this process, even when a test run is cut short.
+    process.once("exit", () => child.kill("SIGKILL"));
     let err = "";
     child.stderr!.on("data", (d: Buffer) => (err = (err + d.toString()).slice(-20_000)));
     const url = await new Promise<string>((resolve, reject) => {
