@@ -187,7 +187,11 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Read a task. */
+        /**
+         * Read a task. With `Prefer: wait=N` (RFC 7240; N seconds, at most 60) the
+         *     answer waits until the task is terminal or N seconds passed, and carries
+         *     `Preference-Applied: wait=N`.
+         */
         get: operations["get_task"];
         put?: never;
         post?: never;
@@ -791,7 +795,8 @@ export interface components {
         ReasonBody: {
             /**
              * @description Why the operator acts, recorded in the action's event: 1–500
-             *     characters, not only white space, no control characters.
+             *     characters, at least one of them visible (not only white space and
+             *     format characters, Unicode category Cf), no control characters.
              */
             reason: string;
         };
@@ -1420,7 +1425,8 @@ export interface operations {
             query?: {
                 /**
                  * @description Read the events after this cursor (an event's `cursor` or a page's
-                 *     `next_cursor`; absent: from the first event kept). With
+                 *     `next_cursor`; absent: from the first event kept; a cursor ahead of
+                 *     the feed, one no page gave out, is 400). With
                  *     `Accept: text/event-stream`, a `Last-Event-ID` header takes its place.
                  */
                 after?: string;
@@ -1502,7 +1508,11 @@ export interface operations {
                  *     no character is a wildcard).
                  */
                 idempotency_key_prefix?: string;
-                /** @description Only the task whose attempt reported this provider transaction id. */
+                /**
+                 * @description Only the task whose attempt reported this provider transaction id
+                 *     (1–200 characters, none of them a control character: what a report
+                 *     takes, SPEC §7).
+                 */
                 external_txn_id?: string;
                 /** @description Page size, 1–200 (default 50). */
                 limit?: number;
@@ -1577,6 +1587,8 @@ export interface operations {
             header: {
                 /** @description RFC 9651 sf-string ("abc") or bare token; the key is 1–255 visible ASCII */
                 "Idempotency-Key": string;
+                /** @description `wait=N`: hold the answer (a replay's too) until the task is terminal or N seconds (at most 60) passed (RFC 7240) */
+                Prefer?: string | null;
             };
             path?: never;
             cookie?: never;
@@ -1594,6 +1606,8 @@ export interface operations {
                     "Idempotent-Replayed"?: string;
                     /** @description `/v1/tasks/{id}` of the task */
                     Location?: string;
+                    /** @description `wait=N` when a `wait` preference was honoured */
+                    "Preference-Applied"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1659,7 +1673,10 @@ export interface operations {
     get_task: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description `wait=N`: hold the answer until the task is terminal or N seconds (at most 60) passed (RFC 7240) */
+                Prefer?: string | null;
+            };
             path: {
                 /** @description task id */
                 id: string;
@@ -1671,6 +1688,8 @@ export interface operations {
             /** @description OK */
             200: {
                 headers: {
+                    /** @description `wait=N` when a `wait` preference was honoured */
+                    "Preference-Applied"?: string;
                     [name: string]: unknown;
                 };
                 content: {

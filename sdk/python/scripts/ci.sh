@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The Python SDK's checks, as CI runs them: a fresh virtualenv with the package
+# and its test extra from PyPI, the tests against a real `idem serve` (env
+# IDEM_BIN, default target/debug/idem under the repository root), then the
+# wheel built and installed into another fresh virtualenv (check-wheel.sh).
+set -euo pipefail
+sdk=$(cd "$(dirname "$0")/.." && pwd)
+python=${PYTHON:-python3}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+"$python" -m venv "$work/venv"
+"$work/venv/bin/pip" install --quiet --upgrade pip
+"$work/venv/bin/pip" install --quiet "$sdk[test]" build
+cd "$sdk"
+"$work/venv/bin/python" -m pytest -q -p no:cacheprovider tests
+PYTHON="$work/venv/bin/python" "$sdk/scripts/check-wheel.sh"
