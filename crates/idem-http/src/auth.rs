@@ -53,7 +53,7 @@ impl FromRequestParts<AppState> for Caller {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        let token = bearer_token(parts)?;
+        let token = bearer_token(&parts.headers)?;
         authenticate(state, token).await.map(Caller)
     }
 }
@@ -116,7 +116,7 @@ impl FromRequestParts<AppState> for SubmitCaller {
 /// was seen before (a key's tenant, role and grant never change; the submit's
 /// own transaction checks that it is still live), else from the database.
 async fn submit_caller(parts: &Parts, state: &AppState) -> Result<SubmitCaller, Problem> {
-    let token = bearer_token(parts)?;
+    let token = bearer_token(&parts.headers)?;
     let token_hash = api_key_digest(token);
     if let Some(key) = state.keys.get(&token_hash) {
         return Ok(SubmitCaller {
@@ -138,8 +138,8 @@ async fn submit_caller(parts: &Parts, state: &AppState) -> Result<SubmitCaller, 
 }
 
 /// The token of the one `Authorization: Bearer <token>` header.
-fn bearer_token(parts: &Parts) -> Result<&str, Problem> {
-    let mut values = parts.headers.get_all(AUTHORIZATION).iter();
+fn bearer_token(headers: &axum::http::HeaderMap) -> Result<&str, Problem> {
+    let mut values = headers.get_all(AUTHORIZATION).iter();
     let (Some(value), None) = (values.next(), values.next()) else {
         return Err(Problem::unauthenticated(
             "send exactly one `Authorization: Bearer <api key>` header",
@@ -154,6 +154,22 @@ fn bearer_token(parts: &Parts) -> Result<&str, Problem> {
         .map(|(_, token)| token.trim())
         .filter(|t| !t.is_empty())
         .ok_or_else(|| Problem::unauthenticated("expected `Authorization: Bearer <api key>`"))
+}
+
+/// Whether the request's key is still known and unrevoked, asked of the
+/// database again: a request that waits (a long-poll claim woken for work,
+/// an event stream) checks it before it hands out more, so a key revoked
+/// while it waited gets no more data (SPEC §4, "Waiting").
+///
+/// # Errors
+/// 401 when the key was revoked (or is gone); 503 when the store fails.
+pub(crate) async fn recheck(
+    state: &AppState,
+    headers: &axum::http::HeaderMap,
+) -> Result<(), Problem> {
+    authenticate(state, bearer_token(headers)?)
+        .await
+        .map(|_| ())
 }
 
 /// Looks `token` up in the database; only a known, unrevoked key passes.

@@ -25,8 +25,20 @@ use crate::{AppResult, AppState};
 pub const MAX_WAIT_SECONDS: u64 = 60;
 
 /// How long a waiting request goes without reading the task again when it
-/// heard nothing: what a lost notification costs at most.
-pub const TASK_RECHECK: Duration = Duration::from_secs(2);
+/// heard nothing: what a lost notification costs at most (a lost listening
+/// connection makes every waiter read again once it is back, so this covers
+/// only what no connection loss announced). Each task adds up to
+/// [`RECHECK_JITTER_MS`], so waits begun together do not read together.
+pub const TASK_RECHECK: Duration = Duration::from_secs(10);
+
+/// The most a task's re-check is spread beyond [`TASK_RECHECK`], ms.
+pub const RECHECK_JITTER_MS: u64 = 2_000;
+
+/// [`TASK_RECHECK`] for task `id`: 10–12 s, the same for every wait on it.
+pub fn task_recheck(id: Uuid) -> Duration {
+    let jitter = (id.as_u128() as u64) % RECHECK_JITTER_MS;
+    TASK_RECHECK + Duration::from_millis(jitter)
+}
 
 /// The `Preference-Applied` header (RFC 7240 §3).
 pub const PREFERENCE_APPLIED: &str = "preference-applied";
@@ -106,7 +118,7 @@ pub async fn until_terminal(
         if task.state.is_terminal() {
             return Ok(task);
         }
-        let recheck = deadline.min(Instant::now() + TASK_RECHECK);
+        let recheck = deadline.min(Instant::now() + task_recheck(id));
         tokio::select! {
             () = &mut drained => return Ok(task),
             notice = watch.next() => match notice {

@@ -1,9 +1,7 @@
 -- idem schema v8 (PostgreSQL): change notifications (SPEC §4, "Waiting").
 --
 -- Every event row written sends `NOTIFY idem_changes` with the JSON array
--- `[tenant, operation, task_id, type, backoff_ms]` (`backoff_ms`: the event's
--- `data.backoff_ms`, set when the transition made the task claimable only
--- after a backoff, else null). PostgreSQL delivers a transaction's
+-- `[tenant, operation, task_id, type]`. PostgreSQL delivers a transaction's
 -- notifications only once it commits, to every listening session: each idem
 -- instance listens on one connection and wakes the requests that wait for
 -- that task, or for work of that class. One trigger call per statement (a
@@ -13,10 +11,7 @@
 CREATE FUNCTION idem_notify_events() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_notify('idem_changes',
-                      json_build_array(n.tenant, n.operation, n.task_id, n.type,
-                             CASE WHEN n.type IN ('retry_scheduled', 'reconciliation_required')
-                                  THEN (n.data::jsonb ->> 'backoff_ms')::bigint
-                             END)::text)
+                      json_build_array(n.tenant, n.operation, n.task_id, n.type)::text)
        FROM new_events n;
     RETURN NULL;
 END

@@ -23,6 +23,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
         8,
         include_str!("../migrations/0008_change_notifications.sql"),
     ),
+    (9, include_str!("../migrations/0009_change_backoffs.sql")),
 ];
 
 /// How long a migration statement waits for a table lock, ms, before the

@@ -20,6 +20,10 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 pub const RECONNECT_MIN: Duration = Duration::from_millis(100);
 /// Longest wait between two attempts to reconnect it.
 pub const RECONNECT_MAX: Duration = Duration::from_secs(5);
+/// How long a listening connection must have lasted for its loss to start
+/// the reconnect backoff from [`RECONNECT_MIN`] again (a connection that
+/// keeps breaking right after it listens backs off to [`RECONNECT_MAX`]).
+pub const STABLE_AFTER: Duration = Duration::from_secs(10);
 /// TCP keepalive idle time of the listening connection: a link that went
 /// silent is noticed (and the subscribers resynced) within about this long
 /// plus the kernel's probes.
@@ -52,8 +56,9 @@ impl Listening {
 enum Ended {
     /// The store was dropped.
     Stopped,
-    /// The connection failed or closed.
-    Lost(String),
+    /// The connection failed or closed, after listening for this long
+    /// (`None`: it never listened).
+    Lost(String, Option<Duration>),
 }
 
 async fn listen(
@@ -63,10 +68,15 @@ async fn listen(
     mut stopped: watch::Receiver<()>,
 ) {
     let mut backoff = RECONNECT_MIN;
+    let mut lost = false;
     loop {
-        match session(&cfg, &tls, &publisher, &mut stopped, &mut backoff).await {
+        match session(&cfg, &tls, &publisher, &mut stopped, lost).await {
             Ended::Stopped => return,
-            Ended::Lost(cause) => {
+            Ended::Lost(cause, lasted) => {
+                if lasted.is_some_and(|d| d >= STABLE_AFTER) {
+                    backoff = RECONNECT_MIN;
+                }
+                lost = true;
                 publisher.deaf();
                 tracing::warn!(%cause, retry_in_ms = backoff.as_millis() as u64,
                     "change notifications: the listening connection is lost; waiters re-check the store until it is back");
@@ -80,21 +90,21 @@ async fn listen(
     }
 }
 
-/// One listening connection, from connect to its end; resets `backoff` once
-/// it listens.
+/// One listening connection, from connect to its end; `lost`: an earlier
+/// one was lost (its return is logged).
 async fn session(
     cfg: &tokio_postgres::Config,
     tls: &MakeRustlsConnect,
     publisher: &Publisher,
     stopped: &mut watch::Receiver<()>,
-    backoff: &mut Duration,
+    lost: bool,
 ) -> Ended {
     let connect = cfg.connect(tls.clone());
     let (client, mut connection) = tokio::select! {
         _ = stopped.changed() => return Ended::Stopped,
         c = connect => match c {
             Ok(c) => c,
-            Err(e) => return Ended::Lost(e.to_string()),
+            Err(e) => return Ended::Lost(e.to_string(), None),
         },
     };
     let statement = format!("LISTEN {CHANNEL}");
@@ -106,48 +116,51 @@ async fn session(
             _ = stopped.changed() => return Ended::Stopped,
             done = &mut listen => match done {
                 Ok(()) => break,
-                Err(e) => return Ended::Lost(e.to_string()),
+                Err(e) => return Ended::Lost(e.to_string(), None),
             },
             m = std::future::poll_fn(|cx| connection.poll_message(cx)) => {
-                if let Some(ended) = handle(m, publisher) {
-                    return ended;
+                if let Some(cause) = handle(m, publisher) {
+                    return Ended::Lost(cause, None);
                 }
             }
         }
     }
     // What committed while nobody listened was not heard.
     publisher.resync();
-    *backoff = RECONNECT_MIN;
+    if lost {
+        tracing::info!("change notifications: listening again; waiters re-checked the store");
+    }
+    let since = tokio::time::Instant::now();
     loop {
         tokio::select! {
             _ = stopped.changed() => return Ended::Stopped,
             m = std::future::poll_fn(|cx| connection.poll_message(cx)) => {
-                if let Some(ended) = handle(m, publisher) {
-                    return ended;
+                if let Some(cause) = handle(m, publisher) {
+                    return Ended::Lost(cause, Some(since.elapsed()));
                 }
             }
         }
     }
 }
 
-/// Publishes a notification; `Some` when the connection ended.
+/// Publishes a notification; `Some(cause)` when the connection ended.
 fn handle(
     message: Option<Result<AsyncMessage, tokio_postgres::Error>>,
     publisher: &Publisher,
-) -> Option<Ended> {
+) -> Option<String> {
     match message {
         Some(Ok(AsyncMessage::Notification(n))) => {
             match Change::from_payload(n.payload()) {
                 Some(change) => publisher.publish(change),
-                None => tracing::debug!(
+                None => tracing::warn!(
                     payload = n.payload(),
-                    "change notifications: a payload that is not idem's"
+                    "change notifications: a payload this binary cannot read (is the schema newer?); waiters re-check the store on their own"
                 ),
             }
             None
         }
         Some(Ok(_)) => None,
-        Some(Err(e)) => Some(Ended::Lost(e.to_string())),
-        None => Some(Ended::Lost("the server closed the connection".into())),
+        Some(Err(e)) => Some(e.to_string()),
+        None => Some("the server closed the connection".into()),
     }
 }

@@ -62,16 +62,21 @@ impl Change {
 
     /// Decodes the payload of a PostgreSQL notification: the JSON array
     /// `[tenant, operation, task_id, type, backoff_ms]` the `events` trigger
-    /// builds (migration 8; `backoff_ms` is the event's `data.backoff_ms` or
-    /// null). `None` for anything else.
+    /// builds (migration 9; `backoff_ms` is the event's `data.backoff_ms` or
+    /// null), or the `[tenant, operation, task_id, type]` of migration 8 (no
+    /// backoff known). `None` for anything else.
     pub fn from_payload(payload: &str) -> Option<Change> {
-        let (tenant, operation, task_id, kind, backoff_ms): (
-            String,
-            String,
-            Uuid,
-            String,
-            Option<u64>,
-        ) = serde_json::from_str(payload).ok()?;
+        #[derive(serde::Deserialize)]
+        #[serde(untagged)]
+        enum Payload {
+            WithBackoff(String, String, Uuid, String, Option<u64>),
+            Plain(String, String, Uuid, String),
+        }
+        let (tenant, operation, task_id, kind, backoff_ms) =
+            match serde_json::from_str(payload).ok()? {
+                Payload::WithBackoff(t, o, id, k, b) => (t, o, id, k, b),
+                Payload::Plain(t, o, id, k) => (t, o, id, k, None),
+            };
         Some(Change {
             tenant,
             operation,
@@ -253,6 +258,8 @@ mod tests {
         let c = Change::from_payload(&format!(r#"["t1","payout","{id}","retry_scheduled",0]"#))
             .unwrap();
         assert_eq!(c.due_in_ms, None);
+        let c = Change::from_payload(&format!(r#"["t1","payout","{id}","task_woken"]"#)).unwrap();
+        assert_eq!((c.kind, c.due_in_ms), (EventKind::TaskWoken, None));
         assert!(Change::from_payload(r#"["t1","payout","x","delivered",null]"#).is_none());
         assert!(Change::from_payload(&format!(r#"["t1","payout","{id}","nope",null]"#)).is_none());
         assert!(Change::from_payload("{}").is_none());

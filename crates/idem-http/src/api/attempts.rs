@@ -30,6 +30,7 @@ use crate::{AppResult, MAX_WAIT_MS, St};
 pub async fn claim(
     State(st): St,
     caller: Caller,
+    headers: axum::http::HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> AppResult<Json<ClaimResponse>> {
     caller.require(Role::Executor)?;
@@ -104,6 +105,10 @@ pub async fn claim(
             None => st.store.claim(req.clone()).await?,
             Some(seat) => {
                 let turn = seat.begin();
+                if turn.claim && waiting {
+                    // Woken after waiting: the key may have been revoked meanwhile.
+                    crate::auth::recheck(&st, &headers).await?;
+                }
                 if turn.claim {
                     let claimed = st.store.claim(req.clone()).await?;
                     seat.end(turn, claimed.len(), max as usize);

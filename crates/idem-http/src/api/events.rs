@@ -36,16 +36,49 @@ use crate::auth::Caller;
 use crate::problem::{Problem, shorten};
 use crate::{AppResult, AppState, St};
 
-/// How long a feed stream waits at most before it reads again when nothing
-/// woke it. On PostgreSQL an event joins the feed only once every older
-/// transaction has ended ([`idem_store::feed`]), which no notification
-/// announces: an event heard while an older transaction is still open
+/// How long a feed stream waits before it reads again while an event of its
+/// tenant it heard of has not appeared in the feed yet. On PostgreSQL an
+/// event joins the feed only once every older transaction has ended
+/// ([`idem_store::feed`]), which no notification announces: such an event
 /// reaches the stream within this bound after that transaction ends.
 pub const EVENTS_RECHECK: Duration = Duration::from_millis(250);
 
-/// How long a task stream waits at most before it reads again when it heard
+/// How many [`EVENTS_RECHECK`] reads a feed stream makes after a change it
+/// heard before it waits for the next change again (10 s in all).
+pub const FEED_FAST_RECHECKS: u32 = 40;
+
+/// How long a stream waits at most before it reads again when it heard
 /// nothing (a lost notification costs at most this).
-pub const TASK_EVENTS_RECHECK: Duration = crate::wait::TASK_RECHECK;
+pub const STREAM_RECHECK: Duration = crate::wait::TASK_RECHECK;
+
+/// How often a stream asks the database whether its key is still valid; a
+/// revoked key's stream ends at its next check.
+pub const KEY_RECHECK: Duration = Duration::from_secs(10);
+
+/// When a stream's key was last checked.
+struct KeyCheck {
+    headers: HeaderMap,
+    at: tokio::time::Instant,
+}
+
+impl KeyCheck {
+    fn new(headers: &HeaderMap) -> KeyCheck {
+        KeyCheck {
+            headers: headers.clone(),
+            at: tokio::time::Instant::now(),
+        }
+    }
+
+    /// Whether the key is still valid (asked of the database every
+    /// [`KEY_RECHECK`]; a store failure ends the stream too).
+    async fn still_valid(&mut self, st: &AppState) -> bool {
+        if self.at.elapsed() < KEY_RECHECK {
+            return true;
+        }
+        self.at = tokio::time::Instant::now();
+        crate::auth::recheck(st, &self.headers).await.is_ok()
+    }
+}
 
 /// Default feed page size.
 pub const DEFAULT_FEED_LIMIT: i64 = 100;
@@ -54,26 +87,26 @@ pub const DEFAULT_FEED_LIMIT: i64 = 100;
 /// events: a committed event of that task (or of that tenant, for the feed)
 /// heard on `watch`, a [`Notice::Resync`], [`AppState::drain`], or `recheck`
 /// at most. A wake-up without new events costs one read. This is the one
-/// place a stream waits.
+/// place a stream waits. Answers whether a change (or a resync) woke it.
 pub(crate) async fn may_have_new_events(
     st: &AppState,
     watch: &mut Watch,
     tenant: &str,
     task: Option<Uuid>,
     recheck: Duration,
-) {
+) -> bool {
     let deadline = tokio::time::Instant::now() + recheck;
     let drained = st.drained();
     tokio::pin!(drained);
     loop {
         tokio::select! {
-            () = &mut drained => return,
-            () = tokio::time::sleep_until(deadline) => return,
+            () = &mut drained => return false,
+            () = tokio::time::sleep_until(deadline) => return false,
             notice = watch.next() => match notice {
-                Notice::Resync => return,
+                Notice::Resync => return true,
                 Notice::Change(c) => {
                     if c.tenant == tenant && task.is_none_or(|id| id == c.task_id) {
-                        return;
+                        return true;
                     }
                 }
             },
@@ -194,6 +227,7 @@ pub(crate) async fn task_stream(
         return Ok(StatusCode::NO_CONTENT.into_response());
     }
     let state = TaskStream {
+        key: KeyCheck::new(headers),
         st,
         watch,
         store,
@@ -209,6 +243,7 @@ pub(crate) async fn task_stream(
 /// A task stream between two events.
 struct TaskStream {
     st: AppState,
+    key: KeyCheck,
     watch: Watch,
     store: Store,
     tenant: String,
@@ -239,10 +274,10 @@ impl TaskStream {
                 &mut self.watch,
                 &self.tenant,
                 Some(self.id),
-                TASK_EVENTS_RECHECK,
+                crate::wait::task_recheck(self.id),
             )
             .await;
-            if self.st.is_draining() {
+            if self.st.is_draining() || !self.key.still_valid(&self.st).await {
                 return None;
             }
             match self.store.task_history(Some(&self.tenant), self.id).await {
@@ -365,6 +400,8 @@ pub async fn tenant_feed(
         .into_response());
     }
     let state = FeedStream {
+        key: KeyCheck::new(&headers),
+        fast: 0,
         watch: watch.unwrap_or_else(|| store.changes().subscribe()),
         st,
         store,
@@ -389,6 +426,9 @@ fn wire_event(e: FeedEvent) -> wire::FeedEvent {
 /// A feed stream between two events.
 struct FeedStream {
     st: AppState,
+    key: KeyCheck,
+    /// Fast re-reads left after a change heard ([`FEED_FAST_RECHECKS`]).
+    fast: u32,
     watch: Watch,
     store: Store,
     tenant: String,
@@ -413,15 +453,19 @@ impl FeedStream {
                 return Some((Ok(sse_event(e.cursor.clone(), &e)), self));
             }
             if !self.full {
-                may_have_new_events(
-                    &self.st,
-                    &mut self.watch,
-                    &self.tenant,
-                    None,
-                    EVENTS_RECHECK,
-                )
-                .await;
-                if self.st.is_draining() {
+                let recheck = if self.fast > 0 {
+                    self.fast -= 1;
+                    EVENTS_RECHECK
+                } else {
+                    STREAM_RECHECK
+                };
+                let heard =
+                    may_have_new_events(&self.st, &mut self.watch, &self.tenant, None, recheck)
+                        .await;
+                if heard {
+                    self.fast = FEED_FAST_RECHECKS;
+                }
+                if self.st.is_draining() || !self.key.still_valid(&self.st).await {
                     return None;
                 }
             }

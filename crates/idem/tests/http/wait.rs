@@ -275,3 +275,28 @@ async fn a_waiting_claim_is_woken_when_a_backoff_ends() {
     assert_eq!(got[0]["task_id"], json!(id));
     assert_eq!(got[0]["kind"], json!("reconcile"));
 }
+
+/// A key revoked while its claim waits gets no work: woken by a task, the
+/// claim answers 401 and leases nothing; the task waits for another executor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_key_was_revoked_while_it_waited_leases_nothing() {
+    let srv = Server::start_with(Options::fast().env("RUST_LOG", DEBUG_LOG)).await;
+    let (key_id, key) = srv.create_key("acme", "executor", None);
+    let req = srv
+        .http
+        .post(format!("{}/v1/attempts/claim", srv.url))
+        .bearer_auth(&key)
+        .json(&json!({"executor_id": "revoked", "operations": ["generation.dispatch"], "wait_ms": 30000}));
+    let held = tokio::spawn(send(req));
+    srv.wait_log("claim waiting for work executor_id=revoked")
+        .await;
+    tokio::task::block_in_place(|| srv.revoke_key(&key_id));
+    let t = srv
+        .new_task("w-9", "generation.dispatch", generation("x"))
+        .await;
+    let r = held.await.expect("join");
+    r.assert_problem(401, "UNAUTHENTICATED");
+    let id = s(&t["id"]);
+    assert_eq!(srv.task(&id).await["state"], json!("queued"));
+    assert!(srv.attempts(&id).await.is_empty());
+}

@@ -1,0 +1,1 @@
+-- Version 9 is PostgreSQL's change-notification payload with the backoff; SQLite publishes committed changes in process, so its schema is unchanged.
