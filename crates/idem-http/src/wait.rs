@@ -55,7 +55,11 @@ pub fn wait_preference(headers: &HeaderMap) -> Option<u64> {
     headers
         .get_all("prefer")
         .iter()
-        .filter_map(|v| v.to_str().ok())
+        // A preference with bytes that are not ASCII is one this server does
+        // not know; the others still count.
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .collect::<Vec<_>>()
+        .iter()
         .flat_map(|v| v.split(','))
         .filter_map(|pref| {
             let head = pref.split(';').next()?;
@@ -162,6 +166,12 @@ mod tests {
         assert_eq!(prefer("wait="), None);
         assert_eq!(prefer("waiting=3"), None);
         assert_eq!(prefer("respond-async"), None);
+        let mut h = HeaderMap::new();
+        h.insert(
+            "prefer",
+            HeaderValue::from_bytes("wait=1, \u{e9}=1".as_bytes()).unwrap(),
+        );
+        assert_eq!(wait_preference(&h), Some(1));
         assert_eq!(wait_preference(&HeaderMap::new()), None);
     }
 }
