@@ -20,7 +20,7 @@ Provider API (JSON):
   requests (repeats included), lookups and answers dropped.
 - ``POST /faults`` merges into the faults in force and answers them:
   ``{"drop_response_after_commit": [key, ...]}``: the next pay request with one
-  of these keys records the payout, then closes the connection unanswered
+  of these keys (its ``Idempotency-Key`` or its ``reference``) records the payout, then closes the connection unanswered
   (once per key); ``{"drop_ratio": 0.1, "seed": 1}``: the same for that share of
   first pay requests, chosen by a seeded generator; ``{"delay_ms": N}``: every
   pay request waits N ms after recording before it answers (a window in which
@@ -169,8 +169,11 @@ class ProviderHandler(Quiet):
                     "reference": doc.get("reference"),
                 }
                 LEDGER.payouts[key] = payout
-            drop = key in LEDGER.drop_keys or (first and LEDGER.rng.random() < LEDGER.drop_ratio)
+            reference = doc.get("reference")
+            named = key in LEDGER.drop_keys or reference in LEDGER.drop_keys
+            drop = named or (first and LEDGER.rng.random() < LEDGER.drop_ratio)
             LEDGER.drop_keys.discard(key)
+            LEDGER.drop_keys.discard(reference)
             if drop:
                 LEDGER.dropped += 1
             delay = LEDGER.delay_ms
