@@ -267,4 +267,24 @@ async function main() {
   return 0;
 }
 
-process.exitCode = await main();
+/**
+ * `payments.mjs worker`: only the executor, for scripts/cross-language.sh. Reads
+ * IDEM_URL, IDEM_EXECUTOR_KEY, PROVIDER_URL, EXECUTOR_ID (and LEASE_MS); runs until SIGTERM.
+ */
+async function workerOnly() {
+  const env = process.env;
+  const worker = new Worker(new Client(env.IDEM_URL, env.IDEM_EXECUTOR_KEY), {
+    executorId: env.EXECUTOR_ID ?? "payouts-ts",
+    handlers: { [OPERATION]: payouts(env.PROVIDER_URL) },
+    concurrency: 8,
+    leaseMs: Number(env.LEASE_MS ?? 2000),
+    claimWaitMs: 1000,
+    graceMs: 5000,
+  });
+  say(`worker ${env.EXECUTOR_ID} running`);
+  const summary = await worker.run();
+  say(`worker ${env.EXECUTOR_ID} stopped: ${JSON.stringify(summary)}`);
+  return 0;
+}
+
+process.exitCode = process.argv[2] === "worker" ? await workerOnly() : await main();

@@ -438,8 +438,53 @@ fn create_key(idem: &Path, store: &str, role: &str) -> Result<String> {
     Ok(String::from_utf8(out.stdout)?.trim().to_owned())
 }
 
+/// `idem-example-payments worker`: only the executor, for
+/// scripts/cross-language.sh. Reads `IDEM_URL`, `IDEM_EXECUTOR_KEY`,
+/// `PROVIDER_URL`, `EXECUTOR_ID` (and `LEASE_MS`); runs until SIGTERM or SIGINT.
+async fn worker_only() -> Result<std::process::ExitCode> {
+    let var = |name: &str| std::env::var(name).with_context(|| format!("${name}"));
+    let executor_id = var("EXECUTOR_ID").unwrap_or_else(|_| "payouts-rs".into());
+    let lease_ms = var("LEASE_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000);
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()?;
+    let worker = Worker::new(
+        Client::new(&var("IDEM_URL")?, var("IDEM_EXECUTOR_KEY")?)?,
+        executor_id.clone(),
+    )
+    .with_handler(
+        OPERATION,
+        Payout {
+            http,
+            provider: var("PROVIDER_URL")?,
+        },
+    )
+    .with_concurrency(8)
+    .with_lease_ms(lease_ms)
+    .with_poll_wait_ms(1000)
+    .with_grace(Duration::from_secs(5));
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    println!("worker {executor_id} running");
+    worker
+        .run(async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        })
+        .await?;
+    println!("worker {executor_id} stopped");
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
 #[tokio::main]
 async fn main() -> Result<std::process::ExitCode> {
+    if std::env::args().nth(1).as_deref() == Some("worker") {
+        return worker_only().await;
+    }
     let idem = std::env::var_os("IDEM_BIN")
         .map_or_else(|| repo().join("target/debug/idem"), PathBuf::from);
     let dir = tempfile::Builder::new()
