@@ -6,7 +6,7 @@ examples/provider.
     examples/python/run.sh          # a virtualenv with ./sdk/python, then this
 
 It starts ``idem serve`` on a temporary SQLite store (binary: ``$IDEM_BIN``,
-else target/debug/idem), creates a client and an executor key, starts the
+else ``${CARGO_TARGET_DIR:-target}/debug/idem``), creates a client and an executor key, starts the
 provider (with a relay to idem that can lose answers), runs a worker whose
 ``payment.release`` handler pays through the provider with the task id as the
 provider's idempotency key, and plays four scenes, checking each. Exit status
@@ -217,7 +217,8 @@ async def story(idem_url: str, link_url: str, provider_url: str, client_key: str
 
 
 def main() -> int:
-    idem_bin = os.environ.get("IDEM_BIN", str(REPO / "target" / "debug" / "idem"))
+    target = os.environ.get("CARGO_TARGET_DIR", str(REPO / "target"))
+    idem_bin = os.environ.get("IDEM_BIN", str(Path(target) / "debug" / "idem"))
     with tempfile.TemporaryDirectory(prefix="idem-example-py-") as tmp:
         d = Path(tmp)
         store = f"sqlite://{d / 'idem.db'}"

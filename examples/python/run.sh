@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs examples/python/payments.py in a throwaway virtualenv holding ./sdk/python.
-# The idem binary: $IDEM_BIN, else target/debug/idem (`cargo build -p idem`).
+# The idem binary: $IDEM_BIN, else ${CARGO_TARGET_DIR:-target}/debug/idem (`cargo build -p idem`).
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 venv="$(mktemp -d "${TMPDIR:-/tmp}/idem-example-venv.XXXXXX")"

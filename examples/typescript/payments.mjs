@@ -6,7 +6,7 @@
 //     examples/typescript/run.sh      # builds the SDK, then runs this
 //
 // It starts `idem serve` on a temporary SQLite store (binary: $IDEM_BIN, else
-// target/debug/idem), creates a client and an executor key, starts the provider
+// ${CARGO_TARGET_DIR:-target}/debug/idem), creates a client and an executor key, starts the provider
 // (with a relay to idem that can lose answers), runs a worker whose
 // `payment.release` handler pays through the provider with the task id as the
 // provider's idempotency key, and plays four scenes, checking each. Exit
@@ -214,7 +214,7 @@ async function story(idemUrl, linkUrl, provider, clientKey, executorKey) {
 }
 
 async function main() {
-  const idemBin = process.env.IDEM_BIN ?? join(REPO, "target", "debug", "idem");
+  const idemBin = process.env.IDEM_BIN ?? join(resolve(REPO, process.env.CARGO_TARGET_DIR ?? "target"), "debug", "idem");
   const dir = mkdtempSync(join(tmpdir(), "idem-example-ts-"));
   const store = `sqlite://${join(dir, "idem.db")}`;
   const children = [];

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the TypeScript SDK (sdk/typescript → dist/) and runs examples/typescript/payments.mjs.
-# The idem binary: $IDEM_BIN, else target/debug/idem (`cargo build -p idem`).
+# The idem binary: $IDEM_BIN, else ${CARGO_TARGET_DIR:-target}/debug/idem (`cargo build -p idem`).
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 (

@@ -7,7 +7,7 @@
 //! ```
 //!
 //! It starts `idem serve` on a temporary SQLite store (binary: `$IDEM_BIN`,
-//! else target/debug/idem), creates a client and an executor key, starts the
+//! else `${CARGO_TARGET_DIR:-target}/debug/idem`), creates a client and an executor key, starts the
 //! provider (with a relay to idem that can lose answers), runs a worker whose
 //! `payment.release` handler pays through the provider with the task id as
 //! the provider's idempotency key, and plays four scenes, checking each. Exit
@@ -485,8 +485,10 @@ async fn main() -> Result<std::process::ExitCode> {
     if std::env::args().nth(1).as_deref() == Some("worker") {
         return worker_only().await;
     }
-    let idem = std::env::var_os("IDEM_BIN")
-        .map_or_else(|| repo().join("target/debug/idem"), PathBuf::from);
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| repo().join("target"), |t| repo().join(t));
+    let idem =
+        std::env::var_os("IDEM_BIN").map_or_else(|| target.join("debug/idem"), PathBuf::from);
     let dir = tempfile::Builder::new()
         .prefix("idem-example-rs-")
         .tempdir()?;
