@@ -176,8 +176,11 @@ def main() -> int:
                 if t.state not in TERMINAL:
                     violations.append(f"task {t.id} is {t.state}, not terminal")
                 paid = by_key.get(t.id, [])
-                if len(paid) > 1 or len(by_reference.get(t.idempotency_key, [])) > 1:
-                    violations.append(f"task {t.id}: {len(paid)} payouts")
+                for_key = by_reference.get(t.idempotency_key, [])
+                if len(paid) > 1 or len(for_key) > 1:
+                    violations.append(
+                        f"task {t.id}: {len(paid)} payouts under its id, {len(for_key)} for its key {t.idempotency_key}"
+                    )
                 if t.state == "succeeded" and (len(paid) != 1 or t.delivery is None
                                                or t.delivery.external_txn_id != paid[0]["id"]):
                     violations.append(f"task {t.id} succeeded, but its payouts are {paid}")
