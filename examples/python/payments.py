@@ -47,14 +47,16 @@ def eur(cents: int) -> str:
     return f"EUR {cents / 100:.2f}"
 
 
-def start(cmd: list[str], log: Path, pattern: str, env: dict | None = None) -> tuple[subprocess.Popen, list[str]]:
-    """Starts ``cmd`` with stdout in ``log``; waits for the lines matching ``pattern``."""
+def start(
+    cmd: list[str], log: Path, pattern: str, env: dict | None = None, count: int = 1
+) -> tuple[subprocess.Popen, list[str]]:
+    """Starts ``cmd`` with stdout in ``log``; waits for ``count`` matches of ``pattern``."""
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         found = re.findall(pattern, log.read_text())
-        if found:
+        if len(found) >= count:
             return proc, found
         if proc.poll() is not None:
             break
@@ -248,11 +250,9 @@ def main() -> int:
                 [sys.executable, str(REPO / "examples" / "provider" / "provider.py"), "--link-to", idem_url],
                 d / "provider.log",
                 r"(?:provider|link) listening on (http://\S+)",
+                count=2,
             )
             procs.append(provider)
-            if len(urls) < 2:
-                time.sleep(0.2)
-                urls = re.findall(r"(?:provider|link) listening on (http://\S+)", (d / "provider.log").read_text())
             provider_url, link_url = urls[0], urls[1]
             say(f"idem at {idem_url}, provider at {provider_url}, the agent's lossy link at {link_url}")
             asyncio.run(story(idem_url, link_url, provider_url, keys["client"], keys["executor"]))
