@@ -396,15 +396,58 @@ impl Client {
         params: &Value,
         idempotency_key: &str,
     ) -> Result<Submitted> {
+        self.submit_inner(operation, params, idempotency_key, None)
+            .await
+    }
+
+    /// [`Client::submit`] with a W3C `traceparent` header
+    /// (`00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>`, lowercase):
+    /// idem keeps it on the task (`Task::traceparent`) and hands it to every
+    /// executor that claims one of its attempts
+    /// (`ClaimedAttempt::traceparent`), so their spans join the caller's
+    /// trace. It is not part of the request's fingerprint: a retry with
+    /// another `traceparent` is the same request, answered with the task as
+    /// first accepted.
+    ///
+    /// # Errors
+    /// As [`Client::submit`]; 400 `INVALID_REQUEST` for a malformed
+    /// `traceparent` (nothing was created), [`ClientError::InvalidArgument`]
+    /// for one that cannot be a header value at all.
+    pub async fn submit_traced(
+        &self,
+        operation: &str,
+        params: &Value,
+        idempotency_key: &str,
+        traceparent: &str,
+    ) -> Result<Submitted> {
+        self.submit_inner(operation, params, idempotency_key, Some(traceparent))
+            .await
+    }
+
+    async fn submit_inner(
+        &self,
+        operation: &str,
+        params: &Value,
+        idempotency_key: &str,
+        traceparent: Option<&str>,
+    ) -> Result<Submitted> {
         let key = sf_string(idempotency_key)?;
         let url = self.url("v1/tasks")?;
-        let rb = self
+        let mut rb = self
             .request(Method::POST, url)
             .header("idempotency-key", key)
             .json(&SubmitBody {
                 operation: operation.to_owned(),
                 params: params.clone(),
             });
+        if let Some(tp) = traceparent {
+            let value = reqwest::header::HeaderValue::from_str(tp).map_err(|_| {
+                ClientError::InvalidArgument(format!(
+                    "the traceparent {tp:?} is not a header value (visible ASCII)"
+                ))
+            })?;
+            rb = rb.header("traceparent", value);
+        }
         let answer: Answer<SubmitEnvelope> = self.send(rb).await?;
         Ok(Submitted {
             replayed: answer.replayed || answer.body.meta.replayed,

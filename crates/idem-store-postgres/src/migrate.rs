@@ -19,6 +19,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (5, include_str!("../migrations/0005_task_search.sql")),
     (6, include_str!("../migrations/0006_event_feed.sql")),
     (7, include_str!("../migrations/0007_attempts_granted.sql")),
+    (9, include_str!("../migrations/0009_task_traceparent.sql")),
 ];
 
 /// How long a migration statement waits for a table lock, ms, before the

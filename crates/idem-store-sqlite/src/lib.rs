@@ -65,6 +65,8 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0005_task_search.sql"),
     include_str!("../migrations/0006_event_feed.sql"),
     include_str!("../migrations/0007_attempts_granted.sql"),
+    include_str!("../migrations/0008_change_notifications.sql"),
+    include_str!("../migrations/0009_task_traceparent.sql"),
 ];
 
 /// Options of the SQLite store.

@@ -1,0 +1,1 @@
+-- Version 8 is PostgreSQL's change-notification trigger (LISTEN/NOTIFY); SQLite publishes committed changes in process, so its schema is unchanged.
