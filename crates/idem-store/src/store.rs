@@ -12,7 +12,9 @@ use uuid::Uuid;
 use crate::ops::{
     self, Call, ClaimRequest, Claimed, Grant, Op, Operation, Submission, SubmitOutcome, SweepStats,
 };
-use crate::{Backend, Clock, Refusal, Result, StoreError};
+use tracing::Instrument;
+
+use crate::{Backend, Clock, Refusal, Result, StoreError, spans};
 
 /// The cloneable handle to a store.
 #[derive(Clone)]
@@ -80,15 +82,34 @@ impl Store {
     {
         let (call, answer) = Call::new(op);
         let op = Op::from(call);
-        if !O::WRITES || self.backend.runs_detached(&op) {
-            self.backend.execute(op).await;
-        } else {
-            let backend = Arc::clone(&self.backend);
-            tokio::spawn(async move { backend.execute(op).await });
-        }
-        answer
-            .await
-            .map_err(|_| StoreError::Unavailable("store task failed: no answer".into()))?
+        let run = async {
+            if !O::WRITES || self.backend.runs_detached(&op) {
+                self.backend.execute(op).await;
+            } else {
+                let backend = Arc::clone(&self.backend);
+                tokio::spawn(async move { backend.execute(op).await });
+            }
+            answer
+                .await
+                .map_err(|_| StoreError::Unavailable("store task failed: no answer".into()))?
+        };
+        run.instrument(spans::store_span::<O>(self.kind())).await
+    }
+
+    /// [`Store::call`] of an operation that may end attempts: emits their
+    /// spans once its transaction committed ([`spans::attempts_ended`]) and
+    /// answers its reply.
+    ///
+    /// # Errors
+    /// As [`Store::call`].
+    pub(crate) async fn call_ending<O, R>(&self, op: O) -> Result<R>
+    where
+        O: Operation<Reply = spans::Ending<R>>,
+        Op: From<Call<O>>,
+    {
+        let out = self.call(op).await?;
+        spans::attempts_ended(&out.ended);
+        Ok(out.reply)
     }
 
     /// Creates an API key; returns the record and the plain key.
@@ -336,7 +357,7 @@ impl Store {
         attempt_id: Uuid,
         report: Report,
     ) -> Result<Result<Task, Refusal>> {
-        self.call(ops::Report {
+        self.call_ending(ops::Report {
             tenant: tenant.to_owned(),
             grant: self.grant.clone(),
             attempt_id,
@@ -384,6 +405,6 @@ impl Store {
     /// # Errors
     /// Storage failures ([`StoreError`]).
     pub async fn sweep(&self, limit: i64) -> Result<SweepStats> {
-        self.call(ops::Sweep { limit }).await
+        self.call_ending(ops::Sweep { limit }).await
     }
 }
