@@ -20,3 +20,4 @@ mod search;
 mod serving;
 mod submit;
 mod support;
+mod traceparent;
