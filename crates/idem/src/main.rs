@@ -258,12 +258,11 @@ async fn run() -> Result<()> {
         _ => None,
     };
     let telemetry = telemetry::init(otlp_endpoint)?;
-    let res = run_command(cli).await;
-    telemetry.shutdown().await;
-    res
+    run_command(cli, telemetry).await
 }
 
-async fn run_command(cli: Cli) -> Result<()> {
+/// Runs the command; `serve` stops `telemetry`'s span export when it stops.
+async fn run_command(cli: Cli, telemetry: telemetry::Telemetry) -> Result<()> {
     match cli.command {
         Command::Serve {
             listen,
@@ -287,7 +286,7 @@ async fn run_command(cli: Cli) -> Result<()> {
                 idle_timeout: Duration::from_millis(idle_timeout_ms),
                 max_connections,
             };
-            serve(args, store).await
+            serve(args, store, telemetry).await
         }
         Command::Keys { command, store } => {
             log_store_location(&store)?;
