@@ -235,7 +235,7 @@ fn request_span(req: &Request, route: Option<&axum::extract::MatchedPath>) -> tr
     );
     let traceparent = idem_core::trace::TraceParent::from_header_values(
         req.headers()
-            .get_all("traceparent")
+            .get_all(crate::TRACEPARENT)
             .iter()
             .map(axum::http::HeaderValue::as_bytes),
     );

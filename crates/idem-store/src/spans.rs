@@ -1,5 +1,5 @@
-//! idem's own trace spans (SPEC §6 "Tracing", docs/operations.md): what they
-//! are, and the one switch that turns them on.
+//! idem's own trace spans (SPEC §5 "Tracing", docs/operations.md
+//! "Tracing"): what they are, and the one switch that turns them on.
 //!
 //! Three kinds, all emitted under the `tracing` target [`TARGET`]:
 //! - **request**: one per HTTP request (`idem-http`), named `METHOD ROUTE`,
@@ -73,22 +73,22 @@ pub fn set_remote_parent(span: &tracing::Span, tp: &TraceParent) {
 }
 
 /// The span of one store operation `O` on a store of `kind`, a child of the
-/// current span; disabled when spans are off or no span is current (the
+/// current span; `None` when spans are off or no span is current (the
 /// sweeper's calls).
-pub(crate) fn store_span<O>(kind: &'static str) -> tracing::Span {
+pub(crate) fn store_span<O>(kind: &'static str) -> Option<tracing::Span> {
     if !enabled() || tracing::Span::current().is_none() {
-        return tracing::Span::none();
+        return None;
     }
     let full = std::any::type_name::<O>();
     let op = full.rsplit("::").next().unwrap_or(full);
-    tracing::info_span!(
+    Some(tracing::info_span!(
         target: TARGET,
         "store",
         otel.name = %format_args!("store {op}"),
         otel.kind = "client",
         db.system.name = db_system(kind),
         db.operation.name = op,
-    )
+    ))
 }
 
 /// The OpenTelemetry `db.system.name` of a store kind.

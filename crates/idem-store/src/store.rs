@@ -74,26 +74,38 @@ impl Store {
     /// on the backend's own writer or batcher when it has one
     /// ([`Backend::runs_detached`]), else on a task of their own.
     ///
+    /// Within a span, and while spans are on, the call has a span of its own
+    /// ([`spans`]).
+    ///
     /// # Errors
     /// Storage failures only; refusals are in the reply.
     pub(crate) async fn call<O: Operation>(&self, op: O) -> Result<O::Reply>
     where
         Op: From<Call<O>>,
     {
+        match spans::store_span::<O>(self.kind()) {
+            None => self.run(op).await,
+            // Boxed: the future of a call without a span holds none.
+            Some(span) => Box::pin(self.run(op).instrument(span)).await,
+        }
+    }
+
+    /// [`Store::call`] without its span.
+    async fn run<O: Operation>(&self, op: O) -> Result<O::Reply>
+    where
+        Op: From<Call<O>>,
+    {
         let (call, answer) = Call::new(op);
         let op = Op::from(call);
-        let run = async {
-            if !O::WRITES || self.backend.runs_detached(&op) {
-                self.backend.execute(op).await;
-            } else {
-                let backend = Arc::clone(&self.backend);
-                tokio::spawn(async move { backend.execute(op).await });
-            }
-            answer
-                .await
-                .map_err(|_| StoreError::Unavailable("store task failed: no answer".into()))?
-        };
-        run.instrument(spans::store_span::<O>(self.kind())).await
+        if !O::WRITES || self.backend.runs_detached(&op) {
+            self.backend.execute(op).await;
+        } else {
+            let backend = Arc::clone(&self.backend);
+            tokio::spawn(async move { backend.execute(op).await });
+        }
+        answer
+            .await
+            .map_err(|_| StoreError::Unavailable("store task failed: no answer".into()))?
     }
 
     /// [`Store::call`] of an operation that may end attempts: emits their

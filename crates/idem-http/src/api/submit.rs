@@ -209,7 +209,7 @@ fn prepare_submission(
     .map_err(Problem::from)?;
     let traceparent = TraceParent::from_header_values(
         headers
-            .get_all("traceparent")
+            .get_all(crate::TRACEPARENT)
             .iter()
             .map(HeaderValue::as_bytes),
     )
