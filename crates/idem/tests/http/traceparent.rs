@@ -1,4 +1,4 @@
-//! Tracing (SPEC §4 `traceparent`, §6 `--otlp-endpoint`): a submit's W3C
+//! Tracing (SPEC §4 `traceparent`, §5 "Tracing"): a submit's W3C
 //! `traceparent` is kept on the task and handed to executors with each
 //! claimed attempt, a malformed one is refused before anything is written,
 //! and with `IDEM_OTLP_ENDPOINT` set a real `idem serve` exports the
