@@ -176,6 +176,11 @@ pub struct ClaimedAttempt<K, T> {
     pub params: Value,
     /// The client's idempotency key.
     pub idempotency_key: String,
+    /// The W3C `traceparent` the task was submitted with (`null` when none):
+    /// start the executor's spans as its children to join the submitter's
+    /// trace.
+    #[serde(default)]
+    pub traceparent: Option<String>,
 }
 
 /// Claim response.

@@ -398,28 +398,61 @@ impl Client {
         params: &Value,
         idempotency_key: &str,
     ) -> Result<Submitted> {
-        self.submit_waiting(operation, params, idempotency_key, None)
+        self.submit_inner(operation, params, idempotency_key, None, None)
             .await
     }
 
-    /// [`Client::submit`], with `Prefer: wait=N` when `wait` is given
-    /// ([`Client::submit_and_wait`]).
-    async fn submit_waiting(
+    /// [`Client::submit`] with a W3C `traceparent` header
+    /// (`00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>`, lowercase):
+    /// idem keeps it on the task (`Task::traceparent`) and hands it to every
+    /// executor that claims one of its attempts
+    /// (`ClaimedAttempt::traceparent`), so their spans join the caller's
+    /// trace. It is not part of the request's fingerprint: a retry with
+    /// another `traceparent` is the same request, answered with the task as
+    /// first accepted.
+    ///
+    /// # Errors
+    /// As [`Client::submit`]; 400 `INVALID_REQUEST` for a malformed
+    /// `traceparent` (nothing was created), [`ClientError::InvalidArgument`]
+    /// for one that cannot be a header value at all.
+    pub async fn submit_traced(
         &self,
         operation: &str,
         params: &Value,
         idempotency_key: &str,
+        traceparent: &str,
+    ) -> Result<Submitted> {
+        self.submit_inner(operation, params, idempotency_key, Some(traceparent), None)
+            .await
+    }
+
+    /// One submit: with a `traceparent` header when given, and `Prefer:
+    /// wait=N` when `wait` is given ([`Client::submit_and_wait`]).
+    pub(crate) async fn submit_inner(
+        &self,
+        operation: &str,
+        params: &Value,
+        idempotency_key: &str,
+        traceparent: Option<&str>,
         wait: Option<Duration>,
     ) -> Result<Submitted> {
         let key = sf_string(idempotency_key)?;
         let url = self.url("v1/tasks")?;
-        let rb = self
+        let mut rb = self
             .request(Method::POST, url)
             .header("idempotency-key", key)
             .json(&SubmitBody {
                 operation: operation.to_owned(),
                 params: params.clone(),
             });
+        if let Some(tp) = traceparent {
+            let value = reqwest::header::HeaderValue::from_str(tp).map_err(|_| {
+                ClientError::InvalidArgument(format!(
+                    "the traceparent {tp:?} is not a header value (visible ASCII)"
+                ))
+            })?;
+            rb = rb.header("traceparent", value);
+        }
         let rb = wait::prefer(rb, wait, self.timeout);
         let answer: Answer<SubmitEnvelope> = self.send(rb).await?;
         Ok(Submitted {

@@ -249,6 +249,10 @@ pub struct Task {
     pub created_at: String,
     /// When the task last changed (RFC 3339).
     pub updated_at: String,
+    /// The W3C `traceparent` it was submitted with, if any
+    /// ([`crate::Client::submit_traced`]).
+    #[serde(default)]
+    pub traceparent: Option<String>,
 }
 
 /// A report or acknowledgment received for an attempt, kept even when it changed nothing.

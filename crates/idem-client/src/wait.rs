@@ -44,7 +44,7 @@ impl Client {
         idempotency_key: &str,
         wait: Duration,
     ) -> Result<Submitted> {
-        self.submit_waiting(operation, params, idempotency_key, Some(wait))
+        self.submit_inner(operation, params, idempotency_key, None, Some(wait))
             .await
     }
 

@@ -14,6 +14,7 @@
 //!   JSON text and content id per class and configuration version).
 //! - [`schema`]: the JSON Schema a class's params must match.
 //! - [`model`]: tasks, attempts, cancellation, delivery, failure.
+//! - [`trace`]: the W3C `traceparent` a submit may carry, kept on its task.
 //! - [`machine`]: the task state machine: every transition as one pure
 //!   function returning the new records and the events to append.
 
@@ -25,3 +26,4 @@ pub mod key;
 pub mod machine;
 pub mod model;
 pub mod schema;
+pub mod trace;

@@ -118,6 +118,8 @@ pub struct NewTask {
     pub api_key_id: Uuid,
     /// The key's grant at acceptance (its operation list; `None` = all), for the audit.
     pub grant: Option<Vec<String>>,
+    /// The submit's W3C `traceparent`, if it carried one.
+    pub traceparent: Option<crate::trace::TraceParent>,
 }
 
 /// Accepts a new task: state `queued`, generation 0, event `task_submitted`
@@ -140,6 +142,7 @@ pub fn accept(new: NewTask, now: Timestamp) -> (Task, Journal) {
         failure: None,
         created_at: now,
         updated_at: now,
+        traceparent: new.traceparent,
         control: TaskControl {
             tenant: new.tenant,
             api_key_id: new.api_key_id,

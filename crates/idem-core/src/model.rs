@@ -559,6 +559,11 @@ pub struct Task {
     pub created_at: Timestamp,
     /// When the task row last changed.
     pub updated_at: Timestamp,
+    /// The W3C `traceparent` the submit carried (SPEC §4), handed to every
+    /// executor that claims an attempt; `null` when it carried none. Not part
+    /// of the fingerprint: it never changes after acceptance.
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, pattern = "^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$"))]
+    pub traceparent: Option<crate::trace::TraceParent>,
     /// Control fields (not part of the API).
     #[serde(skip)]
     #[cfg_attr(feature = "openapi", schema(ignore))]

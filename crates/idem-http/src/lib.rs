@@ -58,6 +58,11 @@ pub const BODY_LIMIT_BYTES: usize = 1024 * 1024;
 /// Longest long-poll a claim may ask for, ms.
 pub const MAX_WAIT_MS: u64 = 30_000;
 
+/// The W3C `traceparent` request header (a submit keeps it on its task; any
+/// request's span continues it): a constant name, so a lookup hashes it
+/// without parsing it first.
+pub(crate) const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+
 /// Shared state of the handlers.
 #[derive(Clone)]
 pub struct AppState {

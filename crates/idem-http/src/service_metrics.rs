@@ -202,13 +202,47 @@ where
             .extensions()
             .get::<axum::extract::MatchedPath>()
             .cloned();
+        let span = request_span(&req, path.as_ref());
         Recorded {
             started: std::time::Instant::now(),
             inner: self.inner.call(req),
             method,
             path,
+            span,
         }
     }
+}
+
+/// The request's span ([`idem_store::spans`]): `METHOD ROUTE`, a server span
+/// whose parent is the request's `traceparent` when it is valid (a malformed
+/// one is ignored here; a submit refuses it). Disabled, and built from
+/// nothing, while spans are off.
+fn request_span(req: &Request, route: Option<&axum::extract::MatchedPath>) -> tracing::Span {
+    if !idem_store::spans::enabled() {
+        return tracing::Span::none();
+    }
+    let route = route.map_or("unmatched", |p| p.as_str());
+    let span = tracing::info_span!(
+        target: idem_store::spans::TARGET,
+        "request",
+        otel.name = %format_args!("{} {route}", req.method()),
+        otel.kind = "server",
+        http.request.method = %req.method(),
+        http.route = route,
+        url.path = req.uri().path(),
+        http.response.status_code = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+    );
+    let traceparent = idem_core::trace::TraceParent::from_header_values(
+        req.headers()
+            .get_all(crate::TRACEPARENT)
+            .iter()
+            .map(axum::http::HeaderValue::as_bytes),
+    );
+    if let Ok(Some(tp)) = traceparent {
+        idem_store::spans::set_remote_parent(&span, &tp);
+    }
+    span
 }
 
 /// A request's answer on its way (axum's route future, which is `Unpin`):
@@ -219,6 +253,9 @@ pub(crate) struct Recorded<F> {
     method: axum::http::Method,
     path: Option<axum::extract::MatchedPath>,
     started: std::time::Instant,
+    /// The request's span, entered while the answer is worked on (disabled
+    /// while spans are off).
+    span: tracing::Span,
 }
 
 impl<F, E> std::future::Future for Recorded<F>
@@ -232,8 +269,18 @@ where
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Self::Output> {
         let this = &mut *self;
-        let out = std::task::ready!(std::pin::Pin::new(&mut this.inner).poll(cx));
+        let out = {
+            let _entered = this.span.enter();
+            std::task::ready!(std::pin::Pin::new(&mut this.inner).poll(cx))
+        };
         if let Ok(res) = &out {
+            if !this.span.is_disabled() {
+                let status = res.status().as_u16();
+                this.span.record("http.response.status_code", status);
+                if status >= 500 {
+                    this.span.record("otel.status_code", "ERROR");
+                }
+            }
             REQUEST_METRICS.record(
                 &this.method,
                 this.path.as_ref().map_or("unmatched", |p| p.as_str()),

@@ -24,6 +24,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
         include_str!("../migrations/0008_change_notifications.sql"),
     ),
     (9, include_str!("../migrations/0009_change_backoffs.sql")),
+    (10, include_str!("../migrations/0010_task_traceparent.sql")),
 ];
 
 /// How long a migration statement waits for a table lock, ms, before the

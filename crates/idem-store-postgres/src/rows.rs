@@ -9,6 +9,7 @@ use idem_core::model::{
     ApiKey, AppliedReport, Attempt, AttemptKind, AttemptState, Disposition, Event, Evidence,
     EvidenceOutcome, Role, Task, TaskControl, TaskState, Timestamp,
 };
+use idem_core::trace::TraceParent;
 use idem_store::{ExistingScope, Result, ScopeRow, StoreError};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -215,6 +216,7 @@ task_columns! {
     created_at: "bigint",
     updated_at: "bigint",
     attempts_granted: "bigint",
+    traceparent: "text",
 }
 
 pub(crate) const VERSION_INDEX: usize = 9;
@@ -272,6 +274,7 @@ pub(crate) struct TaskArrays<'v> {
     created: Vec<i64>,
     updated: Vec<i64>,
     granted: Vec<i64>,
+    traceparents: Vec<Option<&'v str>>,
 }
 
 impl<'v> TaskArrays<'v> {
@@ -305,6 +308,9 @@ impl<'v> TaskArrays<'v> {
             created: column(values, |v| v.created_at),
             updated: column(values, |v| v.updated_at),
             granted: column(values, |v| v.task.control.attempts_granted),
+            traceparents: column(values, |v| {
+                v.task.traceparent.as_ref().map(TraceParent::as_str)
+            }),
         }
     }
 
@@ -338,6 +344,7 @@ impl<'v> TaskArrays<'v> {
             &self.created,
             &self.updated,
             &self.granted,
+            &self.traceparents,
         ]
     }
 }
@@ -486,6 +493,7 @@ pub(crate) struct TaskValues<'t> {
     key_expires_at: Option<i64>,
     created_at: i64,
     updated_at: i64,
+    traceparent: Option<&'t str>,
 }
 
 impl<'t> TaskValues<'t> {
@@ -506,6 +514,7 @@ impl<'t> TaskValues<'t> {
             key_expires_at: c.key_expires_at.map(Timestamp::ms),
             created_at: task.created_at.ms(),
             updated_at: task.updated_at.ms(),
+            traceparent: task.traceparent.as_ref().map(TraceParent::as_str),
         })
     }
 
@@ -542,6 +551,7 @@ impl<'t> TaskValues<'t> {
             &self.created_at,
             &self.updated_at,
             &c.attempts_granted,
+            &self.traceparent,
         ]
     }
 }
@@ -564,6 +574,7 @@ pub(crate) fn task_from_row(row: &Row, c: &TaskCols) -> Result<Task> {
         failure: opt_json(row, c.failure)?,
         created_at: ts(row, c.created_at)?,
         updated_at: ts(row, c.updated_at)?,
+        traceparent: opt_word::<TraceParent>(row, c.traceparent)?,
         control: TaskControl {
             tenant: get(row, c.tenant)?,
             api_key_id: get(row, c.api_key_id)?,

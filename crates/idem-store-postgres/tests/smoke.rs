@@ -62,6 +62,7 @@ fn submission(tenant: &str, key: &str, api_key_id: Uuid, fp: char) -> Submission
         contract: idem_core::contract::FrozenContract::new(contract).unwrap(),
         api_key_id,
         grant: None,
+        traceparent: None,
     }
 }
 

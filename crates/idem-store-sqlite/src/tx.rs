@@ -8,6 +8,7 @@ use idem_core::model::{
     ApiKey, AppliedReport, Attempt, AttemptKind, AttemptState, Event, Evidence, Role, Task,
     TaskControl, TaskState, Timestamp,
 };
+use idem_core::trace::TraceParent;
 use idem_store::{ExistingScope, ScopeRow, StoreError, Tx};
 use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde::Serialize;
@@ -105,7 +106,7 @@ fn api_key_row(r: &Row<'_>) -> rusqlite::Result<ApiKey> {
 /// [`task_row`] reads and [`task_values`] fills) is generated from it.
 macro_rules! with_task_columns {
     ($then:ident!($($args:tt)*)) => {
-        $then! { $($args)*; id, tenant, operation, idempotency_key, fingerprint, canonical_request, params, state, generation, version, event_seq, attempt_count, execute_count, usage, contract_id, cancellation, delivery, failure, api_key_id, next_kind, active_attempt_id, ready_at, deadline_at, terminal_at, key_expires_at, created_at, updated_at, attempts_granted }
+        $then! { $($args)*; id, tenant, operation, idempotency_key, fingerprint, canonical_request, params, state, generation, version, event_seq, attempt_count, execute_count, usage, contract_id, cancellation, delivery, failure, api_key_id, next_kind, active_attempt_id, ready_at, deadline_at, terminal_at, key_expires_at, created_at, updated_at, attempts_granted, traceparent }
     };
 }
 
@@ -281,6 +282,11 @@ fn task_row(r: &Row<'_>) -> rusqlite::Result<Task> {
         failure: opt_json(r.get(C::failure.at())?)?,
         created_at: Timestamp(r.get(C::created_at.at())?),
         updated_at: Timestamp(r.get(C::updated_at.at())?),
+        traceparent: r
+            .get::<_, Option<String>>(C::traceparent.at())?
+            .as_deref()
+            .map(word::<TraceParent>)
+            .transpose()?,
         control: TaskControl {
             tenant: r.get(C::tenant.at())?,
             canonical_request: r.get(C::canonical_request.at())?,
@@ -855,6 +861,10 @@ fn task_values(t: &Task) -> Result<Vec<rusqlite::types::Value>, StoreError> {
         (Col::key_expires_at, opt_int(c.key_expires_at.map(|t| t.0))),
         (Col::created_at, V::Integer(t.created_at.0)),
         (Col::updated_at, V::Integer(t.updated_at.0)),
+        (
+            Col::traceparent,
+            opt_text(t.traceparent.as_ref().map(|tp| tp.as_str().to_owned())),
+        ),
     ];
     let mut values = vec![V::Null; TASK_COLUMN_COUNT];
     for (col, value) in columns {

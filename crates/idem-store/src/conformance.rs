@@ -43,6 +43,7 @@ use idem_core::model::{
     ApiKey, Attempt, AttemptKind, AttemptState, CancelStatus, Cancellation, Disposition, Event,
     EventKind, EvidenceOutcome, FailureClass, Outcome, Role, Task, TaskState,
 };
+use idem_core::trace::TraceParent;
 use serde_json::{Value, json};
 use tokio::sync::Barrier;
 use tokio::time::{Instant, sleep};
@@ -91,6 +92,7 @@ macro_rules! store_conformance {
             concurrent_conflicting_submits_create_one_task,
             revoked_key_submits_nothing,
             batch_answers_as_if_submitted_one_after_another,
+            traceparent_is_kept_claimed_and_not_fingerprinted,
             first_event_records_acceptance_decision,
             claim_leases_first_attempt_with_params,
             claim_respects_tenant_operations_and_max,
@@ -262,6 +264,7 @@ pub fn submission(
         contract: must(FrozenContract::new(contract), "frozen contract"),
         api_key_id: api_key.id,
         grant: api_key.operations.clone(),
+        traceparent: None,
     }
 }
 

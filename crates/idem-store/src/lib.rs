@@ -24,6 +24,8 @@
 //! - [`Backend`]: runs one [`Op`] in one transaction (retrying on serialization
 //!   failures where the database asks for it) and answers through the op's
 //!   reply channel.
+//! - [`spans`]: idem's trace spans (request, store operation, attempt),
+//!   built only when a subscriber asks for them.
 //! - [`sweeper`]: the background sweep a server runs (lease expiry, backoff
 //!   wake-ups, retention), its log lines and counters.
 //! - [`Store`] (`store.rs`): the typed, cloneable handle the HTTP layer and
@@ -52,6 +54,7 @@ pub mod feed;
 mod guarded;
 pub mod ops;
 pub mod retries;
+pub mod spans;
 mod store;
 pub mod sweeper;
 

@@ -156,6 +156,7 @@ mod tests {
             .unwrap(),
             api_key_id: Uuid::nil(),
             grant: None,
+            traceparent: None,
         }
     }
 

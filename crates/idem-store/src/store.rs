@@ -12,7 +12,9 @@ use uuid::Uuid;
 use crate::ops::{
     self, Call, ClaimRequest, Claimed, Grant, Op, Operation, Submission, SubmitOutcome, SweepStats,
 };
-use crate::{Backend, Clock, Refusal, Result, StoreError};
+use tracing::Instrument;
+
+use crate::{Backend, Clock, Refusal, Result, StoreError, spans};
 
 /// The cloneable handle to a store.
 #[derive(Clone)]
@@ -78,9 +80,24 @@ impl Store {
     /// on the backend's own writer or batcher when it has one
     /// ([`Backend::runs_detached`]), else on a task of their own.
     ///
+    /// Within a span, and while spans are on, the call has a span of its own
+    /// ([`spans`]).
+    ///
     /// # Errors
     /// Storage failures only; refusals are in the reply.
     pub(crate) async fn call<O: Operation>(&self, op: O) -> Result<O::Reply>
+    where
+        Op: From<Call<O>>,
+    {
+        match spans::store_span::<O>(self.kind()) {
+            None => self.run(op).await,
+            // Boxed: the future of a call without a span holds none.
+            Some(span) => Box::pin(self.run(op).instrument(span)).await,
+        }
+    }
+
+    /// [`Store::call`] without its span.
+    async fn run<O: Operation>(&self, op: O) -> Result<O::Reply>
     where
         Op: From<Call<O>>,
     {
@@ -95,6 +112,22 @@ impl Store {
         answer
             .await
             .map_err(|_| StoreError::Unavailable("store task failed: no answer".into()))?
+    }
+
+    /// [`Store::call`] of an operation that may end attempts: emits their
+    /// spans once its transaction committed ([`spans::attempts_ended`]) and
+    /// answers its reply.
+    ///
+    /// # Errors
+    /// As [`Store::call`].
+    pub(crate) async fn call_ending<O, R>(&self, op: O) -> Result<R>
+    where
+        O: Operation<Reply = spans::Ending<R>>,
+        Op: From<Call<O>>,
+    {
+        let out = self.call(op).await?;
+        spans::attempts_ended(&out.ended);
+        Ok(out.reply)
     }
 
     /// Creates an API key; returns the record and the plain key.
@@ -366,7 +399,7 @@ impl Store {
         attempt_id: Uuid,
         report: Report,
     ) -> Result<Result<Task, Refusal>> {
-        self.call(ops::Report {
+        self.call_ending(ops::Report {
             tenant: tenant.to_owned(),
             grant: self.grant.clone(),
             attempt_id,
@@ -414,6 +447,6 @@ impl Store {
     /// # Errors
     /// Storage failures ([`StoreError`]).
     pub async fn sweep(&self, limit: i64) -> Result<SweepStats> {
-        self.call(ops::Sweep { limit }).await
+        self.call_ending(ops::Sweep { limit }).await
     }
 }

@@ -19,6 +19,7 @@ mod serve;
 mod store;
 mod task;
 mod task_action;
+mod telemetry;
 
 use keys::key_to_create;
 use output::{say, say_raw, say_strict, tell};
@@ -106,6 +107,12 @@ enum Command {
         #[arg(long, env = "IDEM_MAX_CONNECTIONS",
               value_parser = clap::value_parser!(u64).range(1..))]
         max_connections: Option<u64>,
+        /// Export idem's spans (each request, store operation and attempt)
+        /// over OTLP/HTTP (protobuf) to this collector, e.g.
+        /// `http://localhost:4318` (`/v1/traces` is added unless the URL ends
+        /// with it). Unset: nothing is exported.
+        #[arg(long, env = "IDEM_OTLP_ENDPOINT")]
+        otlp_endpoint: Option<String>,
         #[command(flatten)]
         store: StoreArgs,
     },
@@ -245,18 +252,17 @@ async fn main() -> std::process::ExitCode {
 }
 
 async fn run() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        // A log line that cannot be written (stderr closed) is dropped; the
-        // default reports that with `eprintln!`, which panics on a closed stderr.
-        .log_internal_errors(false)
-        .init();
     let cli = Cli::parse();
+    let otlp_endpoint = match &cli.command {
+        Command::Serve { otlp_endpoint, .. } => otlp_endpoint.as_deref(),
+        _ => None,
+    };
+    let telemetry = telemetry::init(otlp_endpoint)?;
+    run_command(cli, telemetry).await
+}
+
+/// Runs the command; `serve` stops `telemetry`'s span export when it stops.
+async fn run_command(cli: Cli, telemetry: telemetry::Telemetry) -> Result<()> {
     match cli.command {
         Command::Serve {
             listen,
@@ -267,6 +273,7 @@ async fn run() -> Result<()> {
             header_timeout_ms,
             idle_timeout_ms,
             max_connections,
+            otlp_endpoint: _,
             store,
         } => {
             let args = ServeArgs {
@@ -279,7 +286,7 @@ async fn run() -> Result<()> {
                 idle_timeout: Duration::from_millis(idle_timeout_ms),
                 max_connections,
             };
-            serve(args, store).await
+            serve(args, store, telemetry).await
         }
         Command::Keys { command, store } => {
             log_store_location(&store)?;

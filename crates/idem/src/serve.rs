@@ -10,6 +10,7 @@ use crate::StoreArgs;
 use crate::config::load_config;
 use crate::output::say;
 use crate::store::{lock_sqlite_for_serve, log_store_location, open_store_waiting};
+use crate::telemetry::Telemetry;
 
 /// SIGTERM and SIGINT (Ctrl-C), listened for from the moment this is made:
 /// a signal that arrives before the server waits for one is not lost, and
@@ -87,7 +88,17 @@ pub(crate) struct ServeArgs {
     pub(crate) max_connections: Option<u64>,
 }
 
-pub(crate) async fn serve(args: ServeArgs, store_args: StoreArgs) -> Result<()> {
+/// Runs the server until SIGTERM or SIGINT, then stops gracefully: open
+/// requests are answered, the sweeper stops, `telemetry` sends the spans it
+/// still holds, and [`STOPPED`] is the last line logged.
+///
+/// # Errors
+/// A configuration, store or listen address that does not work at start-up.
+pub(crate) async fn serve(
+    args: ServeArgs,
+    store_args: StoreArgs,
+    telemetry: Telemetry,
+) -> Result<()> {
     let ServeArgs {
         listen,
         config,
@@ -177,6 +188,7 @@ pub(crate) async fn serve(args: ServeArgs, store_args: StoreArgs) -> Result<()> 
     .await?;
     let _ = stop_tx.send(true);
     let _ = sweeper.await;
+    telemetry.shutdown().await;
     tracing::info!("{STOPPED}");
     Ok(())
 }

@@ -26,6 +26,7 @@ fn new_task(class: &str) -> (Task, Journal) {
             contract: crate::contract::FrozenContract::new(contract(class)).unwrap(),
             api_key_id: Uuid::from_u128(9),
             grant: None,
+            traceparent: None,
         },
         T0,
     )

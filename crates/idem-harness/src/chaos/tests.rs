@@ -110,6 +110,7 @@ impl Sim {
                 .unwrap(),
                 api_key_id: Uuid::from_u128(9),
                 grant: None,
+                traceparent: None,
             },
             T0,
         );

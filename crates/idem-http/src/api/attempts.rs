@@ -10,6 +10,7 @@ use axum::extract::rejection::BytesRejection;
 use idem_core::config::MIN_LEASE_MS;
 use idem_core::machine::Report;
 use idem_core::model::Role;
+use idem_core::trace::TraceParent;
 use idem_store::ops::ClaimRequest;
 use serde_json::Value;
 
@@ -133,6 +134,7 @@ pub async fn claim(
                     operation: c.task.operation,
                     params: c.task.params,
                     idempotency_key: c.task.idempotency_key,
+                    traceparent: c.task.traceparent.map(TraceParent::into_string),
                 })
                 .collect();
             return Ok(Json(ClaimResponse { attempts }));

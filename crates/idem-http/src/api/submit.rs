@@ -10,6 +10,7 @@ use idem_core::fingerprint::canonical_request;
 use idem_core::key::parse_header_values;
 use idem_core::model::Role;
 use idem_core::schema::SchemaError;
+use idem_core::trace::TraceParent;
 use idem_store::ops::{Submission, SubmitOutcome};
 use serde::Serialize;
 
@@ -33,8 +34,11 @@ fn request_id(headers: &HeaderMap) -> String {
 
 /// Submit a task with an `Idempotency-Key` (SPEC §2.1–2.3, IDEM-01).
 #[utoipa::path(post, path = "/v1/tasks", tag = "tasks",
-    params(("Idempotency-Key" = String, Header, description = "RFC 9651 sf-string (\"abc\") or bare token; the key is 1–255 visible ASCII", pattern = "^(\"[!-~]{1,255}\"|[!-~]{1,255})$"),
-        ("Prefer" = Option<String>, Header, description = "`wait=N`: hold the answer (a replay's too) until the task is terminal or N seconds (at most 60) passed (RFC 7240)")),
+    params(
+        ("Idempotency-Key" = String, Header, description = "RFC 9651 sf-string (\"abc\") or bare token; the key is 1–255 visible ASCII", pattern = "^(\"[!-~]{1,255}\"|[!-~]{1,255})$"),
+        ("traceparent" = Option<String>, Header, description = "W3C Trace Context `traceparent` (version-traceid-parentid-flags, lowercase hex; not version ff, not an all-zero id): kept on the task and handed to executors with each claimed attempt; not part of the fingerprint", pattern = "^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$"),
+        ("Prefer" = Option<String>, Header, description = "`wait=N`: hold the answer (a replay's too) until the task is terminal or N seconds (at most 60) passed (RFC 7240)"),
+    ),
     request_body = SubmitBody,
     responses(
         (status = 201, description = "Accepted, or a replay (`Idempotent-Replayed: true`)", body = SubmitResponse,
@@ -43,7 +47,7 @@ fn request_id(headers: &HeaderMap) -> String {
                 ("Idempotent-Replayed" = String, description = "`true` when the answer is a replay of an earlier submit (absent otherwise)"),
                 ("Preference-Applied" = String, description = "`wait=N` when a `wait` preference was honoured"),
             )),
-        (status = 400, description = "IDEMPOTENCY_KEY_MISSING, IDEMPOTENCY_KEY_INVALID, INVALID_REQUEST", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "IDEMPOTENCY_KEY_MISSING, IDEMPOTENCY_KEY_INVALID, INVALID_REQUEST (also a malformed `traceparent`)", body = Problem, content_type = "application/problem+json"),
         (status = 401, body = Problem, content_type = "application/problem+json"),
         (status = 403, body = Problem, content_type = "application/problem+json"),
         (status = 413, body = Problem, content_type = "application/problem+json"),
@@ -213,6 +217,17 @@ fn prepare_submission(
             .map(HeaderValue::as_bytes),
     )
     .map_err(Problem::from)?;
+    let traceparent = TraceParent::from_header_values(
+        headers
+            .get_all(crate::TRACEPARENT)
+            .iter()
+            .map(HeaderValue::as_bytes),
+    )
+    .map_err(|e| {
+        Problem::invalid(format!(
+            "{e}; nothing was created and the Idempotency-Key was not used"
+        ))
+    })?;
     let bytes = body_bytes(body)?;
     let prepared = match st.prepared.get(caller.0.id, &bytes) {
         Some(p) => {
@@ -244,6 +259,7 @@ fn prepare_submission(
         contract,
         api_key_id: caller.0.id,
         grant: caller.0.operations.clone(),
+        traceparent,
     })
 }
 

@@ -517,3 +517,72 @@ pub async fn first_event_records_acceptance_decision(store: Store) {
         s.canonical_request
     );
 }
+
+/// The W3C `traceparent` of a submit is kept on its task, read back as
+/// submitted, and handed out with every claimed attempt (a reclaim after a
+/// lease ran out too); it is not part of the fingerprint: a retry with
+/// another `traceparent`, or with none, replays the task unchanged (SPEC §4
+/// `POST /v1/tasks`). A task submitted without one has none.
+pub async fn traceparent_is_kept_claimed_and_not_fingerprinted(store: Store) {
+    let c = Ctx::new(&store, "acme").await;
+    let first = must(
+        TraceParent::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+        "traceparent",
+    );
+    let other = must(
+        TraceParent::parse("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"),
+        "traceparent",
+    );
+    let contract = contract(SAFE);
+    let mut s = c.submission(SAFE, "traced", params(SAFE, 1), &contract);
+    s.traceparent = Some(first.clone());
+    let t = created(c.submit(s.clone()).await);
+    assert_eq!(t.traceparent.as_ref(), Some(&first));
+    assert_eq!(api(&t)["traceparent"], json!(first.as_str()));
+    for retry in [Some(other.clone()), None] {
+        let mut again = s.clone();
+        again.traceparent = retry;
+        let r = replayed(c.submit(again).await);
+        assert_eq!(r.id, t.id);
+        assert_eq!(api(&r), api(&t), "a retry's traceparent changes nothing");
+    }
+    assert_eq!(c.task(t.id).await.traceparent.as_ref(), Some(&first));
+    let untraced = created(
+        c.submit(c.submission(SAFE, "untraced", params(SAFE, 2), &contract))
+            .await,
+    );
+    assert_eq!(untraced.traceparent, None);
+    assert_eq!(api(&untraced)["traceparent"], Value::Null);
+
+    let claimed = c.claim(&[SAFE], Some(SHORT_LEASE), 2).await;
+    let by_task: BTreeMap<Uuid, Option<TraceParent>> = claimed
+        .iter()
+        .map(|cl| (cl.task.id, cl.task.traceparent.clone()))
+        .collect();
+    assert_eq!(
+        by_task,
+        BTreeMap::from([(t.id, Some(first.clone())), (untraced.id, None)]),
+        "each claimed attempt carries its task's traceparent"
+    );
+    // The untraced task ends, so the next claim can only be the traced one's.
+    for cl in claimed.iter().filter(|cl| cl.task.id == untraced.id) {
+        c.report_ok(
+            &cl.attempt,
+            rep(cl.attempt.generation, Outcome::Succeeded)
+                .result(json!({}))
+                .build(),
+        )
+        .await;
+    }
+    c.run_out_lease(t.id, "the traced task queued again", |t| {
+        t.state != TaskState::Running
+    })
+    .await;
+    let again = c.claim_due(SAFE, LONG_LEASE, t.id).await;
+    let task = c.task(again.task_id).await;
+    assert_eq!(again.generation, 2);
+    assert_eq!(task.traceparent.as_ref(), Some(&first));
+    let reclaimed = c.attempts(t.id).await;
+    assert_eq!(reclaimed.len(), 2);
+    assert_history(&store, t.id).await;
+}

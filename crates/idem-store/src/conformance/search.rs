@@ -42,6 +42,7 @@ fn submission_of(tenant: &str, class: &str, key: &str, n: usize, api_key: Uuid) 
         ),
         api_key_id: api_key,
         grant: None,
+        traceparent: None,
     }
 }
 

@@ -7,6 +7,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::{Access, Grant, Operation, owned_task, persist};
+use crate::spans::{EndedAttempt, Ending};
 use crate::{Refusal, Result, Tx};
 
 /// Extend a lease.
@@ -83,17 +84,20 @@ pub struct Report {
 }
 
 impl Operation for Report {
-    type Reply = Result<Task, Refusal>;
+    type Reply = Ending<Result<Task, Refusal>>;
     const WRITES: bool = true;
     async fn run<T: Tx>(&self, tx: &mut T) -> Result<Self::Reply> {
         let access = Access::new(Some(&self.tenant), &self.grant);
-        Ok(
-            on_attempt(tx, &access, self.attempt_id, |task, attempt, j, now| {
-                machine::report(task, attempt, j, &self.report, now)
-            })
-            .await?
-            .map(|(task, ())| task),
-        )
+        let mut ended = Vec::new();
+        let reply = on_attempt(tx, &access, self.attempt_id, |task, attempt, j, now| {
+            let was_active = attempt.state.is_active();
+            let res = machine::report(task, attempt, j, &self.report, now);
+            ended.extend(EndedAttempt::of(task, attempt, was_active, now));
+            res
+        })
+        .await?
+        .map(|(task, ())| task);
+        Ok(Ending { reply, ended })
     }
 }
 

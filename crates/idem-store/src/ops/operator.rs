@@ -12,6 +12,7 @@ use idem_core::model::{Cancellation, Task, Timestamp};
 use uuid::Uuid;
 
 use super::{Access, Grant, Operation, owned_task, persist};
+use crate::spans::{EndedAttempt, Ending};
 use crate::{Refusal, Result, Store, Tx};
 
 /// Make a `retry_wait` task claimable at once.
@@ -81,13 +82,13 @@ pub struct Resolve {
 }
 
 impl Operation for Resolve {
-    type Reply = Result<Task, Refusal>;
+    type Reply = Ending<Result<Task, Refusal>>;
     const WRITES: bool = true;
     async fn run<T: Tx>(&self, tx: &mut T) -> Result<Self::Reply> {
         let access = Access::new(self.tenant.as_deref(), &self.grant);
         let mut task = match owned_task(tx, self.task_id, &access, true).await? {
             Ok(t) => t,
-            Err(e) => return Ok(Err(e)),
+            Err(e) => return Ok(Ending::only(Err(e))),
         };
         // The attempt holding the lease, fenced off by the resolution.
         let mut active = match task.control.active_attempt_id {
@@ -107,13 +108,19 @@ impl Operation for Resolve {
             self.resolution.clone(),
         );
         if let Err(e) = res {
-            return Ok(Err(e.into()));
+            return Ok(Ending::only(Err(e.into())));
         }
+        let mut ended = Vec::new();
         if let Some(a) = active.as_ref().filter(|a| Some(*a) != before.as_ref()) {
             tx.update_attempt(a).await?;
+            let was_active = before.as_ref().is_some_and(|b| b.state.is_active());
+            ended.extend(EndedAttempt::of(&task, a, was_active, now));
         }
         persist(tx, &task, loaded, &j).await?;
-        Ok(Ok(task))
+        Ok(Ending {
+            reply: Ok(task),
+            ended,
+        })
     }
 }
 
@@ -235,7 +242,7 @@ impl Store {
         by: By,
         resolution: Resolution,
     ) -> Result<Result<Task, Refusal>> {
-        self.call(Resolve {
+        self.call_ending(Resolve {
             tenant: tenant.map(str::to_owned),
             grant: self.grant.clone(),
             task_id,

@@ -30,6 +30,7 @@ use idem_core::contract::FrozenContract;
 use idem_core::fingerprint::canonical_request;
 use idem_core::machine::{self, NewTask};
 use idem_core::model::{Event, Task, Timestamp};
+use idem_core::trace::TraceParent;
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -57,6 +58,9 @@ pub struct Submission {
     pub api_key_id: Uuid,
     /// The key's operation list at acceptance (`None` = all).
     pub grant: Option<Vec<String>>,
+    /// The W3C `traceparent` the submit carried: kept on a new task, not part
+    /// of the fingerprint (a replay answers the task as it was accepted).
+    pub traceparent: Option<TraceParent>,
 }
 
 impl Submission {
@@ -240,6 +244,7 @@ impl<'s> SubmitPlan<'s> {
                         contract: s.contract.clone(),
                         api_key_id: s.api_key_id,
                         grant: s.grant.clone(),
+                        traceparent: s.traceparent.clone(),
                     },
                     now,
                 );

@@ -4,6 +4,7 @@
 use idem_core::machine::{self, Journal};
 
 use super::{Operation, persist};
+use crate::spans::{EndedAttempt, Ending};
 use crate::{Result, Tx};
 
 /// What one sweep did.
@@ -25,12 +26,13 @@ pub struct Sweep {
 }
 
 impl Operation for Sweep {
-    type Reply = SweepStats;
+    type Reply = Ending<SweepStats>;
     const WRITES: bool = true;
-    async fn run<T: Tx>(&self, tx: &mut T) -> Result<SweepStats> {
+    async fn run<T: Tx>(&self, tx: &mut T) -> Result<Self::Reply> {
         let limit = self.limit;
         let now = tx.now().await?;
         let mut stats = SweepStats::default();
+        let mut ended = Vec::new();
         for (task_id, attempt_id) in tx.expired_leases(now, limit).await? {
             let (Some(mut task), Some(mut attempt)) =
                 (tx.task(task_id, true).await?, tx.attempt(attempt_id).await?)
@@ -46,6 +48,7 @@ impl Operation for Sweep {
             tx.update_attempt(&attempt).await?;
             persist(tx, &task, loaded, &j).await?;
             stats.expired += 1;
+            ended.extend(EndedAttempt::of(&task, &attempt, true, now));
         }
         for task_id in tx.due_wakeups(now, limit).await? {
             let Some(mut task) = tx.task(task_id, true).await? else {
@@ -72,6 +75,9 @@ impl Operation for Sweep {
             persist(tx, &task, loaded, &j).await?;
             stats.keys_released += 1;
         }
-        Ok(stats)
+        Ok(Ending {
+            reply: stats,
+            ended,
+        })
     }
 }

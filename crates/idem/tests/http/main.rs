@@ -20,5 +20,6 @@ mod search;
 mod serving;
 mod submit;
 mod support;
+mod traceparent;
 mod wait;
 mod worker;

@@ -513,6 +513,12 @@ export interface components {
              * @description Task id.
              */
             task_id: string;
+            /**
+             * @description The W3C `traceparent` the task was submitted with (`null` when none):
+             *     start the executor's spans as its children to join the submitter's
+             *     trace.
+             */
+            traceparent?: string | null;
         };
         /**
          * @description The policy frozen onto a task when it is accepted (SPEC §1 "contract").
@@ -920,6 +926,12 @@ export interface components {
             params: unknown;
             /** @description Current state. */
             state: components["schemas"]["TaskState"];
+            /**
+             * @description The W3C `traceparent` the submit carried (SPEC §4), handed to every
+             *     executor that claims an attempt; `null` when it carried none. Not part
+             *     of the fingerprint: it never changes after acceptance.
+             */
+            traceparent?: string | null;
             /** @description When the task row last changed. */
             updated_at: components["schemas"]["Timestamp"];
             /**
@@ -1587,6 +1599,8 @@ export interface operations {
             header: {
                 /** @description RFC 9651 sf-string ("abc") or bare token; the key is 1–255 visible ASCII */
                 "Idempotency-Key": string;
+                /** @description W3C Trace Context `traceparent` (version-traceid-parentid-flags, lowercase hex; not version ff, not an all-zero id): kept on the task and handed to executors with each claimed attempt; not part of the fingerprint */
+                traceparent?: string | null;
                 /** @description `wait=N`: hold the answer (a replay's too) until the task is terminal or N seconds (at most 60) passed (RFC 7240) */
                 Prefer?: string | null;
             };
@@ -1614,7 +1628,7 @@ export interface operations {
                     "application/json": components["schemas"]["SubmitResponse"];
                 };
             };
-            /** @description IDEMPOTENCY_KEY_MISSING, IDEMPOTENCY_KEY_INVALID, INVALID_REQUEST */
+            /** @description IDEMPOTENCY_KEY_MISSING, IDEMPOTENCY_KEY_INVALID, INVALID_REQUEST (also a malformed `traceparent`) */
             400: {
                 headers: {
                     [name: string]: unknown;

@@ -34,6 +34,7 @@ fn new_task(class: &str) -> Task {
             contract: crate::contract::FrozenContract::new(contract).unwrap(),
             api_key_id: Uuid::from_u128(9),
             grant: None,
+            traceparent: None,
         },
         T0,
     )
