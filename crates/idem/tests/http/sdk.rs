@@ -130,3 +130,69 @@ async fn submit_and_wait_returns_the_delivered_task() {
         .unwrap();
     assert_eq!(again.state, idem_client::TaskState::Succeeded);
 }
+
+/// Issue 24, acceptance 2 for Rust: a proxy forwards the first submit and
+/// closes the connection before relaying its answer; `submit_with_retry`
+/// repeats it under the same key and gets the same task, and the tenant holds
+/// exactly one task for the scope (counted with a search). The same key with
+/// another amount is the typed conflict naming the differing field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_first_answer_is_retried_under_the_same_key() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let srv = Server::start().await;
+    let upstream = srv.url.trim_start_matches("http://").to_owned();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let mut first = true;
+        while let Ok((mut client, _)) = listener.accept().await {
+            let mut server = tokio::net::TcpStream::connect(&upstream).await.unwrap();
+            if first {
+                // Forward the request, wait for the answer to start, then cut
+                // the client off: the submit is committed, its answer lost.
+                first = false;
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    let n = client.read(&mut buf).await.unwrap_or(0);
+                    server.write_all(&buf[..n]).await.unwrap();
+                    let _ = server.read(&mut buf).await;
+                    drop(client);
+                });
+            } else {
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                });
+            }
+        }
+    });
+    let c = Client::new(&proxy, srv.keys.acme.clone()).unwrap();
+    let retry = SubmitRetry {
+        max_tries: 3,
+        initial_backoff: Duration::from_millis(50),
+        max_backoff: Duration::from_millis(200),
+    };
+    let s = c
+        .submit_with_retry("payment.release", &payment(77), "lost-answer-1", &retry)
+        .await
+        .unwrap();
+    assert!(s.tries >= 2, "the first answer was lost: {s:?}");
+    assert!(
+        s.replayed,
+        "the retry is answered with the task of the first try"
+    );
+    let filter = idem_client::TaskFilter {
+        idempotency_key_prefix: Some("lost-answer-1".into()),
+        ..idem_client::TaskFilter::default()
+    };
+    let page = c.list_tasks(&filter, None).await.unwrap();
+    assert_eq!(page.tasks.len(), 1, "one task for the scope");
+    assert_eq!(page.tasks[0].id, s.task.id);
+    let e = c
+        .submit("payment.release", &payment(78), "lost-answer-1")
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some("IDEMPOTENCY_CONFLICT"));
+    let problem = e.problem().unwrap();
+    assert_eq!(problem.task_id, Some(s.task.id));
+    assert_eq!(problem.differing_fields, Some(vec!["/amount".to_owned()]));
+}
