@@ -88,6 +88,10 @@ pub struct WaitersOptions {
     pub seconds: u64,
     /// Sequential submits per submit phase.
     pub submits: usize,
+    /// Pause after each submit's answer before the next is sent, ms (0: at
+    /// once). A pause longer than a task's claim and report keeps the
+    /// executors' work on one task from overlapping the next submit.
+    pub pause_ms: u64,
     /// `wait_ms` of a waiter's claims (its first claim waits a share of it), ms, 1–30 000.
     pub wait_ms: u64,
     /// The `idem` binary to run as `idem serve`.
@@ -184,6 +188,8 @@ pub struct WaitersReport {
     pub instances: usize,
     /// `wait_ms` of the waiters' claims, ms.
     pub wait_ms: u64,
+    /// Pause between sequential submits, ms.
+    pub pause_ms: u64,
     /// No waiter, no work.
     pub idle: QuietPhase,
     /// Sequential submits, no waiter.
@@ -480,6 +486,7 @@ pub async fn run(opts: WaitersOptions) -> Result<WaitersReport> {
         classes: opts.classes,
         instances: opts.instances,
         wait_ms: opts.wait_ms,
+        pause_ms: opts.pause_ms,
         idle,
         submits,
         waiting,
@@ -649,6 +656,9 @@ async fn submit_phase(
             }
             _ => failed += 1,
         }
+        if opts.pause_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(opts.pause_ms)).await;
+        }
     }
     let claims = match shared {
         Some(shared) => Some(claim_delays(opts, shared, &sent).await?),
@@ -732,8 +742,8 @@ pub fn render(r: &WaitersReport) -> String {
     let opt =
         |v: Option<f64>, prec: usize| v.map_or_else(|| "-".to_owned(), |x| format!("{x:.prec$}"));
     let mut s = format!(
-        "{} waiters over {} instance(s), {} class(es), {}, wait_ms {}\n\n",
-        r.waiters, r.instances, r.classes, r.store, r.wait_ms
+        "{} waiters over {} instance(s), {} class(es), {}, wait_ms {}, pause between submits {} ms\n\n",
+        r.waiters, r.instances, r.classes, r.store, r.wait_ms, r.pause_ms
     );
     s.push_str(&format!(
         "{:<28} {:>8} {:>8}\n",
@@ -833,6 +843,7 @@ mod tests {
             instances: 1,
             seconds: 1,
             submits: 1,
+            pause_ms: 0,
             wait_ms: 30_000,
             idem_bin: PathBuf::from("idem"),
             progress: false,

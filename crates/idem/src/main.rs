@@ -209,6 +209,10 @@ enum Command {
         /// Sequential submits per submit phase (without and with waiters).
         #[arg(long, default_value_t = 1000)]
         submits: usize,
+        /// Pause after each submit's answer before the next, ms (0: at once; longer than a
+        /// task's claim and report, the executors' work does not overlap the next submit).
+        #[arg(long, default_value_t = 0)]
+        pause_ms: u64,
         /// `wait_ms` of each waiter's claims, ms (1–30000).
         #[arg(long, default_value_t = 30_000)]
         wait_ms: u64,
@@ -496,6 +500,7 @@ async fn run() -> Result<()> {
             instances,
             seconds,
             submits,
+            pause_ms,
             wait_ms,
             json,
         } => {
@@ -506,6 +511,7 @@ async fn run() -> Result<()> {
                 instances: usize::from(instances),
                 seconds,
                 submits,
+                pause_ms,
                 wait_ms,
                 idem_bin: std::env::current_exe().context("locating the idem binary")?,
                 progress: !json,
