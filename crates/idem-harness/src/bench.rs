@@ -389,7 +389,7 @@ async fn submit(
 }
 
 /// The slowest latency the histograms hold, µs (120 s).
-const MAX_LATENCY_US: u64 = 120_000_000;
+pub(crate) const MAX_LATENCY_US: u64 = 120_000_000;
 
 /// How long one request may take before it counts as failed (status 0) and
 /// its connection is dropped: a stalled server must not hang the bench. The
@@ -397,7 +397,7 @@ const MAX_LATENCY_US: u64 = 120_000_000;
 const REQUEST_TIMEOUT: Duration = Duration::from_micros(MAX_LATENCY_US);
 
 /// An empty latency histogram (µs, 3 significant digits).
-fn latency_histogram() -> Result<Histogram<u64>> {
+pub(crate) fn latency_histogram() -> Result<Histogram<u64>> {
     Histogram::new_with_bounds(1, MAX_LATENCY_US, 3).map_err(|e| anyhow::anyhow!("{e}"))
 }
 

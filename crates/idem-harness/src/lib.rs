@@ -3,10 +3,14 @@
 //! Load and fault harness of idem: `idem bench` (throughput and latency
 //! against a raw-database baseline measured in the same run), `idem chaos`
 //! (a seeded fault-injection run against real `idem serve` processes and a
-//! checker of SPEC §2) and `idem demo` (the seeds' payment case end to end),
-//! with [`server`], an idem server inside this process for bench and demo.
+//! checker of SPEC §2), `idem demo` (the seeds' payment case end to end) and
+//! `idem bench-waiters` ([`waiters`]: what long-polling executors cost the
+//! database and the submitters), with [`server`], an idem server inside this
+//! process for bench and demo and `idem serve` child processes for chaos and
+//! bench-waiters.
 
 pub mod bench;
 pub mod chaos;
 pub mod demo;
 pub mod server;
+pub mod waiters;

@@ -1,9 +1,13 @@
 //! An idem server inside this process, on a temporary SQLite file or a
-//! PostgreSQL URL, for `idem bench` and `idem demo`.
+//! PostgreSQL URL, for `idem bench` and `idem demo`; and [`spawn_serve`], an
+//! `idem serve` child process, for `idem chaos` and `idem bench-waiters`.
 
+use std::ffi::OsString;
+use std::path::Path;
+use std::process::Stdio;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use idem_core::config::Config;
 use idem_core::model::Role;
 use idem_store::Store;
@@ -219,6 +223,77 @@ pub async fn start_floor(answer: axum::body::Bytes) -> Result<Floor> {
         stop: Some(stop),
         _runtime: runtime,
     })
+}
+
+/// How long [`spawn_serve`] waits for a child to print its address.
+pub const SPAWN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Starts `bin serve --listen 127.0.0.1:0` with `args` after it, no `IDEM_*`
+/// variable of this process, `RUST_LOG` set to `rust_log`, stderr appended
+/// to `log` and stdout read until it prints `idem listening on URL`.
+/// Returns the child (killed with SIGKILL when dropped) and its base URL,
+/// e.g. `http://127.0.0.1:41234`.
+///
+/// # Errors
+/// When the child cannot be started, or prints no address within
+/// [`SPAWN_TIMEOUT`] (the error ends with the last 15 lines of `log`).
+pub async fn spawn_serve(
+    bin: &Path,
+    args: &[OsString],
+    log: &Path,
+    rust_log: &str,
+) -> Result<(tokio::process::Child, String)> {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let log_file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("opening {}", log.display()))?;
+    let mut cmd = tokio::process::Command::new(bin);
+    cmd.arg("serve")
+        .arg("--listen")
+        .arg("127.0.0.1:0")
+        .args(args);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("IDEM_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("RUST_LOG", rust_log)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(log_file))
+        .kill_on_drop(true);
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let stdout = child.stdout.take().context("no stdout of the server")?;
+    let mut lines = BufReader::new(stdout).lines();
+    let found = tokio::time::timeout(SPAWN_TIMEOUT, async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if let Some(url) = line.strip_prefix("idem listening on ") {
+                return Some(url.trim().to_owned());
+            }
+        }
+        None
+    })
+    .await;
+    match found {
+        Ok(Some(url)) => {
+            tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+            Ok((child, url))
+        }
+        _ => {
+            let _ = child.kill().await;
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = lines[lines.len().saturating_sub(15)..].join("\n");
+            bail!(
+                "{} serve did not start listening; its log ends:\n{tail}",
+                bin.display()
+            )
+        }
+    }
 }
 
 #[cfg(test)]

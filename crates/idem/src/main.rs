@@ -1,4 +1,5 @@
-//! `idem`: the one binary (SPEC §6): `serve`, `keys`, `task`, `migrate`, `gc`, `demo`, `bench`, `chaos`.
+//! `idem`: the one binary (SPEC §6): `serve`, `keys`, `task`, `migrate`, `gc`, `demo`, `bench`,
+//! `bench-waiters`, `chaos`.
 //!
 //! This file holds the command line and runs each command; [`mod@serve`] runs the
 //! server, [`store`] opens the store a command names, [`config`] loads the
@@ -184,6 +185,45 @@ enum Command {
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
         load_threads: u16,
         /// One JSON object per mode on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// What executors long-polling for work cost (real `idem serve` processes): database
+    /// transactions per second with no waiter and with --waiters waiting, sequential submit
+    /// latency without and with them, and the delay until a waiter claims a submitted task.
+    /// Exit 1 when a submit, claim or report failed or a task was never claimed.
+    BenchWaiters {
+        /// `postgres://…`, a database nothing else uses (transactions are counted per
+        /// database; the figures need PostgreSQL), or `sqlite://PATH`; default: a temporary
+        /// SQLite file.
+        #[arg(long)]
+        store: Option<String>,
+        /// Executors long-polling at once (one connection each; the open-file limit must
+        /// exceed this by 256).
+        #[arg(long, default_value_t = 1000)]
+        waiters: usize,
+        /// Operation classes the waiters spread over (waiter i claims class i mod N, the
+        /// submits cycle over them); 1: every waiter claims the same class.
+        #[arg(long, default_value_t = 1)]
+        classes: usize,
+        /// `idem serve` processes the waiters spread over (2 needs PostgreSQL); submits go
+        /// to the first.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+        instances: u8,
+        /// Length of each phase without submits (no waiters; waiters and no work), s.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// Sequential submits per submit phase (without and with waiters).
+        #[arg(long, default_value_t = 1000)]
+        submits: usize,
+        /// Pause after each submit's answer before the next, ms (0: at once; longer than a
+        /// task's claim and report, the executors' work does not overlap the next submit).
+        #[arg(long, default_value_t = 0)]
+        pause_ms: u64,
+        /// `wait_ms` of each waiter's claims, ms (1–30000).
+        #[arg(long, default_value_t = 30_000)]
+        wait_ms: u64,
+        /// One JSON object on stdout.
         #[arg(long)]
         json: bool,
     },
@@ -456,6 +496,57 @@ async fn run_command(cli: Cli, telemetry: telemetry::Telemetry) -> Result<()> {
                     "requests not answered with the mode's expected status ({}); see `bad` and \
                      `statuses`: these figures do not measure idem",
                     failed.join(", ")
+                );
+            }
+            Ok(())
+        }
+        Command::BenchWaiters {
+            store,
+            waiters,
+            classes,
+            instances,
+            seconds,
+            submits,
+            pause_ms,
+            wait_ms,
+            json,
+        } => {
+            let run = idem_harness::waiters::run(idem_harness::waiters::WaitersOptions {
+                store,
+                waiters,
+                classes,
+                instances: usize::from(instances),
+                seconds,
+                submits,
+                pause_ms,
+                wait_ms,
+                idem_bin: std::env::current_exe().context("locating the idem binary")?,
+                progress: !json,
+            });
+            // Ctrl-C drops the run, and with it the servers (killed) and the
+            // temporary files, instead of killing the process where it stands.
+            let report = tokio::select! {
+                report = run => report?,
+                _ = tokio::signal::ctrl_c() => bail!("interrupted; no figures"),
+            };
+            if json {
+                say(serde_json::to_string(&report)?)?;
+            } else {
+                say_raw(idem_harness::waiters::render(&report))?;
+            }
+            let lost = report
+                .submits_with_waiters
+                .claims
+                .as_ref()
+                .map_or(0, |c| c.unclaimed);
+            let failed = report.submits.failed
+                + report.submits_with_waiters.failed
+                + report.failed_polls
+                + report.failed_reports;
+            if failed > 0 || lost > 0 {
+                bail!(
+                    "{failed} submits, claims or reports failed and {lost} tasks were never \
+                     claimed: these figures do not measure idem"
                 );
             }
             Ok(())

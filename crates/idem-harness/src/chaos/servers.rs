@@ -15,65 +15,18 @@ pub(super) struct Servers {
 
 impl Servers {
     async fn spawn(&self, idx: usize) -> Result<(Child, String)> {
-        let log_path = self.dir.join(format!("server-{idx}.log"));
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)?;
-        let mut cmd = Command::new(&self.bin);
-        cmd.arg("serve")
-            .arg("--listen")
-            .arg("127.0.0.1:0")
-            .arg("--store")
-            .arg(&self.store_url)
-            .arg("--config")
-            .arg(&self.config)
-            .arg("--sweep-interval-ms")
-            .arg("50");
-        for (k, _) in std::env::vars() {
-            if k.starts_with("IDEM_") {
-                cmd.env_remove(k);
-            }
-        }
-        cmd.env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(log))
-            .kill_on_drop(true);
-        let mut child = cmd
-            .spawn()
-            .with_context(|| format!("starting {}", self.bin.display()))?;
-        let stdout = child.stdout.take().context("no stdout of the server")?;
-        let mut lines = BufReader::new(stdout).lines();
-        let found = tokio::time::timeout(Duration::from_secs(30), async {
-            while let Ok(Some(line)) = lines.next_line().await {
-                if let Some(url) = line.strip_prefix("idem listening on ") {
-                    return Some(url.trim().to_owned());
-                }
-            }
-            None
-        })
-        .await;
-        match found {
-            Ok(Some(url)) => {
-                tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-                Ok((child, url))
-            }
-            _ => {
-                let _ = child.kill().await;
-                let tail = std::fs::read_to_string(&log_path).unwrap_or_default();
-                let tail: String = tail
-                    .lines()
-                    .rev()
-                    .take(15)
-                    .collect::<Vec<_>>()
-                    .into_iter()
-                    .rev()
-                    .collect::<Vec<_>>()
-                    .join("\n");
-                bail!("server {idx} did not start listening; its log ends:\n{tail}")
-            }
-        }
+        let args: Vec<std::ffi::OsString> = vec![
+            "--store".into(),
+            self.store_url.clone().into(),
+            "--config".into(),
+            self.config.clone().into(),
+            "--sweep-interval-ms".into(),
+            "50".into(),
+        ];
+        let log = self.dir.join(format!("server-{idx}.log"));
+        server::spawn_serve(&self.bin, &args, &log, "warn")
+            .await
+            .with_context(|| format!("server {idx}"))
     }
 
     /// Starts (or, after a SIGKILL, restarts) server `idx`; returns its URL.

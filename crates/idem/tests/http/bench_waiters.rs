@@ -1,0 +1,155 @@
+//! `idem bench-waiters` (issue 23, acceptance 8: what waiting executors cost):
+//! the run end to end on a small scale, on SQLite and on a fresh PostgreSQL
+//! database, and its refusals.
+
+use std::process::Command;
+
+use idem_store_postgres::testing::fresh_database;
+use serde_json::Value;
+
+use crate::support::BIN;
+
+/// Runs `idem bench-waiters ARGS --json`; returns the report, after checking
+/// the run succeeded.
+fn run(args: &[&str]) -> Value {
+    let out = Command::new(BIN)
+        .arg("bench-waiters")
+        .args(args)
+        .arg("--json")
+        .env_remove("IDEM_STORE")
+        .output()
+        .expect("run idem bench-waiters");
+    assert!(
+        out.status.success(),
+        "idem bench-waiters failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).expect("one JSON object")
+}
+
+/// What every run reports: both submit phases answered with latencies, every
+/// task submitted while waiters wait claimed by one of them, the waiters'
+/// claims answered again and again, nothing failed.
+fn check_common(r: &Value, submits: u64) {
+    for phase in ["submits", "submits_with_waiters"] {
+        let p = &r[phase];
+        assert_eq!(p["submits"].as_u64(), Some(submits), "{phase}: {r}");
+        assert_eq!(p["failed"].as_u64(), Some(0), "{phase}: {r}");
+        let (p50, p99) = (p["p50_ms"].as_f64().unwrap(), p["p99_ms"].as_f64().unwrap());
+        assert!(p50 > 0.0 && p50 <= p99, "{phase}: {r}");
+    }
+    assert!(
+        r["submits"]["claims"].is_null(),
+        "no waiters, no claims: {r}"
+    );
+    let claims = &r["submits_with_waiters"]["claims"];
+    assert_eq!(claims["claimed"].as_u64(), Some(submits), "{r}");
+    assert_eq!(claims["unclaimed"].as_u64(), Some(0), "{r}");
+    let (p50, p99) = (
+        claims["p50_ms"].as_f64().unwrap(),
+        claims["p99_ms"].as_f64().unwrap(),
+    );
+    assert!(p50 > 0.0 && p50 <= p99, "{r}");
+    assert!(
+        claims["after_answer_p50_ms"].as_f64().unwrap() <= p50,
+        "after the answer is within the delay from the sending: {r}"
+    );
+    assert!(r["waiting"]["polls_per_s"].as_f64().unwrap() > 0.0, "{r}");
+    assert_eq!(r["idle"]["polls_per_s"].as_f64(), Some(0.0), "{r}");
+    assert_eq!(r["failed_polls"].as_u64(), Some(0), "{r}");
+    assert_eq!(r["failed_reports"].as_u64(), Some(0), "{r}");
+    assert!(
+        r["targets"]["submit_p50_ratio"].as_f64().unwrap() > 0.0,
+        "{r}"
+    );
+}
+
+/// On a temporary SQLite store: no transaction counts, everything else.
+#[test]
+fn bench_waiters_runs_on_sqlite() {
+    let r = run(&[
+        "--waiters",
+        "20",
+        "--classes",
+        "2",
+        "--seconds",
+        "2",
+        "--submits",
+        "20",
+        "--wait-ms",
+        "3000",
+    ]);
+    assert_eq!(r["store"], "sqlite", "{r}");
+    assert_eq!(r["waiters"].as_u64(), Some(20), "{r}");
+    assert_eq!(r["classes"].as_u64(), Some(2), "{r}");
+    check_common(&r, 20);
+    for phase in ["idle", "waiting"] {
+        assert!(r[phase]["tx_per_s"].is_null(), "{phase}: {r}");
+    }
+    assert!(r["submits"]["tx_per_submit"].is_null(), "{r}");
+    assert!(r["targets"]["tx_per_s"].is_null(), "{r}");
+}
+
+/// On PostgreSQL, over two instances: transactions per second from
+/// `pg_stat_database` in both quiet phases (the sweepers commit several a
+/// second), and per submit at least the submit's own.
+#[tokio::test]
+async fn bench_waiters_counts_transactions_on_postgres() {
+    let db = fresh_database().await;
+    let url = db.url().to_owned();
+    let r = tokio::task::spawn_blocking(move || {
+        run(&[
+            "--store",
+            &url,
+            "--waiters",
+            "10",
+            "--instances",
+            "2",
+            "--seconds",
+            "2",
+            "--submits",
+            "10",
+            "--wait-ms",
+            "2000",
+        ])
+    })
+    .await
+    .unwrap();
+    assert_eq!(r["store"], "postgres", "{r}");
+    assert_eq!(r["instances"].as_u64(), Some(2), "{r}");
+    check_common(&r, 10);
+    for phase in ["idle", "waiting"] {
+        assert!(
+            r[phase]["tx_per_s"].as_f64().is_some_and(|t| t > 0.0),
+            "{phase}: {r}"
+        );
+    }
+    for phase in ["submits", "submits_with_waiters"] {
+        assert!(r[phase]["tx_per_submit"].as_f64().is_some(), "{phase}: {r}");
+    }
+    assert!(r["targets"]["tx_per_s"].is_boolean(), "{r}");
+}
+
+/// Options a run cannot honour are refused before anything starts, naming
+/// the option.
+#[test]
+fn bench_waiters_refuses_what_it_cannot_run() {
+    for (args, says) in [
+        (
+            &["--instances", "2"][..],
+            "--instances 2 needs a PostgreSQL store",
+        ),
+        (&["--wait-ms", "30001"][..], "--wait-ms"),
+        (&["--waiters", "4", "--classes", "5"][..], "--classes"),
+        (&["--store", "mysql://x"][..], "--store"),
+    ] {
+        let out = Command::new(BIN)
+            .arg("bench-waiters")
+            .args(args)
+            .output()
+            .expect("run idem bench-waiters");
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}
