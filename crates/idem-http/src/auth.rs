@@ -75,6 +75,25 @@ pub struct SubmitCaller {
 }
 
 impl SubmitCaller {
+    /// Whether the key came from this process's cache (not checked against
+    /// the database by this request yet).
+    pub fn is_cached(&self) -> bool {
+        self.cached_token.is_some()
+    }
+
+    /// Asks the database whether the key is still valid; a revoked (or gone)
+    /// key leaves the cache and gets 401.
+    ///
+    /// # Errors
+    /// 401 when revoked or unknown, 503 when the store fails.
+    pub async fn recheck(&self, state: &AppState, headers: &axum::http::HeaderMap) -> Result<(), Problem> {
+        recheck(state, headers).await.inspect_err(|p| {
+            if p.status == 401 {
+                state.keys.remove(&self.token_hash);
+            }
+        })
+    }
+
     /// The answer to send instead of `refusal`, a refusal made before the store
     /// checked the key: for a cached key, the database is asked first, and a
     /// key revoked (or gone) since it was cached gets 401 and leaves the cache,
@@ -112,10 +131,35 @@ impl FromRequestParts<AppState> for SubmitCaller {
     }
 }
 
+/// The key of a long-poll claim (`POST /v1/attempts/claim`): from this
+/// process's [`KeyCache`] when its token was seen before, else from the
+/// database. The claim asks the database again before each claim query it
+/// runs with a cached key ([`SubmitCaller::recheck`]), so a claim that finds
+/// its group known to be empty and waits costs the database nothing, and a
+/// revoked key never leases an attempt.
+pub struct ClaimCaller(pub SubmitCaller);
+
+impl FromRequestParts<AppState> for ClaimCaller {
+    type Rejection = Problem;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        cached_caller(parts, state, Role::Executor).await.map(ClaimCaller)
+    }
+}
+
 /// The submitting caller: the key from this process's cache when its token
 /// was seen before (a key's tenant, role and grant never change; the submit's
 /// own transaction checks that it is still live), else from the database.
 async fn submit_caller(parts: &Parts, state: &AppState) -> Result<SubmitCaller, Problem> {
+    cached_caller(parts, state, Role::Client).await
+}
+
+/// The caller from the cache, or from the database (then cached when it has
+/// `role`, the role of the requests that read the cache).
+async fn cached_caller(parts: &Parts, state: &AppState, role: Role) -> Result<SubmitCaller, Problem> {
     let token = bearer_token(&parts.headers)?;
     let token_hash = api_key_digest(token);
     if let Some(key) = state.keys.get(&token_hash) {
@@ -126,8 +170,8 @@ async fn submit_caller(parts: &Parts, state: &AppState) -> Result<SubmitCaller, 
         });
     }
     let key = authenticate(state, token).await?;
-    // Only keys that may submit at all are worth keeping.
-    if key.has_role(Role::Client) {
+    // Only keys that may make these requests at all are worth keeping.
+    if key.has_role(role) {
         state.keys.insert(token_hash, key.clone());
     }
     Ok(SubmitCaller {

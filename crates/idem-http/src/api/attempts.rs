@@ -30,10 +30,25 @@ use crate::{AppResult, MAX_WAIT_MS, St};
     responses((status = 200, body = ClaimResponse), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 413, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")))]
 pub async fn claim(
     State(st): St,
-    caller: Caller,
+    crate::auth::ClaimCaller(cached): crate::auth::ClaimCaller,
     headers: axum::http::HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> AppResult<Json<ClaimResponse>> {
+    match claim_inner(&st, &cached, &headers, body).await {
+        // A key from the cache is confirmed before any other refusal, so a
+        // revoked key learns nothing but 401.
+        Err(p) if p.status < 500 && p.status != 401 => Err(cached.confirm(&st, p).await),
+        answer => answer,
+    }
+}
+
+async fn claim_inner(
+    st: &crate::AppState,
+    cached: &crate::auth::SubmitCaller,
+    headers: &axum::http::HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> AppResult<Json<ClaimResponse>> {
+    let caller = &cached.caller;
     caller.require(Role::Executor)?;
     let body: ClaimBody = strict_typed(body)?;
     if !is_short_text(&body.executor_id) {
@@ -48,7 +63,7 @@ pub async fn claim(
             }
             for op in &ops {
                 if !st.config.operations.contains_key(op) {
-                    return Err(unknown_operation(&st, op));
+                    return Err(unknown_operation(st, op));
                 }
                 caller.require_grant(op)?;
             }
@@ -100,15 +115,24 @@ pub async fn claim(
         .then(|| st.claims.join(&st.store, &req.tenant, &req.operations));
     // Whether the claim has found nothing once and waits (logged once).
     let mut waiting = false;
+    // Whether the key must be asked of the database before the next claim
+    // query: a key from the cache, or one that may have been revoked while
+    // the claim waited.
+    let mut unconfirmed = cached.is_cached();
     loop {
         let claimed = match &seat {
             _ if req.operations.is_empty() => Vec::new(),
-            None => st.store.claim(req.clone()).await?,
+            None => {
+                if unconfirmed {
+                    cached.recheck(st, headers).await?;
+                }
+                st.store.claim(req.clone()).await?
+            }
             Some(seat) => {
                 let turn = seat.begin();
-                if turn.claim && waiting {
-                    // Woken after waiting: the key may have been revoked meanwhile.
-                    crate::auth::recheck(&st, &headers).await?;
+                if turn.claim && (unconfirmed || waiting) {
+                    cached.recheck(st, headers).await?;
+                    unconfirmed = false;
                 }
                 if turn.claim {
                     let claimed = st.store.claim(req.clone()).await?;
