@@ -86,7 +86,11 @@ impl SubmitCaller {
     ///
     /// # Errors
     /// 401 when revoked or unknown, 503 when the store fails.
-    pub async fn recheck(&self, state: &AppState, headers: &axum::http::HeaderMap) -> Result<(), Problem> {
+    pub async fn recheck(
+        &self,
+        state: &AppState,
+        headers: &axum::http::HeaderMap,
+    ) -> Result<(), Problem> {
         recheck(state, headers).await.inspect_err(|p| {
             if p.status == 401 {
                 state.keys.remove(&self.token_hash);
@@ -146,7 +150,9 @@ impl FromRequestParts<AppState> for ClaimCaller {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        cached_caller(parts, state, Role::Executor).await.map(ClaimCaller)
+        cached_caller(parts, state, Role::Executor)
+            .await
+            .map(ClaimCaller)
     }
 }
 
@@ -159,7 +165,11 @@ async fn submit_caller(parts: &Parts, state: &AppState) -> Result<SubmitCaller, 
 
 /// The caller from the cache, or from the database (then cached when it has
 /// `role`, the role of the requests that read the cache).
-async fn cached_caller(parts: &Parts, state: &AppState, role: Role) -> Result<SubmitCaller, Problem> {
+async fn cached_caller(
+    parts: &Parts,
+    state: &AppState,
+    role: Role,
+) -> Result<SubmitCaller, Problem> {
     let token = bearer_token(&parts.headers)?;
     let token_hash = api_key_digest(token);
     if let Some(key) = state.keys.get(&token_hash) {
