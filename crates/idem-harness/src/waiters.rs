@@ -27,8 +27,10 @@
 //! read's own transaction is subtracted. Run it on a database nothing else
 //! uses. PostgreSQL publishes a session's counts when the session goes idle,
 //! at most once a second and at the latest after 10 s idle, so every phase
-//! starts [`STATS_SETTLE`] after the work before it ended. SQLite stores
-//! have no such counts (`tx_per_s` is absent).
+//! starts [`STATS_SETTLE`] after the work before it ended. The servers'
+//! listening sessions are the exception: their counts are published only
+//! when they end, so they are read once at the end ([`Listeners`]). SQLite
+//! stores have no such counts (`tx_per_s` is absent).
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -154,6 +156,27 @@ pub struct SubmitPhase {
     pub claims: Option<ClaimDelays>,
 }
 
+/// What the servers' listening sessions (`LISTEN idem_changes`, one per
+/// instance) cost over the whole run. Each runs a transaction of its own for
+/// every batch of notifications it is woken for, and PostgreSQL 15 publishes
+/// those counts only when the session ends (the idle-session flush timer is
+/// armed only after a command, and a listening session gets none), so the
+/// phases' `tx_per_s` and `tx_per_submit` leave them out. They are read once,
+/// at the end, by ending the listening sessions (`pg_terminate_backend`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Listeners {
+    /// Events committed in the run (rows of `events`), each announced by one
+    /// notification.
+    pub events: i64,
+    /// The listening sessions' transactions over the run, less what the
+    /// rest ran meanwhile at the rate of the phase with waiters and no work
+    /// (an estimate within a few transactions).
+    pub tx: f64,
+    /// `tx` ÷ (`events` × instances): 1 when every notification wakes a
+    /// listener on its own, less when notifications arrive together.
+    pub tx_per_event_per_instance: f64,
+}
+
 /// Whether the run meets the figures SPEC §4 sets for waiting executors.
 #[derive(Debug, Clone, Serialize)]
 pub struct Targets {
@@ -202,6 +225,8 @@ pub struct WaitersReport {
     pub failed_polls: u64,
     /// Reports of claimed tasks that failed.
     pub failed_reports: u64,
+    /// The listening sessions' transactions (`None` on SQLite).
+    pub listeners: Option<Listeners>,
     /// The run against SPEC §4's figures.
     pub targets: Targets,
 }
@@ -273,18 +298,21 @@ impl PgStats {
         Ok(PgStats { client })
     }
 
-    /// `xact_commit + xact_rollback` of the current database. One simple
-    /// query: one transaction of its own (an extended-protocol query would
-    /// cost two, its prepare and its execution).
+    /// `xact_commit + xact_rollback` of the current database.
     async fn transactions(&self) -> Result<i64> {
-        let messages = self
-            .client
-            .simple_query(
-                "SELECT xact_commit + xact_rollback FROM pg_stat_database \
-                 WHERE datname = current_database()",
-            )
-            .await
-            .context("reading pg_stat_database")?;
+        self.number(
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database \
+             WHERE datname = current_database()",
+        )
+        .await
+        .context("reading pg_stat_database")
+    }
+
+    /// The integer `sql` answers. One simple query: one transaction of its
+    /// own (an extended-protocol query costs two, its prepare and its
+    /// execution).
+    async fn number(&self, sql: &str) -> Result<i64> {
+        let messages = self.client.simple_query(sql).await?;
         messages
             .iter()
             .find_map(|m| match m {
@@ -292,9 +320,39 @@ impl PgStats {
                 _ => None,
             })
             .and_then(|v| v.parse::<i64>().ok())
-            .context("pg_stat_database has no row for this database")
+            .with_context(|| format!("no integer from `{sql}`"))
+    }
+
+    /// Ends the servers' listening sessions, which publishes their
+    /// transaction counts (each server reconnects and re-checks its waiting
+    /// claims); then what they cost over the run ([`Listeners`]).
+    /// `rest_tx_per_s` is the rate everything else runs at meanwhile.
+    async fn listeners(&self, instances: usize, rest_tx_per_s: f64) -> Result<Listeners> {
+        let events = self.number("SELECT count(*) FROM events").await?;
+        let opened = self.transactions().await?;
+        let started = Instant::now();
+        self.number(&format!(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE datname = current_database() AND query = 'LISTEN {}'",
+            idem_store::changes::CHANNEL
+        ))
+        .await
+        .context("ending the listening sessions")?;
+        tokio::time::sleep(LISTENER_SETTLE).await;
+        // Less the ending query's own transaction.
+        let counted = transactions_since(self, opened).await? - 1.0;
+        let tx = (counted - rest_tx_per_s * started.elapsed().as_secs_f64()).max(0.0);
+        Ok(Listeners {
+            events,
+            tx,
+            tx_per_event_per_instance: tx / (events.max(1) as f64 * instances as f64),
+        })
     }
 }
+
+/// How long after ending the listening sessions their counts are read: a
+/// session publishes them as it exits.
+const LISTENER_SETTLE: Duration = Duration::from_secs(2);
 
 /// Transactions counted since `opened` (a [`PgStats::transactions`] read),
 /// less that read's own.
@@ -466,6 +524,13 @@ pub async fn run(opts: WaitersOptions) -> Result<WaitersReport> {
         Some(&shared),
     )
     .await?;
+    let listeners = match &stats {
+        Some(s) => Some(
+            s.listeners(opts.instances, waiting.tx_per_s.unwrap_or_default())
+                .await?,
+        ),
+        None => None,
+    };
     waiters.abort_all();
     while waiters.join_next().await.is_some() {}
     drop(children);
@@ -493,6 +558,7 @@ pub async fn run(opts: WaitersOptions) -> Result<WaitersReport> {
         submits_with_waiters,
         failed_polls: shared.failed_polls.load(Ordering::Relaxed),
         failed_reports: shared.failed_reports.load(Ordering::Relaxed),
+        listeners,
         targets,
     })
 }
@@ -808,6 +874,12 @@ pub fn render(r: &WaitersReport) -> String {
         opt(r.submits_with_waiters.claims.as_ref().map(|c| c.p99_ms), 2),
         verdict(r.targets.claim_p99)
     ));
+    if let Some(l) = &r.listeners {
+        s.push_str(&format!(
+            "listening sessions over the run (not in tx/s, tx/sub): {:.0} tx for {} events × {} instance(s), {:.2} per event per instance\n",
+            l.tx, l.events, r.instances, l.tx_per_event_per_instance
+        ));
+    }
     if r.failed_polls > 0 || r.failed_reports > 0 {
         s.push_str(&format!(
             "failed claims: {}, failed reports: {}\n",

@@ -88,6 +88,7 @@ fn bench_waiters_runs_on_sqlite() {
     }
     assert!(r["submits"]["tx_per_submit"].is_null(), "{r}");
     assert!(r["targets"]["tx_per_s"].is_null(), "{r}");
+    assert!(r["listeners"].is_null(), "{r}");
 }
 
 /// On PostgreSQL, over two instances: transactions per second from
@@ -128,6 +129,11 @@ async fn bench_waiters_counts_transactions_on_postgres() {
         assert!(r[phase]["tx_per_submit"].as_f64().is_some(), "{phase}: {r}");
     }
     assert!(r["targets"]["tx_per_s"].is_boolean(), "{r}");
+    // Each task: its submit, its claim and its report are events.
+    let listeners = &r["listeners"];
+    assert!(listeners["events"].as_i64().unwrap() >= 3 * 10, "{r}");
+    let per_event = listeners["tx_per_event_per_instance"].as_f64().unwrap();
+    assert!(per_event > 0.0, "{r}");
 }
 
 /// Options a run cannot honour are refused before anything starts, naming
