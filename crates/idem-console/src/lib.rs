@@ -1,0 +1,5 @@
+//! # idem-console
+//!
+//! The operator console served under `/console`.
+
+pub mod timeline;
