@@ -210,7 +210,13 @@ pub async fn run(opts: ConsoleBenchOptions) -> Result<ConsoleBenchReport> {
             h.record(u64::try_from(took.as_micros()).unwrap_or(u64::MAX).max(1))?;
         }
         let f = PageFigures {
-            page: format!("{name}: {}", path.split('?').next().unwrap_or(&path)),
+            page: format!(
+                "{name}: {}",
+                path.split('?')
+                    .next()
+                    .unwrap_or(&path)
+                    .replace(&reconciled.to_string(), "{id}")
+            ),
             requests: h.len(),
             p50_ms: ms(&h, 0.50),
             p99_ms: ms(&h, 0.99),
