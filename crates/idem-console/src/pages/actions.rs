@@ -49,9 +49,16 @@ fn resolution(pairs: &[(String, String)]) -> Result<Resolution, ConsoleError> {
                     "`committed` needs the result to deliver (a JSON document)".into(),
                 ));
             };
-            let result = serde_json::from_str(text).map_err(|e| {
+            // The API's strict rules (unique member names, safe integers,
+            // depth ≤ 64); `null` is no result, as the API reads it.
+            let result = idem_core::json::parse_strict(text.as_bytes()).map_err(|e| {
                 ConsoleError::BadRequest(format!("the result is not a JSON document: {e}"))
             })?;
+            if result.is_null() {
+                return Err(ConsoleError::BadRequest(
+                    "`committed` needs the result to deliver (a JSON document, not null)".into(),
+                ));
+            }
             if let Some(t) = txn
                 && (t.chars().count() > 200 || t.chars().any(char::is_control))
             {

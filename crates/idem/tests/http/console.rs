@@ -821,3 +821,44 @@ async fn the_console_can_be_turned_off() {
     assert!(res.header("content-security-policy").is_empty());
     srv.new_task(&crate::support::ikey(), PAY, payment(1)).await;
 }
+
+/// A resolve's result is read under the API's strict JSON rules: a
+/// duplicate member name, an integer beyond ±(2^53−1), nesting deeper than
+/// 64 or `null` (no result, as the API reads it) is a 400 and changes
+/// nothing, as `POST /v1/tasks/{id}/resolve` answers them.
+#[tokio::test]
+async fn a_resolve_result_follows_the_apis_json_rules() {
+    let srv = Server::in_process().await;
+    let (_, admin) = srv.create_key("acme", "admin", None);
+    let b = Browser::signed_in(&srv, &admin).await;
+    let csrf = b.csrf().await;
+    let id = reconciling(&srv, &crate::support::ikey()).await;
+    let path = format!("/console/tasks/{id}/actions/resolve");
+    let deep = format!("{}{}", "[".repeat(65), "]".repeat(65));
+    for (result, what) in [
+        (r#"{"ref": "a", "ref": "b"}"#, "a duplicate member name"),
+        (r#"{"amount": 9007199254740993}"#, "an unsafe integer"),
+        (deep.as_str(), "nesting deeper than 64"),
+        ("null", "null"),
+    ] {
+        let before = snapshot(&srv, &id).await;
+        let form = vec![
+            ("csrf", csrf.as_str()),
+            ("outcome", "committed"),
+            ("result", result),
+            ("reason", "checked"),
+            ("confirm", "yes"),
+        ];
+        let r = b.post(&path, &form).await;
+        assert_eq!(r.status, 400, "{what}: {}", r.text);
+        assert_eq!(snapshot(&srv, &id).await, before, "{what}: nothing changed");
+    }
+    let api = srv
+        .post(
+            &format!("/v1/tasks/{id}/resolve"),
+            &admin,
+            json!({"outcome": "committed", "reason": "r", "result": null}),
+        )
+        .await;
+    assert_eq!(api.status, 400, "the API refuses a null result too");
+}
