@@ -862,3 +862,21 @@ async fn a_resolve_result_follows_the_apis_json_rules() {
         .await;
     assert_eq!(api.status, 400, "the API refuses a null result too");
 }
+
+/// `/console/` (with the slash) is the console's, not the API's: the CSP
+/// and the other headers, and the root's answer (303 to sign-in).
+#[tokio::test]
+async fn the_console_root_with_a_slash_is_the_consoles() {
+    let srv = Server::in_process().await;
+    let nobody = Browser::new(&srv);
+    // `Browser::get` asserts the security headers.
+    let r = nobody.get("/console/").await;
+    assert_eq!(r.status, 303, "{}", r.text);
+    assert_eq!(r.header("location"), "/console/sign-in");
+    let b = Browser::signed_in(&srv, &srv.keys.acme).await;
+    let r = b.get("/console/").await;
+    assert_eq!(
+        (r.status, r.header("location").as_str()),
+        (303, "/console/overview")
+    );
+}
