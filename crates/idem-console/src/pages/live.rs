@@ -15,13 +15,13 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use idem_store::{Notice, Store, Watch};
 use uuid::Uuid;
 
-use super::{no_task, task_id};
+use super::{Params, no_task, params, task_id};
 use crate::session::{SignedIn, Watcher};
 use crate::{ConsoleError, ConsoleState};
 
@@ -50,9 +50,9 @@ struct Live {
 pub async fn live(
     State(st): State<ConsoleState>,
     Watcher(who): Watcher,
-    Path(raw): Path<String>,
+    raw: Params<String>,
 ) -> Result<Response, ConsoleError> {
-    let id = task_id(&raw)?;
+    let id = task_id(&params(raw))?;
     let store = who.store(&st);
     // Before the first read: a change committed after it is heard.
     let watch = st.app.store.changes().subscribe();

@@ -880,3 +880,39 @@ async fn the_console_root_with_a_slash_is_the_consoles() {
         (303, "/console/overview")
     );
 }
+
+/// A task id that is not UTF-8 once percent-decoded is a malformed id like
+/// any other: the console's 404 page (not the router's plain-text 400), on
+/// the page, fragment, stream and action alike; nothing changes.
+#[tokio::test]
+async fn a_task_id_that_is_not_utf8_is_not_found() {
+    let srv = Server::in_process().await;
+    let (_, admin) = srv.create_key("acme", "admin", None);
+    let b = Browser::signed_in(&srv, &admin).await;
+    let csrf = b.csrf().await;
+    for p in [
+        "/console/tasks/%FF",
+        "/console/tasks/%FF/fragment",
+        "/console/tasks/%FF/live",
+    ] {
+        let r = b.get(p).await;
+        assert_eq!(r.status, 404, "{p}: {}", r.text);
+        assert!(r.text.contains(r#"role="alert""#), "{p}: {}", r.text);
+    }
+    let r = b
+        .post(
+            "/console/tasks/%FF/actions/cancel",
+            &[("csrf", &csrf), ("reason", "x"), ("confirm", "yes")],
+        )
+        .await;
+    assert_eq!(r.status, 404, "{}", r.text);
+    assert!(r.text.contains(r#"role="alert""#), "{}", r.text);
+    // Still the CSRF check first: without the token, 403.
+    let r = b
+        .post(
+            "/console/tasks/%FF/actions/cancel",
+            &[("reason", "x"), ("confirm", "yes")],
+        )
+        .await;
+    assert_eq!(r.status, 403, "{}", r.text);
+}
