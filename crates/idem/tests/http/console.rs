@@ -916,3 +916,48 @@ async fn a_task_id_that_is_not_utf8_is_not_found() {
         .await;
     assert_eq!(r.status, 403, "{}", r.text);
 }
+
+/// `next` that a browser resolves outside `/console` (dot segments, plain
+/// or percent-encoded) is not followed: the sign-in goes to the overview.
+#[tokio::test]
+async fn next_with_dot_segments_stays_on_the_console() {
+    let srv = Server::in_process().await;
+    let b = Browser::new(&srv);
+    for next in [
+        "/console/../v1/tasks",
+        "/console/..",
+        "/console/%2e%2e/v1/tasks",
+        "/console/.%2E/v1/tasks",
+        "/console/%2E./x",
+        "/console/tasks/../../x",
+        "/console/./../x",
+    ] {
+        let r = b.sign_in(&srv.keys.acme, Some(next)).await;
+        assert_eq!(r.status, 303, "{next}: {}", r.text);
+        assert_eq!(r.header("location"), "/console/overview", "{next}");
+        let form = b
+            .get(&format!(
+                "/console/sign-in?{}",
+                form_urlencoded::Serializer::new(String::new())
+                    .append_pair("next", next)
+                    .finish()
+            ))
+            .await;
+        assert!(
+            !form.text.contains(r#"name="next""#),
+            "{next}: {}",
+            form.text
+        );
+    }
+    // A query may hold dots: `/console/tasks?idempotency_key_prefix=..` stays.
+    let r = b
+        .sign_in(
+            &srv.keys.acme,
+            Some("/console/tasks?idempotency_key_prefix=.."),
+        )
+        .await;
+    assert_eq!(
+        r.header("location"),
+        "/console/tasks?idempotency_key_prefix=.."
+    );
+}
