@@ -16,6 +16,7 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::extract::State;
+use axum::http::{HeaderValue, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use idem_store::{Notice, Store, Watch};
@@ -89,9 +90,13 @@ pub async fn live(
         let event = SseEvent::default().event(kind).data(seq.to_string());
         Some((Ok::<_, Infallible>(event), (live, None)))
     });
-    Ok(Sse::new(stream)
+    // `no-store` as every console answer (the SSE default is `no-cache`).
+    let mut res = Sse::new(stream)
         .keep_alive(KeepAlive::default())
-        .into_response())
+        .into_response();
+    res.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    Ok(res)
 }
 
 impl Live {

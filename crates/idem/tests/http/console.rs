@@ -961,3 +961,20 @@ async fn next_with_dot_segments_stays_on_the_console() {
         "/console/tasks?idempotency_key_prefix=.."
     );
 }
+
+/// The live stream is `Cache-Control: no-store` like every other console
+/// answer but the static files (SPEC §4), not the SSE default `no-cache`.
+#[tokio::test]
+async fn the_live_stream_is_not_stored() {
+    let srv = Server::in_process().await;
+    let id = s(&srv.new_task(&crate::support::ikey(), PAY, payment(1)).await["id"]);
+    let b = Browser::signed_in(&srv, &srv.keys.acme).await;
+    let res = b
+        .http
+        .get(format!("{}/console/tasks/{id}/live", srv.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.headers()["cache-control"], "no-store");
+}
