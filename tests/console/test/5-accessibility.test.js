@@ -1,0 +1,79 @@
+// Acceptance 5: axe-core finds no serious or critical accessibility violations on the four
+// pages: sign-in, overview, search, and the task page (of a reconciled payment, so that the
+// timeline has every kind of mark); also on a task page showing the admin's action forms.
+import assert from "node:assert/strict";
+import { after, before, test } from "node:test";
+
+import AxeBuilder from "@axe-core/playwright";
+
+import { reconciledPayment, workingDay } from "./scenarios.js";
+import { Server, key, launchBrowser, newPage, reconcilingPayment, signIn } from "./support.js";
+
+let server, browser, t, reconciled, reconciling;
+
+before(async () => {
+  [server, browser] = await Promise.all([Server.start(), launchBrowser()]);
+  t = await server.tenant("a11y");
+  reconciled = await reconciledPayment(t, key("payout"));
+  // Its reconcile attempt leased, so that the working day's claims cannot take it.
+  reconciling = (await reconcilingPayment(t, key("open"), { reconcileClaimed: true })).task;
+  await workingDay(t, "day");
+});
+
+after(async () => {
+  await browser?.close();
+  await server?.stop();
+});
+
+/** axe-core's violations of impact serious or critical, each with where it was found. */
+async function seriousViolations(page, t1, name) {
+  const { violations } = await new AxeBuilder({ page }).analyze();
+  const lines = violations.map(
+    (v) => `${v.impact} ${v.id}: ${v.help} (${v.nodes.length}×, e.g. ${v.nodes[0]?.target.join(" ")})`,
+  );
+  t1.diagnostic(`${name}: ${violations.length} violation(s) of any impact${lines.length ? "; " + lines.join("; ") : ""}`);
+  return violations
+    .filter((v) => v.impact === "serious" || v.impact === "critical")
+    .map((v) => ({
+      id: v.id,
+      impact: v.impact,
+      help: v.help,
+      nodes: v.nodes.slice(0, 5).map((n) => `${n.target.join(" ")}: ${n.failureSummary}`),
+    }));
+}
+
+test("sign-in page", async (t1) => {
+  const { page, context } = await newPage(browser);
+  await page.goto(`${server.url}/console/sign-in`);
+  assert.deepEqual(await seriousViolations(page, t1, "sign-in"), []);
+  // With its error message shown, too.
+  await page.fill("#api_key", "idem_wrong");
+  await Promise.all([page.waitForNavigation(), page.locator('#sign-in button[type="submit"], #sign-in input[type="submit"], #sign-in button:not([type])').first().click()]);
+  assert.deepEqual(await seriousViolations(page, t1, "sign-in with an error"), []);
+  await context.close();
+});
+
+test("overview, search, task pages", async (t1) => {
+  const { page, context } = await newPage(browser);
+  await signIn(page, server.url, t.adminKey);
+
+  await page.goto(`${server.url}/console/overview`);
+  assert.ok((await page.locator("table#by-state tr[data-operation]").count()) >= 2, "both classes are on the overview");
+  assert.deepEqual(await seriousViolations(page, t1, "overview"), []);
+
+  await page.goto(`${server.url}/console/tasks?${new URLSearchParams({ operation: "payment.release", limit: "10" })}`);
+  assert.ok((await page.locator("table#results tr[data-task-id]").count()) > 0);
+  assert.deepEqual(await seriousViolations(page, t1, "search"), []);
+
+  await page.goto(`${server.url}/console/tasks/${reconciled.id}`);
+  assert.equal(await page.locator("#task-state").getAttribute("data-state"), "succeeded");
+  assert.ok((await page.locator("#timeline svg g.lane").count()) >= 2, "the timeline has its lanes");
+  assert.deepEqual(await seriousViolations(page, t1, "task page, reconciled payment"), []);
+  await page.locator("details#raw-events summary").click();
+  assert.deepEqual(await seriousViolations(page, t1, "task page, raw events open"), []);
+
+  await page.goto(`${server.url}/console/tasks/${reconciling.id}`);
+  assert.ok((await page.locator("form.action").count()) > 0, "the admin's action forms are shown");
+  assert.deepEqual(await seriousViolations(page, t1, "task page with action forms"), []);
+  await context.close();
+});
