@@ -18,6 +18,7 @@ use crate::error::{corrupt, map_pg_error};
 pub(crate) use crate::rows::CLAIMABLE;
 use crate::rows::*;
 
+mod console;
 pub(crate) mod search;
 
 /// Where statements go: an open READ COMMITTED transaction (every writing

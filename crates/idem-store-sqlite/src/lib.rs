@@ -68,6 +68,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0008_change_notifications.sql"),
     include_str!("../migrations/0009_change_backoffs.sql"),
     include_str!("../migrations/0010_task_traceparent.sql"),
+    include_str!("../migrations/0011_console.sql"),
 ];
 
 /// Options of the SQLite store.

@@ -875,6 +875,7 @@ fn task_values(t: &Task) -> Result<Vec<rusqlite::types::Value>, StoreError> {
     Ok(values)
 }
 
+mod console;
 mod feed;
 pub(crate) mod search;
 #[cfg(test)]

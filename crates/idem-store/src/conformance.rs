@@ -147,6 +147,8 @@ macro_rules! store_conformance {
             feed_is_scoped_to_tenant_and_grant,
             committed_events_are_heard_with_tenant_class_and_task,
             feed_refuses_a_cursor_ahead_of_its_head,
+            console_sessions_expire_end_and_follow_their_key,
+            console_overview_counts_and_lists_the_tenants_tasks,
         );
     };
     (@cases $make:expr; $($case:ident),+ $(,)?) => {
@@ -164,6 +166,7 @@ mod cancel;
 mod changes;
 mod claims;
 mod concurrency;
+mod console;
 mod failures;
 mod feed;
 mod operator;
@@ -176,6 +179,7 @@ pub use cancel::*;
 pub use changes::*;
 pub use claims::*;
 pub use concurrency::*;
+pub use console::*;
 pub use failures::*;
 pub use feed::*;
 pub use operator::*;

@@ -133,7 +133,7 @@ pub type ExistingScope = Option<(ScopeRow, Option<Task>)>;
 /// others before the backend commits.
 ///
 /// Times are epoch ms. All futures are `Send`.
-pub trait Tx: Send + ops::search::TaskSearch {
+pub trait Tx: Send + ops::search::TaskSearch + ops::console::ConsoleTx {
     /// The clock that decides leases and backoff: the database clock for
     /// PostgreSQL, the process clock for SQLite (single process), each plus
     /// the offset of the backend's [`Clock`].

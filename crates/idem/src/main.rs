@@ -115,6 +115,8 @@ enum Command {
         #[arg(long, env = "IDEM_OTLP_ENDPOINT")]
         otlp_endpoint: Option<String>,
         #[command(flatten)]
+        console: serve::ConsoleArgs,
+        #[command(flatten)]
         store: StoreArgs,
     },
     /// Manage API keys (store-level).
@@ -314,6 +316,7 @@ async fn run_command(cli: Cli, telemetry: telemetry::Telemetry) -> Result<()> {
             idle_timeout_ms,
             max_connections,
             otlp_endpoint: _,
+            console,
             store,
         } => {
             let args = ServeArgs {
@@ -325,6 +328,7 @@ async fn run_command(cli: Cli, telemetry: telemetry::Telemetry) -> Result<()> {
                 header_timeout: Duration::from_millis(header_timeout_ms),
                 idle_timeout: Duration::from_millis(idle_timeout_ms),
                 max_connections,
+                console: console.config(),
             };
             serve(args, store, telemetry).await
         }

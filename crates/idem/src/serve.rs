@@ -76,6 +76,75 @@ async fn bind(listen: &str) -> Result<tokio::net::TcpListener> {
     }
 }
 
+/// The operator console's flags of `idem serve` (SPEC §4 "Operator console").
+#[derive(clap::Args, Debug, Clone)]
+pub(crate) struct ConsoleArgs {
+    /// Do not serve the operator console under `/console` (as
+    /// `IDEM_CONSOLE=off`).
+    #[arg(long)]
+    no_console: bool,
+    /// Whether the operator console is served under `/console`: `on` or `off`.
+    #[arg(long = "console", env = "IDEM_CONSOLE", default_value = "on",
+          value_parser = ["on", "off"])]
+    console: String,
+    /// How long a console session lasts after sign-in: seconds, or a number
+    /// with `s`, `m` or `h` (`30m`, `8h`).
+    #[arg(long, env = "IDEM_CONSOLE_SESSION_TTL", default_value = "8h",
+          value_parser = parse_ttl)]
+    console_session_ttl: Duration,
+    /// Mark the console's session cookie `Secure` (sent over HTTPS only):
+    /// set it when browsers reach idem over TLS, through a proxy that
+    /// terminates it (`idem serve` itself speaks plain HTTP).
+    #[arg(long, env = "IDEM_CONSOLE_SECURE_COOKIE")]
+    console_secure_cookie: bool,
+}
+
+impl ConsoleArgs {
+    /// The console's configuration, or `None` when it is turned off.
+    pub(crate) fn config(&self) -> Option<idem_console::ConsoleConfig> {
+        if self.no_console || self.console == "off" {
+            return None;
+        }
+        Some(idem_console::ConsoleConfig {
+            session_ttl: self.console_session_ttl,
+            secure_cookie: self.console_secure_cookie,
+            ..idem_console::ConsoleConfig::default()
+        })
+    }
+}
+
+/// A session length: whole seconds, or a whole number with the unit `s`,
+/// `m` or `h`; from 1 minute to 30 days.
+///
+/// # Errors
+/// A message naming the accepted forms.
+fn parse_ttl(text: &str) -> std::result::Result<Duration, String> {
+    let text = text.trim();
+    let (digits, unit) = match text.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => text.split_at(i),
+        None => (text, "s"),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration: use seconds or e.g. 30m, 8h"))?;
+    let secs = match unit {
+        "s" => n,
+        "m" => n.saturating_mul(60),
+        "h" => n.saturating_mul(3600),
+        _ => {
+            return Err(format!(
+                "`{text}` is not a duration: use seconds or e.g. 30m, 8h"
+            ));
+        }
+    };
+    if !(60..=30 * 86_400).contains(&secs) {
+        return Err(format!(
+            "a console session lasts from 1 minute to 30 days, not `{text}`"
+        ));
+    }
+    Ok(Duration::from_secs(secs))
+}
+
 /// How `serve` runs, from `idem serve`'s flags.
 pub(crate) struct ServeArgs {
     pub(crate) listen: String,
@@ -86,6 +155,8 @@ pub(crate) struct ServeArgs {
     pub(crate) header_timeout: Duration,
     pub(crate) idle_timeout: Duration,
     pub(crate) max_connections: Option<u64>,
+    /// The operator console's configuration; `None`: not served.
+    pub(crate) console: Option<idem_console::ConsoleConfig>,
 }
 
 /// Runs the server until SIGTERM or SIGINT, then stops gracefully: open
@@ -108,6 +179,7 @@ pub(crate) async fn serve(
         header_timeout,
         idle_timeout,
         max_connections,
+        console,
     } = args;
     let config = load_config(config.as_ref())?;
     log_store_location(&store_args)?;
@@ -177,7 +249,18 @@ pub(crate) async fn serve(
         tracing::warn!("{STOPPED_CUT}");
         std::process::exit(1);
     });
-    idem_http::serve(listener, idem_http::router(state), limits, async move {
+    let router = match console {
+        Some(c) => {
+            tracing::info!(
+                session_ttl_s = c.session_ttl.as_secs(),
+                secure_cookie = c.secure_cookie,
+                "operator console on http://{addr}/console"
+            );
+            idem_http::router(state.clone()).merge(idem_console::router(state, c))
+        }
+        None => idem_http::router(state),
+    };
+    idem_http::serve(listener, router, limits, async move {
         signals.next().await;
         tracing::info!("shutting down: answering open requests");
         // Long-polling claims, `Prefer: wait` and event streams answer or

@@ -20,7 +20,8 @@
 //! acknowledgments, reports), [`tasks`] (reads, cancellation, delivery),
 //! [`search`] (a tenant's tasks in pages), [`operator`] (an admin's
 //! retry-now, cancel, resolve, redrive), [`feed`] (a task's history with its
-//! state, the tenant feed) and [`sweep`].
+//! state, the tenant feed), [`console`] (the operator console's sessions and
+//! overview) and [`sweep`].
 
 use std::future::Future;
 use std::sync::Arc;
@@ -34,6 +35,7 @@ use crate::{Refusal, Result, StoreError, Tx};
 
 pub mod attempts;
 pub mod claim;
+pub mod console;
 pub mod feed;
 pub mod keys;
 pub mod operator;
@@ -44,6 +46,10 @@ pub mod tasks;
 
 pub use attempts::{Acknowledge, Heartbeat, Report};
 pub use claim::{Claim, ClaimRequest, Claimed};
+pub use console::{
+    ConsoleSession, ConsoleSessionLookup, CreateConsoleSession, EndConsoleSession, Overview,
+    OverviewQuery, TaskCount, TaskOverview,
+};
 pub use feed::{ReadFeed, TaskHistory};
 pub use keys::{Authenticate, CreateApiKey, ListApiKeys, RevokeApiKey};
 pub use operator::{OperatorCancel, Redrive, Resolve, RetryNow};
@@ -250,6 +256,14 @@ operations! {
     Resolve,
     /// [`Redrive`].
     Redrive,
+    /// [`CreateConsoleSession`].
+    CreateConsoleSession,
+    /// [`ConsoleSessionLookup`].
+    ConsoleSessionLookup,
+    /// [`EndConsoleSession`].
+    EndConsoleSession,
+    /// [`TaskOverview`].
+    TaskOverview,
 }
 
 /// The operation classes a key is limited to (`None`: all), shared by the

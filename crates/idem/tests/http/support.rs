@@ -285,9 +285,13 @@ impl Server {
             Duration::from_millis(50),
             until_stopped(stopped.clone()),
         ));
+        let router = idem_http::router(state.clone()).merge(idem_console::router(
+            state,
+            idem_console::ConsoleConfig::default(),
+        ));
         tokio::spawn(idem_http::serve(
             listener,
-            idem_http::router(state),
+            router,
             idem_http::ServeLimits::with_defaults(0),
             until_stopped(stopped),
         ));

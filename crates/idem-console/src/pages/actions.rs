@@ -1,0 +1,151 @@
+//! `POST /console/tasks/{id}/actions/{action}` (admin): `retry-now`,
+//! `cancel`, `resolve`, `redrive`, through the same store operations as the
+//! API's operator actions, with the signed-in admin key as the actor and the
+//! form's reason.
+//!
+//! Order of refusals, each changing nothing: no session → 403; CSRF token
+//! missing or another session's → 403; a client key → 403; an unknown action
+//! or task (of this tenant and grant) → 404; no `confirm=yes`, an empty
+//! reason or a bad resolve form → 400; an action that does not apply to the
+//! task as it is → 409 with the reason. Success: 303 back to the task page.
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Redirect, Response};
+use idem_core::machine::operator::{Actor, By, Reason, Resolution};
+use idem_core::model::Role;
+use idem_http::problem::Problem;
+use idem_store::Refusal;
+
+use super::sign_in::{field, form_pairs};
+use super::{no_task, task_id};
+use crate::html::task_href;
+use crate::session::{self, Poster};
+use crate::{ConsoleError, ConsoleState};
+
+/// The actions, by their path segment.
+pub const ACTIONS: [&str; 4] = ["retry-now", "cancel", "resolve", "redrive"];
+
+/// The refusal of the store as the API words it (404 the console's way).
+fn refused(r: Refusal) -> ConsoleError {
+    match r {
+        Refusal::NotFound => no_task(),
+        other => Problem::from(other).into(),
+    }
+}
+
+/// The resolution a resolve form asks for, or 400.
+fn resolution(pairs: &[(String, String)]) -> Result<Resolution, ConsoleError> {
+    let txn = field(pairs, "external_txn_id")
+        .map(str::trim)
+        .filter(|t| !t.is_empty());
+    let result = field(pairs, "result")
+        .map(str::trim)
+        .filter(|r| !r.is_empty());
+    match field(pairs, "outcome") {
+        Some("committed") => {
+            let Some(text) = result else {
+                return Err(ConsoleError::BadRequest(
+                    "`committed` needs the result to deliver (a JSON document)".into(),
+                ));
+            };
+            let result = serde_json::from_str(text).map_err(|e| {
+                ConsoleError::BadRequest(format!("the result is not a JSON document: {e}"))
+            })?;
+            if let Some(t) = txn
+                && (t.chars().count() > 200 || t.chars().any(char::is_control))
+            {
+                return Err(ConsoleError::BadRequest(
+                    "the external transaction id must be 1–200 characters, none of them a control character".into(),
+                ));
+            }
+            Ok(Resolution::Committed {
+                result,
+                external_txn_id: txn.map(str::to_owned),
+            })
+        }
+        Some("not_committed") => {
+            if result.is_some() || txn.is_some() {
+                return Err(ConsoleError::BadRequest(
+                    "`not committed` delivers nothing: leave the result and the external transaction id empty".into(),
+                ));
+            }
+            Ok(Resolution::NotCommitted)
+        }
+        _ => Err(ConsoleError::BadRequest(
+            "choose what the provider did: committed or not committed".into(),
+        )),
+    }
+}
+
+/// `POST /console/tasks/{id}/actions/{action}`.
+pub async fn act(
+    State(st): State<ConsoleState>,
+    Poster(who): Poster,
+    Path((raw, action)): Path<(String, String)>,
+    body: Bytes,
+) -> Response {
+    match run(&st, &who, &raw, &action, &body).await {
+        Ok(to) => Redirect::to(&to).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn run(
+    st: &ConsoleState,
+    who: &session::SignedIn,
+    raw: &str,
+    action: &str,
+    body: &[u8],
+) -> Result<String, ConsoleError> {
+    let pairs = form_pairs(body);
+    session::check_csrf(who, field(&pairs, "csrf"))?;
+    if who.key.role != Role::Admin {
+        return Err(ConsoleError::Forbidden(
+            "actions need an admin key; nothing changed".into(),
+        ));
+    }
+    if !ACTIONS.contains(&action) {
+        return Err(ConsoleError::NotFound(format!(
+            "no such action; actions: {}",
+            ACTIONS.join(", ")
+        )));
+    }
+    let id = task_id(raw)?;
+    if field(&pairs, "confirm") != Some("yes") {
+        return Err(ConsoleError::BadRequest(
+            "confirm the action (the checkbox); nothing changed".into(),
+        ));
+    }
+    // A textarea's line breaks become spaces: a reason is one line of text.
+    let reason: String = field(&pairs, "reason")
+        .unwrap_or_default()
+        .chars()
+        .map(|c| {
+            if matches!(c, '\r' | '\n' | '\t') {
+                ' '
+            } else {
+                c
+            }
+        })
+        .collect();
+    let reason =
+        Reason::parse(reason.trim()).map_err(|e| ConsoleError::BadRequest(e.to_string()))?;
+    let by = By {
+        actor: Actor::ApiKey(who.key.id),
+        reason,
+    };
+    let store = who.store(st);
+    let tenant = Some(who.tenant());
+    match action {
+        "retry-now" => store.retry_now(tenant, id, by).await?.map(drop),
+        "cancel" => store.operator_cancel(tenant, id, by).await?.map(drop),
+        "resolve" => {
+            let resolution = resolution(&pairs)?;
+            store.resolve(tenant, id, by, resolution).await?.map(drop)
+        }
+        _ => store.redrive(tenant, id, by).await?.map(drop),
+    }
+    .map_err(refused)?;
+    Ok(task_href(id))
+}

@@ -1,0 +1,398 @@
+//! `GET /console/tasks/{id}`: a task's whole story — the request (key,
+//! scope, fingerprint, canonical request, params), the frozen contract, the
+//! timeline picture ([`crate::timeline::svg`]) with the same facts as a table
+//! of attempts, delivery and cancellation, and the raw events one click
+//! away — and, for an admin, the actions that apply to its state.
+//!
+//! Everything that changes lives in `#task-body`; `GET
+//! /console/tasks/{id}/fragment` answers that inner HTML alone, which the
+//! page's script swaps in when the live stream ([`super::live`]) says the task
+//! changed.
+
+use axum::extract::{Path, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use idem_core::model::{Attempt, Event, Task, TaskState, Timestamp};
+use maud::{Markup, html};
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::{no_task, task_id};
+use crate::html::{self as page, csrf_input, opt_time, pretty, time};
+use crate::session::{SignedIn, Viewer, Watcher};
+use crate::{ConsoleError, ConsoleState};
+
+/// A task with its attempts and events, as the page shows them.
+pub struct Story {
+    /// The task.
+    pub task: Task,
+    /// Its attempts, by number, with their evidence.
+    pub attempts: Vec<Attempt>,
+    /// Its events, by sequence.
+    pub events: Vec<Event>,
+    /// When it was read (the store's clock).
+    pub now: Timestamp,
+}
+
+/// Reads task `id` of `who`'s tenant (and grant) with its attempts and events.
+///
+/// # Errors
+/// 404 for a task that does not exist or is not `who`'s to see; 503 when the
+/// store is unavailable.
+pub async fn read_story(
+    st: &ConsoleState,
+    who: &SignedIn,
+    id: Uuid,
+) -> Result<Story, ConsoleError> {
+    let store = who.store(st);
+    let (task, events) = store
+        .task_history(Some(who.tenant()), id)
+        .await?
+        .map_err(|_| no_task())?;
+    let attempts = store
+        .list_attempts(Some(who.tenant()), id)
+        .await?
+        .map_err(|_| no_task())?;
+    Ok(Story {
+        task,
+        attempts,
+        events,
+        now: st.app.store.clock().process_now(),
+    })
+}
+
+/// `GET /console/tasks/{id}`.
+///
+/// # Errors
+/// 404 for a malformed, unknown or other tenant's id; 503.
+pub async fn page(
+    State(st): State<ConsoleState>,
+    Viewer(who): Viewer,
+    Path(raw): Path<String>,
+) -> Result<Markup, ConsoleError> {
+    let id = task_id(&raw)?;
+    let story = read_story(&st, &who, id).await?;
+    let t = &story.task;
+    let main = html! {
+        main #task data-live={ "/console/tasks/" (t.id) "/live" } data-fragment={ "/console/tasks/" (t.id) "/fragment" } {
+            h1 { span.label { "Task " } (t.idempotency_key) }
+            div #task-body aria-live="polite" {
+                (body(&story))
+            }
+            @if who.key.role == idem_core::model::Role::Admin {
+                (actions(&who, t))
+            }
+        }
+    };
+    Ok(page::page(
+        &format!("Task {}", t.idempotency_key),
+        Some(&who),
+        main,
+    ))
+}
+
+/// `GET /console/tasks/{id}/fragment`: the inner HTML of `#task-body`.
+///
+/// # Errors
+/// 401 without a session; 404; 503.
+pub async fn fragment(
+    State(st): State<ConsoleState>,
+    Watcher(who): Watcher,
+    Path(raw): Path<String>,
+) -> Result<Response, ConsoleError> {
+    let id = task_id(&raw)?;
+    let story = read_story(&st, &who, id).await?;
+    Ok((
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        body(&story).into_string(),
+    )
+        .into_response())
+}
+
+/// The inner HTML of `#task-body`.
+pub fn body(s: &Story) -> Markup {
+    let t = &s.task;
+    html! {
+        p.summary {
+            "State " span #task-state class={ "state state-" (t.state.as_str()) } data-state=(t.state.as_str()) { (t.state.as_str()) }
+            " · operation " span.operation { (t.operation) }
+            " · generation " span #generation { (t.generation) }
+            " · " (t.attempt_count) " attempts · usage " (t.usage)
+            " · created " (time(t.created_at)) " · updated " (time(t.updated_at))
+        }
+        @if let Some(f) = &t.failure {
+            p #failure.failure { "Failed: " strong { (f.class.as_str()) } " — " (f.message) }
+        }
+        section #request aria-labelledby="request-title" {
+            h2 #request-title { "Request" }
+            dl {
+                dt { "Idempotency key" } dd #idempotency-key { (t.idempotency_key) }
+                dt { "Scope" } dd #scope { "tenant " (t.control.tenant) ", operation " (t.operation) ", key " (t.idempotency_key) }
+                dt { "Task id" } dd { code { (t.id) } }
+                dt { "Fingerprint" } dd { code #fingerprint { (t.fingerprint) } }
+                @if let Some(tp) = &t.traceparent {
+                    dt { "Trace" } dd { code { (tp) } }
+                }
+            }
+            h3 { "Canonical request" }
+            pre #canonical-request { (t.control.canonical_request) }
+            h3 { "Params" }
+            pre #params { (pretty(&t.params)) }
+        }
+        section #contract aria-labelledby="contract-title" {
+            h2 #contract-title { "Contract" }
+            p { "Frozen at acceptance: what this task is charged and how it is retried, whatever the configuration says now." }
+            @match serde_json::from_str::<Value>(t.contract.json()) {
+                Ok(v) => (json_dl(&v)),
+                Err(_) => pre { (t.contract.json()) },
+            }
+        }
+        section #timeline aria-labelledby="timeline-title" {
+            h2 #timeline-title { "Timeline" }
+            (crate::timeline::svg(t, &s.attempts, &s.events, s.now))
+            (attempts_table(&s.attempts))
+        }
+        section #delivery aria-labelledby="delivery-title" {
+            h2 #delivery-title { "Delivery" }
+            @match &t.delivery {
+                Some(d) => {
+                    dl {
+                        dt { "Charge" } dd.charge { (d.charge) }
+                        dt { "Delivered" } dd.delivered-at { (time(d.delivered_at)) }
+                        dt { "Acknowledged" } dd.acknowledged-at { (opt_time(d.acknowledged_at)) }
+                        dt { "External transaction id" } dd.external-txn-id { (d.external_txn_id.as_deref().unwrap_or("—")) }
+                        dt { "Result" } dd { pre.result { (pretty(&d.result)) } }
+                    }
+                }
+                None => {
+                    p.result.none { "Not delivered." }
+                }
+            }
+            h3 { "Cancellation" }
+            @match &t.cancellation {
+                Some(c) => {
+                    dl #cancellation {
+                        dt { "Status" } dd.cancel-status data-status=(c.status.as_str()) { (c.status.as_str()) }
+                        dt { "Requested" } dd { (time(c.requested_at)) }
+                        dt { "Settled" } dd { (opt_time(c.confirmed_at)) }
+                        dt { "Fee" } dd.fee { (c.fee.map_or_else(|| "—".to_owned(), |f| f.to_string())) }
+                    }
+                }
+                None => p { "No cancellation was requested." }
+            }
+            h3 { "Idempotency key" }
+            p #key-expiry {
+                @match t.control.key_expires_at {
+                    Some(at) => { "Kept until " (time(at)) ", then released: the same key then starts a new task." }
+                    None => { "Kept while the task runs; released after the retention window once it ends." }
+                }
+            }
+        }
+        details #raw-events {
+            summary { "Raw events (" (s.events.len()) ")" }
+            table {
+                caption { "Every event of the task, in order" }
+                thead {
+                    tr {
+                        th scope="col" { "Seq" }
+                        th scope="col" { "Type" }
+                        th scope="col" { "Time" }
+                        th scope="col" { "Actor" }
+                        th scope="col" { "Payload" }
+                    }
+                }
+                tbody {
+                    @for e in &s.events {
+                        tr data-event-id=(e.seq) data-type=(e.kind.as_str()) {
+                            td.seq { (e.seq) }
+                            td.type { (e.kind.as_str()) }
+                            td.time { (time(e.at)) }
+                            td.actor { (actor(&e.data)) }
+                            td.payload { pre { (pretty(&e.data)) } }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The attempts as a table: the timeline's facts for screen readers and tests.
+fn attempts_table(attempts: &[Attempt]) -> Markup {
+    html! {
+        table #attempts {
+            caption { "Attempts" }
+            thead {
+                tr {
+                    th scope="col" { "#" }
+                    th scope="col" { "Generation" }
+                    th scope="col" { "Kind" }
+                    th scope="col" { "Executor" }
+                    th scope="col" { "Outcome" }
+                    th scope="col" { "Leased" }
+                    th scope="col" { "Lease ends" }
+                    th scope="col" { "Usage" }
+                    th scope="col" { "External transaction" }
+                    th scope="col" { "Evidence" }
+                }
+            }
+            tbody {
+                @for a in attempts {
+                    tr data-attempt-id=(a.id) {
+                        td.number { (a.number) }
+                        td.generation { (a.generation) }
+                        td.kind { (a.kind.as_str()) }
+                        td.executor { (a.executor_id) }
+                        td.outcome data-state=(a.state.as_str()) { (a.state.as_str()) }
+                        td.leased { (time(a.leased_at)) }
+                        td.lease-end { (time(a.lease_expires_at)) }
+                        td.usage { (a.usage) }
+                        td.txn { (a.external_txn_id.as_deref().unwrap_or("—")) }
+                        td.evidence {
+                            @if a.evidence.is_empty() { "—" }
+                            ul {
+                                @for ev in &a.evidence {
+                                    @let stale = !matches!(ev.disposition, idem_core::model::Disposition::Applied | idem_core::model::Disposition::Repeat);
+                                    li class=[stale.then_some("stale")] {
+                                        (ev.outcome.as_str()) " (gen " (ev.generation) ") " (ev.disposition.as_str())
+                                        @if stale { " — " strong { "stale" } }
+                                        " at " (time(ev.received_at))
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The actor of an operator's event (`data.actor`), or a dash.
+fn actor(data: &Value) -> String {
+    match &data["actor"] {
+        Value::Object(a) => match (
+            a.get("type").and_then(Value::as_str),
+            a.get("api_key_id"),
+            a.get("user"),
+        ) {
+            (Some("api_key"), Some(id), _) => {
+                format!("api key {}", id.as_str().unwrap_or_default())
+            }
+            (Some("cli"), _, Some(u)) => format!("cli {}", u.as_str().unwrap_or_default()),
+            _ => data["actor"].to_string(),
+        },
+        _ => "—".to_owned(),
+    }
+}
+
+/// A JSON object as a definition list (nested objects as nested lists, other
+/// values as JSON text).
+fn json_dl(v: &Value) -> Markup {
+    match v {
+        Value::Object(map) => html! {
+            dl.json {
+                @for (k, v) in map {
+                    dt { (k) }
+                    dd { (json_dl(v)) }
+                }
+            }
+        },
+        Value::String(s) => html! { (s) },
+        other => html! { code { (other.to_string()) } },
+    }
+}
+
+/// Which actions apply to a task in its state: `retry-now` (backing off),
+/// `cancel` (not terminal, no cancellation yet), `resolve` (reconciling),
+/// `redrive` (failed).
+pub fn applicable(t: &Task) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    if t.state == TaskState::RetryWait {
+        out.push("retry-now");
+    }
+    if !t.state.is_terminal() && t.cancellation.is_none() {
+        out.push("cancel");
+    }
+    if t.state == TaskState::Reconciling {
+        out.push("resolve");
+    }
+    if t.state == TaskState::Failed {
+        out.push("redrive");
+    }
+    out
+}
+
+/// The admin's action forms for `t`'s state.
+fn actions(who: &SignedIn, t: &Task) -> Markup {
+    let which = applicable(t);
+    html! {
+        section #actions aria-labelledby="actions-title" {
+            h2 #actions-title { "Actions" }
+            @if which.is_empty() {
+                p { "No action applies to a task in state " (t.state.as_str()) "." }
+            }
+            @for a in which {
+                @let pre = format!("{a}-");
+                form.action data-action=(a) method="post" action={ "/console/tasks/" (t.id) "/actions/" (a) } {
+                    h3 { (action_title(a)) }
+                    p.help { (action_help(a)) }
+                    (csrf_input(who))
+                    @if a == "resolve" {
+                        fieldset {
+                            legend { "What did the provider do?" }
+                            span.check {
+                                input type="radio" name="outcome" value="committed" id={ (pre) "committed" } required;
+                                label for={ (pre) "committed" } { "committed (deliver the result, charged once)" }
+                            }
+                            span.check {
+                                input type="radio" name="outcome" value="not_committed" id={ (pre) "not-committed" };
+                                label for={ (pre) "not-committed" } { "not committed (the next execute attempt may start)" }
+                            }
+                        }
+                        label for={ (pre) "result" } { "Result (JSON, for committed)" }
+                        textarea name="result" id={ (pre) "result" } rows="3" {}
+                        label for={ (pre) "external-txn-id" } { "External transaction id (optional, for committed)" }
+                        input type="text" name="external_txn_id" id={ (pre) "external-txn-id" };
+                    }
+                    label for={ (pre) "reason" } { "Reason (recorded with your key in the task's history)" }
+                    textarea name="reason" id={ (pre) "reason" } rows="2" required {}
+                    span.check {
+                        input type="checkbox" name="confirm" value="yes" id={ (pre) "confirm" } required;
+                        label for={ (pre) "confirm" } { "I confirm " (action_confirm(a)) }
+                    }
+                    button type="submit" { (action_title(a)) }
+                }
+            }
+        }
+    }
+}
+
+fn action_title(a: &str) -> &'static str {
+    match a {
+        "retry-now" => "Retry now",
+        "cancel" => "Cancel",
+        "resolve" => "Resolve the reconciliation",
+        _ => "Redrive",
+    }
+}
+
+fn action_help(a: &str) -> &'static str {
+    match a {
+        "retry-now" => "Ends the backoff: the task can be claimed at once.",
+        "cancel" => {
+            "Requests cancellation: a queued task is cancelled at once; a running one when its attempt stops, with the contract's fee."
+        }
+        "resolve" => "Settles the unknown outcome by hand; a live reconcile attempt is fenced off.",
+        _ => "Sends the failed task back to the queue with one more execute attempt.",
+    }
+}
+
+fn action_confirm(a: &str) -> &'static str {
+    match a {
+        "retry-now" => "that this task should be retried now",
+        "cancel" => "that this task should be cancelled",
+        "resolve" => "that I checked the outcome with the provider",
+        _ => "that this failed task should run again",
+    }
+}

@@ -1,0 +1,62 @@
+// idem console: live updates of the task page. The page's <main id="task">
+// names its update stream (data-live, Server-Sent Events) and its fragment
+// (data-fragment, the inner HTML of #task-body); on each message the
+// fragment is fetched and swapped in. The stream's `end` event (the task is
+// terminal) closes it after a last refresh. No inline script anywhere: this
+// file is the console's only script (Content-Security-Policy script-src 'self').
+"use strict";
+
+(function () {
+  function refresh(main, body) {
+    return fetch(main.dataset.fragment, {
+      credentials: "same-origin",
+      headers: { Accept: "text/html" },
+    })
+      .then(function (res) {
+        if (!res.ok) {
+          return null;
+        }
+        return res.text();
+      })
+      .then(function (html) {
+        if (html !== null && html !== undefined) {
+          body.innerHTML = html;
+          main.dataset.refreshed = String(Date.now());
+        }
+      })
+      .catch(function () {});
+  }
+
+  function start() {
+    var main = document.getElementById("task");
+    var body = document.getElementById("task-body");
+    if (!main || !body || !main.dataset.live || !window.EventSource) {
+      return;
+    }
+    var source = new EventSource(main.dataset.live);
+    var last = null;
+    source.addEventListener("change", function (e) {
+      if (e.data !== last) {
+        last = e.data;
+        refresh(main, body);
+      }
+    });
+    source.addEventListener("end", function () {
+      source.close();
+      main.dataset.liveEnded = "true";
+      refresh(main, body);
+    });
+    source.onerror = function () {
+      // The browser reconnects by itself; a 401 or 404 closes the stream.
+      if (source.readyState === EventSource.CLOSED) {
+        main.dataset.liveEnded = "true";
+      }
+    };
+  }
+
+  if (document.readyState === "loading") {
+    document.addEventListener("DOMContentLoaded", start);
+  } else {
+    start();
+  }
+})();

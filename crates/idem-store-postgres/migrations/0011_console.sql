@@ -1,0 +1,36 @@
+-- idem schema v11 (PostgreSQL): the operator console (SPEC §4 "Operator
+-- console"). Mirrors crates/idem-store-sqlite/migrations/0011_console.sql.
+--
+-- console_sessions: one row per sign-in. The browser holds a random token;
+-- only its SHA-256 (hex) is stored, with the signed-in key, its tenant and
+-- role, and when the session was made, runs out and was ended (sign-out).
+-- A lookup joins api_keys, so a revoked key's sessions stop at once, on every
+-- instance. Rows that ran out are removed a batch at a time by later sign-ins.
+--
+-- The overview's "needs attention" lists read short ranges:
+--   * tasks_failed_at: a tenant's failed tasks by when they failed
+--     (terminal_at changes only together with the state, so the index costs
+--     no update that was HOT before);
+--   * tasks_cancel_requested: a tenant's live tasks with a cancellation
+--     record (the record is written by the cancel itself; a settled one
+--     makes or finds the task terminal, so these are the requested ones).
+-- Reconciling tasks are read through tasks_search_state (v5), and the counts
+-- by class and state through tasks_search_operation (v5), which covers them.
+-- The indexes are built in the migration's transaction: writes to tasks wait
+-- while they build.
+
+CREATE TABLE console_sessions (
+    token_hash  text PRIMARY KEY,          -- SHA-256 hex of the session token
+    tenant      text NOT NULL,
+    api_key_id  uuid NOT NULL REFERENCES api_keys(id),
+    role        text NOT NULL CHECK (role IN ('client', 'executor', 'admin')),
+    created_at  bigint NOT NULL,
+    expires_at  bigint NOT NULL,
+    ended_at    bigint,
+    CHECK (expires_at > created_at)
+);
+CREATE INDEX console_sessions_expiry ON console_sessions (expires_at);
+
+CREATE INDEX tasks_failed_at ON tasks (tenant, terminal_at) WHERE state = 'failed';
+CREATE INDEX tasks_cancel_requested ON tasks (tenant, created_at)
+    WHERE cancellation IS NOT NULL AND terminal_at IS NULL;

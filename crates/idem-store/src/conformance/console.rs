@@ -1,0 +1,224 @@
+//! The operator console's store (SPEC §4 "Operator console"): sessions run out
+//! by the store's clock, end on sign-out, stop with their key's revocation and
+//! carry the key's tenant and role; the overview counts and lists only the
+//! caller's tenant's tasks (and grant's classes), with its thresholds read on
+//! the store's clock.
+
+use std::time::Duration;
+
+use crate::ops::console::{OverviewQuery, hash_session_token};
+
+use super::*;
+
+/// A session's length in the cases, ms.
+const TTL: i64 = 60_000;
+
+/// The overview's thresholds: 15 minutes reconciling, 24 hours failed.
+const QUERY: OverviewQuery = OverviewQuery {
+    reconciling_for_ms: 15 * 60_000,
+    failed_within_ms: 24 * 3_600_000,
+    limit: 20,
+};
+
+fn advance(store: &Store, ms: u64) {
+    store.clock().advance(Duration::from_millis(ms));
+}
+
+/// A session is found by its token only, with the key's tenant, role and id;
+/// it runs out at `expires_at` by the store's clock, ends on sign-out (once),
+/// and stops at once when its key is revoked; a revoked key gets none.
+pub async fn console_sessions_expire_end_and_follow_their_key(store: Store) {
+    let (admin, _) = must(
+        store.create_api_key("acme", Role::Admin, None).await,
+        "create admin key",
+    );
+    let (client, _) = must(
+        store
+            .create_api_key("other", Role::Client, Some(vec![SAFE.to_owned()]))
+            .await,
+        "create client key",
+    );
+    let Some((made, token)) = must(store.create_console_session(admin.id, TTL).await, "create")
+    else {
+        panic!("a live key gets a session");
+    };
+    assert_eq!(token.len(), 43, "32 bytes, base64url without padding");
+    assert_eq!(
+        (made.tenant.as_str(), made.role, made.api_key_id),
+        ("acme", Role::Admin, admin.id)
+    );
+    assert_eq!(made.expires_at.0 - made.created_at.0, TTL);
+    assert_ne!(hash_session_token(&token), token, "only the hash is stored");
+
+    let Some((found, key)) = must(store.console_session(&token).await, "lookup") else {
+        panic!("the session is active");
+    };
+    assert_eq!(found, made);
+    assert_eq!(key, admin);
+    assert!(
+        must(store.console_session("not-a-token").await, "lookup").is_none(),
+        "an unknown token names no session"
+    );
+    let Some((_, other_token)) = must(store.create_console_session(client.id, TTL).await, "create")
+    else {
+        panic!("a live key gets a session");
+    };
+    assert_ne!(other_token, token, "every session has its own token");
+    let Some((other, other_key)) = must(store.console_session(&other_token).await, "lookup") else {
+        panic!("the other session is active");
+    };
+    assert_eq!(
+        (other.tenant.as_str(), other.role),
+        ("other", Role::Client),
+        "the tenant and role are the key's"
+    );
+    assert_eq!(other_key.operations, Some(vec![SAFE.to_owned()]));
+
+    // Expiry by the store's clock.
+    advance(&store, (TTL - 5_000) as u64);
+    assert!(
+        must(store.console_session(&token).await, "lookup").is_some(),
+        "not run out before expires_at"
+    );
+    advance(&store, 5_000);
+    assert!(
+        must(store.console_session(&token).await, "lookup").is_none(),
+        "run out at expires_at"
+    );
+
+    // Sign-out ends it, once.
+    let Some((_, token)) = must(store.create_console_session(admin.id, TTL).await, "create") else {
+        panic!("a live key gets a session");
+    };
+    assert!(must(store.end_console_session(&token).await, "end"));
+    assert!(must(store.console_session(&token).await, "lookup").is_none());
+    assert!(
+        !must(store.end_console_session(&token).await, "end"),
+        "an ended session ends once"
+    );
+
+    // Revoking the key stops its sessions at once; it gets no new one.
+    let Some((_, token)) = must(store.create_console_session(admin.id, TTL).await, "create") else {
+        panic!("a live key gets a session");
+    };
+    let Some((_, other_token)) = must(store.create_console_session(client.id, TTL).await, "create")
+    else {
+        panic!("a live key gets a session");
+    };
+    must(store.revoke_api_key(admin.id).await, "revoke");
+    assert!(must(store.console_session(&token).await, "lookup").is_none());
+    assert!(
+        must(store.create_console_session(admin.id, TTL).await, "create").is_none(),
+        "a revoked key gets no session"
+    );
+    assert!(
+        must(
+            store.create_console_session(Uuid::new_v4(), TTL).await,
+            "create"
+        )
+        .is_none(),
+        "an unknown key gets no session"
+    );
+    assert!(
+        must(store.console_session(&other_token).await, "lookup").is_some(),
+        "another key's session goes on"
+    );
+}
+
+fn ids(tasks: &[Task]) -> Vec<Uuid> {
+    tasks.iter().map(|t| t.id).collect()
+}
+
+fn counted(o: &crate::ops::Overview, operation: &str, state: TaskState) -> i64 {
+    o.counts
+        .iter()
+        .find(|c| c.operation == operation && c.state == state)
+        .map_or(0, |c| c.count)
+}
+
+/// The overview of a tenant counts its tasks by class and state and lists
+/// those that need a person: `reconciling` unchanged past the threshold (by
+/// the store's clock), `failed` within the window, cancellation requested;
+/// another tenant's tasks and ungranted classes never appear.
+pub async fn console_overview_counts_and_lists_the_tenants_tasks(store: Store) {
+    let c = Ctx::new(&store, "acme").await;
+    let other = Ctx::new(&store, "other").await;
+    // acme: a running safe task with its cancellation requested, two queued
+    // safe tasks, a failed payment, a reconciling payment.
+    let cancelling = c.create(SAFE, &contract(SAFE)).await;
+    c.claim_one(SAFE, LONG_LEASE, cancelling.id).await;
+    for _ in 0..2 {
+        c.create(SAFE, &contract(SAFE)).await;
+    }
+    let failed_task = c.create(NON_SAFE, &contract(NON_SAFE)).await;
+    let a = c.claim_one(NON_SAFE, LONG_LEASE, failed_task.id).await;
+    c.report_ok(&a, failed(a.generation, FailureClass::InvalidInput))
+        .await;
+    let reconciling = c.create(NON_SAFE, &contract(NON_SAFE)).await;
+    let a = c.claim_one(NON_SAFE, LONG_LEASE, reconciling.id).await;
+    c.report_ok(&a, bare(a.generation, Outcome::Unknown)).await;
+    let (_, cancellation) = c.cancel(cancelling.id).await;
+    assert_eq!(cancellation.status, CancelStatus::Requested);
+    // other: the same kinds of tasks, which acme never sees.
+    let o_failed = other.create(NON_SAFE, &contract(NON_SAFE)).await;
+    let a = other.claim_one(NON_SAFE, LONG_LEASE, o_failed.id).await;
+    other
+        .report_ok(&a, failed(a.generation, FailureClass::InvalidInput))
+        .await;
+    let o_rec = other.create(NON_SAFE, &contract(NON_SAFE)).await;
+    let a = other.claim_one(NON_SAFE, LONG_LEASE, o_rec.id).await;
+    other
+        .report_ok(&a, bare(a.generation, Outcome::Unknown))
+        .await;
+
+    let o = must(store.task_overview("acme", QUERY).await, "overview");
+    assert_eq!(counted(&o, SAFE, TaskState::Running), 1);
+    assert_eq!(counted(&o, SAFE, TaskState::Queued), 2);
+    assert_eq!(counted(&o, NON_SAFE, TaskState::Failed), 1);
+    assert_eq!(counted(&o, NON_SAFE, TaskState::Reconciling), 1);
+    assert_eq!(
+        o.counts.iter().map(|c| c.count).sum::<i64>(),
+        5,
+        "acme's five tasks, no other tenant's: {:?}",
+        o.counts
+    );
+    assert!(o.counts.iter().all(|c| c.count > 0), "no empty pair");
+    assert!(
+        o.reconciling_long.is_empty(),
+        "reconciling for less than the threshold"
+    );
+    assert_eq!(ids(&o.failed_recent), vec![failed_task.id]);
+    assert_eq!(ids(&o.cancel_requested), vec![cancelling.id]);
+
+    // Past the reconciling threshold (the store's clock): listed.
+    advance(&store, 16 * 60_000);
+    let o = must(store.task_overview("acme", QUERY).await, "overview");
+    assert_eq!(ids(&o.reconciling_long), vec![reconciling.id]);
+    assert_eq!(ids(&o.failed_recent), vec![failed_task.id]);
+    let theirs = must(store.task_overview("other", QUERY).await, "overview");
+    assert_eq!(ids(&theirs.reconciling_long), vec![o_rec.id]);
+    assert_eq!(ids(&theirs.failed_recent), vec![o_failed.id]);
+    assert!(theirs.cancel_requested.is_empty());
+    assert_eq!(theirs.counts.iter().map(|c| c.count).sum::<i64>(), 2);
+
+    // A key granted the safe class only sees that class.
+    let safe_only = store.granted(Some(vec![SAFE.to_owned()]));
+    let g = must(safe_only.task_overview("acme", QUERY).await, "overview");
+    assert!(
+        g.counts.iter().all(|c| c.operation == SAFE),
+        "{:?}",
+        g.counts
+    );
+    assert!(g.reconciling_long.is_empty() && g.failed_recent.is_empty());
+    assert_eq!(ids(&g.cancel_requested), vec![cancelling.id]);
+
+    // Past the failure window: no longer listed, still counted.
+    advance(&store, 24 * 3_600_000);
+    let o = must(store.task_overview("acme", QUERY).await, "overview");
+    assert!(o.failed_recent.is_empty(), "failed more than a day ago");
+    assert_eq!(counted(&o, NON_SAFE, TaskState::Failed), 1);
+    // A list holds at most `limit` tasks.
+    let one = OverviewQuery { limit: 1, ..QUERY };
+    let o = must(store.task_overview("acme", one).await, "overview");
+    assert_eq!(o.reconciling_long.len(), 1);
+}
