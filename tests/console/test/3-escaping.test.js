@@ -88,13 +88,16 @@ async function assertInert(page, problems, where) {
   assert.deepEqual(found.handlers, [], `${where}: no event-handler attribute in the DOM`);
   assert.equal(found.imgX, 0, `${where}: no <img src=x> element`);
   assert.deepEqual(
-    found.scripts.filter((s) => s !== "/console/static/console.js"),
+    found.scripts.filter((s) => new URL(s, "http://x").pathname !== "/console/static/console.js"),
     [],
     `${where}: no script but /console/static/console.js`,
   );
   assert.deepEqual(found.jsLinks, [], `${where}: no javascript: URL in a link or form`);
   assert.deepEqual(found.csp, [], `${where}: no Content-Security-Policy violation (nothing was even tried)`);
-  assert.deepEqual(problems, { dialogs: [], errors: [], console: [] }, `${where}: no dialog, error or console error`);
+  // A page answered 4xx on purpose is logged by Chromium as a resource that failed to load.
+  const here = page.url();
+  const console = problems.console.filter((m) => !(/^Failed to load resource: .* 4\d\d /.test(m) && m.endsWith(`(${here})`)));
+  assert.deepEqual({ ...problems, console }, { dialogs: [], errors: [], console: [] }, `${where}: no dialog, error or console error`);
 }
 
 test("hostile params, key, executor id, result, message and reason render as text; no script runs", async (t1) => {
@@ -137,7 +140,7 @@ test("hostile params, key, executor id, result, message and reason render as tex
     await page.goto(`${server.url}/console/tasks/${resolved.id}`);
     const raw = await rawEvents(page);
     await assertInert(page, problems, "resolved task");
-    const op = raw.find((r) => r.payload?.reason !== undefined);
+    const op = raw.find((r) => r.cells.includes("operator_resolved"));
     assert.equal(op?.payload.reason, IMG, "the operator's reason, literally");
   });
 

@@ -57,17 +57,19 @@ process.once("exit", () => {
   for (const f of cleanups) f();
 });
 
-async function notePid(pid) {
+/** Notes a started process as `KIND-PID` in `IDEM_CONSOLE_PIDS` (kind `idem` or `chromium`). */
+async function notePid(kind, pid) {
   const dir = process.env.IDEM_CONSOLE_PIDS;
-  if (dir && pid) await writeFile(path.join(dir, String(pid)), "");
+  if (dir && pid) await writeFile(path.join(dir, `${kind}-${pid}`), "");
 }
-async function forgetPid(pid) {
+async function forgetPid(kind, pid) {
   const dir = process.env.IDEM_CONSOLE_PIDS;
-  if (dir && pid) await unlink(path.join(dir, String(pid))).catch(() => {});
+  if (dir && pid) await unlink(path.join(dir, `${kind}-${pid}`)).catch(() => {});
 }
 
 /** Which store the servers of this run use: `sqlite` or `postgres`. */
 export const storeKind = process.env.IDEM_CONSOLE_STORE?.startsWith("postgres") ? "postgres" : "sqlite";
+const sharedStore = process.env.IDEM_CONSOLE_STORE || undefined;
 
 export class Server {
   constructor(url, child, dir, store, log) {
@@ -84,7 +86,7 @@ export class Server {
    */
   static async start({ env = {} } = {}) {
     const dir = await mkdtemp(path.join(tmpdir(), "idem-console-"));
-    const store = process.env.IDEM_CONSOLE_STORE ?? `sqlite://${path.join(dir, "idem.db")}`;
+    const store = sharedStore ?? `sqlite://${path.join(dir, "idem.db")}`;
     const child = spawn(
       idemBin,
       ["serve", "--listen", "127.0.0.1:0", "--store", store, "--sweep-interval-ms", "50", "--shutdown-grace-ms", "2000"],
@@ -95,7 +97,7 @@ export class Server {
     );
     const kill = () => child.kill("SIGKILL");
     cleanups.add(kill);
-    await notePid(child.pid);
+    await notePid("idem", child.pid);
     let err = "";
     child.stderr.on("data", (d) => (err = (err + d.toString()).slice(-20_000)));
     const url = await new Promise((resolve, reject) => {
@@ -166,7 +168,7 @@ export class Server {
       clearTimeout(timer);
     }
     cleanups.delete(this.kill);
-    await forgetPid(this.child.pid);
+    await forgetPid("idem", this.child.pid);
     await rm(this.dir, { recursive: true, force: true });
   }
 }
@@ -312,7 +314,7 @@ export async function launchBrowser() {
     }
   };
   cleanups.add(kill);
-  await notePid(pid);
+  await notePid("chromium", pid);
   const browser = await chromium.connect(server.wsEndpoint());
   const close = browser.close.bind(browser);
   browser.close = async () => {
@@ -321,7 +323,7 @@ export async function launchBrowser() {
     await Promise.race([server.close().catch(() => {}), timeout(5_000)]);
     kill();
     cleanups.delete(kill);
-    await forgetPid(pid);
+    await forgetPid("chromium", pid);
   };
   return browser;
 }
@@ -343,7 +345,11 @@ export async function newPage(browser, { width = 1280, height = 900 } = {}) {
   });
   page.on("pageerror", (e) => problems.errors.push(String(e)));
   page.on("console", (m) => {
-    if (m.type() === "error") problems.console.push(m.text());
+    if (m.type() !== "error") return;
+    const at = m.location()?.url ?? "";
+    // Chromium asks every origin for /favicon.ico on its own; its 404 is no fault of a page.
+    if (new URL(at, "http://x").pathname === "/favicon.ico") return;
+    problems.console.push(`${m.text()} (${at})`);
   });
   await page.addInitScript(() => {
     window.__cspViolations = [];
