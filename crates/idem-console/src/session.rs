@@ -161,8 +161,13 @@ pub struct Watcher(pub SignedIn);
 
 /// Where the sign-in form sends a signed-out visitor of `parts`' page back to.
 pub fn sign_in_redirect(parts: &Parts) -> Response {
-    let next = parts
-        .uri
+    // The console's router is nested under `/console`: the request's own URI
+    // has the prefix stripped, the original one has it.
+    let uri = parts
+        .extensions
+        .get::<axum::extract::OriginalUri>()
+        .map_or(&parts.uri, |o| &o.0);
+    let next = uri
         .path_and_query()
         .map_or("/console/overview", |p| p.as_str());
     let q = form_urlencoded::Serializer::new(String::new())

@@ -8,6 +8,7 @@
 mod bench_waiters;
 mod cancel;
 mod cli;
+mod console;
 mod contract;
 mod events;
 mod executor;
