@@ -139,9 +139,13 @@ export class Server {
     await run(idemBin, ["keys", "revoke", id, "--store", this.store], { env: { ...process.env, RUST_LOG: "warn" } });
   }
 
-  /** A fresh tenant with an admin, a client and an executor key, each with its API client. */
+  /** A fresh tenant (`prefix-` and 8 random hex digits) with an admin, a client and an executor key. */
   async tenant(prefix = "t") {
-    const name = `${prefix}-${randomUUID().slice(0, 8)}`;
+    return this.tenantNamed(`${prefix}-${randomUUID().slice(0, 8)}`);
+  }
+
+  /** Tenant `name` with a new admin, client and executor key, each with its API client. */
+  async tenantNamed(name) {
     const [admin, client, executor] = await Promise.all(
       ["admin", "client", "executor"].map((r) => this.createKey(name, r)),
     );
