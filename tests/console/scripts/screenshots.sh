@@ -10,8 +10,11 @@ repo="$(cd "$here/../.." && pwd)"
 export IDEM_BIN="${IDEM_BIN:-$repo/target/debug/idem}"
 work="$(mktemp -d "${TMPDIR:-/tmp}/idem-console-shots.XXXXXX")"
 mkdir "$work/pids" "$work/tmp"
+node_pid=""
 cleanup() {
   local status=$?
+  # The test run is a process group of its own (setsid): it goes, with the servers it started.
+  [ -z "$node_pid" ] || kill -KILL -- "-$node_pid" 2>/dev/null || true
   for f in "$work"/pids/*; do
     [ -e "$f" ] || continue
     name="$(basename "$f")"
@@ -30,4 +33,9 @@ trap 'exit 143' TERM
 cd "$here"
 [ -d node_modules ] || npm ci --no-audit --no-fund
 export IDEM_CONSOLE_PIDS="$work/pids" TMPDIR="$work/tmp" IDEM_CONSOLE_STORE=""
-node scripts/screenshots.js
+setsid node scripts/screenshots.js &
+node_pid=$!
+rc=0
+wait "$node_pid" || rc=$?
+node_pid=""
+exit "$rc"
