@@ -75,7 +75,8 @@ pub async fn page(
     let t = &story.task;
     let main = html! {
         main #task data-live={ "/console/tasks/" (t.id) "/live" } data-fragment={ "/console/tasks/" (t.id) "/fragment" } {
-            h1 { span.label { "Task " } (t.idempotency_key) }
+            p.kicker { "Task " code { (t.id) } }
+            h1 { (t.idempotency_key) }
             div #task-body aria-live="polite" {
                 (body(&story))
             }
@@ -189,9 +190,9 @@ pub fn body(s: &Story) -> Markup {
             }
         }
         details #raw-events {
-            summary { "Raw events (" (s.events.len()) ")" }
+            summary { "Raw events" }
             table {
-                caption { "Every event of the task, in order" }
+                caption { (s.events.len()) " events of the task, in order" }
                 thead {
                     tr {
                         th scope="col" { "Seq" }
@@ -250,7 +251,7 @@ fn attempts_table(attempts: &[Attempt]) -> Markup {
                         td.txn { (a.external_txn_id.as_deref().unwrap_or("—")) }
                         td.evidence {
                             @if a.evidence.is_empty() { "—" }
-                            ul {
+                            @else { ul {
                                 @for ev in &a.evidence {
                                     @let stale = !matches!(ev.disposition, idem_core::model::Disposition::Applied | idem_core::model::Disposition::Repeat);
                                     li class=[stale.then_some("stale")] {
@@ -259,7 +260,7 @@ fn attempts_table(attempts: &[Attempt]) -> Markup {
                                         " at " (time(ev.received_at))
                                     }
                                 }
-                            }
+                            } }
                         }
                     }
                 }
