@@ -32,7 +32,7 @@ async function seriousViolations(page, t1, name) {
     (v) => `${v.impact} ${v.id}: ${v.help} (${v.nodes.length}×, e.g. ${v.nodes[0]?.target.join(" ")})`,
   );
   t1.diagnostic(`${name}: ${violations.length} violation(s) of any impact${lines.length ? "; " + lines.join("; ") : ""}`);
-  return violations
+  const found = violations
     .filter((v) => v.impact === "serious" || v.impact === "critical")
     .map((v) => ({
       id: v.id,
@@ -40,6 +40,14 @@ async function seriousViolations(page, t1, name) {
       help: v.help,
       nodes: v.nodes.slice(0, 5).map((n) => `${n.target.join(" ")}: ${n.failureSummary}`),
     }));
+  // axe 4.13 no longer reports duplicate ids; an aria-labelledby that names one is ambiguous.
+  const dupes = await page.evaluate(() => {
+    const ids = [...document.querySelectorAll("[id]")].map((e) => e.id);
+    return [...new Set(ids.filter((x, i) => ids.indexOf(x) !== i))];
+  });
+  if (dupes.length > 0)
+    found.push({ id: "duplicate-id", impact: "serious", help: "ids must be unique", nodes: dupes.map((d) => `#${d}`) });
+  return found;
 }
 
 test("sign-in page", async (t1) => {
