@@ -146,27 +146,34 @@ test("signed out (no cookie, signed out, revoked key): every page redirects to s
 
   /** Asserts that the context behind `page` is signed out everywhere. */
   async function assertSignedOut(page, csrf, where) {
-    const root = await page.request.get(`${server.url}/console`, { maxRedirects: 0, failOnStatusCode: false });
+    const get = (p) => page.request.get(`${server.url}${p}`, { maxRedirects: 0, failOnStatusCode: false });
+    // All at once: each answer is checked on its own.
+    const [root, gets, scripted, posts] = await Promise.all([
+      get("/console"),
+      Promise.all(pages.map(get)),
+      // What the page's script fetches (the stream, the fragment) answers 401: a redirect
+      // would swap the sign-in form into the task page.
+      Promise.all([`/console/tasks/${task.id}/live`, `/console/tasks/${task.id}/fragment`].map(get)),
+      Promise.all(
+        [`/console/tasks/${task.id}/actions/cancel`, "/console/sign-out"].map((p) =>
+          post(page, p, { reason: REASON, confirm: "yes", csrf: csrf ?? "" }),
+        ),
+      ),
+    ]);
     assert.equal(root.status(), 303, `${where}: GET /console 303`);
     assert.equal(new URL(root.headers().location, server.url).pathname, "/console/sign-in");
-    for (const p of pages) {
-      const res = await page.request.get(`${server.url}${p}`, { maxRedirects: 0, failOnStatusCode: false });
+    for (const [i, p] of pages.entries()) {
+      const res = gets[i];
       assert.equal(res.status(), 303, `${where}: GET ${p} → 303`);
       const to = new URL(res.headers().location, server.url);
       assert.equal(to.pathname, "/console/sign-in", `${where}: GET ${p} → sign-in`);
       assert.equal(new URL(to.searchParams.get("next") ?? "", server.url).pathname, new URL(p, server.url).pathname, `${where}: next names ${p}`);
     }
-    // What the page's script fetches (the stream, the fragment) answers 401: a redirect would
-    // swap the sign-in form into the task page.
-    for (const p of [`/console/tasks/${task.id}/live`, `/console/tasks/${task.id}/fragment`]) {
-      const res = await page.request.get(`${server.url}${p}`, { maxRedirects: 0, failOnStatusCode: false });
-      assert.equal(res.status(), 401, `${where}: GET ${p} → 401`);
+    for (const res of scripted) {
+      assert.equal(res.status(), 401, `${where}: GET ${new URL(res.url()).pathname} → 401`);
       await res.dispose();
     }
-    for (const p of [`/console/tasks/${task.id}/actions/cancel`, "/console/sign-out"]) {
-      const res = await post(page, p, { reason: REASON, confirm: "yes", csrf: csrf ?? "" });
-      assert.equal(res.status(), 403, `${where}: POST ${p} → 403`);
-    }
+    for (const res of posts) assert.equal(res.status(), 403, `${where}: POST ${new URL(res.url()).pathname} → 403`);
     // And in the browser itself: the page shown is the sign-in form, which says where it returns to.
     await page.goto(`${server.url}/console/tasks/${task.id}`);
     const at = new URL(page.url());

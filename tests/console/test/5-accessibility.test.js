@@ -2,7 +2,7 @@
 // pages: sign-in, overview, search, and the task page (of a reconciled payment, so that the
 // timeline has every kind of mark); also on a task page showing the admin's action forms.
 import assert from "node:assert/strict";
-import { after, before, test } from "node:test";
+import { after, before, describe, test } from "node:test";
 
 import AxeBuilder from "@axe-core/playwright";
 
@@ -61,27 +61,39 @@ test("sign-in page", async (t1) => {
   await context.close();
 });
 
-test("overview, search, task pages", async (t1) => {
-  const { page, context } = await newPage(browser);
-  await signIn(page, server.url, t.adminKey);
+describe("signed in as an admin", () => {
+  let page, context;
+  before(async () => {
+    ({ page, context } = await newPage(browser));
+    await signIn(page, server.url, t.adminKey);
+  });
+  after(() => context?.close());
 
-  await page.goto(`${server.url}/console/overview`);
-  assert.ok((await page.locator("table#by-state tr[data-operation]").count()) >= 2, "both classes are on the overview");
-  assert.deepEqual(await seriousViolations(page, t1, "overview"), []);
+  test("overview", async (t1) => {
+    await page.goto(`${server.url}/console/overview`);
+    assert.ok((await page.locator("table#by-state tr[data-operation]").count()) >= 2, "both classes are on the overview");
+    assert.deepEqual(await seriousViolations(page, t1, "overview"), []);
+  });
 
-  await page.goto(`${server.url}/console/tasks?${new URLSearchParams({ operation: "payment.release", limit: "10" })}`);
-  assert.ok((await page.locator("table#results tr[data-task-id]").count()) > 0);
-  assert.deepEqual(await seriousViolations(page, t1, "search"), []);
+  test("search", async (t1) => {
+    await page.goto(`${server.url}/console/tasks?${new URLSearchParams({ operation: "payment.release", limit: "10" })}`);
+    assert.ok((await page.locator("table#results tr[data-task-id]").count()) > 0);
+    assert.deepEqual(await seriousViolations(page, t1, "search"), []);
+  });
 
-  await page.goto(`${server.url}/console/tasks/${reconciled.id}`);
-  assert.equal(await page.locator("#task-state").getAttribute("data-state"), "succeeded");
-  assert.deepEqual(await seriousViolations(page, t1, "task page, reconciled payment"), []);
-  assert.ok((await page.locator("#timeline svg g.lane").count()) >= 2, "the timeline was full (a lane per attempt)");
-  await page.locator("details#raw-events summary").click();
-  assert.deepEqual(await seriousViolations(page, t1, "task page, raw events open"), []);
+  test("task page of a reconciled payment (full timeline), then with its raw events open", async (t1) => {
+    await page.goto(`${server.url}/console/tasks/${reconciled.id}`);
+    assert.equal(await page.locator("#task-state").getAttribute("data-state"), "succeeded");
+    const closed = await seriousViolations(page, t1, "task page, reconciled payment");
+    await page.locator("details#raw-events summary").click();
+    const open = await seriousViolations(page, t1, "task page, raw events open");
+    assert.deepEqual({ closed, open }, { closed: [], open: [] });
+    assert.ok((await page.locator("#timeline svg g.lane").count()) >= 2, "the timeline was full (a lane per attempt)");
+  });
 
-  await page.goto(`${server.url}/console/tasks/${reconciling.id}`);
-  assert.ok((await page.locator("form.action").count()) > 0, "the admin's action forms are shown");
-  assert.deepEqual(await seriousViolations(page, t1, "task page with action forms"), []);
-  await context.close();
+  test("task page with the admin's action forms", async (t1) => {
+    await page.goto(`${server.url}/console/tasks/${reconciling.id}`);
+    assert.ok((await page.locator("form.action").count()) > 0, "the admin's action forms are shown");
+    assert.deepEqual(await seriousViolations(page, t1, "task page with action forms"), []);
+  });
 });
