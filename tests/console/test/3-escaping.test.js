@@ -119,14 +119,18 @@ test("hostile params, key, executor id, result, message and reason render as tex
     const delivered = await page.locator("#delivery").textContent();
     assert.ok(delivered.includes("<script>window.__pwned=1"), "the result as text");
     assert.ok(delivered.includes("javascript:window.__pwned=1"), "the result's javascript: value as text");
-    if ((await page.locator("#timeline svg").count()) > 0)
-      assert.ok(
-        (await page.locator("#timeline svg").textContent()).includes(executorId),
-        "the SVG timeline names the executor as text",
-      );
     const raw = await rawEvents(page);
     assert.ok(raw.length > 0);
     await assertInert(page, problems, "delivered task, raw events open");
+  });
+
+  await t1.test("the SVG timeline names the hostile executor id as text", async () => {
+    await page.goto(`${server.url}/console/tasks/${paid.id}`);
+    await assertInert(page, problems, "delivered task's timeline");
+    const svg = page.locator("#timeline svg");
+    assert.equal(await svg.count(), 1);
+    assert.ok((await svg.textContent()).includes(executorId), "the executor id, literally, in the SVG's text");
+    assert.equal(await svg.locator("img, script, foreignObject").count(), 0, "no HTML element inside the SVG");
   });
 
   await t1.test("task page of the failed task (hostile failure message)", async () => {
@@ -179,5 +183,14 @@ test("hostile params, key, executor id, result, message and reason render as tex
     assert.match(h["cache-control"] ?? "", /no-store/);
     const inlineStyles = await page.evaluate(() => document.querySelectorAll("[style]").length);
     assert.equal(inlineStyles, 0, "no style= attribute (the CSP would refuse it)");
+    for (const [file, type] of [
+      ["console.js", /^(text|application)\/javascript/],
+      ["console.css", /^text\/css/],
+    ]) {
+      const r = await page.request.get(`${server.url}/console/static/${file}`);
+      assert.equal(r.status(), 200, file);
+      assert.match(r.headers()["content-type"] ?? "", type, `${file}: its content type`);
+      assert.match(r.headers()["cache-control"] ?? "", /max-age=\d{5,}/, `${file}: a long cache`);
+    }
   });
 });
