@@ -160,6 +160,11 @@ impl Context {
     pub fn idempotency_key(&self) -> &str {
         &self.attempt.idempotency_key
     }
+    /// The W3C `traceparent` the task was submitted with, if any: continue
+    /// the trace in the handler's calls to the provider.
+    pub fn traceparent(&self) -> Option<&str> {
+        self.attempt.traceparent.as_deref()
+    }
     /// The claimed attempt as idem sent it.
     pub fn attempt(&self) -> &ClaimedAttempt {
         &self.attempt

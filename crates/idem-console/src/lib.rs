@@ -95,6 +95,12 @@ pub fn router(app: idem_http::AppState, config: ConsoleConfig) -> Router {
         app,
         config: Arc::new(config),
     };
+    // `/console/` (with the slash) is not matched by the nest below: its own
+    // route, with the same headers, so the API's fallback never answers it.
+    let slash = Router::new()
+        .route("/console/", get(pages::root))
+        .with_state(state.clone())
+        .layer(axum::middleware::map_response(security_headers));
     let console = Router::new()
         .route("/", get(pages::root))
         .route(
@@ -118,7 +124,7 @@ pub fn router(app: idem_http::AppState, config: ConsoleConfig) -> Router {
                 .layer(axum::middleware::map_response(security_headers))
                 .layer(DefaultBodyLimit::max(FORM_LIMIT_BYTES)),
         );
-    Router::new().nest("/console", console)
+    Router::new().nest("/console", console).merge(slash)
 }
 
 /// Adds the console's security headers to `res`: [`CSP`], `nosniff`,

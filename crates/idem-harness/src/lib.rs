@@ -5,12 +5,14 @@
 //! (a seeded fault-injection run against real `idem serve` processes and a
 //! checker of SPEC §2), `idem demo` (the seeds' payment case end to end) and
 //! `idem bench-waiters` ([`waiters`]: what long-polling executors cost the
-//! database and the submitters), with [`server`], an idem server inside this
+//! database and the submitters), `idem bench-console` ([`console_bench`]: the
+//! console's pages with a large tenant), with [`server`], an idem server inside this
 //! process for bench and demo and `idem serve` child processes for chaos and
 //! bench-waiters.
 
 pub mod bench;
 pub mod chaos;
+pub mod console_bench;
 pub mod demo;
 pub mod server;
 pub mod waiters;

@@ -1,4 +1,4 @@
-//! `idem`: the one binary (SPEC §6): `serve`, `keys`, `task`, `migrate`, `gc`, `demo`, `bench`,
+//! `idem`: the one binary (SPEC §6): `serve`, `keys`, `task`, `migrate`, `gc`, `demo`, `bench`, `bench-console`,
 //! `bench-waiters`, `chaos`.
 //!
 //! This file holds the command line and runs each command; [`mod@serve`] runs the
@@ -187,6 +187,24 @@ enum Command {
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
         load_threads: u16,
         /// One JSON object per mode on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// How fast the console's pages answer with a large tenant (a real `idem serve`): seeds
+    /// --tasks tasks through the API in every state, signs an admin in, and fetches each page
+    /// --rounds times one request at a time; p50, p99 and max per page.
+    BenchConsole {
+        /// `postgres://…`, a database nothing else uses, or `sqlite://PATH` (a new file);
+        /// default: a temporary SQLite file.
+        #[arg(long)]
+        store: Option<String>,
+        /// Tasks seeded in the tenant.
+        #[arg(long, default_value_t = 100_000)]
+        tasks: usize,
+        /// Requests per page.
+        #[arg(long, default_value_t = 300)]
+        rounds: usize,
+        /// One JSON object on stdout.
         #[arg(long)]
         json: bool,
     },
@@ -552,6 +570,32 @@ async fn run_command(cli: Cli, telemetry: telemetry::Telemetry) -> Result<()> {
                     "{failed} submits, claims or reports failed and {lost} tasks were never \
                      claimed: these figures do not measure idem"
                 );
+            }
+            Ok(())
+        }
+        Command::BenchConsole {
+            store,
+            tasks,
+            rounds,
+            json,
+        } => {
+            let run = idem_harness::console_bench::run(
+                idem_harness::console_bench::ConsoleBenchOptions {
+                    store,
+                    tasks,
+                    rounds,
+                    idem_bin: std::env::current_exe().context("locating the idem binary")?,
+                    progress: !json,
+                },
+            );
+            let report = tokio::select! {
+                report = run => report?,
+                _ = tokio::signal::ctrl_c() => bail!("interrupted; no figures"),
+            };
+            if json {
+                say(serde_json::to_string(&report)?)?;
+            } else {
+                say_raw(idem_harness::console_bench::render(&report))?;
             }
             Ok(())
         }

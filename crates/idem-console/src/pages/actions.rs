@@ -10,7 +10,7 @@
 //! task as it is → 409 with the reason. Success: 303 back to the task page.
 
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::response::{IntoResponse, Redirect, Response};
 use idem_core::machine::operator::{Actor, By, Reason, Resolution};
 use idem_core::model::Role;
@@ -18,7 +18,7 @@ use idem_http::problem::Problem;
 use idem_store::Refusal;
 
 use super::sign_in::{field, form_pairs};
-use super::{no_task, task_id};
+use super::{Params, no_task, params, task_id};
 use crate::html::task_href;
 use crate::session::{self, Poster};
 use crate::{ConsoleError, ConsoleState};
@@ -49,9 +49,16 @@ fn resolution(pairs: &[(String, String)]) -> Result<Resolution, ConsoleError> {
                     "`committed` needs the result to deliver (a JSON document)".into(),
                 ));
             };
-            let result = serde_json::from_str(text).map_err(|e| {
+            // The API's strict rules (unique member names, safe integers,
+            // depth ≤ 64); `null` is no result, as the API reads it.
+            let result = idem_core::json::parse_strict(text.as_bytes()).map_err(|e| {
                 ConsoleError::BadRequest(format!("the result is not a JSON document: {e}"))
             })?;
+            if result.is_null() {
+                return Err(ConsoleError::BadRequest(
+                    "`committed` needs the result to deliver (a JSON document, not null)".into(),
+                ));
+            }
             if let Some(t) = txn
                 && (t.chars().count() > 200 || t.chars().any(char::is_control))
             {
@@ -82,9 +89,10 @@ fn resolution(pairs: &[(String, String)]) -> Result<Resolution, ConsoleError> {
 pub async fn act(
     State(st): State<ConsoleState>,
     Poster(who): Poster,
-    Path((raw, action)): Path<(String, String)>,
+    path: Params<(String, String)>,
     body: Bytes,
 ) -> Response {
+    let (raw, action) = params(path);
     match run(&st, &who, &raw, &action, &body).await {
         Ok(to) => Redirect::to(&to).into_response(),
         Err(e) => e.into_response(),

@@ -15,13 +15,14 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
+use axum::http::{HeaderValue, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use idem_store::{Notice, Store, Watch};
 use uuid::Uuid;
 
-use super::{no_task, task_id};
+use super::{Params, no_task, params, task_id};
 use crate::session::{SignedIn, Watcher};
 use crate::{ConsoleError, ConsoleState};
 
@@ -50,9 +51,9 @@ struct Live {
 pub async fn live(
     State(st): State<ConsoleState>,
     Watcher(who): Watcher,
-    Path(raw): Path<String>,
+    raw: Params<String>,
 ) -> Result<Response, ConsoleError> {
-    let id = task_id(&raw)?;
+    let id = task_id(&params(raw))?;
     let store = who.store(&st);
     // Before the first read: a change committed after it is heard.
     let watch = st.app.store.changes().subscribe();
@@ -89,9 +90,13 @@ pub async fn live(
         let event = SseEvent::default().event(kind).data(seq.to_string());
         Some((Ok::<_, Infallible>(event), (live, None)))
     });
-    Ok(Sse::new(stream)
+    // `no-store` as every console answer (the SSE default is `no-cache`).
+    let mut res = Sse::new(stream)
         .keep_alive(KeepAlive::default())
-        .into_response())
+        .into_response();
+    res.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    Ok(res)
 }
 
 impl Live {

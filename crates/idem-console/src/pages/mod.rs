@@ -3,7 +3,8 @@
 //! fragment), [`live`] (the task page's update stream), [`actions`] (an
 //! admin's retry-now, cancel, resolve, redrive) and [`statics`].
 
-use axum::extract::State;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Redirect, Response};
 use uuid::Uuid;
@@ -38,6 +39,17 @@ pub async fn method_not_allowed() -> ConsoleError {
         status: axum::http::StatusCode::METHOD_NOT_ALLOWED,
         message: "method not allowed on this page".into(),
     }
+}
+
+/// A path's parameters as the router found them; `Err` when one is not
+/// UTF-8 once percent-decoded.
+pub(crate) type Params<T> = Result<Path<T>, PathRejection>;
+
+/// The path's parameters, or empty ones when they are not UTF-8 (a malformed
+/// task id then answers the console's 404 page, like any other, not the
+/// router's plain-text 400).
+pub(crate) fn params<T: Default>(p: Params<T>) -> T {
+    p.map(|Path(t)| t).unwrap_or_default()
 }
 
 /// A task id from a path, or 404 (a malformed id names no task).

@@ -21,13 +21,20 @@ use crate::{ConsoleError, ConsoleState, html as page};
 const HOME: &str = "/console/overview";
 
 /// `next` when it is a console path (visible ASCII, no scheme, host or
-/// backslash), else `None`: a sign-in never sends the browser elsewhere.
+/// backslash, no `.` or `..` path segment, plain or percent-encoded, that a
+/// browser would resolve outside `/console`), else `None`: a sign-in never
+/// sends the browser elsewhere.
 pub fn safe_next(next: &str) -> Option<&str> {
     let console =
         next == "/console" || next.starts_with("/console/") || next.starts_with("/console?");
     let plain =
         next.bytes().all(|b| b.is_ascii_graphic()) && !next.contains('\\') && !next.contains("//");
-    (console && plain).then_some(next)
+    let path = next.split(['?', '#']).next().unwrap_or_default();
+    let dots = path.split('/').any(|seg| {
+        let seg = seg.to_ascii_lowercase().replace("%2e", ".");
+        seg == "." || seg == ".."
+    });
+    (console && plain && !dots).then_some(next)
 }
 
 fn form(next: Option<&str>, error: Option<&str>) -> Markup {
@@ -141,6 +148,7 @@ mod tests {
             "/console",
             "/console/tasks?state=failed",
             "/console/tasks/abc",
+            "/console/tasks?idempotency_key_prefix=..",
         ] {
             assert_eq!(safe_next(ok), Some(ok));
         }
@@ -152,6 +160,9 @@ mod tests {
             "/console/\\evil",
             "javascript:alert(1)",
             "/console/tasks?q=a b",
+            "/console/../v1/tasks",
+            "/console/%2E%2e/x",
+            "/console/.",
             "",
         ] {
             assert_eq!(safe_next(bad), None, "{bad}");

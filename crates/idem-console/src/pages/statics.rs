@@ -5,8 +5,11 @@
 use axum::http::header;
 use axum::response::IntoResponse;
 
-/// The stylesheet.
-pub const CSS: &str = include_str!("../../static/console.css");
+/// The stylesheet: the pages' rules, then the timeline picture's.
+pub const CSS: &str = concat!(
+    include_str!("../../static/console.css"),
+    include_str!("../../static/timeline.css")
+);
 /// The script (live updates of the task page).
 pub const JS: &str = include_str!("../../static/console.js");
 

@@ -9,7 +9,7 @@
 //! page's script swaps in when the live stream ([`super::live`]) says the task
 //! changed.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use idem_core::model::{Attempt, Event, Task, TaskState, Timestamp};
@@ -17,7 +17,7 @@ use maud::{Markup, html};
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::{no_task, task_id};
+use super::{Params, no_task, params, task_id};
 use crate::html::{self as page, csrf_input, opt_time, pretty, time};
 use crate::session::{SignedIn, Viewer, Watcher};
 use crate::{ConsoleError, ConsoleState};
@@ -68,9 +68,9 @@ pub async fn read_story(
 pub async fn page(
     State(st): State<ConsoleState>,
     Viewer(who): Viewer,
-    Path(raw): Path<String>,
+    raw: Params<String>,
 ) -> Result<Markup, ConsoleError> {
-    let id = task_id(&raw)?;
+    let id = task_id(&params(raw))?;
     let story = read_story(&st, &who, id).await?;
     let t = &story.task;
     let main = html! {
@@ -99,9 +99,9 @@ pub async fn page(
 pub async fn fragment(
     State(st): State<ConsoleState>,
     Watcher(who): Watcher,
-    Path(raw): Path<String>,
+    raw: Params<String>,
 ) -> Result<Response, ConsoleError> {
-    let id = task_id(&raw)?;
+    let id = task_id(&params(raw))?;
     let story = read_story(&st, &who, id).await?;
     Ok((
         [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
@@ -148,9 +148,13 @@ pub fn body(s: &Story) -> Markup {
                 Err(_) => pre { (t.contract.json()) },
             }
         }
-        section #timeline aria-labelledby="timeline-title" {
-            h2 #timeline-title { "Timeline" }
-            (crate::timeline::svg(t, &s.attempts, &s.events, s.now))
+        section #timeline aria-labelledby="timeline-heading" {
+            h2 #timeline-heading { "Timeline" }
+            // The picture is at least 1,008 px wide: it scrolls sideways on
+            // a narrow screen instead of shrinking its labels.
+            div .timeline-scroll {
+                (crate::timeline::svg(t, &s.attempts, &s.events, s.now))
+            }
             (attempts_table(&s.attempts))
         }
         section #delivery aria-labelledby="delivery-title" {

@@ -821,3 +821,160 @@ async fn the_console_can_be_turned_off() {
     assert!(res.header("content-security-policy").is_empty());
     srv.new_task(&crate::support::ikey(), PAY, payment(1)).await;
 }
+
+/// A resolve's result is read under the API's strict JSON rules: a
+/// duplicate member name, an integer beyond ±(2^53−1), nesting deeper than
+/// 64 or `null` (no result, as the API reads it) is a 400 and changes
+/// nothing, as `POST /v1/tasks/{id}/resolve` answers them.
+#[tokio::test]
+async fn a_resolve_result_follows_the_apis_json_rules() {
+    let srv = Server::in_process().await;
+    let (_, admin) = srv.create_key("acme", "admin", None);
+    let b = Browser::signed_in(&srv, &admin).await;
+    let csrf = b.csrf().await;
+    let id = reconciling(&srv, &crate::support::ikey()).await;
+    let path = format!("/console/tasks/{id}/actions/resolve");
+    let deep = format!("{}{}", "[".repeat(65), "]".repeat(65));
+    for (result, what) in [
+        (r#"{"ref": "a", "ref": "b"}"#, "a duplicate member name"),
+        (r#"{"amount": 9007199254740993}"#, "an unsafe integer"),
+        (deep.as_str(), "nesting deeper than 64"),
+        ("null", "null"),
+    ] {
+        let before = snapshot(&srv, &id).await;
+        let form = vec![
+            ("csrf", csrf.as_str()),
+            ("outcome", "committed"),
+            ("result", result),
+            ("reason", "checked"),
+            ("confirm", "yes"),
+        ];
+        let r = b.post(&path, &form).await;
+        assert_eq!(r.status, 400, "{what}: {}", r.text);
+        assert_eq!(snapshot(&srv, &id).await, before, "{what}: nothing changed");
+    }
+    let api = srv
+        .post(
+            &format!("/v1/tasks/{id}/resolve"),
+            &admin,
+            json!({"outcome": "committed", "reason": "r", "result": null}),
+        )
+        .await;
+    assert_eq!(api.status, 400, "the API refuses a null result too");
+}
+
+/// `/console/` (with the slash) is the console's, not the API's: the CSP
+/// and the other headers, and the root's answer (303 to sign-in).
+#[tokio::test]
+async fn the_console_root_with_a_slash_is_the_consoles() {
+    let srv = Server::in_process().await;
+    let nobody = Browser::new(&srv);
+    // `Browser::get` asserts the security headers.
+    let r = nobody.get("/console/").await;
+    assert_eq!(r.status, 303, "{}", r.text);
+    assert_eq!(r.header("location"), "/console/sign-in");
+    let b = Browser::signed_in(&srv, &srv.keys.acme).await;
+    let r = b.get("/console/").await;
+    assert_eq!(
+        (r.status, r.header("location").as_str()),
+        (303, "/console/overview")
+    );
+}
+
+/// A task id that is not UTF-8 once percent-decoded is a malformed id like
+/// any other: the console's 404 page (not the router's plain-text 400), on
+/// the page, fragment, stream and action alike; nothing changes.
+#[tokio::test]
+async fn a_task_id_that_is_not_utf8_is_not_found() {
+    let srv = Server::in_process().await;
+    let (_, admin) = srv.create_key("acme", "admin", None);
+    let b = Browser::signed_in(&srv, &admin).await;
+    let csrf = b.csrf().await;
+    for p in [
+        "/console/tasks/%FF",
+        "/console/tasks/%FF/fragment",
+        "/console/tasks/%FF/live",
+    ] {
+        let r = b.get(p).await;
+        assert_eq!(r.status, 404, "{p}: {}", r.text);
+        assert!(r.text.contains(r#"role="alert""#), "{p}: {}", r.text);
+    }
+    let r = b
+        .post(
+            "/console/tasks/%FF/actions/cancel",
+            &[("csrf", &csrf), ("reason", "x"), ("confirm", "yes")],
+        )
+        .await;
+    assert_eq!(r.status, 404, "{}", r.text);
+    assert!(r.text.contains(r#"role="alert""#), "{}", r.text);
+    // Still the CSRF check first: without the token, 403.
+    let r = b
+        .post(
+            "/console/tasks/%FF/actions/cancel",
+            &[("reason", "x"), ("confirm", "yes")],
+        )
+        .await;
+    assert_eq!(r.status, 403, "{}", r.text);
+}
+
+/// `next` that a browser resolves outside `/console` (dot segments, plain
+/// or percent-encoded) is not followed: the sign-in goes to the overview.
+#[tokio::test]
+async fn next_with_dot_segments_stays_on_the_console() {
+    let srv = Server::in_process().await;
+    let b = Browser::new(&srv);
+    for next in [
+        "/console/../v1/tasks",
+        "/console/..",
+        "/console/%2e%2e/v1/tasks",
+        "/console/.%2E/v1/tasks",
+        "/console/%2E./x",
+        "/console/tasks/../../x",
+        "/console/./../x",
+    ] {
+        let r = b.sign_in(&srv.keys.acme, Some(next)).await;
+        assert_eq!(r.status, 303, "{next}: {}", r.text);
+        assert_eq!(r.header("location"), "/console/overview", "{next}");
+        let form = b
+            .get(&format!(
+                "/console/sign-in?{}",
+                form_urlencoded::Serializer::new(String::new())
+                    .append_pair("next", next)
+                    .finish()
+            ))
+            .await;
+        assert!(
+            !form.text.contains(r#"name="next""#),
+            "{next}: {}",
+            form.text
+        );
+    }
+    // A query may hold dots: `/console/tasks?idempotency_key_prefix=..` stays.
+    let r = b
+        .sign_in(
+            &srv.keys.acme,
+            Some("/console/tasks?idempotency_key_prefix=.."),
+        )
+        .await;
+    assert_eq!(
+        r.header("location"),
+        "/console/tasks?idempotency_key_prefix=.."
+    );
+}
+
+/// The live stream is `Cache-Control: no-store` like every other console
+/// answer but the static files (SPEC §4), not the SSE default `no-cache`.
+#[tokio::test]
+async fn the_live_stream_is_not_stored() {
+    let srv = Server::in_process().await;
+    let id = s(&srv.new_task(&crate::support::ikey(), PAY, payment(1)).await["id"]);
+    let b = Browser::signed_in(&srv, &srv.keys.acme).await;
+    let res = b
+        .http
+        .get(format!("{}/console/tasks/{id}/live", srv.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.headers()["cache-control"], "no-store");
+}
