@@ -218,6 +218,19 @@ impl FromRequestParts<ConsoleState> for Watcher {
     }
 }
 
+/// Whether the session cookie must be `Secure`: when configured so
+/// (`--console-secure-cookie`), or when the proxy in front of `idem serve`
+/// says the browser reached it over TLS (`X-Forwarded-Proto: https`, the
+/// de-facto standard header; a forged one only makes the cookie stricter).
+pub fn secure(configured: bool, headers: &HeaderMap) -> bool {
+    configured
+        || headers
+            .get("x-forwarded-proto")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(',').next())
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case("https"))
+}
+
 /// Whether the browser says the request comes from another site
 /// (`Sec-Fetch-Site: cross-site`): refused on every post, on top of the
 /// `SameSite=Strict` cookie and the CSRF token.

@@ -103,6 +103,14 @@ pub async fn sign_in(State(st): State<ConsoleState>, headers: HeaderMap, body: B
             "An executor key cannot sign in to the console: use a client or admin key.",
         );
     }
+    // The browser's previous session, if it still sends one, ends here:
+    // one browser holds one session, and a copy of the old token taken
+    // earlier stops working.
+    if let Some(old) = session::token_of(&headers)
+        && let Err(e) = st.app.store.end_console_session(&old).await
+    {
+        return ConsoleError::from(e).into_response();
+    }
     let ttl_ms = i64::try_from(st.config.session_ttl.as_millis()).unwrap_or(i64::MAX);
     let made = match st.app.store.create_console_session(key.id, ttl_ms).await {
         Ok(Some(made)) => made,
@@ -110,7 +118,8 @@ pub async fn sign_in(State(st): State<ConsoleState>, headers: HeaderMap, body: B
         Err(e) => return ConsoleError::from(e).into_response(),
     };
     let (_, token) = made;
-    let cookie = session::session_cookie(&token, ttl_ms / 1000, st.config.secure_cookie);
+    let secure = session::secure(st.config.secure_cookie, &headers);
+    let cookie = session::session_cookie(&token, ttl_ms / 1000, secure);
     let to = next.as_deref().unwrap_or(HOME);
     ([(header::SET_COOKIE, cookie)], Redirect::to(to)).into_response()
 }
@@ -119,6 +128,7 @@ pub async fn sign_in(State(st): State<ConsoleState>, headers: HeaderMap, body: B
 pub async fn sign_out(
     State(st): State<ConsoleState>,
     Poster(who): Poster,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Response {
     let pairs = form_pairs(&body);
@@ -131,7 +141,7 @@ pub async fn sign_out(
     (
         [(
             header::SET_COOKIE,
-            session::cleared_cookie(st.config.secure_cookie),
+            session::cleared_cookie(session::secure(st.config.secure_cookie, &headers)),
         )],
         Redirect::to("/console/sign-in"),
     )

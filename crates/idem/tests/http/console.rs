@@ -193,6 +193,7 @@ async fn sign_in_and_out(srv: &Server) {
         assert!(cookie.contains(part), "cookie {cookie} lacks {part}");
     }
     assert!(!cookie.contains("Secure"), "plain HTTP: no Secure");
+    let first = token_of(&cookie);
     let evil = b
         .sign_in(&srv.keys.acme, Some("https://evil.example/"))
         .await;
@@ -201,8 +202,25 @@ async fn sign_in_and_out(srv: &Server) {
         "/console/overview",
         "next stays on the console"
     );
-    // The browser now holds the second session's cookie.
+    // The browser now holds the second session's cookie; the first
+    // session, which it sent along, ended.
     let cookie = evil.header("set-cookie");
+    assert_ne!(token_of(&cookie), first, "a new sign-in gets a new token");
+    let old = with_token(&srv.url, "/console/overview", &first).await;
+    assert_to_sign_in(&old, "/console/overview");
+    // Behind a TLS-terminating proxy the cookie is Secure.
+    let proxied = send(
+        reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .expect("reqwest client")
+            .post(format!("{}/console/sign-in", srv.url))
+            .header("x-forwarded-proto", "https")
+            .form(&[("api_key", srv.keys.acme.as_str())]),
+    )
+    .await;
+    assert_eq!(proxied.status, 303);
+    assert!(proxied.header("set-cookie").contains("Secure"));
 
     let o = b.get("/console/overview").await;
     assert_eq!(o.status, 200, "{}", o.text);
