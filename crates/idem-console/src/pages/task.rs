@@ -213,7 +213,9 @@ pub fn body(s: &Story) -> Markup {
                             td.type { (e.kind.as_str()) }
                             td.time { (time(e.at)) }
                             td.actor { (actor(&e.data)) }
-                            td.payload { pre { (pretty(&e.data)) } }
+                            // Focusable: a long payload scrolls within its 12rem
+                            // (WCAG 2.1.1, axe `scrollable-region-focusable`).
+                            td.payload { pre tabindex="0" { (pretty(&e.data)) } }
                         }
                     }
                 }
