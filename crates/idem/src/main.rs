@@ -299,6 +299,27 @@ enum KeysCommand {
     List,
 }
 
+/// Runs a bench to its report and prints it: one JSON object with `json`,
+/// else `render`'s table. Ctrl-C drops the run, and with it the servers
+/// (killed) and the temporary files, instead of killing the process where
+/// it stands.
+async fn bench_report<R: serde::Serialize>(
+    run: impl std::future::Future<Output = Result<R>>,
+    json: bool,
+    render: fn(&R) -> String,
+) -> Result<R> {
+    let report = tokio::select! {
+        report = run => report?,
+        _ = tokio::signal::ctrl_c() => bail!("interrupted; no figures"),
+    };
+    if json {
+        say(serde_json::to_string(&report)?)?;
+    } else {
+        say_raw(render(&report))?;
+    }
+    Ok(report)
+}
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     match run().await {
@@ -545,17 +566,7 @@ async fn run_command(cli: Cli, telemetry: telemetry::Telemetry) -> Result<()> {
                 idem_bin: std::env::current_exe().context("locating the idem binary")?,
                 progress: !json,
             });
-            // Ctrl-C drops the run, and with it the servers (killed) and the
-            // temporary files, instead of killing the process where it stands.
-            let report = tokio::select! {
-                report = run => report?,
-                _ = tokio::signal::ctrl_c() => bail!("interrupted; no figures"),
-            };
-            if json {
-                say(serde_json::to_string(&report)?)?;
-            } else {
-                say_raw(idem_harness::waiters::render(&report))?;
-            }
+            let report = bench_report(run, json, idem_harness::waiters::render).await?;
             let lost = report
                 .submits_with_waiters
                 .claims
@@ -588,15 +599,7 @@ async fn run_command(cli: Cli, telemetry: telemetry::Telemetry) -> Result<()> {
                     progress: !json,
                 },
             );
-            let report = tokio::select! {
-                report = run => report?,
-                _ = tokio::signal::ctrl_c() => bail!("interrupted; no figures"),
-            };
-            if json {
-                say(serde_json::to_string(&report)?)?;
-            } else {
-                say_raw(idem_harness::console_bench::render(&report))?;
-            }
+            bench_report(run, json, idem_harness::console_bench::render).await?;
             Ok(())
         }
         Command::Demo {
