@@ -22,9 +22,21 @@
         if (html !== null && html !== undefined) {
           body.innerHTML = html;
           main.dataset.refreshed = String(Date.now());
+          flagStaleActions();
         }
       })
       .catch(function () {});
+  }
+
+  // The action forms are drawn for the state the page loaded with: say so
+  // when the live state has moved on.
+  function flagStaleActions() {
+    var actions = document.getElementById("actions");
+    var state = document.getElementById("task-state");
+    var notice = document.getElementById("actions-stale");
+    if (actions && state && notice) {
+      notice.hidden = actions.dataset.state === state.dataset.state;
+    }
   }
 
   function start() {

@@ -48,6 +48,7 @@ test("an executor's report shows on the open task page within 2 s, without a rel
 
   await openLive(page, task.id);
   assert.equal(await taskState(page), "running");
+  assert.equal(await page.locator("#actions-stale").isVisible(), false, "the action forms match the state");
   let navigations = 0;
   page.on("framenavigated", (f) => {
     if (f === page.mainFrame()) navigations++;
@@ -80,6 +81,9 @@ test("an executor's report shows on the open task page within 2 s, without a rel
   assert.equal(rows.length, 1);
   assert.match(rows[0].outcome, /\bsucceeded\b/);
   assert.match(await page.locator("#delivery .charge").textContent(), /\b100\b/, "the charge (contract price 100)");
+  // The action forms were drawn for `running`: the page says to reload.
+  assert.equal(await page.locator("#actions").getAttribute("data-state"), "running");
+  assert.equal(await page.locator("#actions-stale").isVisible(), true, "the page says its action forms are stale");
   assert.deepEqual(problems, { dialogs: [], errors: [], console: [] });
 });
 

@@ -334,8 +334,16 @@ pub fn applicable(t: &Task) -> Vec<&'static str> {
 fn actions(who: &SignedIn, t: &Task) -> Markup {
     let which = applicable(t);
     html! {
-        section #actions aria-labelledby="actions-title" {
+        section #actions aria-labelledby="actions-title" data-state=(t.state.as_str()) {
             h2 #actions-title { "Actions" }
+            // The forms stay as loaded while live updates redraw the task
+            // (a reason being typed survives them); console.js shows this
+            // when the redrawn state is no longer the forms' state.
+            p #actions-stale .notice role="status" hidden {
+                "The task's state changed since this page loaded: "
+                a href={ "/console/tasks/" (t.id) } { "reload" }
+                " to see the actions that apply now."
+            }
             @if which.is_empty() {
                 p { "No action applies to a task in state " (t.state.as_str()) "." }
             }
