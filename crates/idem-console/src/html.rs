@@ -111,6 +111,12 @@ pub fn opt_time(t: Option<Timestamp>) -> Markup {
     }
 }
 
+/// A count with its noun, singular for one: `1 attempt`, `3 attempts`.
+pub fn count<N: std::fmt::Display + PartialEq + From<u8>>(n: N, one: &str, many: &str) -> String {
+    let noun = if n == N::from(1) { one } else { many };
+    format!("{n} {noun}")
+}
+
 /// A JSON document, pretty-printed (as text: `maud` escapes it).
 pub fn pretty(v: &serde_json::Value) -> String {
     serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())

@@ -11,7 +11,7 @@ use idem_core::model::TaskState;
 use idem_store::ops::search::{DEFAULT_LIMIT, MAX_LIMIT};
 use maud::{Markup, html};
 
-use crate::html::{self as page, search_href, state_badge, task_link, time};
+use crate::html::{self as page, count, search_href, state_badge, task_link, time};
 use crate::session::Viewer;
 use crate::{ConsoleError, ConsoleState};
 
@@ -143,7 +143,7 @@ pub async fn search(
                 button type="submit" { "Search" }
             }
             table #results {
-                caption { (page_of.tasks.len()) " tasks on this page, newest first" }
+                caption { (count(page_of.tasks.len(), "task", "tasks")) " on this page, newest first" }
                 thead {
                     tr {
                         th scope="col" { "Idempotency key" }

@@ -18,7 +18,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::{Params, no_task, params, task_id};
-use crate::html::{self as page, csrf_input, opt_time, pretty, time};
+use crate::html::{self as page, count, csrf_input, opt_time, pretty, time};
 use crate::session::{SignedIn, Viewer, Watcher};
 use crate::{ConsoleError, ConsoleState};
 
@@ -118,7 +118,7 @@ pub fn body(s: &Story) -> Markup {
             "State " span #task-state class={ "state state-" (t.state.as_str()) } data-state=(t.state.as_str()) { (t.state.as_str()) }
             " · operation " span.operation { (t.operation) }
             " · generation " span #generation { (t.generation) }
-            " · " (t.attempt_count) " attempts · usage " (t.usage)
+            " · " (count(t.attempt_count, "attempt", "attempts")) " · usage " (t.usage)
             " · created " (time(t.created_at)) " · updated " (time(t.updated_at))
         }
         @if let Some(f) = &t.failure {
@@ -196,7 +196,7 @@ pub fn body(s: &Story) -> Markup {
         details #raw-events {
             summary { "Raw events" }
             table {
-                caption { (s.events.len()) " events of the task, in order" }
+                caption { (count(s.events.len(), "event", "events")) " of the task, in order" }
                 thead {
                     tr {
                         th scope="col" { "Seq" }
