@@ -67,6 +67,16 @@ impl SignedIn {
     pub fn tenant(&self) -> &str {
         &self.session.tenant
     }
+
+    /// The configured operation classes the key may see, in name order.
+    pub fn visible_classes<'a>(&'a self, st: &'a ConsoleState) -> impl Iterator<Item = &'a str> {
+        st.app
+            .config
+            .operations
+            .keys()
+            .map(String::as_str)
+            .filter(|c| self.key.grants(c))
+    }
 }
 
 /// The CSRF token of the session whose token is `token`.
@@ -87,7 +97,7 @@ pub fn check_csrf(who: &SignedIn, given: Option<&str>) -> Result<(), ConsoleErro
         Ok(())
     } else {
         Err(ConsoleError::Forbidden(
-            "the form's CSRF token is missing or not this session's; nothing changed (reload the page and try again)"
+            "the form carries no CSRF token of this session; nothing was changed (reload the page to get a form with the token)"
                 .into(),
         ))
     }

@@ -47,14 +47,7 @@ pub async fn overview(
     };
     let o = who.store(&st).task_overview(who.tenant(), query).await?;
     // Rows: the configured classes the key may see, and any class with tasks.
-    let mut classes: BTreeSet<&str> = st
-        .app
-        .config
-        .operations
-        .keys()
-        .map(String::as_str)
-        .filter(|c| who.key.grants(c))
-        .collect();
+    let mut classes: BTreeSet<&str> = who.visible_classes(&st).collect();
     let mut counts: HashMap<(&str, TaskState), i64> = HashMap::new();
     for c in &o.counts {
         classes.insert(&c.operation);

@@ -87,14 +87,7 @@ pub async fn search(
         kept.push(("cursor", &encoded));
         search_href(kept)
     });
-    let classes: Vec<&str> = st
-        .app
-        .config
-        .operations
-        .keys()
-        .map(String::as_str)
-        .filter(|c| who.key.grants(c))
-        .collect();
+    let classes: Vec<&str> = who.visible_classes(&st).collect();
     let main = html! {
         main #search-page {
             h1 { "Tasks" }

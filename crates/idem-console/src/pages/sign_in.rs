@@ -103,9 +103,8 @@ pub async fn sign_in(State(st): State<ConsoleState>, headers: HeaderMap, body: B
             "An executor key cannot sign in to the console: use a client or admin key.",
         );
     }
-    // The browser's previous session, if it still sends one, ends here:
-    // one browser holds one session, and a copy of the old token taken
-    // earlier stops working.
+    // One browser, one session: the session named by a cookie sent with a
+    // sign-in ends, so a copy of its token stops working.
     if let Some(old) = session::token_of(&headers)
         && let Err(e) = st.app.store.end_console_session(&old).await
     {

@@ -202,8 +202,8 @@ async fn sign_in_and_out(srv: &Server) {
         "/console/overview",
         "next stays on the console"
     );
-    // The browser now holds the second session's cookie; the first
-    // session, which it sent along, ended.
+    // A sign-in that carries a session cookie ends that session and sets a
+    // new one.
     let cookie = evil.header("set-cookie");
     assert_ne!(token_of(&cookie), first, "a new sign-in gets a new token");
     let old = with_token(&srv.url, "/console/overview", &first).await;
