@@ -16,7 +16,13 @@
 //!   `STALE_GENERATION`), or repeats its report and then sends a different one;
 //! - servers: after which operation a server process is killed with SIGKILL
 //!   (and restarted on the same store, on a new port), and — with PostgreSQL —
-//!   when the idem connections are terminated with `pg_terminate_backend`.
+//!   when the idem connections are terminated with `pg_terminate_backend`;
+//! - with `--netns` (PostgreSQL): each instance in a network namespace of its
+//!   own, and partitions, delays and packet loss on one instance's database
+//!   link at a time ([`netns`], [`NetEpisode`]);
+//! - with `--clock-skew-ms N` (PostgreSQL): the second instance's wall clock
+//!   shifted by ±N under libfaketime, the sign flipping at each of its
+//!   restarts ([`Plan::with_clock_skew`], [`SkewReport`]).
 //!
 //! Which attempt meets which executor, and the exact interleaving, are left to
 //! real concurrency; `faults_realized` reports what actually happened.
@@ -159,19 +165,25 @@ pub fn chaos_config() -> Result<Config, ConfigError> {
 }
 
 mod check;
+mod forward;
+pub mod netns;
+mod network;
 mod plan;
 mod provider;
 mod records;
 mod run;
 mod servers;
+mod skew;
 mod workload;
 
 pub use check::*;
+pub use network::*;
 pub use plan::*;
 pub use provider::*;
 pub use records::*;
 pub use run::*;
 use servers::*;
+pub use skew::*;
 use workload::*;
 
 #[cfg(test)]
