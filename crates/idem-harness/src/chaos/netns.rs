@@ -22,9 +22,9 @@
 //! [`Network`] removes its namespaces (after killing every process inside)
 //! and its host-side veths when dropped: on a normal end, on an error, on a
 //! panic (unwinding) and on Ctrl-C (the run's future is dropped). A run
-//! killed with SIGKILL leaves them behind; the next run removes every
-//! namespace of the `idem-chaos-` prefix whose pid is no longer an
-//! `idem chaos` process (or is its own).
+//! killed with SIGKILL leaves them behind, with its servers running inside;
+//! the next run kills those and removes every namespace of the
+//! `idem-chaos-` prefix whose pid no longer lives (or is its own).
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
@@ -206,17 +206,16 @@ fn namespaces() -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Whether `pid` is a live `idem chaos` process.
-fn is_live_chaos_run(pid: u32) -> bool {
-    std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
-        c.split(|b| *b == 0)
-            .any(|arg| arg == b"chaos" || arg.ends_with(b"idem-chaos"))
-    })
+/// Whether process `pid` lives. A pid taken over by another process keeps
+/// a dead run's namespaces until that process ends too: a live run's
+/// namespaces are never removed.
+fn is_alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
 }
 
-/// Removes namespaces of [`NS_PREFIX`] left by runs that no longer live
-/// (killed with SIGKILL) or by an earlier process with this pid; returns
-/// their names.
+/// Removes namespaces of [`NS_PREFIX`] left by runs whose process no longer
+/// lives (killed with SIGKILL) or by an earlier process with this pid;
+/// returns their names.
 pub fn remove_leftovers() -> Vec<String> {
     let me = std::process::id();
     let mut removed = Vec::new();
@@ -231,7 +230,7 @@ pub fn remove_leftovers() -> Vec<String> {
         ) else {
             continue;
         };
-        if pid != me && is_live_chaos_run(pid) {
+        if pid != me && is_alive(pid) {
             continue;
         }
         let host_if = match inst {

@@ -102,7 +102,11 @@ impl Skew {
     /// The next start's number and shift (+ms, −ms, +ms, …) and its environment.
     pub(super) fn next_start(&self) -> (usize, i64, Vec<(String, String)>) {
         let n = self.starts.fetch_add(1, Ordering::SeqCst);
-        let offset = if n.is_multiple_of(2) { self.ms } else { -self.ms };
+        let offset = if n.is_multiple_of(2) {
+            self.ms
+        } else {
+            -self.ms
+        };
         let abs = offset.unsigned_abs();
         let faketime = format!(
             "{}{}.{:03}",
