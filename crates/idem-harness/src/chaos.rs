@@ -33,8 +33,8 @@
 //! payout is visible to any later reconciliation: a second pay request for a
 //! non-safe task therefore means idem repeated an effect without reconciling.
 //!
-//! Afterwards faults stop, executors run until every task is terminal, and the
-//! checker reads every task of the run's tenant (ids from the database, records
+//! Afterwards faults stop, executors run until every task is terminal (or
+//! none became terminal for a minute: the rest is stuck), and the checker reads every task of the run's tenant (ids from the database, records
 //! over HTTP) and verifies SPEC §2 against the event histories, the attempts
 //! with their evidence, the clients' log of answers and the provider's ledger.
 //!
@@ -86,8 +86,15 @@ const CLIENT_PATIENCE: Duration = Duration::from_secs(30);
 /// How long an executor keeps retrying one report through outages.
 const REPORT_PATIENCE: Duration = Duration::from_secs(30);
 
-/// How long the run waits for every task to become terminal after the faults stopped.
-const QUIESCE_LIMIT: Duration = Duration::from_secs(120);
+/// How long the run waits at most for every task to become terminal after
+/// the faults stopped.
+const QUIESCE_LIMIT: Duration = Duration::from_secs(900);
+
+/// The wait for every task to become terminal ends earlier when no task
+/// became terminal for this long: with executors claiming, backoffs of at
+/// most 200 ms and leases of 800 ms, a task still open then is stuck, not
+/// slow (the liveness check fails for it).
+const QUIESCE_STALL: Duration = Duration::from_secs(60);
 
 /// Attempts handled at once by all executors together.
 const MAX_INFLIGHT: usize = 512;

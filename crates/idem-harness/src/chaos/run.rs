@@ -430,12 +430,27 @@ async fn drive(
             started.elapsed().as_secs_f64()
         );
     }
-    let quiet = Instant::now() + QUIESCE_LIMIT;
+    let quiesce = Instant::now();
+    let (mut fewest, mut settled_at, mut told) = (usize::MAX, quiesce, quiesce);
     loop {
         let rows = db.list(tenant).await?;
         let open = rows.iter().filter(|r| !is_terminal_word(&r.state)).count();
-        if open == 0 || Instant::now() >= quiet {
+        let now = Instant::now();
+        if open < fewest {
+            (fewest, settled_at) = (open, now);
+        }
+        if open == 0
+            || now.duration_since(settled_at) >= QUIESCE_STALL
+            || now.duration_since(quiesce) >= QUIESCE_LIMIT
+        {
             break;
+        }
+        if opts.progress && now.duration_since(told) >= Duration::from_secs(15) {
+            told = now;
+            eprintln!(
+                "chaos: {open} tasks not terminal yet ({:.1} s)",
+                started.elapsed().as_secs_f64()
+            );
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
