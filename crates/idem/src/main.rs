@@ -248,7 +248,8 @@ enum Command {
         json: bool,
     },
     /// Seeded fault injection (client retries, executor crashes, stale reports, SIGKILLed
-    /// servers, terminated PostgreSQL connections), then a check of every SPEC §2 invariant
+    /// servers, terminated PostgreSQL connections; network partitions, delays and loss with
+    /// --netns; a skewed clock with --clock-skew-ms), then a check of every SPEC §2 invariant
     /// (exit 1 on a violation, naming the seed).
     Chaos {
         /// Seed of the fault plan: the same seed injects the same faults.

@@ -22,7 +22,7 @@ pub(super) struct Servers {
     pub(super) placements: Vec<Placement>,
     /// The shifted clock of [`SKEWED_SERVER`] (`--clock-skew-ms`).
     pub(super) skew: Option<Skew>,
-    /// Checks the skewed instance's clock after each start.
+    /// The HTTP client that reads the skewed instance's `Date` after each start.
     pub(super) http: reqwest::Client,
     pub(super) slots: Vec<tokio::sync::Mutex<Option<Child>>>,
 }
