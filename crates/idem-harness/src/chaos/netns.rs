@@ -1,6 +1,6 @@
 //! Network namespaces of `idem chaos --netns`: each `idem serve` instance in
 //! a namespace of its own, joined to the root namespace by a veth pair, its
-//! database traffic carried by a [`forward`](super::forward) forwarder, and an
+//! database traffic carried by a TCP forwarder (the `forward` module), and an
 //! nftables table inside the namespace whose rules cut (partition) or thin
 //! (random loss) that traffic, and nothing else.
 //!
@@ -19,7 +19,7 @@
 //! ```
 //!
 //! Only loopback and the run's own namespaces and veth addresses are used.
-//! [`Network`] removes its namespaces (after killing every process inside)
+//! `Network` removes its namespaces (after killing every process inside)
 //! and its host-side veths when dropped: on a normal end, on an error, on a
 //! panic (unwinding) and on Ctrl-C (the run's future is dropped). A run
 //! killed with SIGKILL leaves them behind, with its servers running inside;

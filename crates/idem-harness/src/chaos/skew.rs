@@ -34,7 +34,8 @@ pub const MIN_CLOCK_SKEW_MS: i64 = 5_000;
 /// request's round trip: `Date` is truncated to the second.
 const SKEW_TOLERANCE_MS: i64 = 1_500;
 
-/// libfaketime: `explicit` or the first of [`LIBFAKETIME_PATHS`] that exists.
+/// libfaketime: `explicit`, or the first that exists of the paths where
+/// Debian (`/usr/lib/<triplet>/faketime/`) and other distributions install it.
 ///
 /// # Errors
 /// When none exists.
