@@ -16,7 +16,13 @@
 //!   `STALE_GENERATION`), or repeats its report and then sends a different one;
 //! - servers: after which operation a server process is killed with SIGKILL
 //!   (and restarted on the same store, on a new port), and — with PostgreSQL —
-//!   when the idem connections are terminated with `pg_terminate_backend`.
+//!   when the idem connections are terminated with `pg_terminate_backend`;
+//! - with `--netns` (PostgreSQL): each instance in a network namespace of its
+//!   own, and partitions, delays and packet loss on one instance's database
+//!   link at a time ([`netns`], [`NetEpisode`]);
+//! - with `--clock-skew-ms N` (PostgreSQL): the second instance's wall clock
+//!   shifted by ±N under libfaketime, the sign flipping at each of its
+//!   restarts ([`Plan::with_clock_skew`], [`SkewReport`]).
 //!
 //! Which attempt meets which executor, and the exact interleaving, are left to
 //! real concurrency; `faults_realized` reports what actually happened.
@@ -27,8 +33,8 @@
 //! payout is visible to any later reconciliation: a second pay request for a
 //! non-safe task therefore means idem repeated an effect without reconciling.
 //!
-//! Afterwards faults stop, executors run until every task is terminal, and the
-//! checker reads every task of the run's tenant (ids from the database, records
+//! Afterwards faults stop, executors run until every task is terminal (or
+//! none became terminal for a minute: the rest is stuck), and the checker reads every task of the run's tenant (ids from the database, records
 //! over HTTP) and verifies SPEC §2 against the event histories, the attempts
 //! with their evidence, the clients' log of answers and the provider's ledger.
 //!
@@ -80,8 +86,15 @@ const CLIENT_PATIENCE: Duration = Duration::from_secs(30);
 /// How long an executor keeps retrying one report through outages.
 const REPORT_PATIENCE: Duration = Duration::from_secs(30);
 
-/// How long the run waits for every task to become terminal after the faults stopped.
-const QUIESCE_LIMIT: Duration = Duration::from_secs(120);
+/// How long the run waits at most for every task to become terminal after
+/// the faults stopped.
+const QUIESCE_LIMIT: Duration = Duration::from_secs(900);
+
+/// The wait for every task to become terminal ends earlier when no task
+/// became terminal for this long: with executors claiming, backoffs of at
+/// most 200 ms and leases of 800 ms, a task still open then is stuck, not
+/// slow (the liveness check fails for it).
+const QUIESCE_STALL: Duration = Duration::from_secs(60);
 
 /// Attempts handled at once by all executors together.
 const MAX_INFLIGHT: usize = 512;
@@ -159,19 +172,25 @@ pub fn chaos_config() -> Result<Config, ConfigError> {
 }
 
 mod check;
+mod forward;
+pub mod netns;
+mod network;
 mod plan;
 mod provider;
 mod records;
 mod run;
 mod servers;
+mod skew;
 mod workload;
 
 pub use check::*;
+pub use network::*;
 pub use plan::*;
 pub use provider::*;
 pub use records::*;
 pub use run::*;
 use servers::*;
+pub use skew::*;
 use workload::*;
 
 #[cfg(test)]

@@ -228,6 +228,21 @@ pub async fn start_floor(answer: axum::body::Bytes) -> Result<Floor> {
 /// How long [`spawn_serve`] waits for a child to print its address.
 pub const SPAWN_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How [`spawn_serve_in`] starts `idem serve`.
+#[derive(Debug, Clone, Copy)]
+pub struct ServeCommand<'a> {
+    /// The `idem` binary.
+    pub bin: &'a Path,
+    /// A program and its arguments that run `bin` (for example
+    /// `ip netns exec NAME`, which execs it, so the child's pid is the
+    /// server's); empty: `bin` itself.
+    pub prefix: &'a [String],
+    /// `--listen` address, e.g. `127.0.0.1:0`.
+    pub listen: &'a str,
+    /// Variables set for the child (for example `LD_PRELOAD`).
+    pub env: &'a [(String, String)],
+}
+
 /// Starts `bin serve --listen 127.0.0.1:0` with `args` after it, no `IDEM_*`
 /// variable of this process, `RUST_LOG` set to `rust_log`, stderr appended
 /// to `log` and stdout read until it prints `idem listening on URL`.
@@ -243,22 +258,48 @@ pub async fn spawn_serve(
     log: &Path,
     rust_log: &str,
 ) -> Result<(tokio::process::Child, String)> {
+    let how = ServeCommand {
+        bin,
+        prefix: &[],
+        listen: "127.0.0.1:0",
+        env: &[],
+    };
+    spawn_serve_in(how, args, log, rust_log).await
+}
+
+/// [`spawn_serve`] started as `how` says: through a prefix command, on
+/// another listen address, with more environment variables.
+///
+/// # Errors
+/// As [`spawn_serve`].
+pub async fn spawn_serve_in(
+    how: ServeCommand<'_>,
+    args: &[OsString],
+    log: &Path,
+    rust_log: &str,
+) -> Result<(tokio::process::Child, String)> {
     use tokio::io::{AsyncBufReadExt, BufReader};
     let log_file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(log)
         .with_context(|| format!("opening {}", log.display()))?;
-    let mut cmd = tokio::process::Command::new(bin);
-    cmd.arg("serve")
-        .arg("--listen")
-        .arg("127.0.0.1:0")
-        .args(args);
+    let bin = how.bin;
+    let mut cmd = match how.prefix.split_first() {
+        Some((program, rest)) => {
+            let mut c = tokio::process::Command::new(program);
+            c.args(rest).arg(bin);
+            c
+        }
+        None => tokio::process::Command::new(bin),
+    };
+    cmd.arg("serve").arg("--listen").arg(how.listen).args(args);
     for (k, _) in std::env::vars_os() {
         if k.to_string_lossy().starts_with("IDEM_") {
             cmd.env_remove(k);
         }
     }
+    cmd.envs(how.env.iter().map(|(k, v)| (k, v)));
     cmd.env("RUST_LOG", rust_log)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

@@ -248,7 +248,8 @@ enum Command {
         json: bool,
     },
     /// Seeded fault injection (client retries, executor crashes, stale reports, SIGKILLed
-    /// servers, terminated PostgreSQL connections), then a check of every SPEC §2 invariant
+    /// servers, terminated PostgreSQL connections; network partitions, delays and loss with
+    /// --netns; a skewed clock with --clock-skew-ms), then a check of every SPEC §2 invariant
     /// (exit 1 on a violation, naming the seed).
     Chaos {
         /// Seed of the fault plan: the same seed injects the same faults.
@@ -269,6 +270,23 @@ enum Command {
         /// One JSON object on stdout (`violations`, `faults`, `invariants`, …).
         #[arg(long)]
         json: bool,
+        /// Run each server in a network namespace of its own and partition,
+        /// delay and thin its database link (PostgreSQL store; root, `ip`
+        /// and `nft` needed). See docs/chaos.md.
+        #[arg(long)]
+        netns: bool,
+        /// Only check that this machine can run `--netns` (exit 0) or say
+        /// why not (exit 1); runs nothing else.
+        #[arg(long)]
+        netns_check: bool,
+        /// Shift the second server's wall clock by this many ms (±, flipping
+        /// at each restart) under libfaketime (PostgreSQL store; at least
+        /// 5000 in size).
+        #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
+        clock_skew_ms: i64,
+        /// libfaketime for `--clock-skew-ms`; default: the usual install paths.
+        #[arg(long)]
+        libfaketime: Option<PathBuf>,
     },
 }
 
@@ -623,7 +641,16 @@ async fn run_command(cli: Cli, telemetry: telemetry::Telemetry) -> Result<()> {
             clients,
             executors,
             json,
+            netns,
+            netns_check,
+            clock_skew_ms,
+            libfaketime,
         } => {
+            if netns_check {
+                tokio::task::spawn_blocking(idem_harness::chaos::netns::probe).await??;
+                say("network namespaces: available (ip netns, veth, nftables)")?;
+                return Ok(());
+            }
             let report = idem_harness::chaos::run(idem_harness::chaos::ChaosOptions {
                 seed,
                 ops,
@@ -632,6 +659,9 @@ async fn run_command(cli: Cli, telemetry: telemetry::Telemetry) -> Result<()> {
                 clients,
                 executors,
                 progress: !json,
+                netns,
+                clock_skew_ms,
+                libfaketime,
             })
             .await?;
             if json {

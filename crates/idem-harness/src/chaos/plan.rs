@@ -217,6 +217,12 @@ pub struct Plan {
     pub scripts: BTreeMap<(Class, u32), Script>,
     /// `(operation index, fault)`: the fault is injected when that operation is dispatched.
     pub server_faults: Vec<(usize, ServerFault)>,
+    /// Network episodes against one instance's database link at a time, by
+    /// operation index (`--netns`; empty otherwise). See [`Plan::with_network`].
+    pub network: Vec<NetEpisode>,
+    /// Shift of the second instance's clock, ms (`--clock-skew-ms`; 0: none).
+    /// See [`Plan::with_clock_skew`].
+    pub clock_skew_ms: i64,
 }
 
 fn weighted<T: Copy>(rng: &mut StdRng, table: &[(T, u32)]) -> T {
@@ -332,6 +338,8 @@ impl Plan {
             ops: plan_ops,
             scripts,
             server_faults,
+            network: Vec::new(),
+            clock_skew_ms: 0,
         }
     }
 
@@ -363,9 +371,18 @@ impl Plan {
         }
         for (_, f) in &self.server_faults {
             match f {
-                ServerFault::Kill { .. } => add("server_sigkill", 1),
+                ServerFault::Kill { server } => {
+                    add("server_sigkill", 1);
+                    if self.clock_skew_ms != 0 && *server == SKEWED_SERVER {
+                        add("clock_skew_flip", 1);
+                    }
+                }
                 ServerFault::PgTerminate => add("pg_terminate_backend", 1),
             }
+        }
+        for e in &self.network {
+            add(e.fault.name(), 1);
+            add(&format!("{}_ms", e.fault.name()), e.duration_ms);
         }
         m
     }

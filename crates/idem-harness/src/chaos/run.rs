@@ -20,6 +20,15 @@ pub struct ChaosOptions {
     pub executors: usize,
     /// Progress lines on stderr.
     pub progress: bool,
+    /// Each instance in a network namespace of its own, with network faults
+    /// on its database link (PostgreSQL only; root needed). See [`super::netns`].
+    pub netns: bool,
+    /// Shift of the second instance's wall clock at its first start, ms
+    /// (the sign flips at each restart); 0: none. PostgreSQL only; at least
+    /// [`MIN_CLOCK_SKEW_MS`] in size.
+    pub clock_skew_ms: i64,
+    /// libfaketime for `clock_skew_ms`; `None`: the usual places.
+    pub libfaketime: Option<PathBuf>,
 }
 
 /// Figures of a run.
@@ -86,19 +95,77 @@ pub struct ChaosReport {
     pub faults_realized: BTreeMap<String, u64>,
     /// Per invariant.
     pub invariants: Vec<InvariantResult>,
+    /// With `--netns`: the namespaces and what each network episode did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkReport>,
+    /// With `--clock-skew-ms`: the shifted instance and its clock checks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clock_skew: Option<SkewReport>,
     /// Figures.
     pub stats: Stats,
     /// The command that replays the same plan.
     pub reproduce: String,
 }
 
-/// Runs a chaos session and checks it.
+/// Runs a chaos session and checks it. SIGINT (Ctrl-C) or SIGTERM ends the
+/// run with an error after its servers, forwarders and network namespaces
+/// are removed.
 ///
 /// # Errors
-/// When the servers cannot be started or the records cannot be read.
-/// Violations are reported in [`ChaosReport`], not as errors.
-#[allow(clippy::too_many_lines)]
+/// When the options do not fit together, the servers or the network cannot
+/// be started, the skewed clock is not in effect, or the records cannot be
+/// read. Violations are reported in [`ChaosReport`], not as errors.
 pub async fn run(opts: ChaosOptions) -> Result<ChaosReport> {
+    tokio::select! {
+        r = run_to_end(opts) => r,
+        signal = interrupted() => Err(anyhow!(
+            "interrupted by {signal}: the run's servers, forwarders and network namespaces are removed"
+        )),
+    }
+}
+
+/// Waits for SIGINT or SIGTERM; never returns when neither can be watched.
+async fn interrupted() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) {
+        (Ok(mut int), Ok(mut term)) => tokio::select! {
+            _ = int.recv() => "SIGINT",
+            _ = term.recv() => "SIGTERM",
+        },
+        _ => std::future::pending().await,
+    }
+}
+
+/// The database address a PostgreSQL URL names (one TCP host).
+async fn pg_address(url: &str) -> Result<std::net::SocketAddr> {
+    let cfg: tokio_postgres::Config = url.parse().context("parsing the PostgreSQL URL")?;
+    let host = match cfg.get_hosts() {
+        [tokio_postgres::config::Host::Tcp(h)] => h.clone(),
+        _ => bail!("--netns needs a PostgreSQL URL with one TCP host, got `{url}`"),
+    };
+    let port = cfg.get_ports().first().copied().unwrap_or(5432);
+    tokio::net::lookup_host((host.as_str(), port))
+        .await
+        .with_context(|| format!("resolving {host}:{port}"))?
+        .next()
+        .with_context(|| format!("{host}:{port} resolves to no address"))
+}
+
+/// `url` with its host and port replaced by `addr`.
+fn store_url_via(url: &str, addr: std::net::SocketAddr) -> Result<String> {
+    let mut u = url::Url::parse(url).context("parsing the PostgreSQL URL")?;
+    u.set_host(Some(&addr.ip().to_string()))
+        .with_context(|| format!("setting the host of `{url}`"))?;
+    u.set_port(Some(addr.port()))
+        .map_err(|()| anyhow!("setting the port of `{url}`"))?;
+    Ok(u.into())
+}
+
+#[allow(clippy::too_many_lines)]
+async fn run_to_end(opts: ChaosOptions) -> Result<ChaosReport> {
     if opts.ops == 0 || opts.clients == 0 || opts.executors == 0 {
         bail!("--ops, --clients and --executors must be positive");
     }
@@ -107,7 +174,34 @@ pub async fn run(opts: ChaosOptions) -> Result<ChaosReport> {
         .store
         .as_deref()
         .is_some_and(|s| s.starts_with("postgres://") || s.starts_with("postgresql://"));
-    let plan = Arc::new(Plan::new(opts.seed, opts.ops, postgres));
+    if opts.netns && !postgres {
+        bail!(
+            "--netns needs a PostgreSQL store (--store postgres://…): the namespaced instances reach it through the run's forwarders"
+        );
+    }
+    let skew_lib = if opts.clock_skew_ms == 0 {
+        None
+    } else {
+        if !postgres {
+            bail!(
+                "--clock-skew-ms needs a PostgreSQL store (--store postgres://…): two instances sharing the database clock"
+            );
+        }
+        if opts.clock_skew_ms.abs() < MIN_CLOCK_SKEW_MS {
+            bail!(
+                "--clock-skew-ms must be at least {MIN_CLOCK_SKEW_MS} in size (the Date header that proves it has whole seconds)"
+            );
+        }
+        Some(find_libfaketime(opts.libfaketime.as_deref())?)
+    };
+    let mut plan = Plan::new(opts.seed, opts.ops, postgres);
+    if opts.netns {
+        plan = plan.with_network();
+    }
+    if opts.clock_skew_ms != 0 {
+        plan = plan.with_clock_skew(opts.clock_skew_ms);
+    }
+    let plan = Arc::new(plan);
     let dir = tempfile::Builder::new().prefix("idem-chaos-").tempdir()?;
     let (store_url, db) = match &opts.store {
         None => {
@@ -124,6 +218,37 @@ pub async fn run(opts: ChaosOptions) -> Result<ChaosReport> {
         }
     };
     let db = Arc::new(db);
+    // Built before any server starts; dropped (namespaces removed) after they stop.
+    let network = if opts.netns {
+        let upstream = pg_address(&store_url).await?;
+        let (net, leftovers) = netns::Network::create(plan.servers, upstream, opts.seed).await?;
+        if opts.progress && !leftovers.is_empty() {
+            eprintln!(
+                "chaos: removed network namespaces of runs that no longer live: {}",
+                leftovers.join(", ")
+            );
+        }
+        Some((net, leftovers))
+    } else {
+        None
+    };
+    let placements = (0..plan.servers)
+        .map(|i| match &network {
+            Some((net, _)) => {
+                let link = net.links.get(i).context("a link per instance")?;
+                Ok(Placement {
+                    prefix: link.exec_prefix(),
+                    listen: format!("{}:0", link.ns_addr),
+                    store_url: store_url_via(&store_url, link.forwarder.addr)?,
+                })
+            }
+            None => Ok(Placement {
+                prefix: Vec::new(),
+                listen: "127.0.0.1:0".to_owned(),
+                store_url: store_url.clone(),
+            }),
+        })
+        .collect::<Result<Vec<_>>>()?;
     // A tenant of its own: the run's tasks are told apart from anything else in the store.
     let tenant = format!(
         "chaos-{}-{}",
@@ -138,18 +263,22 @@ pub async fn run(opts: ChaosOptions) -> Result<ChaosReport> {
     };
     let config = dir.path().join("chaos.toml");
     std::fs::write(&config, chaos_config()?.to_toml()?)?;
+    // Only this machine's loopback and the run's own namespaces are addressed.
+    let http = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(2))
+        .no_proxy()
+        .build()?;
     let servers = Arc::new(Servers {
         bin: opts.idem_bin.clone(),
-        store_url: store_url.clone(),
         config,
         dir: dir.path().to_path_buf(),
+        placements,
+        skew: skew_lib.map(|lib| Skew::new(opts.clock_skew_ms, lib)),
+        http: http.clone(),
         slots: (0..plan.servers)
             .map(|_| tokio::sync::Mutex::new(None))
             .collect(),
     });
-    let http = reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(2))
-        .build()?;
     let ctx = Arc::new(Ctx {
         plan: plan.clone(),
         targets: Targets {
@@ -164,9 +293,25 @@ pub async fn run(opts: ChaosOptions) -> Result<ChaosReport> {
         stop: AtomicBool::new(false),
         inflight: AtomicUsize::new(0),
         ordinals: Mutex::new(HashMap::new()),
+        dispatched: AtomicUsize::new(0),
+        episodes_started: AtomicUsize::new(0),
     });
-    let result = drive(&opts, &ctx, &servers, &db, &tenant).await;
+    let links = network
+        .as_ref()
+        .map(|(net, _)| net.links.clone())
+        .unwrap_or_default();
+    let result = drive(&opts, &ctx, &servers, &db, &tenant, links).await;
     servers.stop_all().await;
+    let network = network.map(|(net, leftovers)| {
+        let links = net
+            .links
+            .iter()
+            .enumerate()
+            .map(|(i, l)| LinkReport::of(i, l))
+            .collect();
+        drop(net);
+        (links, leftovers)
+    });
     let (db_tasks, tasks) = result?;
 
     let (effects, effect_requests, provider_lookups) = ctx.provider.snapshot();
@@ -188,6 +333,22 @@ pub async fn run(opts: ChaosOptions) -> Result<ChaosReport> {
     if let Some(s) = &opts.store {
         reproduce.push_str(&format!(" --store {s}"));
     }
+    if opts.netns {
+        reproduce.push_str(" --netns");
+    }
+    if opts.clock_skew_ms != 0 {
+        reproduce.push_str(&format!(" --clock-skew-ms {}", opts.clock_skew_ms));
+    }
+    let clock_skew = servers.skew.as_ref().map(|s| SkewReport {
+        instance: SKEWED_SERVER,
+        skew_ms: s.ms,
+        libfaketime: s.lib.display().to_string(),
+        checks: s
+            .checks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone(),
+    });
     Ok(ChaosReport {
         seed: opts.seed,
         ops: opts.ops,
@@ -198,6 +359,12 @@ pub async fn run(opts: ChaosOptions) -> Result<ChaosReport> {
         faults: plan.fault_counts(),
         faults_realized: log.realized,
         invariants,
+        network: network.map(|(links, leftovers_removed)| NetworkReport {
+            links,
+            leftovers_removed,
+            episodes: log.network,
+        }),
+        clock_skew,
         stats,
         reproduce,
     })
@@ -210,6 +377,7 @@ async fn drive(
     servers: &Arc<Servers>,
     db: &Arc<Db>,
     tenant: &str,
+    links: Vec<Arc<netns::Link>>,
 ) -> Result<(Vec<DbTask>, Vec<TaskRecord>)> {
     let started = Instant::now();
     for i in 0..ctx.plan.servers {
@@ -222,6 +390,9 @@ async fn drive(
     let sem = Arc::new(Semaphore::new(opts.clients));
     let mut ops = JoinSet::new();
     let mut faults = JoinSet::new();
+    if !ctx.plan.network.is_empty() {
+        faults.spawn(run_episodes(ctx.clone(), links, started));
+    }
     let mut next_fault = 0;
     let n = ctx.plan.ops.len();
     let step = (n / 10).max(1);
@@ -232,12 +403,14 @@ async fn drive(
             faults.spawn(inject(ctx.clone(), servers.clone(), db.clone(), *fault));
             next_fault += 1;
         }
+        episode_gate(ctx, i).await;
         let permit = sem.clone().acquire_owned().await?;
         let c = ctx.clone();
         ops.spawn(async move {
             run_op(c, i).await;
             drop(permit);
         });
+        ctx.dispatched.store(i + 1, Ordering::SeqCst);
         while ops.try_join_next().is_some() {}
         if opts.progress && (i + 1) % step == 0 {
             eprintln!(
@@ -257,12 +430,27 @@ async fn drive(
             started.elapsed().as_secs_f64()
         );
     }
-    let quiet = Instant::now() + QUIESCE_LIMIT;
+    let quiesce = Instant::now();
+    let (mut fewest, mut settled_at, mut told) = (usize::MAX, quiesce, quiesce);
     loop {
         let rows = db.list(tenant).await?;
         let open = rows.iter().filter(|r| !is_terminal_word(&r.state)).count();
-        if open == 0 || Instant::now() >= quiet {
+        let now = Instant::now();
+        if open < fewest {
+            (fewest, settled_at) = (open, now);
+        }
+        if open == 0
+            || now.duration_since(settled_at) >= QUIESCE_STALL
+            || now.duration_since(quiesce) >= QUIESCE_LIMIT
+        {
             break;
+        }
+        if opts.progress && now.duration_since(told) >= Duration::from_secs(15) {
+            told = now;
+            eprintln!(
+                "chaos: {open} tasks not terminal yet ({:.1} s)",
+                started.elapsed().as_secs_f64()
+            );
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
@@ -453,6 +641,27 @@ pub fn render(r: &ChaosReport) -> String {
     if !s.unexpected.is_empty() {
         let _ = writeln!(out, "unexpected answers: {}", counts_line(&s.unexpected));
     }
+    if let Some(n) = &r.network {
+        render_network(&mut out, n);
+    }
+    if let Some(k) = &r.clock_skew {
+        let checks = k
+            .checks
+            .iter()
+            .map(|c| {
+                format!(
+                    "start {}: {:+} ms intended, {:+} ms seen",
+                    c.start, c.intended_ms, c.observed_ms
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        let _ = writeln!(
+            out,
+            "clock skew: instance {} under {} (Date header vs this clock): {checks}",
+            k.instance, k.libfaketime
+        );
+    }
     let _ = writeln!(out);
     let _ = writeln!(
         out,
@@ -480,6 +689,59 @@ pub fn render(r: &ChaosReport) -> String {
         );
     }
     out
+}
+
+fn render_network(out: &mut String, n: &NetworkReport) {
+    use std::fmt::Write as _;
+    let _ = writeln!(out);
+    for l in &n.links {
+        let _ = writeln!(
+            out,
+            "instance {}: namespace {}, listens on {}, veth host side {}, database via {}",
+            l.instance, l.namespace, l.instance_addr, l.host, l.forwarder
+        );
+    }
+    let _ = writeln!(
+        out,
+        "{:<28} {:>4} {:>7} {:>8} {:>8} {:>8} {:>8} {:>12} {:>8}",
+        "network episode",
+        "inst",
+        "at op",
+        "start s",
+        "lasted",
+        "dropped",
+        "delayed",
+        "db conn o/f",
+        "retries"
+    );
+    for e in &n.episodes {
+        let what = match e.fault {
+            NetFault::Partition => "partition".to_owned(),
+            NetFault::Delay {
+                delay_ms,
+                jitter_ms,
+            } => format!("delay {delay_ms}±{jitter_ms} ms"),
+            NetFault::Loss { percent } => format!("loss {percent} %"),
+        };
+        let _ = writeln!(
+            out,
+            "{:<28} {:>4} {:>7} {:>8.1} {:>7.1}s {:>8} {:>8} {:>12} {:>8} {:>9} {:>6}",
+            what,
+            e.instance,
+            e.started_at_op,
+            e.started_at_ms as f64 / 1000.0,
+            e.duration_ms as f64 / 1000.0,
+            e.packets_dropped,
+            e.chunks_delayed,
+            format!(
+                "{}/{}",
+                e.db_connections_open_at_start, e.db_connections_failed
+            ),
+            e.retries_after_error,
+            e.claims_too_late,
+            e.stale_refusals
+        );
+    }
 }
 
 /// `Err` (exit code 1) when the run found a violation, naming the seed.

@@ -4,29 +4,59 @@
 
 use super::*;
 
+/// Where and how one instance runs.
+pub(super) struct Placement {
+    /// Program and arguments it runs under (`ip netns exec NS`); empty: directly.
+    pub(super) prefix: Vec<String>,
+    /// `--listen` address.
+    pub(super) listen: String,
+    /// `--store` URL (with `--netns`: its forwarder's address).
+    pub(super) store_url: String,
+}
+
 /// The `idem serve` child processes.
 pub(super) struct Servers {
     pub(super) bin: PathBuf,
-    pub(super) store_url: String,
     pub(super) config: PathBuf,
     pub(super) dir: PathBuf,
+    pub(super) placements: Vec<Placement>,
+    /// The shifted clock of [`SKEWED_SERVER`] (`--clock-skew-ms`).
+    pub(super) skew: Option<Skew>,
+    /// The HTTP client that reads the skewed instance's `Date` after each start.
+    pub(super) http: reqwest::Client,
     pub(super) slots: Vec<tokio::sync::Mutex<Option<Child>>>,
 }
 
 impl Servers {
     async fn spawn(&self, idx: usize) -> Result<(Child, String)> {
+        let place = self
+            .placements
+            .get(idx)
+            .with_context(|| format!("no server {idx}"))?;
         let args: Vec<std::ffi::OsString> = vec![
             "--store".into(),
-            self.store_url.clone().into(),
+            place.store_url.clone().into(),
             "--config".into(),
             self.config.clone().into(),
             "--sweep-interval-ms".into(),
             "50".into(),
         ];
+        let skewed = self.skew.as_ref().filter(|_| idx == SKEWED_SERVER);
+        let (start, offset, env) = skewed.map_or((0, 0, Vec::new()), Skew::next_start);
         let log = self.dir.join(format!("server-{idx}.log"));
-        server::spawn_serve(&self.bin, &args, &log, "warn")
+        let how = server::ServeCommand {
+            bin: &self.bin,
+            prefix: &place.prefix,
+            listen: &place.listen,
+            env: &env,
+        };
+        let (child, url) = server::spawn_serve_in(how, &args, &log, "warn")
             .await
-            .with_context(|| format!("server {idx}"))
+            .with_context(|| format!("server {idx}"))?;
+        if let Some(skew) = skewed {
+            skew.verify(&self.http, &url, start, offset).await?;
+        }
+        Ok((child, url))
     }
 
     /// Starts (or, after a SIGKILL, restarts) server `idx`; returns its URL.

@@ -587,3 +587,74 @@ fn an_unsettled_task_is_caught() {
     input.db_tasks.push(s.db());
     assert!(violations(&input, Invariant::Settled) > 0);
 }
+
+/// The network plan (`--netns`) is a function of the seed, drawn from its
+/// own stream: the rest of the plan is the same with and without it.
+#[test]
+fn the_network_plan_is_seeded_and_big_enough() {
+    let a = Plan::new(5, 10_000, true).with_network();
+    assert_eq!(a, Plan::new(5, 10_000, true).with_network());
+    assert_ne!(a.network, Plan::new(6, 10_000, true).with_network().network);
+    let without = Plan::new(5, 10_000, true);
+    assert_eq!(a.ops, without.ops);
+    assert_eq!(a.scripts, without.scripts);
+    assert_eq!(a.server_faults, without.server_faults);
+    assert!(without.network.is_empty());
+
+    let count = |p: &Plan, name: &str| p.network.iter().filter(|e| e.fault.name() == name).count();
+    assert!(count(&a, "net_partition") >= 5);
+    assert!(count(&a, "net_delay") >= 5);
+    assert!(count(&a, "net_loss") >= 1);
+    let f = a.fault_counts();
+    assert_eq!(f["net_partition"], count(&a, "net_partition") as u64);
+    assert!(f["net_partition_ms"] >= 5 * 2_000);
+
+    // Spread over the run, one after the other, each against one instance.
+    assert!(a.network.windows(2).all(|w| w[0].at < w[1].at));
+    assert!(a.network.iter().all(|e| e.at >= 500 && e.at < 8_500));
+    assert!(a.network.iter().all(|e| e.instance < a.servers));
+    assert!(a.network.iter().any(|e| e.instance == 0));
+    assert!(a.network.iter().any(|e| e.instance == 1));
+    // Delays hold chunks long enough that a few round trips outlive a lease.
+    for e in &a.network {
+        if let NetFault::Delay {
+            delay_ms,
+            jitter_ms,
+        } = e.fault
+        {
+            assert!((200..=900).contains(&delay_ms) && jitter_ms <= delay_ms);
+            assert!(4 * delay_ms >= LEASE_MS);
+        }
+    }
+
+    // The short CI run still has two partitions and two delays.
+    let small = Plan::new(3, 1_500, true).with_network();
+    assert_eq!(count(&small, "net_partition"), 2);
+    assert_eq!(count(&small, "net_delay"), 2);
+    assert_eq!(count(&small, "net_loss"), 1);
+}
+
+/// With a clock skew the second instance is restarted at least twice, so
+/// it runs with +skew and then −skew; the rest of the plan is unchanged.
+#[test]
+fn a_clock_skew_plan_restarts_the_skewed_instance() {
+    let base = Plan::new(9, 3_000, true);
+    let p = Plan::new(9, 3_000, true).with_clock_skew(30_000);
+    assert_eq!(p, Plan::new(9, 3_000, true).with_clock_skew(30_000));
+    assert_eq!(p.ops, base.ops);
+    assert_eq!(p.clock_skew_ms, 30_000);
+    let restarts = |p: &Plan| {
+        p.server_faults
+            .iter()
+            .filter(|(_, f)| {
+                *f == ServerFault::Kill {
+                    server: SKEWED_SERVER,
+                }
+            })
+            .count()
+    };
+    assert!(restarts(&p) >= restarts(&base) + 2);
+    assert_eq!(p.fault_counts()["clock_skew_flip"], restarts(&p) as u64);
+    assert!(p.server_faults.windows(2).all(|w| w[0].0 <= w[1].0));
+    assert!(!base.fault_counts().contains_key("clock_skew_flip"));
+}

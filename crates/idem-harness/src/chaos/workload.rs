@@ -12,7 +12,24 @@ pub(super) struct RunLog {
     pub(super) accepted_usage: HashMap<Uuid, i64>,
     pub(super) realized: BTreeMap<String, u64>,
     pub(super) unexpected: BTreeMap<String, u64>,
+    pub(super) network: Vec<NetEpisodeRun>,
 }
+
+/// `faults_realized` key: a submit answered with a retryable error (timeout,
+/// 5xx, transport) and sent again.
+pub(super) const CLIENT_RETRY: &str = "client_retry_after_error";
+
+/// `faults_realized` key: a claim, heartbeat or report answered with a
+/// retryable error.
+pub(super) const EXECUTOR_RETRY: &str = "executor_retry_after_error";
+
+/// `faults_realized` key: a claim answered so late that the executor no
+/// longer acts on it (its lease would run out in flight).
+pub(super) const TOO_SLOW_TO_ACT: &str = "executor_too_slow_to_act";
+
+/// `faults_realized` key: a report or heartbeat refused with 409
+/// `STALE_GENERATION` (its attempt's lease had run out).
+pub(super) const STALE_REFUSAL: &str = "stale_generation_refused";
 
 pub(super) struct Ctx {
     pub(super) plan: Arc<Plan>,
@@ -22,6 +39,10 @@ pub(super) struct Ctx {
     pub(super) stop: AtomicBool,
     pub(super) inflight: AtomicUsize,
     pub(super) ordinals: Mutex<HashMap<Uuid, [usize; 2]>>,
+    /// Client operations dispatched so far (network episodes start by it).
+    pub(super) dispatched: AtomicUsize,
+    /// Network episodes started so far; `usize::MAX` once their runner ended.
+    pub(super) episodes_started: AtomicUsize,
 }
 
 /// What became of a report.
@@ -49,8 +70,12 @@ impl Ctx {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn realized(&self, kind: &str, n: u64) {
+    pub(super) fn realized(&self, kind: &str, n: u64) {
         *self.log().realized.entry(kind.to_owned()).or_default() += n;
+    }
+
+    pub(super) fn realized_count(&self, kind: &str) -> u64 {
+        self.log().realized.get(kind).copied().unwrap_or(0)
     }
 
     fn unexpected(&self, what: &str, e: &ClientError) {
@@ -104,7 +129,7 @@ impl Ctx {
                     };
                 }
                 Err(e) if e.is_retryable() => {
-                    self.realized("client_retry_after_error", 1);
+                    self.realized(CLIENT_RETRY, 1);
                     if Instant::now() >= deadline {
                         break;
                     }
@@ -163,11 +188,15 @@ impl Ctx {
                     }
                     return Sent::Accepted;
                 }
-                Err(e) if e.code() == Some("STALE_GENERATION") => return Sent::Stale,
+                Err(e) if e.code() == Some("STALE_GENERATION") => {
+                    self.realized(STALE_REFUSAL, 1);
+                    return Sent::Stale;
+                }
                 Err(e) if e.code() == Some("ATTEMPT_ALREADY_REPORTED") => {
                     return Sent::AlreadyReported;
                 }
                 Err(e) if e.is_retryable() => {
+                    self.realized(EXECUTOR_RETRY, 1);
                     if Instant::now() >= deadline {
                         break;
                     }
@@ -199,8 +228,12 @@ impl Ctx {
                     *e = (*e).max(usage);
                     return Ok(ack);
                 }
-                Err(e) if e.code() == Some("STALE_GENERATION") => return Err(Sent::Stale),
+                Err(e) if e.code() == Some("STALE_GENERATION") => {
+                    self.realized(STALE_REFUSAL, 1);
+                    return Err(Sent::Stale);
+                }
                 Err(e) if e.is_retryable() && Instant::now() < deadline => {
+                    self.realized(EXECUTOR_RETRY, 1);
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
                 Err(e) => {
@@ -314,7 +347,12 @@ pub(super) async fn executor_loop(ctx: Arc<Ctx>, n: usize) {
                     });
                 }
             }
-            Err(_) => tokio::time::sleep(Duration::from_millis(30)).await,
+            Err(e) => {
+                if e.is_retryable() {
+                    ctx.realized(EXECUTOR_RETRY, 1);
+                }
+                tokio::time::sleep(Duration::from_millis(30)).await;
+            }
         }
     }
 }
@@ -401,7 +439,7 @@ async fn execute(
     }
     if sent.elapsed() > EFFECT_WITHIN {
         // Too close to the lease end to act safely: behave as a crash before the effect.
-        ctx.realized("executor_too_slow_to_act", 1);
+        ctx.realized(TOO_SLOW_TO_ACT, 1);
         return;
     }
     let e = ctx.provider.perform(ca.task_id, ca.id, class, &ca.params);
