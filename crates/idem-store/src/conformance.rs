@@ -149,6 +149,7 @@ macro_rules! store_conformance {
             feed_refuses_a_cursor_ahead_of_its_head,
             console_sessions_expire_end_and_follow_their_key,
             console_overview_counts_and_lists_the_tenants_tasks,
+            store_now_is_the_clock_leases_run_out_by,
         );
     };
     (@cases $make:expr; $($case:ident),+ $(,)?) => {

@@ -240,6 +240,16 @@ impl Store {
         .await
     }
 
+    /// The store's clock now, epoch ms: the time it decides leases,
+    /// backoffs, deadlines and retention by (on PostgreSQL the database clock,
+    /// `clock_timestamp()`, not this process's), for a reader that shows time left.
+    ///
+    /// # Errors
+    /// Storage failures ([`StoreError`]).
+    pub async fn now(&self) -> Result<idem_core::model::Timestamp> {
+        self.call(ops::ReadClock).await
+    }
+
     /// Attempts of a task, with evidence.
     ///
     /// # Errors

@@ -57,7 +57,7 @@ pub async fn read_story(
         task,
         attempts,
         events,
-        now: st.app.store.clock().process_now(),
+        now: st.app.store.now().await?,
     })
 }
 

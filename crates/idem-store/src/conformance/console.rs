@@ -222,3 +222,31 @@ pub async fn console_overview_counts_and_lists_the_tenants_tasks(store: Store) {
     let o = must(store.task_overview("acme", one).await, "overview");
     assert_eq!(o.reconciling_long.len(), 1);
 }
+
+/// [`Store::now`] reads the clock the store decides leases by (the database
+/// clock on PostgreSQL, with the test clock's offset): an attempt's lease has
+/// not run out by it just after the claim, and has once the clock passed its
+/// length; the console shows time left on a lease by it.
+pub async fn store_now_is_the_clock_leases_run_out_by(store: Store) {
+    let c = Ctx::new(&store, "acme").await;
+    let task = c.create(SAFE, &contract(SAFE)).await;
+    let attempt = c.claim_one(SAFE, LONG_LEASE, task.id).await;
+    let before = must(store.now().await, "now");
+    assert!(
+        before < attempt.lease_expires_at,
+        "now {before:?} is past the lease just granted ({:?})",
+        attempt.lease_expires_at
+    );
+    advance(&store, u64::try_from(LONG_LEASE).unwrap_or(0) + 1);
+    let after = must(store.now().await, "now");
+    assert!(
+        after >= attempt.lease_expires_at,
+        "now {after:?} has not reached the lease's end ({:?}) after its length passed",
+        attempt.lease_expires_at
+    );
+    assert!(
+        after.ms() - before.ms() < LONG_LEASE + 60_000,
+        "the clock moved {} ms for a {LONG_LEASE} ms advance",
+        after.ms() - before.ms()
+    );
+}

@@ -56,7 +56,9 @@ pub use operator::{OperatorCancel, Redrive, Resolve, RetryNow};
 pub use search::{SearchTasks, TaskCursor, TaskPage, TaskQuery};
 pub use submit::{Submission, Submit, SubmitBatch, SubmitOutcome, SubmitPlan};
 pub use sweep::{Sweep, SweepStats};
-pub use tasks::{AcknowledgeDelivery, Cancel, FindTask, GetTask, ListAttempts, ListEvents};
+pub use tasks::{
+    AcknowledgeDelivery, Cancel, FindTask, GetTask, ListAttempts, ListEvents, ReadClock,
+};
 
 /// One operation of the service, run as one transaction.
 pub trait Operation: std::fmt::Debug + Send + Sync + Sized + 'static {
@@ -220,6 +222,8 @@ operations! {
     Submit,
     /// [`SubmitBatch`].
     SubmitBatch,
+    /// [`ReadClock`].
+    ReadClock,
     /// [`GetTask`].
     GetTask,
     /// [`FindTask`].

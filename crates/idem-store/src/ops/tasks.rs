@@ -7,6 +7,20 @@ use uuid::Uuid;
 use super::{Access, Grant, Operation, owned_task, persist};
 use crate::{Refusal, Result, Tx};
 
+/// Read the store's clock: the time, epoch ms, by which it decides leases,
+/// backoffs, deadlines and retention (the database clock on PostgreSQL,
+/// plus a test clock's offset), for a reader that shows time left.
+#[derive(Debug, Clone)]
+pub struct ReadClock;
+
+impl Operation for ReadClock {
+    type Reply = Timestamp;
+    const WRITES: bool = false;
+    async fn run<T: Tx>(&self, tx: &mut T) -> Result<Self::Reply> {
+        tx.now().await
+    }
+}
+
 /// Read a task.
 #[derive(Debug, Clone)]
 pub struct GetTask {
