@@ -50,6 +50,7 @@ import os
 import queue
 import random
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -80,6 +81,8 @@ def have_pinned_rfc8785() -> bool:
 def rerun_in_venv() -> int:
     """Creates a throwaway virtualenv with the pinned rfc8785, reruns this script in it."""
     tmp = tempfile.mkdtemp(prefix="idem-differential-")
+    # SIGTERM too leaves through `finally`, which removes the virtualenv.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         venv = os.path.join(tmp, "venv")
         subprocess.run([sys.executable, "-m", "venv", venv], check=True)
