@@ -307,15 +307,38 @@ pub fn canonical_request(
         operation,
         material,
     };
-    let canonical = serde_json_canonicalizer::to_string(&document).map_err(|e| {
-        FingerprintError::Canonicalize {
-            message: e.to_string(),
-        }
-    })?;
+    let canonical = jcs(&document)?;
     let fingerprint = Fingerprint::digest(canonical.as_bytes());
     Ok(CanonicalRequest {
         canonical,
         fingerprint,
+    })
+}
+
+/// The RFC 8785 (JCS) serialisation of one JSON value: members sorted by
+/// their names' UTF-16 code units (§3.2.3), numbers in the ECMAScript
+/// double form (§3.2.2.3), strings with the minimal escapes (§3.2.2.2), no
+/// insignificant whitespace (§3.2.1).
+///
+/// This is the serialiser [`canonical_request`] applies to the material
+/// document; it is public so that tools can compare idem's canonical form
+/// with other RFC 8785 implementations (docs/verification.md, "Differential
+/// canonicalisation"). As there, `value` should come from
+/// [`crate::json::parse_strict`]: JCS writes every number as a double, so
+/// integers beyond ±(2^53−1) lose digits.
+///
+/// # Errors
+///
+/// [`FingerprintError::Canonicalize`] if the serialiser fails (not expected
+/// for a [`Value`], which holds only finite numbers and unique member names).
+pub fn canonical_json(value: &Value) -> Result<String, FingerprintError> {
+    jcs(value)
+}
+
+/// RFC 8785 serialisation of `value` (serde_json_canonicalizer).
+fn jcs<T: Serialize>(value: &T) -> Result<String, FingerprintError> {
+    serde_json_canonicalizer::to_string(value).map_err(|e| FingerprintError::Canonicalize {
+        message: e.to_string(),
     })
 }
 

@@ -13,6 +13,8 @@
 //! - [`contract`]: a frozen contract as tasks share and stores keep it (one
 //!   JSON text and content id per class and configuration version).
 //! - [`schema`]: the JSON Schema a class's params must match.
+//! - [`submit`]: a submit body from its bytes to params, canonical request
+//!   and fingerprint.
 //! - [`model`]: tasks, attempts, cancellation, delivery, failure.
 //! - [`trace`]: the W3C `traceparent` a submit may carry, kept on its task.
 //! - [`machine`]: the task state machine: every transition as one pure
@@ -26,4 +28,5 @@ pub mod key;
 pub mod machine;
 pub mod model;
 pub mod schema;
+pub mod submit;
 pub mod trace;

@@ -6,15 +6,15 @@ use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use idem_core::fingerprint::canonical_request;
 use idem_core::key::parse_header_values;
 use idem_core::model::Role;
 use idem_core::schema::SchemaError;
+use idem_core::submit::{SubmitBodyError, prepare_submit};
 use idem_core::trace::TraceParent;
 use idem_store::ops::{Submission, SubmitOutcome};
 use serde::Serialize;
 
-use super::extract::{body_bytes, strict_typed_bytes};
+use super::extract::body_bytes;
 use super::unknown_operation;
 use super::wire::{Meta, SubmitBody, SubmitResponse};
 use crate::auth::{Caller, SubmitCaller};
@@ -265,33 +265,25 @@ fn prepare_submission(
 
 /// A submit body read under the strict JSON rules, its operation class
 /// checked against the configuration and its request fingerprinted
-/// (IDEM-02, RFC 8785): a pure function of the bytes and the configuration,
-/// so its result may be kept ([`crate::prepared`]).
+/// (IDEM-02, RFC 8785; [`idem_core::submit::prepare_submit`]): a pure
+/// function of the bytes and the configuration, so its result may be kept
+/// ([`crate::prepared`]).
 ///
 /// # Errors
 /// 400 `INVALID_REQUEST` for a body that is not strict JSON of the submit
 /// shape, an unknown operation, params that are not an object, or params the
 /// class cannot fingerprint.
 fn prepare_body(st: &crate::AppState, bytes: &[u8]) -> AppResult<crate::prepared::PreparedBody> {
-    let body: SubmitBody = strict_typed_bytes(bytes)?;
-    let Some(class) = st.config.operations.get(&body.operation) else {
-        return Err(unknown_operation(st, &body.operation));
-    };
-    if !body.params.is_object() {
-        return Err(Problem::invalid("`params` must be a JSON object"));
-    }
-    if let Some(schema) = &class.params_schema {
-        schema
-            .validate(&body.params)
-            .map_err(|e| schema_problem(&body.operation, e))?;
-    }
-    let canonical = canonical_request(&body.operation, &body.params, &class.fingerprint)
-        .map_err(|e| Problem::invalid(e.to_string()))?;
+    let prepared = prepare_submit(&st.config, bytes).map_err(|e| match e {
+        SubmitBodyError::UnknownOperation { operation } => unknown_operation(st, &operation),
+        SubmitBodyError::Schema { operation, error } => schema_problem(&operation, error),
+        other => Problem::invalid(other.to_string()),
+    })?;
     Ok(crate::prepared::PreparedBody {
-        operation: body.operation,
-        params: body.params,
-        fingerprint: canonical.fingerprint.to_string(),
-        canonical_request: canonical.canonical,
+        operation: prepared.operation,
+        params: prepared.params,
+        fingerprint: prepared.canonical.fingerprint.to_string(),
+        canonical_request: prepared.canonical.canonical,
     })
 }
 

@@ -1,0 +1,201 @@
+//! A submit body, from its bytes to what is fingerprinted (SPEC §4
+//! `POST /v1/tasks`, IDEM-02).
+//!
+//! [`prepare_submit`] is the whole of a submit's body handling that needs no
+//! I/O: the strict JSON reading ([`crate::json::parse_strict`]), the submit
+//! shape `{"operation": "<class>", "params": {…}}`, the operation class from
+//! the configuration, the class's `params_schema` (SPEC §5) and the RFC 8785
+//! canonical request with its SHA-256 fingerprint
+//! ([`crate::fingerprint::canonical_request`]). It is a pure function of the
+//! bytes and the configuration; the HTTP layer turns its errors into 400
+//! problems and checks who may submit what.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::config::Config;
+use crate::fingerprint::{CanonicalRequest, FingerprintError, canonical_request};
+use crate::json::{JsonError, parse_strict};
+use crate::schema::SchemaError;
+
+/// A submit body that passed every check of [`prepare_submit`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct PreparedSubmit {
+    /// The operation class named by the body (defined by the configuration).
+    pub operation: String,
+    /// The params as submitted (a JSON object that matches the class's
+    /// `params_schema`, if it has one).
+    pub params: Value,
+    /// The canonical request of the class's material fields and its
+    /// fingerprint (SPEC §1).
+    pub canonical: CanonicalRequest,
+}
+
+/// Why a submit body was refused by [`prepare_submit`]. Every variant is a
+/// 400 `INVALID_REQUEST` (SPEC §4); the HTTP layer words the detail.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SubmitBodyError {
+    /// Not strict JSON (duplicate member name, integer beyond ±(2^53−1),
+    /// nesting deeper than 64, or a syntax error).
+    #[error(transparent)]
+    Json(#[from] JsonError),
+    /// Strict JSON, but not of the submit shape (`operation` a string,
+    /// `params` present); `message` is serde's description.
+    #[error("body: {message}")]
+    Shape {
+        /// serde's description, e.g. ``missing field `params` ``.
+        message: String,
+    },
+    /// The configuration defines no class named `operation`.
+    #[error("unknown operation `{operation}`")]
+    UnknownOperation {
+        /// The name the body gave.
+        operation: String,
+    },
+    /// `params` is not a JSON object.
+    #[error("`params` must be a JSON object")]
+    ParamsNotObject,
+    /// `params` do not match the class's `params_schema` (SPEC §5), or the
+    /// schema does not compile.
+    #[error("`params` do not match the params_schema of `{operation}`: {error}")]
+    Schema {
+        /// The operation class.
+        operation: String,
+        /// The violations, or the compile error.
+        error: SchemaError,
+    },
+    /// The canonical request could not be built.
+    #[error(transparent)]
+    Fingerprint(#[from] FingerprintError),
+}
+
+/// The submit body's shape (the wire type is `idem_api::SubmitBody`; this
+/// one has the same fields and serde derive, so refusals read the same).
+#[derive(Deserialize)]
+struct SubmitBody {
+    operation: String,
+    params: Value,
+}
+
+/// Reads `bytes` as a submit body for `config` and fingerprints it.
+///
+/// Checks, in order: strict JSON, the submit shape, a known operation class,
+/// `params` an object, the class's `params_schema`; then builds the canonical
+/// request of the class's material pointers.
+///
+/// # Errors
+///
+/// The first check that fails, as a [`SubmitBodyError`].
+pub fn prepare_submit(config: &Config, bytes: &[u8]) -> Result<PreparedSubmit, SubmitBodyError> {
+    let value = parse_strict(bytes)?;
+    let body: SubmitBody = serde_json::from_value(value).map_err(|e| SubmitBodyError::Shape {
+        message: e.to_string(),
+    })?;
+    let Some(class) = config.operations.get(&body.operation) else {
+        return Err(SubmitBodyError::UnknownOperation {
+            operation: body.operation,
+        });
+    };
+    if !body.params.is_object() {
+        return Err(SubmitBodyError::ParamsNotObject);
+    }
+    if let Some(schema) = &class.params_schema {
+        schema
+            .validate(&body.params)
+            .map_err(|error| SubmitBodyError::Schema {
+                operation: body.operation.clone(),
+                error,
+            })?;
+    }
+    let canonical = canonical_request(&body.operation, &body.params, &class.fingerprint)?;
+    Ok(PreparedSubmit {
+        operation: body.operation,
+        params: body.params,
+        canonical,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fingerprint::Fingerprint;
+
+    fn bundled() -> Config {
+        Config::bundled().unwrap()
+    }
+
+    #[test]
+    fn fingerprints_the_material_fields() {
+        let config = bundled();
+        let p = prepare_submit(
+            &config,
+            br#"{"params":{"note":"x","currency":"EUR","amount":100.0,"payee":"p"},"operation":"payment.release"}"#,
+        )
+        .unwrap();
+        assert_eq!(p.operation, "payment.release");
+        assert_eq!(p.params["note"], "x");
+        assert_eq!(
+            p.canonical.canonical,
+            r#"{"material":{"/amount":100,"/currency":"EUR","/payee":"p"},"operation":"payment.release"}"#
+        );
+        assert_eq!(
+            p.canonical.fingerprint,
+            Fingerprint::digest(p.canonical.canonical.as_bytes())
+        );
+    }
+
+    #[test]
+    fn each_check_in_order() {
+        let config = bundled();
+        let refuse = |body: &str| prepare_submit(&config, body.as_bytes()).unwrap_err();
+        assert_eq!(
+            refuse(r#"{"operation":"x","operation":"y"}"#),
+            SubmitBodyError::Json(JsonError::DuplicateKey {
+                key: "operation".into()
+            })
+        );
+        assert_eq!(
+            refuse(r#"{"operation":"generation.dispatch"}"#),
+            SubmitBodyError::Shape {
+                message: "missing field `params`".into()
+            }
+        );
+        assert!(matches!(
+            refuse(r#"{"operation":1,"params":{}}"#),
+            SubmitBodyError::Shape { .. }
+        ));
+        assert_eq!(
+            refuse(r#"{"operation":"nope","params":{}}"#),
+            SubmitBodyError::UnknownOperation {
+                operation: "nope".into()
+            }
+        );
+        assert_eq!(
+            refuse(r#"{"operation":"generation.dispatch","params":[]}"#),
+            SubmitBodyError::ParamsNotObject
+        );
+        match refuse(r#"{"operation":"payment.release","params":{"payee":"p","amount":0}}"#) {
+            SubmitBodyError::Schema {
+                operation,
+                error: SchemaError::Mismatch { violations, .. },
+            } => {
+                assert_eq!(operation, "payment.release");
+                assert!(violations.len() >= 2, "{violations:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn whole_params_when_the_class_names_no_material() {
+        let p = prepare_submit(
+            &bundled(),
+            br#"{"operation":"generation.dispatch","params":{"b":[1e0],"a":"\u00e9"}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            p.canonical.canonical,
+            "{\"material\":{\"\":{\"a\":\"\u{e9}\",\"b\":[1]}},\"operation\":\"generation.dispatch\"}"
+        );
+    }
+}
