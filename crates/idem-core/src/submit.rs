@@ -79,7 +79,8 @@ struct SubmitBody {
 
 /// Reads `bytes` as a submit body for `config` and fingerprints it.
 ///
-/// Checks, in order: strict JSON, the submit shape, a known operation class,
+/// Checks, in order: strict JSON, the submit shape (an object with
+/// `operation` and `params`), a known operation class,
 /// `params` an object, the class's `params_schema`; then builds the canonical
 /// request of the class's material pointers.
 ///
@@ -88,6 +89,13 @@ struct SubmitBody {
 /// The first check that fails, as a [`SubmitBodyError`].
 pub fn prepare_submit(config: &Config, bytes: &[u8]) -> Result<PreparedSubmit, SubmitBodyError> {
     let value = parse_strict(bytes)?;
+    // serde's derived struct also reads a sequence of the fields in order
+    // (`["op", {…}]`); the body is an object (SPEC §4, the OpenAPI schema).
+    if !value.is_object() {
+        return Err(SubmitBodyError::Shape {
+            message: "the body must be a JSON object with `operation` and `params`".into(),
+        });
+    }
     let body: SubmitBody = serde_json::from_value(value).map_err(|e| SubmitBodyError::Shape {
         message: e.to_string(),
     })?;
@@ -154,6 +162,15 @@ mod tests {
                 key: "operation".into()
             })
         );
+        for not_an_object in [r#"["generation.dispatch",{"a":1}]"#, "1", r#""x""#, "null"] {
+            assert_eq!(
+                refuse(not_an_object),
+                SubmitBodyError::Shape {
+                    message: "the body must be a JSON object with `operation` and `params`".into()
+                },
+                "{not_an_object}"
+            );
+        }
         assert_eq!(
             refuse(r#"{"operation":"generation.dispatch"}"#),
             SubmitBodyError::Shape {

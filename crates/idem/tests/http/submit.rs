@@ -412,6 +412,10 @@ async fn invalid_bodies_are_400_and_do_not_consume_the_key() {
         ("params array", r#"{"operation":"payment.release","params":[1,2]}"#.to_owned()),
         ("params string", r#"{"operation":"payment.release","params":"x"}"#.to_owned()),
         ("params missing", r#"{"operation":"payment.release"}"#.to_owned()),
+        (
+            "the fields as an array",
+            r#"["payment.release",{"payee":"a","amount":1,"currency":"EUR"}]"#.to_owned(),
+        ),
         ("unknown operation", r#"{"operation":"payment.refund","params":{}}"#.to_owned()),
     ];
     for (name, body) in cases {
