@@ -137,7 +137,18 @@ fn collect(c: impl Checker<IdemModel>, started: Instant, stop_at_first: bool) ->
                 match found {
                     Some(path) => {
                         failed = true;
-                        let actions = path.clone().into_actions();
+                        let steps = path.clone().into_vec();
+                        // The checker keeps the last violating state it met;
+                        // an `always` property's trace ends at the first one.
+                        let end = match p.expectation {
+                            Expectation::Always => steps
+                                .iter()
+                                .position(|(s, _)| !(p.condition)(model, s))
+                                .unwrap_or(steps.len()),
+                            _ => steps.len(),
+                        };
+                        let actions: Vec<_> =
+                            steps.into_iter().take(end).filter_map(|(_, a)| a).collect();
                         let trace = crate::trace::render(model, &actions, p.name);
                         (kind, Verdict::Counterexample { trace })
                     }

@@ -47,9 +47,10 @@ pub(crate) struct VerifyArgs {
     /// Checker threads; default: the machine's cores.
     #[arg(long)]
     threads: Option<usize>,
-    /// Walk order: bfs (shortest counterexample) or dfs (less memory).
-    #[arg(long, default_value = "bfs")]
-    strategy: Strategy,
+    /// Walk order: bfs (the shortest counterexample; keeps the frontier in
+    /// memory) or dfs (memory for one path). Default: bfs with --ci, else dfs.
+    #[arg(long)]
+    strategy: Option<Strategy>,
     /// Explore every state even after a counterexample (else stop at the first).
     #[arg(long)]
     all: bool,
@@ -58,25 +59,37 @@ pub(crate) struct VerifyArgs {
     json: bool,
 }
 
-/// The bounds of the acceptance run (`idem verify` without `--ci`).
+/// The bounds of the acceptance run (`idem verify` without `--ci`): one key
+/// of the non-safe class, three executors, three attempts per task, two
+/// crashes, two operator actions, 3 ticks (about 10^7 distinct states;
+/// docs/verification.md, "Bounds and figures").
 fn full() -> Bounds {
     Bounds {
-        keys: 2,
-        tasks: 2,
-        classes: Classes::Both,
-        executors: 2,
+        keys: 1,
+        tasks: 1,
+        classes: Classes::Unsafe,
+        executors: 3,
         attempts: 3,
-        crashes: 1,
-        operator: 1,
+        crashes: 2,
+        operator: 2,
         horizon: 3,
     }
 }
 
 impl VerifyArgs {
+    fn strategy(&self) -> Strategy {
+        self.strategy.unwrap_or(if self.ci {
+            Strategy::Bfs
+        } else {
+            Strategy::Dfs
+        })
+    }
+
     fn bounds(&self) -> Bounds {
         let base = if self.ci { Bounds::ci() } else { full() };
         Bounds {
             keys: self.keys.unwrap_or(base.keys),
+            // At least one task per key.
             tasks: self
                 .tasks
                 .unwrap_or(base.tasks)
@@ -101,7 +114,7 @@ pub(crate) async fn verify(args: VerifyArgs) -> Result<()> {
     let options = Options {
         bounds: bounds.clone(),
         threads,
-        strategy: args.strategy,
+        strategy: args.strategy(),
         stop_at_first: !args.all,
     };
     if !args.json {
@@ -120,7 +133,7 @@ pub(crate) async fn verify(args: VerifyArgs) -> Result<()> {
                 "operator": bounds.operator,
                 "horizon": bounds.horizon,
                 "threads": threads,
-                "strategy": args.strategy,
+                "strategy": args.strategy(),
             },
             "report": report,
         });
@@ -137,7 +150,7 @@ pub(crate) async fn verify(args: VerifyArgs) -> Result<()> {
 
 fn render_bounds(b: &Bounds, threads: usize, args: &VerifyArgs) -> String {
     format!(
-        "idem verify: model checking idem_core::machine (stateright, {strategy:?})\n\
+        "idem verify: model checking idem_core::machine (stateright, {strategy})\n\
          bounds: keys {}, tasks {}, classes {}, executors {}, attempts per task {}, crashes {}, operator actions {}, horizon {} ticks of 100 ms; threads {threads}",
         b.keys,
         b.tasks,
@@ -147,7 +160,10 @@ fn render_bounds(b: &Bounds, threads: usize, args: &VerifyArgs) -> String {
         b.crashes,
         b.operator,
         b.horizon,
-        strategy = args.strategy,
+        strategy = match args.strategy() {
+            Strategy::Bfs => "breadth first",
+            Strategy::Dfs => "depth first",
+        },
     )
 }
 
