@@ -26,6 +26,12 @@ use crate::model::{
 /// build, turns it off; no release build enables it.
 const FENCING: bool = !cfg!(feature = "broken-fencing");
 
+/// Whether an `unknown` outcome is reconciled before anything is repeated
+/// (SPEC §2.5). Only the `broken-reconcile` feature, which exists so the model
+/// checker (`idem verify`) can prove it finds a repeat without reconciliation,
+/// turns it off; no release build enables it.
+const RECONCILE_UNKNOWN: bool = !cfg!(feature = "broken-reconcile");
+
 /// Events (and evidence) produced by one transition, to be written in the
 /// same transaction as the records (SPEC §2.10).
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -611,7 +617,11 @@ pub fn report(
         Outcome::Unknown => {
             attempt.state = AttemptState::Unknown;
             j.record(task, now, EventKind::OutcomeUnknown, observed);
-            schedule_reconcile(task, j, now, "executor reported an unknown outcome");
+            if RECONCILE_UNKNOWN || attempt.kind == AttemptKind::Reconcile {
+                schedule_reconcile(task, j, now, "executor reported an unknown outcome");
+            } else {
+                next_execute(task, j, now, true, "executor reported an unknown outcome");
+            }
         }
         Outcome::Cancelled => {
             attempt.state = AttemptState::Cancelled;

@@ -1,5 +1,5 @@
 //! `idem`: the one binary (SPEC §6): `serve`, `keys`, `task`, `migrate`, `gc`, `demo`, `bench`, `bench-console`,
-//! `bench-waiters`, `chaos`.
+//! `bench-waiters`, `chaos`, `verify`.
 //!
 //! This file holds the command line and runs each command; [`mod@serve`] runs the
 //! server, [`store`] opens the store a command names, [`config`] loads the
@@ -21,6 +21,7 @@ mod store;
 mod task;
 mod task_action;
 mod telemetry;
+mod verify;
 
 use keys::key_to_create;
 use output::{say, say_raw, say_strict, tell};
@@ -146,6 +147,11 @@ enum Command {
     },
     /// Print the OpenAPI document.
     Openapi,
+    /// Model-check the protocol: explore every interleaving of clients,
+    /// executors (crashes, late reports), the sweeper, the clock, a provider and
+    /// an operator within the bounds, over the real state machine, and check the
+    /// invariants of SPEC §2 (exit 1 with a step-by-step trace on a counterexample).
+    Verify(verify::VerifyArgs),
     /// The payment-release scenario end to end over HTTP against a simulated payout provider, as a readable report (exit 1 if a check fails).
     Demo {
         /// A running idem; default: an in-process server on a temporary SQLite store.
@@ -671,6 +677,7 @@ async fn run_command(cli: Cli, telemetry: telemetry::Telemetry) -> Result<()> {
             }
             idem_harness::chaos::verdict(&report)
         }
+        Command::Verify(args) => verify::verify(args).await,
         Command::Openapi => {
             say(serde_json::to_string_pretty(&idem_http::openapi())?)?;
             Ok(())

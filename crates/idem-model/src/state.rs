@@ -1,0 +1,225 @@
+//! The model's state: an in-memory store of idem's real records, the
+//! executors' local knowledge, the provider's ledger, the model clock and the
+//! ghost fields the properties need (history a state alone would not show).
+//!
+//! Hashing: the checker deduplicates states by a 64-bit hash of the state
+//! alone (stateright's fingerprint), so [`TaskRow`] hashes every field that a
+//! transition of [`idem_core::machine`] or a property reads, and leaves out
+//! only bookkeeping that none reads: the compare-and-set `version`, the event
+//! sequence number, `updated_at`, `created_at`, `leased_at`, the failure's
+//! message text and the result document (fixed per task by the model).
+//! Equality compares every field, so equal states always hash alike.
+
+use std::hash::{Hash, Hasher};
+
+use idem_core::model::{Attempt, AttemptKind, Task};
+use uuid::Uuid;
+
+/// Milliseconds per tick of the model clock.
+pub const TICK_MS: i64 = 100;
+
+/// One task of the store, its attempts, what the evidence table holds about
+/// it, and its ghost fields.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskRow {
+    /// Index of the idempotency key (scope) the task was accepted under.
+    pub key: u8,
+    /// The task record, as the store keeps it.
+    pub task: Task,
+    /// Its attempts in number order (attempt rows, without evidence).
+    pub attempts: Vec<Attempt>,
+    /// Whether the scope row still names this task (the retention sweeper
+    /// removes it, SPEC §2.9).
+    pub key_held: bool,
+    /// Evidence table: a report from an old generation or an ended lease was
+    /// kept with disposition `stale_generation` (SPEC §2.4).
+    pub stale_report_kept: bool,
+    /// Ghost: an execute attempt was leased and nothing since has shown that
+    /// its effect did not happen (an applied `failed` or `cancelled` report,
+    /// a reconcile's `not_committed`, an operator's `not_committed`).
+    pub effect_possible: bool,
+    /// Ghost: how many times a delivery record was created for the task.
+    pub deliveries: u8,
+    /// Ghost: a pending cancellation became `too_late` because delivery won.
+    pub cancel_lost_to_delivery: bool,
+    /// Ghost: a pending cancellation (requested while an attempt ran) was confirmed.
+    pub pending_cancel_confirmed: bool,
+}
+
+impl TaskRow {
+    /// Whether the task's class is declared safe to repeat (SPEC §2.5).
+    pub fn safe(&self) -> bool {
+        self.task.contract.retry.safe
+    }
+
+    /// The attempt holding id `id`.
+    pub fn attempt_mut(&mut self, id: Uuid) -> Option<&mut Attempt> {
+        self.attempts.iter_mut().find(|a| a.id == id)
+    }
+}
+
+fn hash_attempt<H: Hasher>(a: &Attempt, h: &mut H) {
+    a.id.hash(h);
+    a.number.hash(h);
+    a.generation.hash(h);
+    a.kind.hash(h);
+    a.state.hash(h);
+    a.executor_id.hash(h);
+    a.lease_expires_at.hash(h);
+    a.usage.hash(h);
+    a.external_txn_id.hash(h);
+    a.lease_ms.hash(h);
+    a.evidence.len().hash(h);
+    match &a.report {
+        Some(r) => {
+            r.outcome.hash(h);
+            r.body.hash(h);
+        }
+        None => 0u8.hash(h),
+    }
+}
+
+impl Hash for TaskRow {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        let t = &self.task;
+        self.key.hash(h);
+        t.id.hash(h);
+        t.operation.hash(h);
+        t.fingerprint.hash(h);
+        t.state.hash(h);
+        t.generation.hash(h);
+        t.attempt_count.hash(h);
+        t.usage.hash(h);
+        match &t.cancellation {
+            Some(c) => {
+                c.status.hash(h);
+                c.requested_at.hash(h);
+                c.confirmed_at.hash(h);
+                c.fee.hash(h);
+            }
+            None => 0u8.hash(h),
+        }
+        match &t.delivery {
+            Some(d) => {
+                d.external_txn_id.hash(h);
+                d.delivered_at.hash(h);
+                d.acknowledged_at.hash(h);
+                d.charge.hash(h);
+            }
+            None => 0u8.hash(h),
+        }
+        t.failure.as_ref().map(|f| f.class).hash(h);
+        let c = &t.control;
+        c.execute_count.hash(h);
+        c.attempts_granted.hash(h);
+        c.next_kind.hash(h);
+        c.active_attempt_id.hash(h);
+        c.ready_at.hash(h);
+        c.deadline_at.hash(h);
+        c.terminal_at.hash(h);
+        c.key_expires_at.hash(h);
+        self.attempts.len().hash(h);
+        for a in &self.attempts {
+            hash_attempt(a, h);
+        }
+        self.key_held.hash(h);
+        self.stale_report_kept.hash(h);
+        self.effect_possible.hash(h);
+        self.deliveries.hash(h);
+        self.cancel_lost_to_delivery.hash(h);
+        self.pending_cancel_confirmed.hash(h);
+    }
+}
+
+/// What an executor knows about the attempt it holds.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Held {
+    /// Index of the task in the store.
+    pub task: u8,
+    /// The attempt id.
+    pub attempt_id: Uuid,
+    /// The attempt number (for traces).
+    pub number: i64,
+    /// The generation the claim granted (the fencing token it presents).
+    pub generation: i64,
+    /// Execute or reconcile.
+    pub kind: AttemptKind,
+    /// The lease end the executor last heard (claim or heartbeat), in ticks.
+    pub lease_end: i64,
+    /// Usage units the attempt consumed so far (1 once the effect was performed).
+    pub usage: i64,
+    /// Execute: the effect was performed at the provider.
+    pub effect_done: bool,
+    /// Execute: the device acknowledgment was sent.
+    pub acknowledged: bool,
+    /// Reconcile: what the provider's ledger said (`Some(true)`: the effect happened).
+    pub observed: Option<bool>,
+    /// A heartbeat answered that a cancellation is pending.
+    pub cancel_heard: bool,
+}
+
+/// An executor: idle, or holding one attempt.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Executor {
+    /// Ready to claim.
+    Idle,
+    /// Working on an attempt.
+    Holding(Held),
+}
+
+/// The provider's ledger for one task: idempotent, keyed by task id (the
+/// executors pass it on as the provider's idempotency key, SPEC §2 "not
+/// promised"). Reconcile attempts query it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Ledger {
+    /// The effect happened (once).
+    pub applied: bool,
+    /// Requests the provider received for the task after its effect had
+    /// happened (absorbed by its idempotency): each is a repeat of the effect.
+    pub repeats: u8,
+}
+
+/// Bits of [`State::violations`]: transition checks that failed (a property
+/// reads them).
+pub mod violation {
+    /// A replay or a conflict changed the store (SPEC §2.2, §2.3).
+    pub const SUBMIT_CHANGED_STORE: u16 = 1;
+    /// A call with an old generation (or a lease that no longer held) changed
+    /// a task or attempt (SPEC §2.4).
+    pub const STALE_CHANGED_STATE: u16 = 1 << 1;
+    /// A task's generation went down (SPEC §2.4).
+    pub const GENERATION_DECREASED: u16 = 1 << 2;
+    /// A delivery record changed after it was made (SPEC §2.6).
+    pub const DELIVERY_CHANGED: u16 = 1 << 3;
+    /// A task's usage went down (SPEC §2.7, §2.10).
+    pub const USAGE_DECREASED: u16 = 1 << 4;
+    /// An execute attempt of a non-safe class was leased while an earlier
+    /// effect may have happened unreconciled (SPEC §2.5).
+    pub const REPEAT_WITHOUT_RECONCILE: u16 = 1 << 5;
+}
+
+/// The whole model state.
+#[derive(Debug, Clone, PartialEq, Hash)]
+pub struct State {
+    /// Model clock, ticks of [`TICK_MS`].
+    pub clock: i64,
+    /// The store's tasks, by index (task ids are `Uuid::from_u128(index + 1)`).
+    pub tasks: Vec<TaskRow>,
+    /// The executors.
+    pub executors: Vec<Executor>,
+    /// The provider's ledger, by task index.
+    pub ledger: Vec<Ledger>,
+    /// Executor crashes still allowed.
+    pub crashes_left: u8,
+    /// Operator actions still allowed.
+    pub operator_left: u8,
+    /// Ghost: transition checks that failed ([`violation`] bits).
+    pub violations: u16,
+}
+
+impl State {
+    /// The task holding scope `key` (its scope row), if any.
+    pub fn scope(&self, key: u8) -> Option<usize> {
+        self.tasks.iter().position(|r| r.key == key && r.key_held)
+    }
+}

@@ -1,0 +1,224 @@
+//! The model explored at the test suite's bound ([`Bounds::small`]): no
+//! counterexample, every witness reached, and liveness actually evaluated;
+//! built with a seeded defect of idem-core (`--features broken-fencing`,
+//! `--features broken-reconcile`), the counterexample the defect causes,
+//! for the property it breaks, printed as a trace.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use idem_model::check::{Options, Report, Strategy, Verdict};
+use idem_model::{Bounds, model};
+
+/// Explores `bounds` to the end (every property's verdict is final).
+fn explore(bounds: Bounds) -> Report {
+    let report = idem_model::run(&Options {
+        bounds,
+        threads: 2,
+        strategy: Strategy::Bfs,
+        stop_at_first: false,
+    })
+    .unwrap();
+    eprintln!(
+        "{} distinct states, {} generated, depth {}, {:?}",
+        report.distinct_states, report.generated_states, report.max_depth, report.elapsed
+    );
+    report
+}
+
+fn verdict<'r>(report: &'r Report, name: &str) -> &'r Verdict {
+    &report
+        .properties
+        .iter()
+        .find(|p| p.name == name)
+        .unwrap()
+        .verdict
+}
+
+#[cfg(not(any(feature = "broken-fencing", feature = "broken-reconcile")))]
+mod sound {
+    use std::sync::OnceLock;
+
+    use idem_model::model::IdemModel;
+    use idem_model::state::State;
+    use idem_model::{Action, Classes};
+    use stateright::Model;
+
+    use super::*;
+
+    /// One exploration of the small bound, shared by the tests that read it.
+    fn small() -> &'static Report {
+        static REPORT: OnceLock<Report> = OnceLock::new();
+        REPORT.get_or_init(|| explore(Bounds::small()))
+    }
+
+    #[test]
+    fn the_small_bound_has_no_counterexample() {
+        let report = small();
+        assert!(
+            report.distinct_states > 10_000,
+            "{}",
+            report.distinct_states
+        );
+        assert!(!report.stopped_early);
+        for p in &report.properties {
+            if let Verdict::Counterexample { trace } = &p.verdict {
+                panic!("{trace}");
+            }
+            if p.kind != "sometimes" {
+                assert_eq!(p.verdict, Verdict::Held, "{}", p.name);
+            }
+        }
+    }
+
+    /// The `sometimes` properties: deliveries, reconciliations, stale
+    /// reports kept, cancellations racing delivery both ways and expired
+    /// leases all happen within the bound, so the invariants are not
+    /// checked over a model where nothing interesting happens.
+    #[test]
+    fn every_witness_is_reached() {
+        let report = small();
+        let witnesses: Vec<_> = report
+            .properties
+            .iter()
+            .filter(|p| p.kind == "sometimes")
+            .collect();
+        assert_eq!(witnesses.len(), 6);
+        for p in witnesses {
+            assert_eq!(p.verdict, Verdict::Reached, "{}", p.name);
+        }
+    }
+
+    fn walk(m: &IdemModel, actions: &[Action]) -> State {
+        let mut s = m.initial();
+        for a in actions {
+            s = m
+                .next_state(&s, *a)
+                .unwrap_or_else(|| panic!("{a:?} does not apply"));
+        }
+        s
+    }
+
+    /// Liveness is evaluated: a drained run ends in a state with no
+    /// successor (stateright checks `eventually` there), with every task terminal.
+    #[test]
+    fn drained_runs_end_and_liveness_is_checked_there() {
+        let m = IdemModel::new(Bounds::small()).unwrap();
+        let s = walk(
+            &m,
+            &[
+                Action::Submit {
+                    key: 0,
+                    changed: false,
+                },
+                Action::Claim { executor: 0 },
+                Action::PerformEffect { executor: 0 },
+                Action::Report {
+                    executor: 0,
+                    what: idem_model::store::Reported::Succeeded,
+                },
+                Action::Tick,
+                Action::Tick,
+            ],
+        );
+        assert!(m.draining(&s));
+        assert!(m.next_states(&s).is_empty(), "{:#?}", m.next_states(&s));
+        let live = m
+            .properties()
+            .into_iter()
+            .find(|p| p.name == model::EVERY_TASK_ENDS)
+            .unwrap();
+        assert!((live.condition)(&m, &s));
+    }
+
+    /// The liveness property can fail: with no executor, a submitted task
+    /// never ends, and the checker says so with a trace.
+    #[test]
+    fn liveness_fails_without_executors() {
+        let report = explore(Bounds {
+            executors: 0,
+            classes: Classes::Safe,
+            ..Bounds::small()
+        });
+        match verdict(&report, model::EVERY_TASK_ENDS) {
+            Verdict::Counterexample { trace } => {
+                assert!(trace.contains("client: submit under key-0"), "{trace}");
+                assert!(trace.contains("queued"), "{trace}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// The hash leaves out only bookkeeping no transition reads: states
+    /// that differ in it are one state; states that differ in a field a
+    /// transition reads are two.
+    #[test]
+    fn the_state_hash_covers_what_transitions_read() {
+        use std::hash::{DefaultHasher, Hash, Hasher};
+        fn hash(s: &State) -> u64 {
+            let mut h = DefaultHasher::new();
+            s.hash(&mut h);
+            h.finish()
+        }
+        let m = IdemModel::new(Bounds::small()).unwrap();
+        let s = walk(
+            &m,
+            &[
+                Action::Submit {
+                    key: 0,
+                    changed: false,
+                },
+                Action::Claim { executor: 0 },
+            ],
+        );
+        let mut bookkeeping = s.clone();
+        bookkeeping.tasks[0].task.control.version += 7;
+        bookkeeping.tasks[0].task.control.event_seq += 7;
+        assert_eq!(hash(&s), hash(&bookkeeping));
+        assert_ne!(s, bookkeeping);
+        let mut read = s.clone();
+        read.tasks[0].attempts[0].lease_expires_at.0 += 1;
+        assert_ne!(hash(&s), hash(&read));
+        let mut read = s.clone();
+        read.tasks[0].task.control.ready_at.0 += 1;
+        assert_ne!(hash(&s), hash(&read));
+    }
+}
+
+/// Fencing off (idem-core `broken-fencing`): a report from a retired
+/// attempt changes the task.
+#[cfg(feature = "broken-fencing")]
+#[test]
+fn broken_fencing_is_found() {
+    let report = explore(Bounds::small());
+    match verdict(&report, model::NO_CHANGE_FROM_OLD_GENERATION) {
+        Verdict::Counterexample { trace } => {
+            eprintln!("{trace}");
+            assert!(trace.contains("  1. client: submit under key-0"), "{trace}");
+            assert!(trace.contains("generation"), "{trace}");
+            assert!(trace.ends_with(&format!(
+                "property failed: {}\n",
+                model::NO_CHANGE_FROM_OLD_GENERATION
+            )));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Unknown outcomes retried without reconciliation (idem-core
+/// `broken-reconcile`): an execute attempt is leased after an unknown
+/// outcome, and the provider receives the effect twice.
+#[cfg(feature = "broken-reconcile")]
+#[test]
+fn broken_reconcile_is_found() {
+    let report = explore(Bounds::small());
+    for name in [model::RECONCILE_BEFORE_REPEAT, model::EFFECT_ONCE] {
+        match verdict(&report, name) {
+            Verdict::Counterexample { trace } => {
+                eprintln!("{trace}");
+                assert!(trace.contains("report `unknown`"), "{trace}");
+                assert!(trace.ends_with(&format!("property failed: {name}\n")));
+            }
+            other => panic!("{name}: {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,200 @@
+//! `idem verify`: explores the protocol model of `idem-model` with the
+//! stateright model checker (docs/verification.md, "Model checking").
+
+use anyhow::{Result, bail};
+use clap::Args;
+use idem_model::check::{Options, Report, Strategy, Verdict};
+use idem_model::{Bounds, Classes};
+
+use crate::output::{say, say_raw};
+
+/// The bounds and how to explore them. Without `--ci` the bounds are those
+/// of the acceptance run (at least 10^6 distinct states); each flag replaces
+/// one bound of the chosen preset.
+#[derive(Args, Debug, Clone)]
+pub(crate) struct VerifyArgs {
+    /// The small bound CI runs (a debug build finishes in well under 2 minutes).
+    #[arg(long)]
+    ci: bool,
+    /// Idempotency keys (scopes) clients submit under.
+    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=8))]
+    keys: Option<u8>,
+    /// Tasks the store may accept in all (above --keys once retention
+    /// released a key and it is submitted again).
+    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=16))]
+    tasks: Option<u8>,
+    /// Classes of the keys: unsafe (payment.release), safe
+    /// (generation.dispatch) or both (alternating).
+    #[arg(long)]
+    classes: Option<Classes>,
+    /// Executors.
+    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=8))]
+    executors: Option<u8>,
+    /// Attempts (execute and reconcile) executors may claim per task before
+    /// the horizon.
+    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=16))]
+    attempts: Option<u8>,
+    /// Executor crashes in all.
+    #[arg(long)]
+    crashes: Option<u8>,
+    /// Operator actions (retry-now, cancel, resolve, redrive) in all.
+    #[arg(long)]
+    operator: Option<u8>,
+    /// Clock horizon in ticks of 100 ms: faults happen before it, then the
+    /// run drains and liveness is checked.
+    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=32))]
+    horizon: Option<u8>,
+    /// Checker threads; default: the machine's cores.
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Walk order: bfs (the shortest counterexample; keeps the frontier in
+    /// memory) or dfs (memory for one path). Default: bfs with --ci, else dfs.
+    #[arg(long)]
+    strategy: Option<Strategy>,
+    /// Explore every state even after a counterexample (else stop at the first).
+    #[arg(long)]
+    all: bool,
+    /// One JSON object on stdout (the report, traces included).
+    #[arg(long)]
+    json: bool,
+}
+
+/// The bounds of the acceptance run (`idem verify` without `--ci`): one key
+/// of the non-safe class, three executors, three attempts per task, two
+/// crashes, two operator actions, 3 ticks (about 10^7 distinct states;
+/// docs/verification.md, "Bounds and figures").
+fn full() -> Bounds {
+    Bounds {
+        keys: 1,
+        tasks: 1,
+        classes: Classes::Unsafe,
+        executors: 3,
+        attempts: 3,
+        crashes: 2,
+        operator: 2,
+        horizon: 3,
+    }
+}
+
+impl VerifyArgs {
+    fn strategy(&self) -> Strategy {
+        self.strategy.unwrap_or(if self.ci {
+            Strategy::Bfs
+        } else {
+            Strategy::Dfs
+        })
+    }
+
+    fn bounds(&self) -> Bounds {
+        let base = if self.ci { Bounds::ci() } else { full() };
+        Bounds {
+            keys: self.keys.unwrap_or(base.keys),
+            // At least one task per key.
+            tasks: self
+                .tasks
+                .unwrap_or(base.tasks)
+                .max(self.keys.unwrap_or(base.keys)),
+            classes: self.classes.unwrap_or(base.classes),
+            executors: self.executors.unwrap_or(base.executors),
+            attempts: self.attempts.unwrap_or(base.attempts),
+            crashes: self.crashes.unwrap_or(base.crashes),
+            operator: self.operator.unwrap_or(base.operator),
+            horizon: self.horizon.unwrap_or(base.horizon),
+        }
+    }
+}
+
+/// Runs the exploration and prints the report; a counterexample is an error
+/// (exit status 1) after its trace was printed.
+pub(crate) async fn verify(args: VerifyArgs) -> Result<()> {
+    let bounds = args.bounds();
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let options = Options {
+        bounds: bounds.clone(),
+        threads,
+        strategy: args.strategy(),
+        stop_at_first: !args.all,
+    };
+    if !args.json {
+        say(format_args!("{}", render_bounds(&bounds, threads, &args)))?;
+    }
+    let report = tokio::task::spawn_blocking(move || idem_model::run(&options)).await??;
+    if args.json {
+        let json = serde_json::json!({
+            "bounds": {
+                "keys": bounds.keys,
+                "tasks": bounds.tasks,
+                "classes": bounds.classes.to_string(),
+                "executors": bounds.executors,
+                "attempts": bounds.attempts,
+                "crashes": bounds.crashes,
+                "operator": bounds.operator,
+                "horizon": bounds.horizon,
+                "threads": threads,
+                "strategy": args.strategy(),
+            },
+            "report": report,
+        });
+        say(serde_json::to_string(&json)?)?;
+    } else {
+        say_raw(render(&report))?;
+    }
+    let failed: Vec<&str> = report.counterexamples().map(|p| p.name).collect();
+    if !failed.is_empty() {
+        bail!("counterexample found: {}", failed.join("; "));
+    }
+    Ok(())
+}
+
+fn render_bounds(b: &Bounds, threads: usize, args: &VerifyArgs) -> String {
+    format!(
+        "idem verify: model checking idem_core::machine (stateright, {strategy})\n\
+         bounds: keys {}, tasks {}, classes {}, executors {}, attempts per task {}, crashes {}, operator actions {}, horizon {} ticks of 100 ms; threads {threads}",
+        b.keys,
+        b.tasks,
+        b.classes,
+        b.executors,
+        b.attempts,
+        b.crashes,
+        b.operator,
+        b.horizon,
+        strategy = match args.strategy() {
+            Strategy::Bfs => "breadth first",
+            Strategy::Dfs => "depth first",
+        },
+    )
+}
+
+fn render(r: &Report) -> String {
+    let mut out = format!(
+        "distinct states: {}\nstates generated: {}\nmax depth: {}\ntime: {:.1} s{}\n\nproperties:\n",
+        r.distinct_states,
+        r.generated_states,
+        r.max_depth,
+        r.elapsed.as_secs_f64(),
+        if r.stopped_early {
+            " (stopped at the first counterexample)"
+        } else {
+            ""
+        }
+    );
+    for p in &r.properties {
+        let verdict = match &p.verdict {
+            Verdict::Held => "holds",
+            Verdict::Counterexample { .. } => "COUNTEREXAMPLE",
+            Verdict::Reached => "reached",
+            Verdict::NotReached if r.stopped_early => "not reached before the stop",
+            Verdict::NotReached => "NOT REACHED",
+        };
+        out.push_str(&format!("  {:<10} {:<28} {}\n", p.kind, verdict, p.name));
+    }
+    for p in r.counterexamples() {
+        if let Verdict::Counterexample { trace } = &p.verdict {
+            out.push('\n');
+            out.push_str(trace);
+        }
+    }
+    out
+}
