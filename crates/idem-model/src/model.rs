@@ -545,13 +545,14 @@ impl Model for IdemModel {
                     actions.push(Action::AcknowledgeDelivery { task });
                 }
                 if s.operator_left > 0 {
-                    let action = match row.task.state {
-                        TaskState::RetryWait => Some(OperatorAction::RetryNow),
-                        TaskState::Reconciling => Some(OperatorAction::Resolve),
-                        TaskState::Failed => Some(OperatorAction::Redrive),
-                        _ => None,
-                    };
-                    if let Some(action) = action {
+                    // Every task is offered retry-now, resolve and redrive
+                    // whatever its state: `machine::operator` decides which
+                    // apply, and a refused action has no successor state.
+                    for action in [
+                        OperatorAction::RetryNow,
+                        OperatorAction::Resolve,
+                        OperatorAction::Redrive,
+                    ] {
                         actions.push(Action::Operator { task, action });
                     }
                     if row.task.cancellation.is_none() {

@@ -40,6 +40,7 @@ mod sound {
 
     use idem_model::model::IdemModel;
     use idem_model::state::State;
+    use idem_model::store::OperatorAction;
     use idem_model::{Action, Classes};
     use stateright::Model;
 
@@ -96,6 +97,39 @@ mod sound {
                 .unwrap_or_else(|| panic!("{a:?} does not apply"));
         }
         s
+    }
+
+    /// The operator's retry-now, resolve and redrive are offered on a task
+    /// in any state, and `machine::operator` refuses them where they do not
+    /// apply: no successor, so its preconditions are what is checked.
+    #[test]
+    fn operator_actions_are_offered_in_every_state_and_refused_by_the_machine() {
+        let m = IdemModel::new(Bounds::small()).unwrap();
+        let s = walk(
+            &m,
+            &[
+                Action::Submit {
+                    key: 0,
+                    changed: false,
+                },
+                Action::Claim { executor: 0 },
+            ],
+        );
+        assert_eq!(s.tasks[0].task.state, idem_core::model::TaskState::Running);
+        let mut offered = Vec::new();
+        m.actions(&s, &mut offered);
+        for action in [
+            OperatorAction::RetryNow,
+            OperatorAction::Resolve,
+            OperatorAction::Redrive,
+        ] {
+            let a = Action::Operator { task: 0, action };
+            assert!(offered.contains(&a), "{a:?} not offered");
+            assert!(
+                m.next_state(&s, a).is_none(),
+                "{a:?} applied to a running task"
+            );
+        }
     }
 
     /// Liveness is evaluated: a drained run ends in a state with no

@@ -286,8 +286,8 @@ enum Command {
         #[arg(long)]
         netns_check: bool,
         /// Shift the second server's wall clock by this many ms (±, flipping
-        /// at each restart) under libfaketime (PostgreSQL store; at least
-        /// 5000 in size).
+        /// at each restart) under libfaketime (PostgreSQL store; 5000 to
+        /// 86400000, one day, in size).
         #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
         clock_skew_ms: i64,
         /// libfaketime for `--clock-skew-ms`; default: the usual install paths.

@@ -44,9 +44,9 @@ pub(crate) struct VerifyArgs {
     /// run drains and liveness is checked.
     #[arg(long, value_parser = clap::value_parser!(u8).range(1..=32))]
     horizon: Option<u8>,
-    /// Checker threads; default: the machine's cores.
-    #[arg(long)]
-    threads: Option<usize>,
+    /// Checker threads (1 to 256); default: the machine's cores.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=MAX_THREADS))]
+    threads: Option<u16>,
     /// Walk order: bfs (the shortest counterexample; keeps the frontier in
     /// memory) or dfs (memory for one path). Default: bfs with --ci, else dfs.
     #[arg(long)]
@@ -58,6 +58,11 @@ pub(crate) struct VerifyArgs {
     #[arg(long)]
     json: bool,
 }
+
+/// Most checker threads `--threads` takes. The checker spawns each one
+/// before it starts, and a spawn the system refuses is a panic inside
+/// stateright, so a count far beyond any machine's cores is refused here.
+const MAX_THREADS: i64 = 256;
 
 /// The bounds of the acceptance run (`idem verify` without `--ci`): one key
 /// of the non-safe class, three executors, three attempts per task, two
@@ -110,6 +115,7 @@ pub(crate) async fn verify(args: VerifyArgs) -> Result<()> {
     let bounds = args.bounds();
     let threads = args
         .threads
+        .map(usize::from)
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let options = Options {
         bounds: bounds.clone(),
@@ -197,4 +203,41 @@ fn render(r: &Report) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        verify: VerifyArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<VerifyArgs, clap::Error> {
+        Cli::try_parse_from(std::iter::once("verify").chain(args.iter().copied())).map(|c| c.verify)
+    }
+
+    /// `--threads` takes 1..=256 only: 0 threads explore nothing, and a
+    /// count no machine has fails at the checker's thread spawns.
+    #[test]
+    fn threads_are_bounded() {
+        for bad in ["0", "257", "100000", "-1"] {
+            let err = parse(&["--threads", bad]).err();
+            assert!(
+                err.is_some_and(|e| e.kind() != clap::error::ErrorKind::DisplayHelp),
+                "--threads {bad} was taken"
+            );
+        }
+        for good in ["1", "2", "256"] {
+            let args = parse(&["--threads", good]).unwrap();
+            assert_eq!(args.threads.map(u64::from), good.parse().ok());
+        }
+        assert!(parse(&[]).unwrap().threads.is_none());
+    }
 }

@@ -24,8 +24,8 @@ pub struct ChaosOptions {
     /// on its database link (PostgreSQL only; root needed). See [`super::netns`].
     pub netns: bool,
     /// Shift of the second instance's wall clock at its first start, ms
-    /// (the sign flips at each restart); 0: none. PostgreSQL only; at least
-    /// [`MIN_CLOCK_SKEW_MS`] in size.
+    /// (the sign flips at each restart); 0: none. PostgreSQL only; from
+    /// [`MIN_CLOCK_SKEW_MS`] to [`MAX_CLOCK_SKEW_MS`] in size.
     pub clock_skew_ms: i64,
     /// libfaketime for `clock_skew_ms`; `None`: the usual places.
     pub libfaketime: Option<PathBuf>,
@@ -187,11 +187,7 @@ async fn run_to_end(opts: ChaosOptions) -> Result<ChaosReport> {
                 "--clock-skew-ms needs a PostgreSQL store (--store postgres://…): two instances sharing the database clock"
             );
         }
-        if opts.clock_skew_ms.abs() < MIN_CLOCK_SKEW_MS {
-            bail!(
-                "--clock-skew-ms must be at least {MIN_CLOCK_SKEW_MS} in size (the Date header that proves it has whole seconds)"
-            );
-        }
+        check_clock_skew(opts.clock_skew_ms)?;
         Some(find_libfaketime(opts.libfaketime.as_deref())?)
     };
     let mut plan = Plan::new(opts.seed, opts.ops, postgres);

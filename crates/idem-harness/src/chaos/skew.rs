@@ -30,6 +30,30 @@ const LIBFAKETIME_PATHS: &[&str] = &[
 /// shift could not be told apart from none.
 pub const MIN_CLOCK_SKEW_MS: i64 = 5_000;
 
+/// Largest skew, ms (one day): far beyond every lease, backoff, deadline
+/// and retention window of the chaos configuration. Shifts of centuries
+/// leave the instance a wall clock it cannot start with (at `i64::MAX` ms it
+/// resets its first connection).
+pub const MAX_CLOCK_SKEW_MS: i64 = 86_400_000;
+
+/// Checks the size of a non-zero `--clock-skew-ms`: from
+/// [`MIN_CLOCK_SKEW_MS`] to [`MAX_CLOCK_SKEW_MS`] either way.
+///
+/// # Errors
+/// A message naming the bound `skew_ms` is outside of.
+pub fn check_clock_skew(skew_ms: i64) -> Result<()> {
+    let size = skew_ms.unsigned_abs();
+    if size < MIN_CLOCK_SKEW_MS.unsigned_abs() {
+        bail!(
+            "--clock-skew-ms must be at least {MIN_CLOCK_SKEW_MS} in size (the Date header that proves it has whole seconds)"
+        );
+    }
+    if size > MAX_CLOCK_SKEW_MS.unsigned_abs() {
+        bail!("--clock-skew-ms must be at most {MAX_CLOCK_SKEW_MS} (one day) in size");
+    }
+    Ok(())
+}
+
 /// How far the observed shift may be from the intended one, ms, besides the
 /// request's round trip: `Date` is truncated to the second.
 const SKEW_TOLERANCE_MS: i64 = 1_500;

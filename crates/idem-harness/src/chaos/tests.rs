@@ -658,3 +658,15 @@ fn a_clock_skew_plan_restarts_the_skewed_instance() {
     assert!(p.server_faults.windows(2).all(|w| w[0].0 <= w[1].0));
     assert!(!base.fault_counts().contains_key("clock_skew_flip"));
 }
+
+/// `--clock-skew-ms` takes 5 s to one day either way; `i64::MIN`, whose size
+/// has no `i64`, is refused like any other size beyond a day.
+#[test]
+fn clock_skew_sizes() {
+    for ok in [5_000, -5_000, 20_000, -86_400_000, 86_400_000] {
+        assert!(check_clock_skew(ok).is_ok(), "{ok}");
+    }
+    for bad in [1, -4_999, 86_400_001, -86_400_001, i64::MAX, i64::MIN] {
+        assert!(check_clock_skew(bad).is_err(), "{bad}");
+    }
+}
