@@ -710,6 +710,8 @@ def main() -> int:
     ap.add_argument("--json", action="store_true", help="one JSON summary object on stdout")
     ap.add_argument("--only", type=int, help="print document INDEX of the seed and both answers")
     args = ap.parse_args()
+    if args.count < 1:
+        ap.error("--count must be at least 1 (a run over no generated document compares only the RFC vectors)")
 
     if not have_pinned_rfc8785():
         if os.environ.get("IDEM_DIFFERENTIAL_VENV"):

@@ -110,7 +110,9 @@ impl VerifyArgs {
 }
 
 /// Runs the exploration and prints the report; a counterexample is an error
-/// (exit status 1) after its trace was printed.
+/// (exit status 1) after its trace was printed, and so is a `sometimes`
+/// witness not reached in a complete exploration: bounds that never reach a
+/// delivery, a reconcile or a stale report prove the invariants vacuously.
 pub(crate) async fn verify(args: VerifyArgs) -> Result<()> {
     let bounds = args.bounds();
     let threads = args
@@ -150,6 +152,18 @@ pub(crate) async fn verify(args: VerifyArgs) -> Result<()> {
     let failed: Vec<&str> = report.counterexamples().map(|p| p.name).collect();
     if !failed.is_empty() {
         bail!("counterexample found: {}", failed.join("; "));
+    }
+    let unreached: Vec<&str> = report
+        .properties
+        .iter()
+        .filter(|p| matches!(p.verdict, Verdict::NotReached))
+        .map(|p| p.name.trim_start_matches("reached: "))
+        .collect();
+    if !report.stopped_early && !unreached.is_empty() {
+        bail!(
+            "these bounds never reach: {} (the invariants would hold vacuously; widen the bounds)",
+            unreached.join("; ")
+        );
     }
     Ok(())
 }

@@ -764,6 +764,27 @@ fn verify_explores_a_small_bound_and_reports_each_property() {
     );
     let properties = v["report"]["properties"].as_array().expect("properties");
     assert_eq!(properties.len(), 16);
+    // One attempt per task: no report can go stale, so that witness is never
+    // reached and the run fails rather than pass vacuously.
+    let out = Command::new(BIN)
+        .args([
+            "verify",
+            "--ci",
+            "--executors",
+            "1",
+            "--attempts",
+            "1",
+            "--horizon",
+            "1",
+        ])
+        .output()
+        .expect("run idem");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("these bounds never reach: a stale report is kept as evidence"),
+        "{err}"
+    );
     assert!(
         properties
             .iter()
