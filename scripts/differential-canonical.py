@@ -2,7 +2,7 @@
 """Differential RFC 8785 canonicalisation: idem against an independent implementation.
 
 Generates JSON documents from a seed, one per line, and compares byte for byte
-the canonical form idem gives (the ``idem-canonical`` binary of idem-harness:
+the canonical form idem gives (the ``idem-canonical`` example of idem-harness:
 ``idem_core::json::parse_strict`` then ``idem_core::fingerprint::canonical_json``,
 the serialiser of the canonical request and fingerprint) with the reference:
 Python's ``json`` module (RFC 8259) with duplicate member names refused (I-JSON
@@ -35,7 +35,7 @@ Usage:
 ``rfc8785`` is installed with pip into a virtualenv this script creates in a
 temporary directory and removes afterwards (unless the running Python already
 has the pinned version). Without --bin the driver is built with
-``cargo build -p idem-harness --bin idem-canonical`` (debug; --release for the
+``cargo build -p idem-harness --example idem-canonical`` (debug; --release for the
 release profile) into ``$CARGO_TARGET_DIR`` (default ``target``).
 """
 
@@ -687,12 +687,12 @@ class Driver:
 
 
 def build_driver(release: bool) -> str:
-    cmd = ["cargo", "build", "--quiet", "-p", "idem-harness", "--bin", "idem-canonical"]
+    cmd = ["cargo", "build", "--quiet", "-p", "idem-harness", "--example", "idem-canonical"]
     if release:
         cmd.append("--release")
     subprocess.run(cmd, cwd=REPO, check=True)
     target = os.environ.get("CARGO_TARGET_DIR", os.path.join(REPO, "target"))
-    return os.path.join(target, "release" if release else "debug", "idem-canonical")
+    return os.path.join(target, "release" if release else "debug", "examples", "idem-canonical")
 
 
 # --------------------------------------------------------------------------

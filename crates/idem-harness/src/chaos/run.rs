@@ -699,7 +699,7 @@ fn render_network(out: &mut String, n: &NetworkReport) {
     }
     let _ = writeln!(
         out,
-        "{:<28} {:>4} {:>7} {:>8} {:>8} {:>8} {:>8} {:>12} {:>8}",
+        "{:<28} {:>4} {:>7} {:>8} {:>8} {:>8} {:>8} {:>12} {:>8} {:>9} {:>6}",
         "network episode",
         "inst",
         "at op",
@@ -708,7 +708,9 @@ fn render_network(out: &mut String, n: &NetworkReport) {
         "dropped",
         "delayed",
         "db conn o/f",
-        "retries"
+        "retries",
+        "late claim",
+        "stale"
     );
     for e in &n.episodes {
         let what = match e.fault {
