@@ -44,9 +44,17 @@ fn strict_value(body: Result<Bytes, BytesRejection>) -> AppResult<Value> {
     strict_value_bytes(&body_bytes(body)?)
 }
 
-/// `bytes` read under the strict JSON rules, or a 400 problem.
+/// `bytes` read under the strict JSON rules, or a 400 problem. Every
+/// request body is a JSON object (the OpenAPI document); serde's derived
+/// structs would also read a sequence of their fields in order
+/// (`["ex-1", ["op"], 1]`), so anything else is refused here.
 fn strict_value_bytes(bytes: &[u8]) -> AppResult<Value> {
-    idem_core::json::parse_strict(bytes).map_err(|e| Problem::invalid(e.to_string()))
+    let value =
+        idem_core::json::parse_strict(bytes).map_err(|e| Problem::invalid(e.to_string()))?;
+    if !value.is_object() {
+        return Err(Problem::invalid("body: the body must be a JSON object"));
+    }
+    Ok(value)
 }
 
 /// The body's bytes, or the problem: 413 over [`BODY_LIMIT_BYTES`], 400 when

@@ -912,3 +912,27 @@ async fn a_stalled_request_cannot_hold_the_shutdown() {
     let status = status.expect("still running 10 s after a second SIGTERM");
     assert_eq!(status.code(), Some(1), "{status:?}");
 }
+
+/// Request bodies are JSON objects: the same fields as an array (which
+/// serde's derived structs would read in order) are 400 and change nothing.
+#[tokio::test]
+async fn bodies_as_arrays_are_400_and_change_nothing() {
+    let srv = Server::fast().await;
+    let t = srv
+        .new_task("array-body", "generation.dispatch", generation("x"))
+        .await;
+    let id = s(&t["id"]);
+    srv.claim(json!(["ex-1", ["generation.dispatch"], 1]))
+        .await
+        .assert_problem(400, "INVALID_REQUEST");
+    assert_eq!(srv.task(&id).await["state"], json!("queued"));
+    let a = srv.claim_one("generation.dispatch", None).await;
+    srv.heartbeat(&s(&a["id"]), json!([1, 5]))
+        .await
+        .assert_problem(400, "INVALID_REQUEST");
+    assert_eq!(srv.attempts(&id).await[0]["usage"], json!(0));
+    srv.report(&s(&a["id"]), json!([1, "succeeded", {}]))
+        .await
+        .assert_problem(400, "INVALID_REQUEST");
+    assert_eq!(srv.task(&id).await["state"], json!("running"));
+}
