@@ -39,6 +39,8 @@ pub mod shown;
 pub mod timeline;
 
 mod error;
+#[cfg(test)]
+mod tests;
 
 pub use error::ConsoleError;
 
