@@ -144,7 +144,7 @@ test("a live update shows the new facts as escapes too", async (t1) => {
   await context.close();
 });
 
-test("the search and the overview show no raw character; search fields and errors show escapes", async (t1) => {
+test("the search and the overview show no raw character; search fields and errors show escapes; keys and tenants refuse them", async (t1) => {
   const { context, page } = await newPage(browser);
   await signIn(page, server.url, t.adminKey);
   await page.goto(`${server.url}/console/tasks?${new URLSearchParams({ external_txn_id: `tx ${SOME}` })}`);
@@ -158,18 +158,18 @@ test("the search and the overview show no raw character; search fields and error
   await page.goto(`${server.url}/console/overview`);
   await assertShown(page, "overview", [], t1);
   await context.close();
-});
 
-test("idempotency keys and tenants hold none of these characters: the API and the CLI refuse them", async () => {
+  // What the search results and the overview show of a task is its idempotency key (and the
+  // tenant): visible ASCII, which holds none of these characters.
   // A header value is Latin-1 at most (fetch refuses the others before sending); the server
   // refuses the controls among them.
   for (const c of ["\u0001", "\u007f", "\u0085", "\u00ad"]) {
-    const res = await fetch(`${server.url}/v1/tasks`, {
+    const sent = await fetch(`${server.url}/v1/tasks`, {
       method: "POST",
       headers: { authorization: `Bearer ${t.clientKey}`, "content-type": "application/json", "idempotency-key": `k${c}x` },
       body: JSON.stringify({ operation: "payment.release", params: { payee: "p", amount: 1, currency: "EUR" } }),
     }).catch((e) => e);
-    assert.ok(res instanceof Error || res.status === 400, `a key with ${escape(c)} is refused`);
+    assert.ok(sent instanceof Error || sent.status === 400, `a key with ${escape(c)} is refused`);
   }
   await assert.rejects(server.createKey("acme\u202eX", "client"));
 });
