@@ -1,6 +1,7 @@
 //! The page layout and the helpers every page shares. Every value goes
-//! through `maud`, which escapes it in text and attributes; every URL with a
-//! value in it is built with `form_urlencoded`.
+//! through `maud`, which escapes it in text and attributes, and then through
+//! [`crate::shown`], which shows its hidden characters as escapes; every URL
+//! with a value in it is built with `form_urlencoded`.
 
 use idem_core::model::{Task, Timestamp};
 use maud::{DOCTYPE, Markup, html};
@@ -117,9 +118,9 @@ pub fn count<N: std::fmt::Display + PartialEq + From<u8>>(n: N, one: &str, many:
     format!("{n} {noun}")
 }
 
-/// A JSON document, pretty-printed (as text: `maud` escapes it).
-pub fn pretty(v: &serde_json::Value) -> String {
-    serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
+/// A JSON document, pretty-printed for a `<pre>` ([`crate::shown::json`]).
+pub fn pretty(v: &serde_json::Value) -> Markup {
+    crate::shown::json(v)
 }
 
 /// A link to the task page, showing its idempotency key.

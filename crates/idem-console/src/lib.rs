@@ -15,6 +15,8 @@
 //! - [`timeline`]: the task's story drawn as an SVG picture.
 //! - [`html`]: the page layout and the helpers every page shares; every value
 //!   is escaped by `maud`, every URL built with `form_urlencoded`.
+//! - [`shown`]: every HTML answer shows invisible and bidirectional control
+//!   characters of its data as visible escapes (`⟨U+202E⟩`).
 //!
 //! Every response under `/console` carries a Content-Security-Policy without
 //! inline script or style ([`CSP`]) and `nosniff`, `same-origin` referrer and
@@ -33,9 +35,12 @@ use axum::routing::{get, post};
 pub mod html;
 pub mod pages;
 pub mod session;
+pub mod shown;
 pub mod timeline;
 
 mod error;
+#[cfg(test)]
+mod tests;
 
 pub use error::ConsoleError;
 
@@ -100,7 +105,8 @@ pub fn router(app: idem_http::AppState, config: ConsoleConfig) -> Router {
     let slash = Router::new()
         .route("/console/", get(pages::root))
         .with_state(state.clone())
-        .layer(axum::middleware::map_response(security_headers));
+        .layer(axum::middleware::map_response(security_headers))
+        .layer(axum::middleware::map_response(shown::html_answer));
     let console = Router::new()
         .route("/", get(pages::root))
         .route(
@@ -122,6 +128,7 @@ pub fn router(app: idem_http::AppState, config: ConsoleConfig) -> Router {
         .layer(
             tower::ServiceBuilder::new()
                 .layer(axum::middleware::map_response(security_headers))
+                .layer(axum::middleware::map_response(shown::html_answer))
                 .layer(DefaultBodyLimit::max(FORM_LIMIT_BYTES)),
         );
     Router::new().nest("/console", console).merge(slash)

@@ -14,6 +14,13 @@
 //!   ‖ token))`: fixed for the session, different for every other session,
 //!   and not the token itself (a page that shows it gives the cookie away to
 //!   nobody). Posts compare it in constant time ([`check_csrf`]).
+//! - Sign-in ([`crate::pages::sign_in`]) is guarded before any session
+//!   exists: the form carries a random token that must equal the one in the
+//!   pre-session cookie [`SIGN_IN_COOKIE`] ([`check_sign_in_token`]), a post
+//!   whose `Origin` is not the console's own is refused ([`foreign_origin`]),
+//!   and so is one the browser marks `Sec-Fetch-Site: cross-site` or
+//!   `same-site` ([`from_elsewhere`]). Replacing a live session of another
+//!   key needs a confirmation carrying [`replace_token`].
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
@@ -33,6 +40,16 @@ pub const COOKIE: &str = "idem_session";
 
 /// The label CSRF tokens are derived under.
 const CSRF_LABEL: &[u8] = b"idem-console-csrf\0";
+
+/// The pre-session cookie's name: it holds the sign-in form's token.
+pub const SIGN_IN_COOKIE: &str = "idem_sign_in";
+
+/// How long a sign-in form's token lasts, seconds (an older form is refused
+/// with a fresh one).
+pub const SIGN_IN_TTL_S: i64 = 3600;
+
+/// The label a replace token is derived under.
+const REPLACE_LABEL: &[u8] = b"idem-console-replace\0";
 
 /// A signed-in request: its session, the key behind it, the token (from the
 /// cookie) and the session's CSRF token.
@@ -103,21 +120,27 @@ pub fn check_csrf(who: &SignedIn, given: Option<&str>) -> Result<(), ConsoleErro
     }
 }
 
-/// The session token in the request's cookies, if any.
-pub fn token_of(headers: &HeaderMap) -> Option<String> {
+/// The value of cookie `name` in the request's cookies, if any and not empty.
+fn cookie_of(headers: &HeaderMap, name: &str) -> Option<String> {
     headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(cookie::Cookie::split_parse)
         .filter_map(Result::ok)
-        .find(|c| c.name() == COOKIE && !c.value().is_empty())
+        .find(|c| c.name() == name && !c.value().is_empty())
         .map(|c| c.value().to_owned())
 }
 
-/// The `Set-Cookie` value that stores `token` for `max_age_s` seconds.
-pub fn session_cookie(token: &str, max_age_s: i64, secure: bool) -> String {
-    cookie::Cookie::build((COOKIE, token.to_owned()))
+/// The session token in the request's cookies, if any.
+pub fn token_of(headers: &HeaderMap) -> Option<String> {
+    cookie_of(headers, COOKIE)
+}
+
+/// A console cookie: `HttpOnly; SameSite=Strict; Path=/console;
+/// Max-Age=<max_age_s>`, `Secure` when `secure`.
+fn console_cookie(name: &'static str, value: &str, max_age_s: i64, secure: bool) -> String {
+    cookie::Cookie::build((name, value.to_owned()))
         .http_only(true)
         .same_site(cookie::SameSite::Strict)
         .path("/console")
@@ -125,6 +148,63 @@ pub fn session_cookie(token: &str, max_age_s: i64, secure: bool) -> String {
         .secure(secure)
         .build()
         .to_string()
+}
+
+/// The `Set-Cookie` value that stores `token` for `max_age_s` seconds.
+pub fn session_cookie(token: &str, max_age_s: i64, secure: bool) -> String {
+    console_cookie(COOKIE, token, max_age_s, secure)
+}
+
+/// The sign-in form's token in the pre-session cookie, if it has the shape
+/// of one (a session token's: 43 base64url characters).
+pub fn sign_in_token_of(headers: &HeaderMap) -> Option<String> {
+    cookie_of(headers, SIGN_IN_COOKIE).filter(|t| {
+        t.len() == 43
+            && t.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    })
+}
+
+/// The `Set-Cookie` value of the pre-session cookie holding `token` for
+/// [`SIGN_IN_TTL_S`] (with the session cookie's attributes).
+pub fn sign_in_cookie(token: &str, secure: bool) -> String {
+    console_cookie(SIGN_IN_COOKIE, token, SIGN_IN_TTL_S, secure)
+}
+
+/// The `Set-Cookie` value that removes the pre-session cookie (a sign-in
+/// used it up).
+pub fn cleared_sign_in_cookie(secure: bool) -> String {
+    console_cookie(SIGN_IN_COOKIE, "", 0, secure)
+}
+
+/// Whether the sign-in form's token `given` equals the pre-session cookie's
+/// `cookie` (both present; constant-time in the token).
+pub fn check_sign_in_token(cookie: Option<&str>, given: Option<&str>) -> bool {
+    match (cookie, given) {
+        (Some(c), Some(g)) => bool::from(g.as_bytes().ct_eq(c.as_bytes())),
+        _ => false,
+    }
+}
+
+/// The token that confirms replacing the session whose token is
+/// `session_token` by a session of key `new_key`:
+/// `base64url(SHA-256("idem-console-replace\0" ‖ token ‖ "\0" ‖ key id))`.
+/// Only the browser holding the session can have it, and it confirms that
+/// key only.
+pub fn replace_token(session_token: &str, new_key: uuid::Uuid) -> String {
+    let mut h = Sha256::new();
+    h.update(REPLACE_LABEL);
+    h.update(session_token.as_bytes());
+    h.update(b"\0");
+    h.update(new_key.to_string().as_bytes());
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(h.finalize())
+}
+
+/// Whether `given` is the replace token of `who`'s session for `new_key`
+/// (constant-time).
+pub fn check_replace(who: &SignedIn, new_key: uuid::Uuid, given: Option<&str>) -> bool {
+    let want = replace_token(&who.token, new_key);
+    given.is_some_and(|g| bool::from(g.as_bytes().ct_eq(want.as_bytes())))
 }
 
 /// The `Set-Cookie` value that removes the session cookie.
@@ -241,6 +321,76 @@ pub fn secure(configured: bool, headers: &HeaderMap) -> bool {
             .is_some_and(|v| v.trim().eq_ignore_ascii_case("https"))
 }
 
+/// The console's own origin as the browser sees it: `https` when the
+/// session cookie is `Secure` ([`secure`]: configured, or `X-Forwarded-Proto:
+/// https`), else `http`; the host and port of `X-Forwarded-Host` (first
+/// value) when a proxy sends one, else of `Host`. `None` without a host.
+fn own_origin(configured_secure: bool, headers: &HeaderMap) -> Option<(&'static str, String)> {
+    let scheme = if secure(configured_secure, headers) {
+        "https"
+    } else {
+        "http"
+    };
+    let host = headers
+        .get("x-forwarded-host")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(',').next())
+        .or_else(|| headers.get(header::HOST).and_then(|v| v.to_str().ok()))?;
+    Some((scheme, host.trim().to_owned()))
+}
+
+/// `scheme`, lower-case host and port (the scheme's default when none) of an
+/// origin.
+fn origin_parts(scheme: &str, authority: &str) -> Option<(String, String, u16)> {
+    let a: axum::http::uri::Authority = authority.parse().ok()?;
+    let scheme = scheme.to_ascii_lowercase();
+    let port = match (a.port_u16(), scheme.as_str()) {
+        (Some(p), _) => p,
+        (None, "https") => 443,
+        (None, "http") => 80,
+        _ => return None,
+    };
+    // `Origin` never carries user information.
+    if authority.contains('@') {
+        return None;
+    }
+    Some((scheme, a.host().to_ascii_lowercase(), port))
+}
+
+/// Whether the request carries an `Origin` (RFC 6454 §7) other than the
+/// console's own (scheme, host and port; [`own_origin`]), `null` included.
+/// A post without `Origin` passes this check (older browsers send none on
+/// same-origin posts; the sign-in token still guards it). The forwarded
+/// headers come from the proxy: a page cannot make a browser send them.
+pub fn foreign_origin(configured_secure: bool, headers: &HeaderMap) -> bool {
+    let Some(origin) = headers.get(header::ORIGIN) else {
+        return false;
+    };
+    let theirs = origin
+        .to_str()
+        .ok()
+        .and_then(|o| o.split_once("://"))
+        .filter(|(_, rest)| !rest.contains('/'))
+        .and_then(|(scheme, authority)| origin_parts(scheme, authority));
+    let ours = own_origin(configured_secure, headers)
+        .and_then(|(scheme, authority)| origin_parts(scheme, &authority));
+    match (theirs, ours) {
+        (Some(t), Some(o)) => t != o,
+        _ => true,
+    }
+}
+
+/// Whether the browser says the request comes from another origin than the
+/// console's (`Sec-Fetch-Site: cross-site` or `same-site`: a page of another
+/// port or subdomain of the same site is `same-site`): refused on sign-in,
+/// where no session's CSRF token exists yet.
+pub fn from_elsewhere(headers: &HeaderMap) -> bool {
+    headers.get("sec-fetch-site").is_some_and(|v| {
+        let v = v.as_bytes();
+        v.eq_ignore_ascii_case(b"cross-site") || v.eq_ignore_ascii_case(b"same-site")
+    })
+}
+
 /// Whether the browser says the request comes from another site
 /// (`Sec-Fetch-Site: cross-site`): refused on every post, on top of the
 /// `SameSite=Strict` cookie and the CSRF token.
@@ -277,6 +427,135 @@ mod tests {
         }
         assert!(!c.contains("Secure"));
         assert!(session_cookie("abc", 60, true).contains("Secure"));
+    }
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(*k, v.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn the_sign_in_cookie_is_http_only_strict_scoped_and_short() {
+        let c = sign_in_cookie("abc", false);
+        for part in [
+            "idem_sign_in=abc",
+            "HttpOnly",
+            "SameSite=Strict",
+            "Path=/console",
+            "Max-Age=3600",
+        ] {
+            assert!(c.contains(part), "{c} lacks {part}");
+        }
+        assert!(!c.contains("Secure"));
+        assert!(sign_in_cookie("abc", true).contains("Secure"));
+        assert!(cleared_sign_in_cookie(false).contains("Max-Age=0"));
+    }
+
+    #[test]
+    fn the_sign_in_token_is_read_only_in_its_shape() {
+        let t = "A".repeat(43);
+        let h = headers(&[("cookie", &format!("idem_sign_in={t}; idem_session=x"))]);
+        assert_eq!(sign_in_token_of(&h), Some(t));
+        for bad in ["short", &"A".repeat(44), &format!("{}+", "A".repeat(42))] {
+            let h = headers(&[("cookie", &format!("idem_sign_in={bad}"))]);
+            assert_eq!(sign_in_token_of(&h), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_sign_in_token_must_equal_the_cookie() {
+        assert!(check_sign_in_token(Some("tok"), Some("tok")));
+        assert!(!check_sign_in_token(Some("tok"), Some("tok2")));
+        assert!(!check_sign_in_token(Some("tok"), None));
+        assert!(!check_sign_in_token(None, Some("tok")));
+        assert!(!check_sign_in_token(None, None));
+    }
+
+    #[test]
+    fn replace_tokens_bind_the_session_and_the_new_key() {
+        let k1 = uuid::Uuid::from_u128(1);
+        let k2 = uuid::Uuid::from_u128(2);
+        let a = replace_token("session-a", k1);
+        assert_eq!(a, replace_token("session-a", k1));
+        assert_ne!(a, replace_token("session-b", k1));
+        assert_ne!(a, replace_token("session-a", k2));
+        assert_ne!(a, csrf_token("session-a"));
+    }
+
+    #[test]
+    fn only_the_consoles_own_origin_may_sign_in() {
+        let host = ("host", "127.0.0.1:8080");
+        assert!(
+            !foreign_origin(false, &headers(&[host])),
+            "no Origin: the token decides"
+        );
+        for ok in ["http://127.0.0.1:8080", "HTTP://127.0.0.1:8080"] {
+            assert!(
+                !foreign_origin(false, &headers(&[host, ("origin", ok)])),
+                "{ok}"
+            );
+        }
+        for bad in [
+            "http://127.0.0.1:8081",
+            "http://localhost:8080",
+            "https://127.0.0.1:8080",
+            "null",
+            "http://127.0.0.1:8080/",
+            "http://user@127.0.0.1:8080",
+            "",
+        ] {
+            assert!(
+                foreign_origin(false, &headers(&[host, ("origin", bad)])),
+                "{bad}"
+            );
+        }
+        // No Host to compare with: any Origin is foreign.
+        assert!(foreign_origin(
+            false,
+            &headers(&[("origin", "http://127.0.0.1:8080")])
+        ));
+    }
+
+    #[test]
+    fn behind_a_tls_proxy_the_origin_is_https_on_the_default_port() {
+        let proxied = [("host", "console.example"), ("x-forwarded-proto", "https")];
+        let with = |o: &'static str| {
+            let mut h = headers(&proxied);
+            h.append("origin", o.parse().unwrap());
+            h
+        };
+        assert!(!foreign_origin(false, &with("https://console.example")));
+        assert!(!foreign_origin(false, &with("https://console.example:443")));
+        assert!(foreign_origin(false, &with("http://console.example")));
+        // Configured Secure: the console is reached over TLS.
+        let h = headers(&[
+            ("host", "console.example"),
+            ("origin", "https://console.example"),
+        ]);
+        assert!(!foreign_origin(true, &h));
+        assert!(foreign_origin(false, &h));
+        // A proxy that rewrites Host names the browser's in X-Forwarded-Host.
+        let h = headers(&[
+            ("host", "127.0.0.1:8080"),
+            ("x-forwarded-host", "console.example"),
+            ("x-forwarded-proto", "https"),
+            ("origin", "https://console.example"),
+        ]);
+        assert!(!foreign_origin(false, &h));
+    }
+
+    #[test]
+    fn sign_in_is_refused_from_another_site_or_origin_of_it() {
+        for v in ["cross-site", "same-site", "Same-Site"] {
+            assert!(from_elsewhere(&headers(&[("sec-fetch-site", v)])), "{v}");
+        }
+        for v in ["same-origin", "none"] {
+            assert!(!from_elsewhere(&headers(&[("sec-fetch-site", v)])), "{v}");
+        }
+        assert!(!from_elsewhere(&HeaderMap::new()));
     }
 
     #[test]

@@ -29,7 +29,9 @@
 //! The markup has no `style=` attribute and no script (the console's
 //! Content-Security-Policy forbids both): geometry is in presentation
 //! attributes, colours by class in `static/timeline.css` (served as part of
-//! `console.css`). Every text taken from the data is escaped by maud.
+//! `console.css`). Every text taken from the data is escaped by maud, and its
+//! hidden characters are shown as escapes ([`crate::shown`]); a tooltip's lines
+//! are separated by [`crate::shown::LINE_BREAK`].
 
 use std::collections::BTreeMap;
 
@@ -39,6 +41,8 @@ use idem_core::model::{
 };
 use maud::{Markup, html};
 use serde_json::Value;
+
+use crate::shown::{Lines, visible};
 
 /// Width of the left gutter holding the row labels, px.
 const GUTTER_W: f64 = 220.0;
@@ -193,7 +197,7 @@ pub fn svg(task: &Task, attempts: &[Attempt], events: &[Event], now: Timestamp) 
                     line class="zone-edge" x1=(n(key_x - 12.0)) x2=(n(key_x - 12.0))
                         y1="22" y2=(n(rows_bottom)) {}
                     g class=(format!("marker {}", k.class)) {
-                        title { (k.title()) }
+                        title { (Lines(&k.title())) }
                         polygon points=(triangle(key_x + 6.0, outcome_y + 27.0)) {}
                         text x=(n(key_x + 16.0)) y=(n(outcome_y + 31.0)) {
                             (k.word) " " (date(k.at.0)) " " (clock(k.at, Clock::Minutes))
@@ -501,8 +505,9 @@ struct Mark {
     /// Whether the label may be left out when marks crowd (heartbeats,
     /// retries, reconciliation required); other labels always show.
     optional: bool,
-    /// The tooltip: kind, exact time and every value, untruncated.
-    title: String,
+    /// The tooltip's lines: kind and exact time, then every value,
+    /// untruncated (drawn by [`Lines`]).
+    title: Vec<String>,
 }
 
 impl Mark {
@@ -514,7 +519,7 @@ impl Mark {
             class: class.into(),
             label: None,
             optional: false,
-            title: String::new(),
+            title: Vec::new(),
         }
     }
 
@@ -525,17 +530,14 @@ impl Mark {
     }
 
     fn label(mut self, text: &str) -> Mark {
-        self.label = Some(truncate(text, LABEL_CHARS));
+        self.label = Some(truncate(&visible(text), LABEL_CHARS));
         self
     }
 
     /// The tooltip: `head` and the exact time on the first line, then `lines`.
     fn title(mut self, head: &str, lines: &[String]) -> Mark {
-        let mut t = format!("{head} at {}", self.at.to_rfc3339());
-        for l in lines.iter().filter(|l| !l.is_empty()) {
-            t.push('\n');
-            t.push_str(l);
-        }
+        let mut t = vec![format!("{head} at {}", self.at.to_rfc3339())];
+        t.extend(lines.iter().filter(|l| !l.is_empty()).cloned());
         self.title = t;
         self
     }
@@ -659,7 +661,7 @@ fn marker(m: &Mark, s: &Spot, y: f64) -> Markup {
     let label_y = if s.line == 0 { y + 18.0 } else { y + 51.0 };
     html! {
         g class=(format!("marker {}", m.class)) data-at=(m.at.0) {
-            title { (m.title) }
+            title { (Lines(&m.title)) }
             @match m.shape {
                 Shape::Dot => circle cx=(n(s.x)) cy=(n(cy)) r=(if minor { "3" } else { "5" }) {},
                 Shape::Square => rect x=(n(s.x - 5.0)) y=(n(cy - 5.0)) width="10" height="10" {},
@@ -694,8 +696,9 @@ fn gutter_text(lines: &[String], y: f64) -> Markup {
         @for (i, l) in lines.iter().enumerate().filter(|(_, l)| !l.is_empty()) {
             text class=(if i == 0 { "gutter-head" } else { "gutter-sub" })
                 x="8" y=(n(y + 17.0 + 15.0 * i as f64)) {
-                @if l.chars().count() > GUTTER_CHARS { title { (l) } }
-                (truncate(l, GUTTER_CHARS))
+                @let shown = visible(l);
+                @if shown.chars().count() > GUTTER_CHARS { title { (l) } }
+                (truncate(&shown, GUTTER_CHARS))
             }
         }
     }
@@ -716,17 +719,23 @@ fn lane(a: &Attempt, row: &Row, y: f64, alt: bool, scale: &Scale, live: bool) ->
         slug(a.state.as_str()),
         if open { " live" } else { "" }
     );
-    let lease_title = format!(
-        "lease of attempt {} (generation {}, {})\nclaimed at {} by executor {}\n{end_word} at {} ({})\nlease length {} per heartbeat",
-        a.number,
-        a.generation,
-        a.kind,
-        a.leased_at.to_rfc3339(),
-        a.executor_id,
-        end.to_rfc3339(),
-        duration(end.0 - a.leased_at.0),
-        duration(a.lease_ms),
-    );
+    let lease_title = [
+        format!(
+            "lease of attempt {} (generation {}, {})",
+            a.number, a.generation, a.kind
+        ),
+        format!(
+            "claimed at {} by executor {}",
+            a.leased_at.to_rfc3339(),
+            a.executor_id
+        ),
+        format!(
+            "{end_word} at {} ({})",
+            end.to_rfc3339(),
+            duration(end.0 - a.leased_at.0)
+        ),
+        format!("lease length {} per heartbeat", duration(a.lease_ms)),
+    ];
     let stale = a
         .evidence
         .iter()
@@ -752,7 +761,7 @@ fn lane(a: &Attempt, row: &Row, y: f64, alt: bool, scale: &Scale, live: bool) ->
                 y1=(n(y + 31.0)) y2=(n(y + 31.0)) {}
             rect class=(bar_class) x=(n(x_from)) y=(n(y + 26.0)) width=(n(x_to - x_from))
                 height="10" rx="2" {
-                title { (lease_title) }
+                title { (Lines(&lease_title)) }
             }
             @for (m, s) in &row.marks { (marker(m, s, y)) }
         }
@@ -1148,17 +1157,16 @@ struct KeyExpiry {
 }
 
 impl KeyExpiry {
-    fn title(&self) -> String {
+    fn title(&self) -> Vec<String> {
         let what = if self.class == "key-released" {
             "idempotency key released"
         } else {
             "idempotency key expires (a submit after it starts a new task)"
         };
-        format!(
-            "{what} at {}\nidempotency key {}",
-            self.at.to_rfc3339(),
-            self.key
-        )
+        vec![
+            format!("{what} at {}", self.at.to_rfc3339()),
+            format!("idempotency key {}", self.key),
+        ]
     }
 
     fn mark(&self) -> Mark {

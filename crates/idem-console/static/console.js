@@ -4,6 +4,9 @@
 // fragment is fetched and swapped in. The stream's `end` event (the task is
 // terminal) closes it after a last refresh. No inline script anywhere: this
 // file is the console's only script (Content-Security-Policy script-src 'self').
+// It writes no text of its own into the page: the fragment is HTML the server
+// rendered, its hidden characters already shown as escapes (idem-console's
+// `shown` module), so there is no second rule to keep in step here.
 "use strict";
 
 (function () {

@@ -383,10 +383,23 @@ async fn reconciled_payment(client: &Client, executor: &Client) -> Result<Uuid> 
 
 /// Signs in with `admin_key`; the `Cookie` header value of the session.
 async fn sign_in(http: &reqwest::Client, url: &str, admin_key: &str) -> Result<String> {
-    let body = form_urlencoded_pair("api_key", admin_key);
+    // The form's token is the pre-session cookie's: read it from the form page.
+    let form = http
+        .get(format!("{url}/console/sign-in"))
+        .send()
+        .await
+        .context("reading the sign-in form")?;
+    let token = cookie_value(form.headers(), "idem_sign_in")
+        .context("the sign-in form set no idem_sign_in cookie")?;
+    let body = format!(
+        "{}&{}",
+        form_urlencoded_pair("sign_in_token", &token),
+        form_urlencoded_pair("api_key", admin_key)
+    );
     let res = http
         .post(format!("{url}/console/sign-in"))
         .header("content-type", "application/x-www-form-urlencoded")
+        .header("cookie", format!("idem_sign_in={token}"))
         .body(body)
         .send()
         .await
@@ -394,15 +407,22 @@ async fn sign_in(http: &reqwest::Client, url: &str, admin_key: &str) -> Result<S
     if res.status() != 303 {
         bail!("sign-in answered {}", res.status());
     }
-    for v in res.headers().get_all("set-cookie") {
-        let v = v.to_str().context("set-cookie")?;
-        if let Some(pair) = v.split(';').next()
-            && pair.starts_with("idem_session=")
-        {
-            return Ok(pair.to_owned());
-        }
+    match cookie_value(res.headers(), "idem_session") {
+        Some(v) => Ok(format!("idem_session={v}")),
+        None => bail!("sign-in set no idem_session cookie"),
     }
-    bail!("sign-in set no idem_session cookie")
+}
+
+/// The value `Set-Cookie` gives cookie `name` in `headers`, if any.
+fn cookie_value(headers: &reqwest::header::HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .filter_map(|v| v.split(';').next())
+        .filter_map(|pair| pair.split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v.to_owned())
 }
 
 /// `name=value`, form-encoded.

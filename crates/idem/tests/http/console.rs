@@ -53,8 +53,12 @@ impl Browser {
         b
     }
 
+    /// Signs in as a person does: the form first (its token, and the
+    /// pre-session cookie the cookie store keeps), then the post.
     async fn sign_in(&self, key: &str, next: Option<&str>) -> Resp {
-        let mut form = vec![("api_key", key)];
+        let page = self.get("/console/sign-in").await;
+        let token = attr_after(&page.text, "name=\"sign_in_token\" value=\"");
+        let mut form = vec![("sign_in_token", token.as_str()), ("api_key", key)];
         if let Some(n) = next {
             form.push(("next", n));
         }
@@ -173,7 +177,13 @@ async fn sign_in_and_out(srv: &Server) {
         "{}",
         bad.text
     );
-    assert!(bad.header("set-cookie").is_empty());
+    assert!(
+        bad.headers
+            .get_all("set-cookie")
+            .iter()
+            .all(|c| !c.as_bytes().starts_with(b"idem_session=")),
+        "no session cookie"
+    );
     let exec = b.sign_in(&srv.keys.exec, None).await;
     assert_eq!(exec.status, 401, "an executor key cannot sign in");
 
@@ -208,15 +218,28 @@ async fn sign_in_and_out(srv: &Server) {
     assert_ne!(token_of(&cookie), first, "a new sign-in gets a new token");
     let old = with_token(&srv.url, "/console/overview", &first).await;
     assert_to_sign_in(&old, "/console/overview");
-    // Behind a TLS-terminating proxy the cookie is Secure.
+    // Behind a TLS-terminating proxy the cookies are Secure (so sent here
+    // by hand: a cookie store keeps them for HTTPS only).
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("reqwest client");
+    let page = send(
+        http.get(format!("{}/console/sign-in", srv.url))
+            .header("x-forwarded-proto", "https"),
+    )
+    .await;
+    let pre = page.header("set-cookie");
+    assert!(pre.contains("Secure"), "{pre}");
+    let token = attr_after(&page.text, "name=\"sign_in_token\" value=\"");
     let proxied = send(
-        reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .expect("reqwest client")
-            .post(format!("{}/console/sign-in", srv.url))
+        http.post(format!("{}/console/sign-in", srv.url))
             .header("x-forwarded-proto", "https")
-            .form(&[("api_key", srv.keys.acme.as_str())]),
+            .header("cookie", format!("idem_sign_in={token}"))
+            .form(&[
+                ("sign_in_token", token.as_str()),
+                ("api_key", srv.keys.acme.as_str()),
+            ]),
     )
     .await;
     assert_eq!(proxied.status, 303);
