@@ -22,13 +22,13 @@ const PAY: &str = "payment.release";
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'";
 
 /// A browser of the console: its own cookie store, redirects not followed.
-struct Browser {
+pub(crate) struct Browser {
     base: String,
     http: reqwest::Client,
 }
 
 impl Browser {
-    fn new(srv: &Server) -> Browser {
+    pub(crate) fn new(srv: &Server) -> Browser {
         Browser::at(&srv.url)
     }
 
@@ -53,7 +53,7 @@ impl Browser {
         b
     }
 
-    async fn sign_in(&self, key: &str, next: Option<&str>) -> Resp {
+    pub(crate) async fn sign_in(&self, key: &str, next: Option<&str>) -> Resp {
         let mut form = vec![("api_key", key)];
         if let Some(n) = next {
             form.push(("next", n));
@@ -61,7 +61,7 @@ impl Browser {
         self.post("/console/sign-in", &form).await
     }
 
-    async fn get(&self, path: &str) -> Resp {
+    pub(crate) async fn get(&self, path: &str) -> Resp {
         let r = send(self.http.get(format!("{}{path}", self.base))).await;
         assert_security_headers(&r, path);
         r

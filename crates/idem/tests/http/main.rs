@@ -19,6 +19,7 @@ mod operator;
 mod pg_start;
 mod sdk;
 mod search;
+mod secrets;
 mod serving;
 mod submit;
 mod support;
