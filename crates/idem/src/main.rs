@@ -413,7 +413,10 @@ async fn run_command(cli: Cli, telemetry: telemetry::Telemetry) -> Result<()> {
                 _ => None,
             };
             let store = match command {
-                KeysCommand::Create { .. } => open_store(&store).await?,
+                KeysCommand::Create { .. } => {
+                    store::refuse_sqlite_change_under_serve(&store, false)?;
+                    open_store(&store).await?
+                }
                 _ => open_existing_store(&store).await?,
             };
             match command {
@@ -466,6 +469,7 @@ async fn run_command(cli: Cli, telemetry: telemetry::Telemetry) -> Result<()> {
         }
         Command::Migrate { store } => {
             log_store_location(&store)?;
+            store::refuse_sqlite_change_under_serve(&store, true)?;
             let (kind, applied, known) = if let Some(path) = store.store.strip_prefix("sqlite://") {
                 let path = path.to_owned();
                 let applied =

@@ -21,6 +21,7 @@ mod sdk;
 mod search;
 mod secrets;
 mod serving;
+mod sqlite_files;
 mod submit;
 mod support;
 mod traceparent;
