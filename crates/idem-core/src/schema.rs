@@ -350,7 +350,10 @@ mod tests {
                 json!({"allOf": [{"properties": {"x": {"format": "credit-card"}}}]}),
                 "/allOf/0/properties/x/format",
             ),
-            (json!({"$defs": {"d": {"maxLenght": 3}}}), "/$defs/d/maxLenght"),
+            (
+                json!({"$defs": {"d": {"maxLenght": 3}}}),
+                "/$defs/d/maxLenght",
+            ),
         ] {
             match ParamsSchema::new(schema.clone()).compile() {
                 Err(SchemaError::Compile(m)) => assert!(m.starts_with(named), "{m}"),
