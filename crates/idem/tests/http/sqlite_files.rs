@@ -93,10 +93,10 @@ async fn a_store_whose_file_was_removed_is_never_silently_replaced() {
     assert_eq!(tasks_in(&db), 1000);
 }
 
-/// After a clean stop SQLite removes its `-wal` and `-shm`; the serve lock
-/// remains and still marks the store as used: with the file removed, serve
-/// refuses naming it. Removing the lock too is the operator's way to start
-/// empty on purpose.
+/// After a stop the serve lock remains (SQLite's `-wal` and `-shm` may be
+/// gone, if the last connection closed them) and still marks the store as
+/// used: with the database file removed, serve refuses naming it. Removing
+/// the leftovers is the operator's way to start empty on purpose.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_clean_stop_the_serve_lock_marks_a_used_store() {
     let mut srv = Server::fast().await;
@@ -105,6 +105,8 @@ async fn after_a_clean_stop_the_serve_lock_marks_a_used_store() {
     let db = srv.db_path();
     std::fs::remove_file(&db).unwrap();
     let lock = format!("{}.serve-lock", db.display());
+    std::fs::remove_file(format!("{}-wal", db.display())).ok();
+    std::fs::remove_file(format!("{}-shm", db.display())).ok();
     let err = serve_refused(&srv.store());
     assert!(err.contains(&lock), "{err}");
     std::fs::remove_file(&lock).unwrap();
