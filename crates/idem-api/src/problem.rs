@@ -69,6 +69,9 @@ problem_codes! {
         SubmitterRevoked => "SUBMITTER_REVOKED",
         /// 409: another refusal of the state machine.
         Conflict => "CONFLICT",
+        /// 408: the request body was not complete within the server's body
+        /// bound (`IDEM_BODY_TIMEOUT_MS`); the connection is closed.
+        RequestTimeout => "REQUEST_TIMEOUT",
         /// 413: the body is over the limit.
         PayloadTooLarge => "PAYLOAD_TOO_LARGE",
         /// 503: the store (or the metrics recorder) is unavailable; nothing

@@ -247,7 +247,7 @@ pub fn claim(
                 j,
                 now,
                 FailureClass::AttemptsExhausted,
-                "max attempts used",
+                "all execute attempts used",
             );
             return Ok(None);
         }
@@ -634,13 +634,10 @@ pub fn report(
             if task.cancel_pending() {
                 confirm_cancel(task, j, now);
             } else {
-                next_execute(
-                    task,
-                    j,
-                    now,
-                    false,
-                    "reconciliation found nothing committed",
-                );
+                // The execute attempt whose outcome was unknown failed
+                // without effect: its retry waits the contract's backoff,
+                // as a transient failure's does.
+                next_execute(task, j, now, true, "reconciliation found nothing committed");
             }
         }
     }
@@ -919,7 +916,12 @@ fn next_execute(task: &mut Task, j: &mut Journal, now: Timestamp, backoff: bool,
         }
     };
     if task.control.execute_count >= task.execute_limit() {
-        let message = ended(format!("all {} attempts used", task.execute_limit()));
+        // Only execute attempts count against the limit; reconcile attempts
+        // (and the attempt numbers they take) never do.
+        let message = ended(format!(
+            "all {} execute attempts used",
+            task.execute_limit()
+        ));
         fail(task, j, now, FailureClass::AttemptsExhausted, &message);
     } else if now >= task.control.deadline_at {
         let message = ended("deadline passed".to_owned());

@@ -354,8 +354,12 @@ async fn the_test_helper_says_what_postgres_said_and_the_fix() {
         msg.contains("database \"idem_no_such_test_db\" does not exist"),
         "{msg}"
     );
+    let at = idem_store_postgres::testing::server_address();
+    let (host, port) = at.rsplit_once(':').unwrap();
     assert!(
-        msg.contains("create it: `createdb -h 127.0.0.1 -p 5432 -U postgres idem_no_such_test_db`"),
+        msg.contains(&format!(
+            "create it: `createdb -h {host} -p {port} -U postgres idem_no_such_test_db`"
+        )),
         "{msg}"
     );
     assert!(!msg.contains("db error"), "{msg}");
@@ -1178,13 +1182,14 @@ async fn start_up_waits_for_another_instances_migration_and_says_so() {
 /// accepting bytes (the kernel acknowledges them) but forwards nothing either
 /// way, as a frozen middlebox or a dropped route does. Returns its port.
 async fn pausable_proxy(paused: std::sync::Arc<std::sync::atomic::AtomicBool>) -> u16 {
+    let upstream = idem_store_postgres::testing::server_address();
     use std::sync::atomic::Ordering;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     tokio::spawn(async move {
         while let Ok((inbound, _)) = listener.accept().await {
-            let Ok(outbound) = tokio::net::TcpStream::connect("127.0.0.1:5432").await else {
+            let Ok(outbound) = tokio::net::TcpStream::connect(&upstream).await else {
                 continue;
             };
             let (ri, wi) = inbound.into_split();
@@ -1229,8 +1234,9 @@ async fn a_silent_link_ends_in_unavailable_within_the_operation_timeout() {
     let url = fresh_database().await;
     let paused = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let port = pausable_proxy(std::sync::Arc::clone(&paused)).await;
-    let via = url.replace("127.0.0.1:5432", &format!("127.0.0.1:{port}"));
-    assert_ne!(via, *url, "the test database URL names 127.0.0.1:5432");
+    let at = idem_store_postgres::testing::server_address();
+    let via = url.replace(&at, &format!("127.0.0.1:{port}"));
+    assert_ne!(via, *url, "the test database URL names {at}");
     let mut opts = PgOptions::default();
     opts.operation_timeout = std::time::Duration::from_secs(2);
     opts.pool_timeout = std::time::Duration::from_secs(1);

@@ -464,8 +464,15 @@ fn non_safe_reconciliation_paths() {
     report(&mut t, &mut a1, &mut j, &rep(1, Outcome::Unknown), T0).unwrap();
     let mut r = claim_now(&mut t, &mut j, 2, T0);
     report(&mut t, &mut r, &mut j, &rep(2, Outcome::NotCommitted), T0).unwrap();
-    assert_eq!(t.state, TaskState::Queued);
-    let a3 = claim_now(&mut t, &mut j, 3, T0);
+    // … after the contract's backoff for the second execute attempt, as a
+    // transient failure's retry: never at once.
+    assert_eq!(t.state, TaskState::RetryWait);
+    let backoff = t.contract.retry.backoff.delay_ms(2);
+    assert!(backoff > 0);
+    assert_eq!(t.control.ready_at, T0.plus_ms(backoff));
+    assert!(!is_claimable(&t, T0.plus_ms(backoff - 1)));
+    wake(&mut t, &mut j, T0.plus_ms(backoff));
+    let a3 = claim_now(&mut t, &mut j, 3, T0.plus_ms(backoff));
     assert_eq!((a3.kind, a3.generation), (AttemptKind::Execute, 3));
     // A failed reconcile attempt leads to another reconcile, never to execute.
     let (mut t, mut j) = new_task("payment.release");
@@ -497,7 +504,7 @@ fn retry_limits_attempts_deadline_budget() {
     // The failure names the limit, then what the last attempt said.
     assert_eq!(
         t.failure.as_ref().unwrap().message,
-        "all 5 attempts used; last attempt: gpu timeout"
+        "all 5 execute attempts used; last attempt: gpu timeout"
     );
 
     let (mut t, mut j) = new_task("generation.dispatch");

@@ -129,6 +129,12 @@ impl Sim {
 
     fn claim(&mut self) -> usize {
         let mut j = Journal::default();
+        // A retry waits its backoff (after a transient failure or a
+        // reconciliation that found nothing committed): let it pass.
+        if self.task.state == idem_core::model::TaskState::RetryWait {
+            self.now = self.now.max(self.task.control.ready_at);
+            machine::wake(&mut self.task, &mut j, self.now);
+        }
         let id = Uuid::from_u128(self.task.id.as_u128() * 1000 + self.attempts.len() as u128 + 1);
         let a = machine::claim(
             &mut self.task,

@@ -54,7 +54,7 @@ pub use feed::{ReadFeed, TaskHistory};
 pub use keys::{Authenticate, CreateApiKey, ListApiKeys, RevokeApiKey};
 pub use operator::{OperatorCancel, Redrive, Resolve, RetryNow};
 pub use search::{SearchTasks, TaskCursor, TaskPage, TaskQuery};
-pub use submit::{Submission, Submit, SubmitBatch, SubmitOutcome, SubmitPlan};
+pub use submit::{Submission, Submit, SubmitBatch, SubmitOutcome, SubmitPlan, is_same_request};
 pub use sweep::{Sweep, SweepStats};
 pub use tasks::{
     AcknowledgeDelivery, Cancel, FindTask, GetTask, ListAttempts, ListEvents, ReadClock,
