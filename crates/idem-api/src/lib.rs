@@ -169,6 +169,10 @@ pub struct ClaimedAttempt<K, T> {
     pub kind: K,
     /// Lease end.
     pub lease_expires_at: T,
+    /// The lease length granted, ms (the requested `lease_ms` or the class
+    /// default, within the class's bounds): an executor counts its local
+    /// lease deadline from the time it sent the claim.
+    pub lease_ms: i64,
     /// Operation class.
     pub operation: String,
     /// Task params.
@@ -210,6 +214,10 @@ pub struct HeartbeatBody {
 pub struct HeartbeatResponse<T> {
     /// The extended lease end.
     pub lease_expires_at: T,
+    /// The length the lease was just extended by, ms (the attempt's lease
+    /// length, counted from the heartbeat's arrival): an executor counts its
+    /// local lease deadline from the time it sent the heartbeat.
+    pub lease_ms: i64,
     /// A cancellation is pending: stop and report `cancelled` with usage.
     pub cancel_requested: bool,
 }

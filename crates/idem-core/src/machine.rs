@@ -298,6 +298,8 @@ pub fn claim(
 pub struct HeartbeatAck {
     /// The extended lease end.
     pub lease_expires_at: Timestamp,
+    /// The length the lease was extended by, ms (the attempt's lease length).
+    pub lease_ms: i64,
     /// Whether a cancellation is pending: the executor should stop and report `cancelled`.
     pub cancel_requested: bool,
 }
@@ -379,6 +381,7 @@ pub fn heartbeat(
     task.updated_at = now;
     Ok(HeartbeatAck {
         lease_expires_at: attempt.lease_expires_at,
+        lease_ms: attempt.lease_ms,
         cancel_requested: task.cancel_pending(),
     })
 }

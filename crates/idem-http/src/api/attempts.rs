@@ -155,6 +155,7 @@ async fn claim_inner(
                     generation: c.attempt.generation,
                     kind: c.attempt.kind,
                     lease_expires_at: c.attempt.lease_expires_at,
+                    lease_ms: c.attempt.lease_ms,
                     operation: c.task.operation,
                     params: c.task.params,
                     idempotency_key: c.task.idempotency_key,
@@ -204,6 +205,7 @@ pub async fn heartbeat(
         .map_err(|r| Problem::refused(r, no_attempt(attempt_id)))?;
     Ok(Json(HeartbeatResponse {
         lease_expires_at: ack.lease_expires_at,
+        lease_ms: ack.lease_ms,
         cancel_requested: ack.cancel_requested,
     }))
 }

@@ -748,6 +748,28 @@ async fn lease_ms_out_of_bounds_is_400() {
     assert_eq!(r.ok(200)["attempts"].as_array().map(Vec::len), Some(1));
 }
 
+/// A claim answers the lease length it granted (the requested one, or the
+/// class default when none was asked), and a heartbeat the length it extended
+/// the lease by: an executor counts its local lease deadline from them.
+#[tokio::test]
+async fn claim_and_heartbeat_answer_the_lease_length() {
+    let srv = Server::fast().await;
+    srv.new_task("lease-len-1", "payment.release", payment(1))
+        .await;
+    let a = srv.claim_op("payment.release", Some(100_000)).await;
+    assert_eq!(a.len(), 1);
+    assert_eq!(a[0]["lease_ms"], json!(100_000));
+    let hb = srv
+        .heartbeat(&s(&a[0]["id"]), json!({"generation": a[0]["generation"]}))
+        .await;
+    assert_eq!(hb.ok(200)["lease_ms"], json!(100_000));
+    // Without `lease_ms` the class default (`payment.release`: 30 s) is granted.
+    srv.new_task("lease-len-2", "payment.release", payment(2))
+        .await;
+    let a = srv.claim_op("payment.release", None).await;
+    assert_eq!(a[0]["lease_ms"], json!(30_000));
+}
+
 /// `external_txn_id` is an identifier: 1–200 characters, no control
 /// characters (a NUL could not even be stored on PostgreSQL). A report that
 /// breaks this is a 400 that changes nothing and is not kept as evidence; the

@@ -501,6 +501,13 @@ export interface components {
             lease_expires_at: components["schemas"]["Timestamp"];
             /**
              * Format: int64
+             * @description The lease length granted, ms (the requested `lease_ms` or the class
+             *     default, within the class's bounds): an executor counts its local
+             *     lease deadline from the time it sent the claim.
+             */
+            lease_ms: number;
+            /**
+             * Format: int64
              * @description Attempt number.
              */
             number: number;
@@ -712,6 +719,13 @@ export interface components {
             cancel_requested: boolean;
             /** @description The extended lease end. */
             lease_expires_at: components["schemas"]["Timestamp"];
+            /**
+             * Format: int64
+             * @description The length the lease was just extended by, ms (the attempt's lease
+             *     length, counted from the heartbeat's arrival): an executor counts its
+             *     local lease deadline from the time it sent the heartbeat.
+             */
+            lease_ms: number;
         };
         /** @description One value of a request that breaks a rule (a member of [`Problem::errors`]). */
         InvalidValue: {
