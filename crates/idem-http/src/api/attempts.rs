@@ -8,7 +8,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use idem_core::config::MIN_LEASE_MS;
-use idem_core::machine::Report;
+use idem_core::machine::{MAX_MESSAGE_CHARS, Report};
 use idem_core::model::Role;
 use idem_core::trace::TraceParent;
 use idem_store::ops::ClaimRequest;
@@ -250,6 +250,16 @@ pub async fn report(
         return Err(Problem::invalid(
             "`external_txn_id` must be 1–200 characters, none of them a control character",
         ));
+    }
+    if let Some(chars) = body
+        .message
+        .as_deref()
+        .map(|m| m.chars().count())
+        .filter(|&n| n > MAX_MESSAGE_CHARS)
+    {
+        return Err(Problem::invalid(format!(
+            "`message` has {chars} characters; at most {MAX_MESSAGE_CHARS} are stored (trim it and report again)"
+        )));
     }
     let report = Report {
         generation: body.generation,

@@ -792,6 +792,11 @@ export interface components {
              */
             errors?: components["schemas"]["InvalidValue"][] | null;
             /**
+             * Format: int64
+             * @description For `PAYLOAD_TOO_LARGE`: the largest body accepted, in bytes.
+             */
+            max_bytes?: number | null;
+            /**
              * Format: int32
              * @description HTTP status code.
              */
@@ -833,7 +838,10 @@ export interface components {
              * @description The generation the executor holds.
              */
             generation: number;
-            /** @description Free text. */
+            /**
+             * @description Free text (an error's message), at most 4,096 characters: a longer
+             *     one is 400 `INVALID_REQUEST` and nothing is stored.
+             */
             message?: string | null;
             /** @description `succeeded`, `failed`, `unknown`, `cancelled`, `committed`, `not_committed`. */
             outcome: components["schemas"]["Outcome"];
