@@ -35,6 +35,7 @@ use utoipa_axum::routes;
 mod api;
 pub mod auth;
 pub mod claims;
+mod granted;
 mod openapi;
 pub mod prepared;
 pub mod problem;

@@ -7,6 +7,7 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
+use axum::response::{IntoResponse, Response};
 use idem_core::config::MIN_LEASE_MS;
 use idem_core::machine::{MAX_MESSAGE_CHARS, Report};
 use idem_core::model::Role;
@@ -21,11 +22,14 @@ use super::wire::{
 };
 use super::{no_attempt, unknown_operation};
 use crate::auth::Caller;
+use crate::granted;
 use crate::problem::Problem;
 use crate::service_metrics::REPORTS;
 use crate::{AppResult, MAX_WAIT_MS, St};
 
-/// Lease attempts (executors). Never leases one attempt twice; optional long-poll.
+/// Lease attempts (executors). Never leases one attempt twice; optional
+/// long-poll. Attempts whose answer cannot be handed to the connection (the
+/// client is gone) are released at once.
 #[utoipa::path(post, path = "/v1/attempts/claim", tag = "attempts", request_body = ClaimBody,
     responses((status = 200, body = ClaimResponse), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 413, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")))]
 pub async fn claim(
@@ -33,7 +37,7 @@ pub async fn claim(
     crate::auth::ClaimCaller(cached): crate::auth::ClaimCaller,
     headers: axum::http::HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> AppResult<Json<ClaimResponse>> {
+) -> AppResult<Response> {
     match claim_inner(&st, &cached, &headers, body).await {
         // A key from the cache is confirmed before any other refusal, so a
         // revoked key learns nothing but 401.
@@ -47,7 +51,7 @@ async fn claim_inner(
     cached: &crate::auth::SubmitCaller,
     headers: &axum::http::HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> AppResult<Json<ClaimResponse>> {
+) -> AppResult<Response> {
     let caller = &cached.caller;
     caller.require(Role::Executor)?;
     let body: ClaimBody = strict_typed(body)?;
@@ -120,13 +124,16 @@ async fn claim_inner(
     // the claim waited.
     let mut unconfirmed = cached.is_cached();
     loop {
-        let claimed = match &seat {
-            _ if req.operations.is_empty() => Vec::new(),
+        // The leases of `claimed`, released unless the answer reaches the
+        // connection (`crate::granted`).
+        let (claimed, granted) = match &seat {
+            _ if req.operations.is_empty() => (Vec::new(), None),
             None => {
                 if unconfirmed {
                     cached.recheck(st, headers).await?;
                 }
-                st.store.claim(req.clone()).await?
+                let (claimed, granted) = granted::claim(&st.store, req.clone()).await?;
+                (claimed, Some(granted))
             }
             Some(seat) => {
                 let turn = seat.begin();
@@ -135,11 +142,11 @@ async fn claim_inner(
                     unconfirmed = false;
                 }
                 if turn.claim {
-                    let claimed = st.store.claim(req.clone()).await?;
+                    let (claimed, granted) = granted::claim(&st.store, req.clone()).await?;
                     seat.end(turn, claimed.len(), max as usize);
-                    claimed
+                    (claimed, Some(granted))
                 } else {
-                    Vec::new()
+                    (Vec::new(), None)
                 }
             }
         };
@@ -162,7 +169,11 @@ async fn claim_inner(
                     traceparent: c.task.traceparent.map(TraceParent::into_string),
                 })
                 .collect();
-            return Ok(Json(ClaimResponse { attempts }));
+            let answer = Json(ClaimResponse { attempts });
+            return Ok(match granted {
+                Some(granted) => granted::answer_with(answer, granted),
+                None => answer.into_response(),
+            });
         }
         if !waiting {
             waiting = true;

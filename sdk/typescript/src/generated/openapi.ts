@@ -81,7 +81,11 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** Lease attempts (executors). Never leases one attempt twice; optional long-poll. */
+        /**
+         * Lease attempts (executors). Never leases one attempt twice; optional
+         *     long-poll. Attempts whose answer cannot be handed to the connection (the
+         *     client is gone) are released at once.
+         */
         post: operations["claim"];
         delete?: never;
         options?: never;
