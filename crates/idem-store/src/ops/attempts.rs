@@ -88,16 +88,10 @@ impl Operation for Report {
     const WRITES: bool = true;
     async fn run<T: Tx>(&self, tx: &mut T) -> Result<Self::Reply> {
         let access = Access::new(Some(&self.tenant), &self.grant);
-        let mut ended = Vec::new();
-        let reply = on_attempt(tx, &access, self.attempt_id, |task, attempt, j, now| {
-            let was_active = attempt.state.is_active();
-            let res = machine::report(task, attempt, j, &self.report, now);
-            ended.extend(EndedAttempt::of(task, attempt, was_active, now));
-            res
+        ending_attempt(tx, &access, self.attempt_id, |task, attempt, j, now| {
+            machine::report(task, attempt, j, &self.report, now)
         })
-        .await?
-        .map(|(task, ())| task);
-        Ok(Ending { reply, ended })
+        .await
     }
 }
 
@@ -119,17 +113,31 @@ impl Operation for Release {
     const WRITES: bool = true;
     async fn run<T: Tx>(&self, tx: &mut T) -> Result<Self::Reply> {
         let access = Access::new(Some(&self.tenant), &self.grant);
-        let mut ended = Vec::new();
-        let reply = on_attempt(tx, &access, self.attempt_id, |task, attempt, j, now| {
-            let was_active = attempt.state.is_active();
-            let res = machine::release(task, attempt, j, self.generation, now);
-            ended.extend(EndedAttempt::of(task, attempt, was_active, now));
-            res
+        ending_attempt(tx, &access, self.attempt_id, |task, attempt, j, now| {
+            machine::release(task, attempt, j, self.generation, now)
         })
-        .await?
-        .map(|(task, ())| task);
-        Ok(Ending { reply, ended })
+        .await
     }
+}
+
+/// [`on_attempt`] for a transition that may end the attempt (a report, a
+/// release): the task, with the attempt's span record when it ended.
+async fn ending_attempt<T: Tx>(
+    tx: &mut T,
+    access: &Access<'_>,
+    attempt_id: Uuid,
+    f: impl FnOnce(&mut Task, &mut Attempt, &mut Journal, Timestamp) -> Result<(), Rejection>,
+) -> Result<Ending<Result<Task, Refusal>>> {
+    let mut ended = Vec::new();
+    let reply = on_attempt(tx, access, attempt_id, |task, attempt, j, now| {
+        let was_active = attempt.state.is_active();
+        let res = f(task, attempt, j, now);
+        ended.extend(EndedAttempt::of(task, attempt, was_active, now));
+        res
+    })
+    .await?
+    .map(|(task, ())| task);
+    Ok(Ending { reply, ended })
 }
 
 /// Loads attempt and task (task locked first, then the attempt reloaded), checks

@@ -5,14 +5,9 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::support::{DEBUG_LOG, MOVED_MS, Options, POLL_TIMEOUT, Server, generation, payment, s};
-
-fn attempt_of<'a>(attempts: &'a [Value], id: &str) -> &'a Value {
-    attempts
-        .iter()
-        .find(|a| a["id"] == json!(id))
-        .unwrap_or_else(|| panic!("attempt {id} not listed in {attempts:?}"))
-}
+use crate::support::{
+    DEBUG_LOG, MOVED_MS, Options, POLL_TIMEOUT, Server, attempt_of, generation, payment, s,
+};
 
 #[tokio::test]
 async fn executor_claims_the_first_attempt_and_clients_cannot() {

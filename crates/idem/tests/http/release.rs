@@ -10,17 +10,10 @@
 use std::time::Duration;
 
 use idem_store_postgres::testing::TestDatabase;
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::support::{DEBUG_LOG, Options, POLL_TIMEOUT, Server, payment, s};
-
-fn attempt_of<'a>(attempts: &'a [Value], id: &str) -> &'a Value {
-    attempts
-        .iter()
-        .find(|a| a["id"] == json!(id))
-        .unwrap_or_else(|| panic!("attempt {id} not listed in {attempts:?}"))
-}
+use crate::support::{DEBUG_LOG, Options, POLL_TIMEOUT, Server, attempt_of, payment, s};
 
 /// A released attempt's task is `queued` and claimed again at once; the
 /// attempt is listed `released` with one `attempt_released` event; an exact
