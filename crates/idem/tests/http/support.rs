@@ -15,6 +15,14 @@ use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
+/// The attempt `id` in an attempts list (panics naming the list when it is not there).
+pub fn attempt_of<'a>(attempts: &'a [Value], id: &str) -> &'a Value {
+    attempts
+        .iter()
+        .find(|a| a["id"] == json!(id))
+        .unwrap_or_else(|| panic!("attempt {id} not listed in {attempts:?}"))
+}
+
 /// The `idem` binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_idem");
 
@@ -680,6 +688,16 @@ impl Server {
     pub async fn report(&self, attempt_id: &str, body: Value) -> Resp {
         self.post(
             &format!("/v1/attempts/{attempt_id}/report"),
+            &self.keys.exec,
+            body,
+        )
+        .await
+    }
+
+    /// Releases attempt `id` with the acme executor key.
+    pub async fn release(&self, attempt_id: &str, body: Value) -> Resp {
+        self.post(
+            &format!("/v1/attempts/{attempt_id}/release"),
             &self.keys.exec,
             body,
         )
