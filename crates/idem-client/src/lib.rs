@@ -721,6 +721,7 @@ fn api_error(
         differing_fields: None,
         current_generation: None,
         errors: None,
+        max_bytes: None,
     });
     let retry_after = headers
         .get(RETRY_AFTER)

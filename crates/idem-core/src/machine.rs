@@ -298,6 +298,8 @@ pub fn claim(
 pub struct HeartbeatAck {
     /// The extended lease end.
     pub lease_expires_at: Timestamp,
+    /// The length the lease was extended by, ms (the attempt's lease length).
+    pub lease_ms: i64,
     /// Whether a cancellation is pending: the executor should stop and report `cancelled`.
     pub cancel_requested: bool,
 }
@@ -379,6 +381,7 @@ pub fn heartbeat(
     task.updated_at = now;
     Ok(HeartbeatAck {
         lease_expires_at: attempt.lease_expires_at,
+        lease_ms: attempt.lease_ms,
         cancel_requested: task.cancel_pending(),
     })
 }
@@ -423,7 +426,8 @@ pub struct Report {
     pub result: Option<Value>,
     /// Required with `failed`.
     pub failure_class: Option<FailureClass>,
-    /// Free text.
+    /// Free text, at most [`MAX_MESSAGE_CHARS`] characters (the entry
+    /// point refuses a longer one).
     pub message: Option<String>,
     /// The attempt's total usage so far.
     pub usage: Option<i64>,
@@ -432,6 +436,12 @@ pub struct Report {
     /// The raw body, kept as evidence and used to detect exact repeats.
     pub body: Value,
 }
+
+/// Longest report `message` idem stores, in characters (Unicode scalar
+/// values; SPEC §7): a stack trace's worth. A longer one is refused whole
+/// (400, nothing stored), never cut by the server: an executor trims its
+/// text to this before sending.
+pub const MAX_MESSAGE_CHARS: usize = 4096;
 
 fn evidence(
     now: Timestamp,

@@ -8,7 +8,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use idem_core::config::MIN_LEASE_MS;
-use idem_core::machine::Report;
+use idem_core::machine::{MAX_MESSAGE_CHARS, Report};
 use idem_core::model::Role;
 use idem_core::trace::TraceParent;
 use idem_store::ops::ClaimRequest;
@@ -155,6 +155,7 @@ async fn claim_inner(
                     generation: c.attempt.generation,
                     kind: c.attempt.kind,
                     lease_expires_at: c.attempt.lease_expires_at,
+                    lease_ms: c.attempt.lease_ms,
                     operation: c.task.operation,
                     params: c.task.params,
                     idempotency_key: c.task.idempotency_key,
@@ -204,6 +205,7 @@ pub async fn heartbeat(
         .map_err(|r| Problem::refused(r, no_attempt(attempt_id)))?;
     Ok(Json(HeartbeatResponse {
         lease_expires_at: ack.lease_expires_at,
+        lease_ms: ack.lease_ms,
         cancel_requested: ack.cancel_requested,
     }))
 }
@@ -248,6 +250,16 @@ pub async fn report(
         return Err(Problem::invalid(
             "`external_txn_id` must be 1–200 characters, none of them a control character",
         ));
+    }
+    if let Some(chars) = body
+        .message
+        .as_deref()
+        .map(|m| m.chars().count())
+        .filter(|&n| n > MAX_MESSAGE_CHARS)
+    {
+        return Err(Problem::invalid(format!(
+            "`message` has {chars} characters; at most {MAX_MESSAGE_CHARS} are stored (trim it and report again)"
+        )));
     }
     let report = Report {
         generation: body.generation,

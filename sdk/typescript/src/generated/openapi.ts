@@ -501,6 +501,13 @@ export interface components {
             lease_expires_at: components["schemas"]["Timestamp"];
             /**
              * Format: int64
+             * @description The lease length granted, ms (the requested `lease_ms` or the class
+             *     default, within the class's bounds): an executor counts its local
+             *     lease deadline from the time it sent the claim.
+             */
+            lease_ms: number;
+            /**
+             * Format: int64
              * @description Attempt number.
              */
             number: number;
@@ -712,6 +719,13 @@ export interface components {
             cancel_requested: boolean;
             /** @description The extended lease end. */
             lease_expires_at: components["schemas"]["Timestamp"];
+            /**
+             * Format: int64
+             * @description The length the lease was just extended by, ms (the attempt's lease
+             *     length, counted from the heartbeat's arrival): an executor counts its
+             *     local lease deadline from the time it sent the heartbeat.
+             */
+            lease_ms: number;
         };
         /** @description One value of a request that breaks a rule (a member of [`Problem::errors`]). */
         InvalidValue: {
@@ -778,6 +792,11 @@ export interface components {
              */
             errors?: components["schemas"]["InvalidValue"][] | null;
             /**
+             * Format: int64
+             * @description For `PAYLOAD_TOO_LARGE`: the largest body accepted, in bytes.
+             */
+            max_bytes?: number | null;
+            /**
              * Format: int32
              * @description HTTP status code.
              */
@@ -819,7 +838,10 @@ export interface components {
              * @description The generation the executor holds.
              */
             generation: number;
-            /** @description Free text. */
+            /**
+             * @description Free text (an error's message), at most 4,096 characters: a longer
+             *     one is 400 `INVALID_REQUEST` and nothing is stored.
+             */
             message?: string | null;
             /** @description `succeeded`, `failed`, `unknown`, `cancelled`, `committed`, `not_committed`. */
             outcome: components["schemas"]["Outcome"];
