@@ -38,9 +38,9 @@
 //! **Shutdown** (the future given to [`Worker::run`]) stops claiming at once
 //! and lets running attempts finish within [`Worker::grace`]. A claim still
 //! open then is kept while attempts run (closed at once when none does); an
-//! attempt it brings is released unstarted ([`Client::release`]: the task is
-//! claimable again at once), never run. Attempts still running when the grace
-//! ends are abandoned: never reported, their leases run out.
+//! attempt it brings is released unstarted (`POST /v1/attempts/{id}/release`:
+//! the task is claimable again at once), never run. Attempts still running
+//! when the grace ends are abandoned: never reported, their leases run out.
 
 use std::collections::HashMap;
 use std::future::Future;
