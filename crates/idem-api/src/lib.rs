@@ -222,6 +222,14 @@ pub struct HeartbeatResponse<T> {
     pub cancel_requested: bool,
 }
 
+/// Release body: the executor gives back an attempt it never started.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ReleaseBody {
+    /// The generation the executor holds.
+    pub generation: i64,
+}
+
 /// Device acknowledgment body.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

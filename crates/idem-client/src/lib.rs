@@ -51,7 +51,7 @@ mod wait;
 pub mod worker;
 
 pub use events::{EventStream, FeedEvent, FeedPage};
-use idem_api::{AckBody, ClaimBody, ClaimResponse, HeartbeatBody, SubmitBody};
+use idem_api::{AckBody, ClaimBody, ClaimResponse, HeartbeatBody, ReleaseBody, SubmitBody};
 pub use idem_api::{Problem, ProblemCode};
 pub use search::{TaskFilter, TaskPage, TaskPages};
 pub use types::{
@@ -693,6 +693,25 @@ impl Client {
     pub async fn report(&self, attempt_id: Uuid, body: &ReportBody) -> Result<Task> {
         let a: Answer<TaskEnvelope> = self
             .post_json(&format!("v1/attempts/{attempt_id}/report"), body)
+            .await?;
+        Ok(a.body.task)
+    }
+
+    /// `POST /v1/attempts/{id}/release`: gives back an attempt this executor
+    /// never started (e.g. one received after shutdown began); the task is
+    /// claimable again at once and the attempt counts against no limit. An
+    /// exact repeat answers the same.
+    ///
+    /// # Errors
+    /// 409 `STALE_GENERATION` (an old generation or an expired lease), 409
+    /// `ATTEMPT_ALREADY_REPORTED` (it was reported or acknowledged: it
+    /// started), 404: in each case there is nothing left to release.
+    pub async fn release(&self, attempt_id: Uuid, generation: i64) -> Result<Task> {
+        let a: Answer<TaskEnvelope> = self
+            .post_json(
+                &format!("v1/attempts/{attempt_id}/release"),
+                &ReleaseBody { generation },
+            )
             .await?;
         Ok(a.body.task)
     }

@@ -200,6 +200,11 @@ impl From<Refusal> for Problem {
                     "the attempt already reported `{existing}`; this report was kept as evidence"
                 ),
             ),
+            Refusal::Machine(e @ Rejection::Acknowledged) => Problem::new(
+                StatusCode::CONFLICT,
+                ProblemCode::AttemptAlreadyReported,
+                format!("{e}; nothing changed"),
+            ),
             Refusal::Machine(Rejection::InvalidReport(m)) => Problem::invalid(m),
             Refusal::Machine(Rejection::NotDelivered) => Problem::new(
                 StatusCode::CONFLICT,
