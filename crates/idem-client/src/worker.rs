@@ -38,8 +38,8 @@
 //! **Shutdown** (the future given to [`Worker::run`]) stops claiming at once
 //! and lets running attempts finish within [`Worker::grace`]. A claim still
 //! open then is kept while attempts run (closed at once when none does); an
-//! attempt it brings is released unstarted (`POST /v1/attempts/{id}/release`:
-//! the task is claimable again at once), never run. Attempts still running
+//! attempt it brings is released unstarted ([`Client::release`]: the task is
+//! claimable again at once), never run. Attempts still running
 //! when the grace ends are abandoned: never reported, their leases run out.
 
 use std::collections::HashMap;
@@ -556,13 +556,13 @@ impl Worker {
         }
     }
 
-    /// Gives `attempt` back unstarted (`POST /v1/attempts/{id}/release`):
+    /// Gives `attempt` back unstarted ([`Client::release`]):
     /// repeated on transport errors and 5xx; 404 and 409 mean there is
     /// nothing to give back (the lease already ran out or was taken).
     async fn release(&self, attempt: &ClaimedAttempt) {
         let mut pause = RETRY_PAUSE;
         for _ in 0..REPORT_TRIES {
-            match release(&self.client, attempt).await {
+            match self.client.release(attempt.id, attempt.generation).await {
                 Err(e) if e.is_retryable() => {
                     tokio::time::sleep(pause).await;
                     pause *= 2;
@@ -692,13 +692,4 @@ async fn heartbeat_once(ctx: &Context, limit: Duration) {
         // Failed or timed out: the deadline stands; the next beat tries again.
         Ok(Err(_)) | Err(_) => {}
     }
-}
-
-/// `POST /v1/attempts/{id}/release` with the attempt's generation.
-async fn release(client: &Client, attempt: &ClaimedAttempt) -> crate::Result<()> {
-    let body = serde_json::json!({ "generation": attempt.generation });
-    let _: crate::Answer<Value> = client
-        .post_json(&format!("v1/attempts/{}/release", attempt.id), &body)
-        .await?;
-    Ok(())
 }

@@ -6,9 +6,14 @@
 //!   signal fires before idem's lease end, and the next attempt of the task
 //!   (leased by a second executor talking to idem directly) starts after it;
 //! - a key revoked while the handler runs: the signal comes with the first
-//!   heartbeat refused, long before the local deadline;
+//!   heartbeat refused (within one heartbeat round trip), long before the
+//!   local deadline;
+//! - a heartbeat answered 409 (idem's clock moved past the lease): the signal
+//!   comes with that heartbeat;
 //! - a handler failing with a 1 MiB message: the outcome is recorded with the
-//!   message trimmed, not lost to a 413.
+//!   message trimmed, not lost to a 413;
+//! - shutdown with a long-poll claim open: the attempt it still brings is
+//!   released, and another executor claims the task at once.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -482,4 +487,138 @@ async fn a_huge_message_is_trimmed_and_the_outcome_recorded_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_huge_message_is_trimmed_and_the_outcome_recorded_postgres() {
     a_huge_message_is_trimmed_and_the_outcome_recorded(Backend::Postgres).await;
+}
+
+/// An `execute` held until its gate opens, then `succeeded`.
+#[derive(Clone, Default)]
+struct Held {
+    started: Arc<watch::Sender<bool>>,
+    gate: Arc<watch::Sender<bool>>,
+}
+
+impl Handler for Held {
+    fn execute<'a>(&'a self, _ctx: &'a Context) -> HandlerFuture<'a, Execution> {
+        Box::pin(async move {
+            self.started.send_replace(true);
+            let mut gate = self.gate.subscribe();
+            let _ = gate.wait_for(|open| *open).await;
+            Ok(Execution::succeeded(json!({"paid": true})))
+        })
+    }
+    fn reconcile<'a>(&'a self, _ctx: &'a Context) -> HandlerFuture<'a, Reconciliation> {
+        Box::pin(async { Ok(Reconciliation::NotCommitted) })
+    }
+}
+
+/// Polls the proxy (bounded) until `class` has had `n` requests forwarded.
+async fn wait_forwarded(proxy: &FaultProxy, class: RouteClass, n: u64) {
+    let started = tokio::time::Instant::now();
+    while proxy.counts()[&class].forwarded < n {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{class:?}: {:?} of {n} forwarded",
+            proxy.counts()[&class]
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Shutdown rounds.
+const SHUTDOWN_ROUNDS: usize = 50;
+
+/// Shutdown begins while a worker runs one payout and its long-poll claim
+/// for the free slot is open; a second payout arrives during the shutdown.
+/// The open claim brings it, the worker releases it unstarted, and another
+/// executor claims it at once: idem shows the worker's attempt `released`,
+/// then the other executor's execute attempt, no reconcile and no expired
+/// lease (the worker's lease was 30 s). The payout that ran is reported.
+async fn shutdown_releases_what_the_open_claim_still_brings(backend: Backend) {
+    let stage = Stage::start(backend).await;
+    let srv = &stage.srv;
+    let proxy = stage.proxy().await;
+    let mut slowest = 0.0_f64;
+    for round in 0..SHUTDOWN_ROUNDS {
+        let held = Held::default();
+        let claims = proxy.counts()[&RouteClass::Claim].forwarded;
+        let releases = proxy.counts()[&RouteClass::Release].forwarded;
+        let executor = format!("w-stop-{round}");
+        let (stop, run) = spawn(
+            Worker::new(
+                Client::new(&proxy.url(), srv.keys.exec.clone()).unwrap(),
+                executor.clone(),
+            )
+            .with_handler("payment.release", held.clone())
+            .with_concurrency(2)
+            .with_lease_ms(30_000)
+            .with_poll_wait_ms(5_000)
+            .with_grace(Duration::from_secs(10)),
+        );
+        let running = srv
+            .new_task(&format!("stop-a-{round}"), "payment.release", payment(7))
+            .await;
+        let mut started = held.started.subscribe();
+        tokio::time::timeout(Duration::from_secs(10), started.wait_for(|s| *s))
+            .await
+            .expect("the first payout starts")
+            .unwrap();
+        // The claim that brought it, then the one open for the free slot.
+        wait_forwarded(&proxy, RouteClass::Claim, claims + 2).await;
+        stop.send_replace(true);
+        let late = srv
+            .new_task(&format!("stop-b-{round}"), "payment.release", payment(8))
+            .await;
+        let late_id = s(&late["id"]);
+        wait_forwarded(&proxy, RouteClass::Release, releases + 1).await;
+        let other = srv
+            .claim(
+                json!({"executor_id": "other", "operations": ["payment.release"],
+                          "max": 1, "lease_ms": 60_000, "wait_ms": 5_000}),
+            )
+            .await;
+        let got = other.ok(200)["attempts"].as_array().unwrap().clone();
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!(s(&got[0]["task_id"]), late_id);
+        held.gate.send_replace(true);
+        tokio::time::timeout(Duration::from_secs(10), run)
+            .await
+            .expect("the worker stops once the payout is reported")
+            .unwrap()
+            .unwrap();
+
+        let attempts = srv.attempts(&late_id).await;
+        assert_eq!(attempts.len(), 2, "{attempts:#?}");
+        let (released, next) = (&attempts[0], &attempts[1]);
+        assert_eq!(released["executor_id"], json!(executor));
+        assert_eq!(released["state"], json!("released"), "{attempts:#?}");
+        assert!(released["evidence"].as_array().unwrap().is_empty());
+        assert_eq!(next["executor_id"], json!("other"));
+        assert_eq!(
+            next["kind"],
+            json!("execute"),
+            "no reconcile: {attempts:#?}"
+        );
+        assert_eq!(next["state"], json!("leased"));
+        let next_leased = epoch_ms(&next["leased_at"]);
+        assert!(
+            next_leased < epoch_ms(&released["lease_expires_at"]),
+            "given back before its lease ended: {attempts:#?}"
+        );
+        slowest = slowest.max(next_leased - epoch_ms(&late["created_at"]));
+        let ran = srv.task(&s(&running["id"])).await;
+        assert_eq!(ran["state"], json!("succeeded"), "{ran}");
+    }
+    println!(
+        "{backend:?} shutdown: {SHUTDOWN_ROUNDS} rounds; the late payout claimed by the other \
+         executor at most {slowest:.0} ms after it arrived"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_releases_what_the_open_claim_still_brings_sqlite() {
+    shutdown_releases_what_the_open_claim_still_brings(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_releases_what_the_open_claim_still_brings_postgres() {
+    shutdown_releases_what_the_open_claim_still_brings(Backend::Postgres).await;
 }
