@@ -31,6 +31,7 @@ use idem_store_postgres::testing::{TestDatabase, fresh_database};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
+use super::spawn;
 use crate::support::{MOVED_MS, Server, payment, s};
 
 /// The stores the worker runs against.
@@ -144,20 +145,6 @@ impl Handler for Stops {
     fn reconcile<'a>(&'a self, _ctx: &'a Context) -> HandlerFuture<'a, Reconciliation> {
         Box::pin(async { Ok(Reconciliation::NotCommitted) })
     }
-}
-
-/// Runs `worker` until the returned sender is set.
-fn spawn(
-    worker: Worker,
-) -> (
-    watch::Sender<bool>,
-    tokio::task::JoinHandle<idem_client::Result<()>>,
-) {
-    let (stop, mut stopped) = watch::channel(false);
-    let run = tokio::spawn(worker.run(async move {
-        let _ = stopped.wait_for(|s| *s).await;
-    }));
-    (stop, run)
 }
 
 /// Epoch ms of an RFC 3339 timestamp as idem sends it.
