@@ -13,17 +13,20 @@
 //!   (`SO_LINGER` 0); `hang` forwards nothing and never answers, keeping the
 //!   connection open until the client closes it; `drop-answer` forwards,
 //!   waits for the upstream's whole answer and closes the client's connection
-//!   without answering (the effect happened, its answer was lost).
+//!   without answering (the effect happened, its answer was lost); `413`
+//!   answers 413 `PAYLOAD_TOO_LARGE` to a request whose body is over the
+//!   rule's `max_bytes` (as a proxy with a smaller body limit than idem's
+//!   would) and forwards the others.
 //! - **Rules** ([`Rule`]): a mode, applied after the first `after` requests
-//!   of the class passed. Setting rules replaces all of them and restarts the
+//!   of the class passed (and, for `413`, `max_bytes`, default 0). Setting rules replaces all of them and restarts the
 //!   `after` counts; a class without a rule passes.
 //! - **Control**, on the proxy's own port and never forwarded: `PUT /__faults`
 //!   with a JSON object mapping route class to rule (a mode string or
-//!   `{"mode": M, "after": N}`) answers 204, or 400 with nothing changed;
+//!   `{"mode": M, "after": N, "max_bytes": B}`) answers 204, or 400 with nothing changed;
 //!   `GET /__faults/counts` answers `{"<class>": {"forwarded": n, "faulted":
 //!   n}, …}` for every class, counted since the proxy started (a request
 //!   counts as faulted when any mode other than `pass` applied to it,
-//!   `drop-answer` included). Tests in Rust use [`FaultProxy::set_faults`] and
+//!   `drop-answer` included, except a request `413` forwarded). Tests in Rust use [`FaultProxy::set_faults`] and
 //!   [`FaultProxy::counts`] instead.
 //!
 //! The proxy is built on hyper's HTTP/1.1 server and client: each request is
@@ -59,6 +62,10 @@ use tokio::task::{JoinHandle, JoinSet};
 /// is unavailable.
 pub const INJECTED_503_BODY: &str =
     r#"{"type":"about:blank","title":"injected fault","status":503,"code":"STORE_UNAVAILABLE"}"#;
+
+/// The largest request body [`Mode::TooLarge`] reads before it answers 413
+/// (bodies idem accepts are smaller), bytes.
+const MAX_READ_BODY: usize = 8 * 1024 * 1024;
 
 /// The path of the control endpoint that sets the rules (`PUT`).
 pub const FAULTS_PATH: &str = "/__faults";
@@ -143,6 +150,11 @@ pub enum Mode {
     /// `drop-answer`: forward, then close the connection without answering.
     #[serde(rename = "drop-answer")]
     DropAnswer,
+    /// `413`: answer 413 `PAYLOAD_TOO_LARGE` (naming the limit in `detail`
+    /// and `max_bytes`) to a body over the rule's `max_bytes`, forward the
+    /// others.
+    #[serde(rename = "413")]
+    TooLarge,
 }
 
 /// The rule of one route class: `mode` applies once `after` requests of the
@@ -154,17 +166,31 @@ pub struct Rule {
     pub mode: Mode,
     /// How many requests of the class pass before `mode` applies.
     pub after: u64,
+    /// With [`Mode::TooLarge`]: the largest body forwarded, bytes.
+    pub max_bytes: u64,
 }
 
 impl Rule {
     /// `mode` from the first request on.
     pub fn now(mode: Mode) -> Rule {
-        Rule { mode, after: 0 }
+        Rule::after(0, mode)
     }
 
     /// `mode` once `after` requests passed.
     pub fn after(after: u64, mode: Mode) -> Rule {
-        Rule { mode, after }
+        Rule {
+            mode,
+            after,
+            max_bytes: 0,
+        }
+    }
+
+    /// [`Mode::TooLarge`] for bodies over `max_bytes`, from the first request on.
+    pub fn too_large(max_bytes: u64) -> Rule {
+        Rule {
+            max_bytes,
+            ..Rule::now(Mode::TooLarge)
+        }
     }
 }
 
@@ -177,6 +203,8 @@ enum RuleForm {
         mode: Mode,
         #[serde(default)]
         after: u64,
+        #[serde(default)]
+        max_bytes: u64,
     },
 }
 
@@ -184,7 +212,15 @@ impl From<RuleForm> for Rule {
     fn from(form: RuleForm) -> Rule {
         match form {
             RuleForm::Mode(mode) => Rule::now(mode),
-            RuleForm::Full { mode, after } => Rule { mode, after },
+            RuleForm::Full {
+                mode,
+                after,
+                max_bytes,
+            } => Rule {
+                mode,
+                after,
+                max_bytes,
+            },
         }
     }
 }
@@ -213,21 +249,30 @@ struct Rules {
 }
 
 impl Rules {
-    /// The mode for the next request of `class`, counted.
-    fn decide(&mut self, class: RouteClass) -> Mode {
+    /// The rule for the next request of `class`: its own once `after`
+    /// requests passed, else `pass`. Counted unless it is `413`, which
+    /// decides on the body ([`Rules::count`]).
+    fn decide(&mut self, class: RouteClass) -> Rule {
         let seen = self.seen.entry(class).or_default();
         *seen += 1;
-        let mode = match self.faults.get(&class) {
-            Some(rule) if *seen > rule.after => rule.mode,
-            _ => Mode::Pass,
+        let rule = match self.faults.get(&class) {
+            Some(rule) if *seen > rule.after => *rule,
+            _ => Rule::default(),
         };
-        let counts = self.counts.entry(class).or_default();
-        if mode == Mode::Pass {
-            counts.forwarded += 1;
-        } else {
-            counts.faulted += 1;
+        if rule.mode != Mode::TooLarge {
+            self.count(class, rule.mode != Mode::Pass);
         }
-        mode
+        rule
+    }
+
+    /// Counts a request of `class` as `faulted` or forwarded.
+    fn count(&mut self, class: RouteClass, faulted: bool) {
+        let counts = self.counts.entry(class).or_default();
+        if faulted {
+            counts.faulted += 1;
+        } else {
+            counts.forwarded += 1;
+        }
     }
 }
 
@@ -437,8 +482,8 @@ async fn handle(req: Request<Incoming>, shared: &Shared, closer: &Closer) -> Res
         return control(req, shared).await;
     }
     let class = RouteClass::of(req.method(), path);
-    let mode = shared.rules().decide(class);
-    match mode {
+    let rule = shared.rules().decide(class);
+    match rule.mode {
         Mode::Pass => match forward(shared.upstream, req).await {
             Ok(res) => res.map(BodyExt::boxed),
             Err(e) => problem(
@@ -468,15 +513,52 @@ async fn handle(req: Request<Incoming>, shared: &Shared, closer: &Closer) -> Res
             closer.close(Close::Quietly);
             std::future::pending().await
         }
+        Mode::TooLarge => {
+            let (head, body) = req.into_parts();
+            let body = match Limited::new(body, MAX_READ_BODY).collect().await {
+                Ok(body) => body.to_bytes(),
+                Err(e) => return problem(StatusCode::BAD_REQUEST, &format!("body: {e}")),
+            };
+            let over = u64::try_from(body.len()).unwrap_or(u64::MAX) > rule.max_bytes;
+            shared.rules().count(class, over);
+            if over {
+                return too_large(rule.max_bytes);
+            }
+            match forward(shared.upstream, Request::from_parts(head, Full::new(body))).await {
+                Ok(res) => res.map(BodyExt::boxed),
+                Err(e) => problem(
+                    StatusCode::BAD_GATEWAY,
+                    &format!("fault-proxy: upstream: {e}"),
+                ),
+            }
+        }
     }
+}
+
+/// idem's answer to a body over its limit, with `max_bytes` as the limit.
+fn too_large(max_bytes: u64) -> Response<ProxyBody> {
+    let body = serde_json::json!({
+        "type": "about:blank",
+        "title": "injected fault",
+        "status": 413,
+        "code": "PAYLOAD_TOO_LARGE",
+        "detail": format!("the request body is over the limit of {max_bytes} bytes"),
+        "max_bytes": max_bytes,
+    });
+    json_response(StatusCode::PAYLOAD_TOO_LARGE, &body)
 }
 
 /// Sends `req` to `upstream` on a new connection; the answer's body streams
 /// from it.
-async fn forward(
+async fn forward<B>(
     upstream: SocketAddr,
-    req: Request<Incoming>,
-) -> Result<Response<Incoming>, ForwardError> {
+    req: Request<B>,
+) -> Result<Response<Incoming>, ForwardError>
+where
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let stream = TcpStream::connect(upstream).await?;
     stream.set_nodelay(true)?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
@@ -543,6 +625,11 @@ fn problem(status: StatusCode, detail: &str) -> Response<ProxyBody> {
         "status": status.as_u16(),
         "detail": detail,
     });
+    json_response(status, &body)
+}
+
+/// `body` as an `application/problem+json` answer with `status`.
+fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<ProxyBody> {
     let mut res = Response::new(full(Bytes::from(body.to_string())));
     *res.status_mut() = status;
     res.headers_mut().insert(

@@ -244,6 +244,33 @@ async fn drop_answer_forwards_then_closes_without_answering() -> anyhow::Result<
 }
 
 #[tokio::test]
+async fn too_large_refuses_bodies_over_the_limit_and_forwards_the_others() -> anyhow::Result<()> {
+    let (upstream, proxy) = setup().await?;
+    proxy.set_faults(Faults::from([(RouteClass::Report, Rule::too_large(10))]));
+    let client = reqwest::Client::new();
+    let url = format!("{}/v1/attempts/a1/report", proxy.url());
+    let small = client.post(&url).body("0123456789").send().await?;
+    assert_eq!(small.status(), 200);
+    assert_eq!(small.text().await?, "upstream /v1/attempts/a1/report");
+    let big = client.post(&url).body("0123456789a").send().await?;
+    assert_eq!(big.status(), 413);
+    let problem: serde_json::Value = big.json().await?;
+    assert_eq!(problem["code"], "PAYLOAD_TOO_LARGE");
+    assert_eq!(problem["max_bytes"], 10);
+    assert_eq!(upstream.hits(), 1);
+    assert_eq!(
+        proxy.counts()[&RouteClass::Report],
+        Counts {
+            forwarded: 1,
+            faulted: 1
+        }
+    );
+    let rule: Faults = serde_json::from_str(r#"{"report": {"mode": "413", "max_bytes": 10}}"#)?;
+    assert_eq!(rule[&RouteClass::Report], Rule::too_large(10));
+    Ok(())
+}
+
+#[tokio::test]
 async fn control_endpoints_replace_rules_restart_after_counts_and_refuse_bad_rules()
 -> anyhow::Result<()> {
     let (upstream, proxy) = setup().await?;

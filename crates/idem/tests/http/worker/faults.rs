@@ -413,7 +413,8 @@ async fn a_stale_heartbeat_stops_the_handler_with_that_heartbeat_postgres() {
 /// A handler failing with a 1 MiB message (ASCII, and two-byte characters):
 /// the report carries the message trimmed to idem's limit, so the outcome
 /// (`failed` `invalid_input`) is recorded instead of being refused for its
-/// size and left to reconciliation.
+/// size and left to reconciliation; behind a proxy with a 1 KiB body limit
+/// (413) the message is cut further until the report fits.
 async fn a_huge_message_is_trimmed_and_the_outcome_recorded(backend: Backend) {
     let stage = Stage::start(backend).await;
     let srv = &stage.srv;
@@ -462,6 +463,26 @@ async fn a_huge_message_is_trimmed_and_the_outcome_recorded(backend: Backend) {
         assert_eq!(evidence.len(), 1);
         assert_eq!(evidence[0]["body"]["message"], json!(message));
     }
+    // A proxy in between with a smaller body limit: the report refused for
+    // its size is sent again with its message cut further, never dropped.
+    let before = proxy.counts()[&RouteClass::Report];
+    proxy.set_faults([(RouteClass::Report, Rule::too_large(1_024))].into());
+    let t = srv
+        .new_task("huge-small-limit", "payment.release", payment(2))
+        .await;
+    let id = s(&t["id"]);
+    let done = srv.wait_state(&id, "failed").await;
+    assert_eq!(done["failure"]["class"], json!("invalid_input"), "{done}");
+    let message = done["failure"]["message"].as_str().unwrap();
+    assert!(
+        message.len() <= 1_024 && message.ends_with('…'),
+        "{message}"
+    );
+    let reports = proxy.counts()[&RouteClass::Report];
+    assert!(
+        reports.faulted > before.faulted && reports.forwarded == before.forwarded + 1,
+        "{before:?} → {reports:?}"
+    );
     stop.send_replace(true);
     run.await.unwrap().unwrap();
 }
