@@ -14,6 +14,8 @@
 //!   message trimmed, not lost to a 413;
 //! - shutdown with a long-poll claim open: the attempt it still brings is
 //!   released, and another executor claims the task at once.
+//! - a long-polled claim granted after its local deadline: one heartbeat
+//!   confirms the lease before the handler starts.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -629,4 +631,71 @@ async fn shutdown_releases_what_the_open_claim_still_brings_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_releases_what_the_open_claim_still_brings_postgres() {
     shutdown_releases_what_the_open_claim_still_brings(Backend::Postgres).await;
+}
+
+/// A claim that long-polled past its local deadline (sent 1.6 s before idem
+/// granted a 2 s lease, so `sent + lease − 500 ms` has passed on arrival):
+/// the worker confirms the lease by one heartbeat before it starts the
+/// handler and counts from that heartbeat, so the handler runs unsignalled
+/// and its outcome is recorded.
+async fn a_late_grant_is_confirmed_by_a_heartbeat_before_the_handler_starts(backend: Backend) {
+    let stage = Stage::start(backend).await;
+    let srv = &stage.srv;
+    let proxy = stage.proxy().await;
+    #[derive(Clone)]
+    struct Unsignalled;
+    impl Handler for Unsignalled {
+        fn execute<'a>(&'a self, ctx: &'a Context) -> HandlerFuture<'a, Execution> {
+            Box::pin(async move {
+                let left = ctx
+                    .lease_deadline()
+                    .saturating_duration_since(tokio::time::Instant::now());
+                Ok(Execution::succeeded(json!({
+                    "told_at_start": ctx.lease_lost() || ctx.cancel_requested(),
+                    "left_ms": left.as_millis() as u64,
+                })))
+            })
+        }
+        fn reconcile<'a>(&'a self, _ctx: &'a Context) -> HandlerFuture<'a, Reconciliation> {
+            Box::pin(async { Ok(Reconciliation::NotCommitted) })
+        }
+    }
+    let (stop, run) = spawn(
+        Worker::new(
+            Client::new(&proxy.url(), srv.keys.exec.clone()).unwrap(),
+            "w-late",
+        )
+        .with_handler("payment.release", Unsignalled)
+        .with_lease_ms(LEASE_MS)
+        .with_poll_wait_ms(10_000),
+    );
+    wait_forwarded(&proxy, RouteClass::Claim, 1).await;
+    // The worker's clock has to move past the claim's local deadline: it
+    // runs on real time, so the test waits.
+    tokio::time::sleep(Duration::from_millis(1_600)).await;
+    let t = srv
+        .new_task("late-grant", "payment.release", payment(3))
+        .await;
+    let id = s(&t["id"]);
+    let done = srv.wait_state(&id, "succeeded").await;
+    let result = &done["delivery"]["result"];
+    assert_eq!(result["told_at_start"], json!(false), "{done}");
+    assert!(
+        result["left_ms"].as_u64().unwrap() >= LEASE_MS / 2,
+        "counted from the heartbeat: {result}"
+    );
+    assert_eq!(srv.attempts(&id).await.len(), 1);
+    assert!(proxy.counts()[&RouteClass::Heartbeat].forwarded >= 1);
+    stop.send_replace(true);
+    run.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_grant_is_confirmed_by_a_heartbeat_before_the_handler_starts_sqlite() {
+    a_late_grant_is_confirmed_by_a_heartbeat_before_the_handler_starts(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_grant_is_confirmed_by_a_heartbeat_before_the_handler_starts_postgres() {
+    a_late_grant_is_confirmed_by_a_heartbeat_before_the_handler_starts(Backend::Postgres).await;
 }
