@@ -305,11 +305,8 @@ pub const RETRY_PAUSE: Duration = Duration::from_millis(500);
 /// also the release tries.
 pub const REPORT_TRIES: u32 = 5;
 
-/// An open claim: its send time and the answer to come.
-type OpenClaim<'a> = (
-    Instant,
-    Pin<Box<dyn Future<Output = crate::Result<Vec<ClaimedAttempt>>> + Send + 'a>>,
-);
+/// A claim's answer to come.
+type OpenClaim<'a> = Pin<Box<dyn Future<Output = crate::Result<Vec<ClaimedAttempt>>> + Send + 'a>>;
 
 impl Worker {
     /// A worker claiming as `executor_id` through `client` (an executor key),
@@ -394,7 +391,7 @@ impl Worker {
         let slots = Arc::new(Semaphore::new(worker.concurrency));
         let mut running = JoinSet::new();
         tokio::pin!(shutdown);
-        let mut open: Option<OpenClaim<'_>> = None;
+        let mut claim: Option<OpenClaim<'_>> = None;
         let ended = loop {
             while running.try_join_next().is_some() {}
             let free = slots.available_permits();
@@ -405,7 +402,7 @@ impl Worker {
                 }
             }
             let sent = Instant::now();
-            let mut claim: Pin<Box<dyn Future<Output = _> + Send>> = Box::pin(worker.client.claim(
+            let mut open: OpenClaim<'_> = Box::pin(worker.client.claim(
                 &worker.executor_id,
                 &operations,
                 u32::try_from(free).unwrap_or(1),
@@ -416,10 +413,10 @@ impl Worker {
                 // A claim answered as the shutdown comes is released, not run.
                 biased;
                 () = &mut shutdown => {
-                    open = Some((sent, claim));
+                    claim = Some(open);
                     break Ok(());
                 }
-                claimed = &mut claim => claimed,
+                claimed = &mut open => claimed,
             };
             match claimed {
                 Ok(attempts) => {
@@ -446,7 +443,6 @@ impl Worker {
         };
         // The open claim is kept while attempts run (it is dropped, closing
         // its connection, once none does); what it brings is released.
-        let mut claim = open.map(|(_, claim)| claim);
         let finish = async {
             loop {
                 let attempts_run = !running.is_empty();
