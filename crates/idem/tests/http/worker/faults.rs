@@ -16,6 +16,7 @@
 //!   released, and another executor claims the task at once.
 //! - a long-polled claim granted after its local deadline: one heartbeat
 //!   confirms the lease before the handler starts.
+//! - an attempt abandoned when the shutdown grace ends: never reported.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -698,4 +699,51 @@ async fn a_late_grant_is_confirmed_by_a_heartbeat_before_the_handler_starts_sqli
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_grant_is_confirmed_by_a_heartbeat_before_the_handler_starts_postgres() {
     a_late_grant_is_confirmed_by_a_heartbeat_before_the_handler_starts(Backend::Postgres).await;
+}
+
+/// A handler still running when the shutdown grace ends is abandoned: the
+/// run returns, nothing is reported for the attempt (no `cancelled` it did
+/// not reach), and its lease is left to run out.
+async fn an_attempt_abandoned_at_shutdown_is_never_reported(backend: Backend) {
+    let stage = Stage::start(backend).await;
+    let srv = &stage.srv;
+    let proxy = stage.proxy().await;
+    let stops = Stops::default();
+    let (stop, run) = spawn(
+        Worker::new(
+            Client::new(&proxy.url(), srv.keys.exec.clone()).unwrap(),
+            "w-abandon",
+        )
+        .with_handler("payment.release", stops.clone())
+        .with_lease_ms(30_000)
+        .with_poll_wait_ms(1_000)
+        .with_grace(Duration::from_millis(300)),
+    );
+    let t = srv
+        .new_task("abandoned", "payment.release", payment(4))
+        .await;
+    let id = s(&t["id"]);
+    stops.wait_started(1).await;
+    stop.send_replace(true);
+    tokio::time::timeout(Duration::from_secs(10), run)
+        .await
+        .expect("the run ends with the grace")
+        .unwrap()
+        .unwrap();
+    assert_eq!(proxy.counts()[&RouteClass::Report], Default::default());
+    let attempts = srv.attempts(&id).await;
+    assert_eq!(attempts.len(), 1, "{attempts:#?}");
+    assert_eq!(attempts[0]["state"], json!("leased"));
+    assert!(attempts[0]["evidence"].as_array().unwrap().is_empty());
+    assert_eq!(srv.task(&id).await["state"], json!("running"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_abandoned_at_shutdown_is_never_reported_sqlite() {
+    an_attempt_abandoned_at_shutdown_is_never_reported(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_abandoned_at_shutdown_is_never_reported_postgres() {
+    an_attempt_abandoned_at_shutdown_is_never_reported(Backend::Postgres).await;
 }
