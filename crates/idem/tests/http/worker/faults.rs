@@ -37,6 +37,24 @@ use tokio::sync::watch;
 use super::spawn;
 use crate::support::{MOVED_MS, Server, payment, s};
 
+/// The test `$name` (an `async fn(Backend)`) as `$name::sqlite` and
+/// `$name::postgres`.
+macro_rules! on_both_stores {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                super::$name(super::Backend::Sqlite).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                super::$name(super::Backend::Postgres).await;
+            }
+        }
+    };
+}
+
 /// The stores the worker runs against.
 #[derive(Debug, Clone, Copy)]
 enum Backend {
@@ -284,15 +302,7 @@ async fn heartbeat_faults_stop_the_handler_before_the_lease_ends(backend: Backen
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn heartbeat_faults_stop_the_handler_before_the_lease_ends_sqlite() {
-    heartbeat_faults_stop_the_handler_before_the_lease_ends(Backend::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn heartbeat_faults_stop_the_handler_before_the_lease_ends_postgres() {
-    heartbeat_faults_stop_the_handler_before_the_lease_ends(Backend::Postgres).await;
-}
+on_both_stores!(heartbeat_faults_stop_the_handler_before_the_lease_ends);
 
 /// A key revoked while its handler runs (30 s lease: the local deadline is
 /// 27 s away): the handler is told the lease is lost within one heartbeat
@@ -347,21 +357,17 @@ async fn a_revoked_key_stops_the_handler_with_the_next_heartbeat(backend: Backen
     drop(stop);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_revoked_key_stops_the_handler_with_the_next_heartbeat_sqlite() {
-    a_revoked_key_stops_the_handler_with_the_next_heartbeat(Backend::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_revoked_key_stops_the_handler_with_the_next_heartbeat_postgres() {
-    a_revoked_key_stops_the_handler_with_the_next_heartbeat(Backend::Postgres).await;
-}
+on_both_stores!(a_revoked_key_stops_the_handler_with_the_next_heartbeat);
 
 /// A heartbeat answered 409 `STALE_GENERATION` (idem's clock moved past the
 /// lease, so the attempt expired while the worker's local deadline, 54 s
 /// away on its own clock, had not passed): the handler is told with that
 /// heartbeat, and no heartbeat follows it.
-async fn a_stale_heartbeat_stops_the_handler_with_that_heartbeat(srv: Server) {
+async fn a_stale_heartbeat_stops_the_handler_with_that_heartbeat(backend: Backend) {
+    let srv = match backend {
+        Backend::Sqlite => Server::in_process().await,
+        Backend::Postgres => Server::in_process_pg().await,
+    };
     let proxy = proxy(&srv).await;
     let stops = Stops::default();
     let (stop, run) = spawn(
@@ -403,15 +409,7 @@ async fn a_stale_heartbeat_stops_the_handler_with_that_heartbeat(srv: Server) {
     assert!(attempts[0]["evidence"].as_array().unwrap().is_empty());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stale_heartbeat_stops_the_handler_with_that_heartbeat_sqlite() {
-    a_stale_heartbeat_stops_the_handler_with_that_heartbeat(Server::in_process().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stale_heartbeat_stops_the_handler_with_that_heartbeat_postgres() {
-    a_stale_heartbeat_stops_the_handler_with_that_heartbeat(Server::in_process_pg().await).await;
-}
+on_both_stores!(a_stale_heartbeat_stops_the_handler_with_that_heartbeat);
 
 /// A handler failing with a 1 MiB message (ASCII, and two-byte characters):
 /// the report carries the message trimmed to idem's limit, so the outcome
@@ -490,15 +488,7 @@ async fn a_huge_message_is_trimmed_and_the_outcome_recorded(backend: Backend) {
     run.await.unwrap().unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_huge_message_is_trimmed_and_the_outcome_recorded_sqlite() {
-    a_huge_message_is_trimmed_and_the_outcome_recorded(Backend::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_huge_message_is_trimmed_and_the_outcome_recorded_postgres() {
-    a_huge_message_is_trimmed_and_the_outcome_recorded(Backend::Postgres).await;
-}
+on_both_stores!(a_huge_message_is_trimmed_and_the_outcome_recorded);
 
 /// An `execute` held until its gate opens, then `succeeded`.
 #[derive(Clone, Default)]
@@ -624,15 +614,7 @@ async fn shutdown_releases_what_the_open_claim_still_brings(backend: Backend) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shutdown_releases_what_the_open_claim_still_brings_sqlite() {
-    shutdown_releases_what_the_open_claim_still_brings(Backend::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shutdown_releases_what_the_open_claim_still_brings_postgres() {
-    shutdown_releases_what_the_open_claim_still_brings(Backend::Postgres).await;
-}
+on_both_stores!(shutdown_releases_what_the_open_claim_still_brings);
 
 /// A claim that long-polled past its local deadline (sent 1.6 s before idem
 /// granted a 2 s lease, so `sent + lease − 500 ms` has passed on arrival):
@@ -691,15 +673,7 @@ async fn a_late_grant_is_confirmed_by_a_heartbeat_before_the_handler_starts(back
     run.await.unwrap().unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_late_grant_is_confirmed_by_a_heartbeat_before_the_handler_starts_sqlite() {
-    a_late_grant_is_confirmed_by_a_heartbeat_before_the_handler_starts(Backend::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_late_grant_is_confirmed_by_a_heartbeat_before_the_handler_starts_postgres() {
-    a_late_grant_is_confirmed_by_a_heartbeat_before_the_handler_starts(Backend::Postgres).await;
-}
+on_both_stores!(a_late_grant_is_confirmed_by_a_heartbeat_before_the_handler_starts);
 
 /// A handler still running when the shutdown grace ends is abandoned: the
 /// run returns, nothing is reported for the attempt (no `cancelled` it did
@@ -738,12 +712,4 @@ async fn an_attempt_abandoned_at_shutdown_is_never_reported(backend: Backend) {
     assert_eq!(srv.task(&id).await["state"], json!("running"));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_attempt_abandoned_at_shutdown_is_never_reported_sqlite() {
-    an_attempt_abandoned_at_shutdown_is_never_reported(Backend::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_attempt_abandoned_at_shutdown_is_never_reported_postgres() {
-    an_attempt_abandoned_at_shutdown_is_never_reported(Backend::Postgres).await;
-}
+on_both_stores!(an_attempt_abandoned_at_shutdown_is_never_reported);
