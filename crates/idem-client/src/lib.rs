@@ -24,6 +24,15 @@
 //! acknowledge and report. Errors are [`ClientError`]: an RFC 9457 problem
 //! answered by idem (with its HTTP status and `code`), a timeout, a transport
 //! failure, an undecodable answer, or an argument refused before sending.
+//!
+//! The executor runtime, [`worker::Worker`], keeps each attempt's lease on
+//! its own clock: the lease is treated as lost at a local deadline, the
+//! `lease_ms` idem last confirmed counted from when that claim or heartbeat
+//! was *sent*, less max(500 ms, 10 %) ([`worker::lease`]). There, or at once
+//! when a heartbeat is answered 401, 403, 404 or 409, the handler is told
+//! ([`worker::Context::stopped`]) and must stop its effect: idem may hand the
+//! task to another executor from then on, and a handler that ignores the
+//! signal is on its own.
 
 use std::time::Duration;
 

@@ -203,6 +203,8 @@ pub struct Server {
 struct InProcess {
     clock: idem_store::Clock,
     _stop: tokio::sync::watch::Sender<bool>,
+    /// The PostgreSQL database of [`Server::in_process_pg`], dropped last.
+    _db: Option<idem_store_postgres::testing::TestDatabase>,
 }
 
 impl Server {
@@ -272,6 +274,34 @@ impl Server {
             },
         )
         .expect("open the SQLite store");
+        Server::in_process_over(dir, keys, store, clock, None, opts).await
+    }
+
+    /// [`Server::in_process`] over a fresh PostgreSQL database (dropped with
+    /// the server) whose clock is a test clock.
+    pub async fn in_process_pg() -> Server {
+        let db = idem_store_postgres::testing::fresh_database().await;
+        let keys = Server::create_keys(&db);
+        let clock = idem_store::Clock::test();
+        let mut options = idem_store_postgres::PgOptions::default();
+        options.clock = clock.clone();
+        options.max_size = 8;
+        let store = idem_store_postgres::connect(&db, options)
+            .await
+            .expect("open the PostgreSQL store");
+        let dir = tempfile::tempdir().expect("tempdir");
+        Server::in_process_over(dir, keys, store, clock, Some(db), Options::moved()).await
+    }
+
+    /// Serves `store` (with `keys`, on `clock`) in this process.
+    async fn in_process_over(
+        dir: TempDir,
+        keys: Keys,
+        store: idem_store::Store,
+        clock: idem_store::Clock,
+        db: Option<idem_store_postgres::testing::TestDatabase>,
+        opts: Options,
+    ) -> Server {
         let text = opts
             .config
             .clone()
@@ -308,11 +338,15 @@ impl Server {
             child: None,
             _stdout: None,
             opts,
-            shared_store: None,
             url,
             http: http_client(),
             keys,
-            in_process: Some(InProcess { clock, _stop: stop }),
+            shared_store: db.as_ref().map(|db| db.url().to_owned()),
+            in_process: Some(InProcess {
+                clock,
+                _stop: stop,
+                _db: db,
+            }),
         }
     }
 
