@@ -112,7 +112,8 @@ def test_failing_heartbeats_signal_the_handler_before_the_server_lease_ends(faul
                 # Every lease confirmed by a heartbeat in the handler's time, then heartbeats fail
                 # (and executor A claims nothing more).
                 beats = forwarded(faulty, "heartbeat")
-                await until(lambda: forwarded(faulty, "heartbeat") >= beats + ROUNDS)
+                # (A lease lost early, on a busy machine, ends the wait: that round is judged all the same.)
+                await until(lambda: forwarded(faulty, "heartbeat") >= beats + ROUNDS or bool(a.signalled))
                 faulty.proxy.set({"heartbeat": mode, "claim": "503"})
                 worker_b = Worker(ex_b, "executor-b", {"payment.release": Succeeds()}, concurrency=ROUNDS)
                 async with serving(worker_b):

@@ -374,6 +374,33 @@ def test_shutdown_abandons_attempts_still_running_after_the_grace(tenant: Tenant
         assert client.attempts(task.id)[0].evidence == []
 
 
+def test_an_attempt_abandoned_at_shutdown_is_never_reported_whatever_the_handler_returns(tenant: Tenant) -> None:
+    async def swallows_the_cancellation(ctx: Context, n: int) -> Any:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            return Cancelled()  # an outcome the handler never reached: no cancel was requested
+
+    handler = Recorder(swallows_the_cancellation)
+
+    async def scenario() -> idem.Task:
+        async with tenant.executor() as ex, tenant.async_client() as client:
+            worker = Worker(ex, "w-abandon", {"payment.release": handler}, grace=0.3)
+            serving_task = asyncio.create_task(worker.serve())
+            task = (await client.submit("payment.release", payment(), key())).task
+            await asyncio.wait_for(handler.started.wait(), 10)
+            worker.stop()
+            await asyncio.wait_for(serving_task, 10)
+            return await client.get(task.id)
+
+    task = asyncio.run(scenario())
+    with tenant.client() as client:
+        assert client.attempts(task.id)[0].evidence == [], "nothing reported"
+    assert task.state == "running", "left to its lease"
+    ctx = handler.contexts[0]
+    assert ctx.abandoned and not ctx.cancel_requested
+
+
 WORKER_SCRIPT = textwrap.dedent("""
     import asyncio, sys
     import idem
