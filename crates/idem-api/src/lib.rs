@@ -222,6 +222,14 @@ pub struct HeartbeatResponse<T> {
     pub cancel_requested: bool,
 }
 
+/// Release body: the executor gives back an attempt it never started.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ReleaseBody {
+    /// The generation the executor holds.
+    pub generation: i64,
+}
+
 /// Device acknowledgment body.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -249,8 +257,10 @@ pub struct ReportBody<O, F> {
     /// Required with `failed`: `transient`, `invalid_input`, `permission_denied`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure_class: Option<F>,
-    /// Free text.
+    /// Free text (an error's message), at most 4,096 characters: a longer
+    /// one is 400 `INVALID_REQUEST` and nothing is stored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(max_length = 4096))]
     pub message: Option<String>,
     /// The attempt's total usage (integer units).
     #[serde(default, skip_serializing_if = "Option::is_none")]

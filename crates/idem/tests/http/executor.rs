@@ -811,6 +811,64 @@ async fn report_external_txn_id_is_checked() {
     assert_eq!(task["delivery"]["external_txn_id"], json!("txn-é-1"));
 }
 
+/// A report's `message` is at most 4,096 characters (SPEC §7): one longer is
+/// 400 naming the field and the limit, not kept as evidence, and the attempt
+/// can still be reported; one of exactly 4,096 characters (of any script) is
+/// stored whole.
+#[tokio::test]
+async fn report_message_over_its_limit_is_400_and_stores_nothing() {
+    let srv = Server::fast().await;
+    let t = srv
+        .new_task("msg-1", "generation.dispatch", generation("cat"))
+        .await;
+    let id = s(&t["id"]);
+    let a = srv.claim_one("generation.dispatch", None).await;
+    let a_id = s(&a["id"]);
+    let failed = |message: String| json!({"generation": 1, "outcome": "failed", "failure_class": "invalid_input", "message": message});
+    let r = srv.report(&a_id, failed("é".repeat(4097))).await;
+    r.assert_problem(400, "INVALID_REQUEST");
+    let detail = s(&r.json["detail"]);
+    assert!(
+        detail.contains("`message`") && detail.contains("4096"),
+        "the detail names the field and its limit: {detail}"
+    );
+    let attempts = srv.attempts(&id).await;
+    assert_eq!(attempt_of(&attempts, &a_id)["state"], json!("leased"));
+    assert_eq!(attempt_of(&attempts, &a_id)["evidence"], json!([]));
+    let longest = "é".repeat(4096);
+    let task = srv.report(&a_id, failed(longest.clone())).await.ok(200)["task"].clone();
+    assert_eq!(task["state"], json!("failed"));
+    assert_eq!(task["failure"]["message"], json!(longest));
+}
+
+/// A body over the 1 MiB limit is 413 whose problem names the limit in bytes
+/// (`detail` and `max_bytes`); the report is not kept, and the same report
+/// with its text cut is then applied.
+#[tokio::test]
+async fn report_over_the_body_limit_is_413_naming_the_limit() {
+    let srv = Server::fast().await;
+    let t = srv
+        .new_task("big-1", "generation.dispatch", generation("cat"))
+        .await;
+    let id = s(&t["id"]);
+    let a = srv.claim_one("generation.dispatch", None).await;
+    let a_id = s(&a["id"]);
+    let unknown =
+        |message: String| json!({"generation": 1, "outcome": "unknown", "message": message});
+    let r = srv.report(&a_id, unknown("x".repeat(1024 * 1024))).await;
+    r.assert_problem(413, "PAYLOAD_TOO_LARGE");
+    assert_eq!(r.json["max_bytes"], json!(1_048_576));
+    let detail = s(&r.json["detail"]);
+    assert!(detail.contains("1048576 bytes"), "{detail}");
+    let attempts = srv.attempts(&id).await;
+    assert_eq!(attempt_of(&attempts, &a_id)["state"], json!("leased"));
+    assert_eq!(attempt_of(&attempts, &a_id)["evidence"], json!([]));
+    let task = srv.report(&a_id, unknown("x".repeat(4096))).await.ok(200)["task"].clone();
+    assert_eq!(task["state"], json!("reconciling"));
+    let attempts = srv.attempts(&id).await;
+    assert_eq!(attempt_of(&attempts, &a_id)["state"], json!("unknown"));
+}
+
 #[tokio::test]
 async fn executor_key_limited_to_classes_claims_only_those() {
     let srv = Server::fast().await;
