@@ -309,7 +309,8 @@ for (const kind of ["sqlite", "postgres"] as const) {
         // The handler runs; the worker's second slot waits in a long-poll.
         child.kill("SIGTERM");
         const arrived = (await t.client.submit("generation.dispatch", { n: 2 }, key())).task;
-        await until(async () => (await t.client.attempts(arrived.id)).map((a) => a.state).join() === "released");
+        // Once the stopping worker holds it, another executor waits for it (a long-poll).
+        await until(async () => (await t.client.attempts(arrived.id)).length > 0);
         const [attempt] = await t.executor.claim({
           executorId: "w-other",
           operations: ["generation.dispatch"],
@@ -334,8 +335,8 @@ for (const kind of ["sqlite", "postgres"] as const) {
     test(`${SHUTDOWN_ROUNDS} rounds: a worker stopped by SIGTERM releases the task its open claim brings`, async () => {
       await proxy.set({});
       const waits: number[] = [];
-      for (let n = 0; n < SHUTDOWN_ROUNDS; n += 10)
-        waits.push(...(await Promise.all(Array.from({ length: 10 }, () => shutdownRound()))));
+      for (let n = 0; n < SHUTDOWN_ROUNDS; n += 5)
+        waits.push(...(await Promise.all(Array.from({ length: 5 }, () => shutdownRound()))));
       const worst = Math.max(...waits);
       assert.ok(worst < 1000, `claimed by another executor ${worst} ms after its arrival`);
       console.log(`[typescript ${kind} SIGTERM] ${SHUTDOWN_ROUNDS} rounds: max(arrival to next lease) ${worst} ms`);
