@@ -306,8 +306,11 @@ def test_a_result_too_large_to_report_is_reported_unknown_and_reconciled(faulty:
 
 
 STOPPING_WORKER = textwrap.dedent("""
-    import asyncio, sys
+    import asyncio, logging, sys
     import idem
+
+    logging.basicConfig(stream=sys.stdout, level=logging.WARNING, format="%(message)s")
+    logging.getLogger("idem.worker").setLevel(logging.INFO)
 
     class Held:
         async def execute(self, ctx):
@@ -345,9 +348,13 @@ def shutdown_round(faulty: Faulty) -> float:
         )
         try:
             assert proc.stdout is not None and proc.stdin is not None
-            assert proc.stdout.readline().strip() == "started"
+            while (line := proc.stdout.readline().strip()) != "started":
+                assert line, "the worker ended before its handler started"
             # The handler runs; the worker's second slot waits in a long-poll.
             proc.send_signal(signal.SIGTERM)
+            # The task arrives once the worker's shutdown began (before, it would be run).
+            while not (line := proc.stdout.readline()).startswith("stopping:"):
+                assert line, "the worker ended before its shutdown began"
             arrived = client.submit("generation.dispatch", {"n": 2}, key()).task
             # Once the stopping worker holds it, another executor waits for it (a long-poll).
             deadline = time.monotonic() + 10
@@ -362,7 +369,7 @@ def shutdown_round(faulty: Faulty) -> float:
             out, _ = proc.communicate(timeout=20)
         finally:
             proc.kill()
-        assert proc.returncode == 0 and out.strip() == "exited"
+        assert proc.returncode == 0 and out.strip().endswith("exited"), out
         released, ran = client.attempts(arrived.id)
         assert (released.executor_id, released.state, released.evidence) == ("w-stopping", "released", [])
         assert (ran.kind, ran.executor_id, ran.state) == ("execute", "w-other", "succeeded")

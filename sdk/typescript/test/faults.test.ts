@@ -299,15 +299,19 @@ for (const kind of ["sqlite", "postgres"] as const) {
         let out = "";
         let err = "";
         const startedLine = signal();
+        const stoppingLine = signal();
         child.stdout.on("data", (d: Buffer) => {
           out += d.toString();
           if (out.includes("started")) startedLine.resolve();
+          if (out.includes("SIGTERM: stopping")) stoppingLine.resolve();
         });
         child.stderr.on("data", (d: Buffer) => (err += d.toString()));
         const exited = new Promise<number | null>((r) => child.on("exit", (code) => r(code)));
         await startedLine.promise;
         // The handler runs; the worker's second slot waits in a long-poll.
         child.kill("SIGTERM");
+        // The task arrives once the worker's shutdown began (before, it would be run).
+        await stoppingLine.promise;
         const arrived = (await t.client.submit("generation.dispatch", { n: 2 }, key())).task;
         // Once the stopping worker holds it, another executor waits for it (a long-poll).
         await until(async () => (await t.client.attempts(arrived.id)).length > 0);

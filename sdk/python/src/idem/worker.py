@@ -288,7 +288,10 @@ class Worker:
         done; an attempt it still brings is released, never run. Call it from
         the worker's event loop (a signal handler, a task)."""
         if self._stopping:
+            log.warning("stopping again: abandoning running attempts now")
             self._abandon = True
+        else:
+            log.info("stopping: claiming nothing more, %d attempt(s) running", len(self._running))
         self._stopping = True
         if self._claiming is not None and not self._running:
             self._claiming.cancel()
