@@ -16,5 +16,6 @@ trap 'rm -rf "$work"' EXIT
 "$work/venv/bin/pip" install --quiet --upgrade pip
 "$work/venv/bin/pip" install --quiet "$sdk[test]" build
 cd "$sdk"
-"$work/venv/bin/python" -m pytest -q -p no:cacheprovider tests
+# -s: the fault suites print the margins they measured.
+"$work/venv/bin/python" -m pytest -q -s -p no:cacheprovider tests
 PYTHON="$work/venv/bin/python" "$sdk/scripts/check-wheel.sh"

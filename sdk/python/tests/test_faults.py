@@ -44,9 +44,10 @@ def wall(t: float) -> datetime:
 
 
 async def until(condition: Any, within: float = 20.0) -> None:
-    """Polls ``condition()`` every 20 ms until it holds (fails after ``within`` s)."""
+    """Polls ``condition()`` every 20 ms, in a thread (the workers under test share
+    this event loop), until it holds (fails after ``within`` s)."""
     deadline = time.monotonic() + within
-    while not condition():
+    while not await asyncio.to_thread(condition):
         assert time.monotonic() < deadline, "condition not reached"
         await asyncio.sleep(0.02)
 
@@ -112,10 +113,10 @@ def test_failing_heartbeats_signal_the_handler_before_the_server_lease_ends(faul
                 await asyncio.wait_for(a.all_started.wait(), 20)
                 # Every lease confirmed by a heartbeat in the handler's time, then heartbeats fail
                 # (and executor A claims nothing more).
-                beats = forwarded(faulty, "heartbeat")
+                beats = await asyncio.to_thread(forwarded, faulty, "heartbeat")
                 # (A lease lost early, on a busy machine, ends the wait: that round is judged all the same.)
                 await until(lambda: forwarded(faulty, "heartbeat") >= beats + ROUNDS or bool(a.signalled))
-                faulty.proxy.set({"heartbeat": mode, "claim": "503"})
+                await asyncio.to_thread(faulty.proxy.set, {"heartbeat": mode, "claim": "503"})
                 worker_b = Worker(ex_b, "executor-b", {"payment.release": Succeeds()}, concurrency=ROUNDS)
                 async with serving(worker_b):
                     for task_id in ids:
@@ -172,12 +173,12 @@ async def heartbeats_until_signalled(faulty: Faulty, handler: SignalledOnce, los
     """Heartbeats the proxy forwarded from ``lose()`` (the lease taken away)
     until the handler's signal; waits first for one heartbeat in the handler's time."""
     await asyncio.wait_for(handler.started.wait(), 20)
-    beats = forwarded(faulty, "heartbeat")
+    beats = await asyncio.to_thread(forwarded, faulty, "heartbeat")
     await until(lambda: forwarded(faulty, "heartbeat") > beats)
-    before = forwarded(faulty, "heartbeat")
-    await asyncio.get_running_loop().run_in_executor(None, lose)
+    before = await asyncio.to_thread(forwarded, faulty, "heartbeat")
+    await asyncio.to_thread(lose)
     await until(lambda: handler.signalled is not None)
-    return forwarded(faulty, "heartbeat") - before
+    return await asyncio.to_thread(forwarded, faulty, "heartbeat") - before
 
 
 # A long lease (heartbeat every 2 s, local deadline 5.4 s after each): only the answer can signal.
