@@ -381,5 +381,7 @@ def test_a_worker_stopped_by_sigterm_releases_the_task_its_open_claim_brings(fau
     faulty.proxy.set({})
     with ThreadPoolExecutor(max_workers=5) as pool:
         waits = list(pool.map(lambda _: shutdown_round(faulty), range(SHUTDOWN_ROUNDS)))
-    assert max(waits) < 1.0, f"claimed by another executor {max(waits):.3f} s after its arrival"
+    # Released, not expired: another executor had it before the stopping worker's 5 s lease could
+    # have run out (the time itself is printed, not judged: speed is never asserted).
+    assert max(waits) < 5.0, f"claimed by another executor {max(waits):.3f} s after its arrival"
     print(f"\n[python {faulty.kind} SIGTERM] {SHUTDOWN_ROUNDS} rounds: max(arrival to next lease) {max(waits):.3f} s")

@@ -63,11 +63,12 @@ def run_one(tenant: Tenant, operation: str, params: dict, handler: Recorder) -> 
 
 
 def test_a_heartbeating_handler_keeps_its_lease_past_three_leases(tenant: Tenant) -> None:
-    lease_ms = 1000
+    # 1.5 s: each heartbeat may take up to 500 ms before the local deadline (lease less 500 ms) passes.
+    lease_ms = 1500
 
     async def slow(ctx: Context, n: int) -> Any:
         ctx.record_usage(5)
-        await asyncio.sleep(3.5)
+        await asyncio.sleep(3.2 * lease_ms / 1000)
         return {"ok": True, "lease_lost": ctx.lease_lost}
 
     handler = Recorder(slow)

@@ -283,9 +283,8 @@ for (const kind of ["sqlite", "postgres"] as const) {
       assert.deepEqual(done.delivery?.result, { found: true });
     });
 
-    /** One shutdown round; resolves with the time from the released task's arrival to another executor's lease, ms. */
-    async function shutdownRound(): Promise<number> {
-      const t: Tenant = await server.tenant();
+    /** One shutdown round of tenant `t`; resolves with the time from the released task's arrival to another executor's lease, ms. */
+    async function shutdownRound(t: Tenant): Promise<number> {
       await t.client.submit("generation.dispatch", { hold: true }, key());
       const child = spawn(
         process.execPath,
@@ -338,11 +337,17 @@ for (const kind of ["sqlite", "postgres"] as const) {
 
     test(`${SHUTDOWN_ROUNDS} rounds: a worker stopped by SIGTERM releases the task its open claim brings`, async () => {
       await proxy.set({});
+      // A tenant per round, made before the rounds (their key processes load the machine too).
+      const tenants: Tenant[] = [];
+      for (let n = 0; n < SHUTDOWN_ROUNDS; n += 10)
+        tenants.push(...(await Promise.all(Array.from({ length: 10 }, () => server.tenant()))));
       const waits: number[] = [];
       for (let n = 0; n < SHUTDOWN_ROUNDS; n += 5)
-        waits.push(...(await Promise.all(Array.from({ length: 5 }, () => shutdownRound()))));
+        waits.push(...(await Promise.all(tenants.slice(n, n + 5).map((t) => shutdownRound(t)))));
+      // Released, not expired: another executor had it before the stopping worker's 5 s lease could
+      // have run out (the time itself is printed, not judged: speed is never asserted).
       const worst = Math.max(...waits);
-      assert.ok(worst < 1000, `claimed by another executor ${worst} ms after its arrival`);
+      assert.ok(worst < 5000, `claimed by another executor ${worst} ms after its arrival`);
       console.log(`[typescript ${kind} SIGTERM] ${SHUTDOWN_ROUNDS} rounds: max(arrival to next lease) ${worst} ms`);
     });
   });
