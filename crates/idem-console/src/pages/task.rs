@@ -110,6 +110,43 @@ pub async fn fragment(
         .into_response())
 }
 
+/// The task's attempts counted the way its limit counts them: every attempt
+/// (the API's `attempt_count`), then the execute attempts against the
+/// execute limit (`max_attempts` plus redrives), the reconcile attempts and
+/// the released ones, which count against nothing; e.g. "6 attempts: 3 of 3
+/// execute, 3 reconcile". A failure's "all 3 execute attempts used" reads
+/// against the same figures.
+fn attempt_count(s: &Story) -> String {
+    use idem_core::model::{AttemptKind, AttemptState};
+    let t = &s.task;
+    let released = s
+        .attempts
+        .iter()
+        .filter(|a| a.state == AttemptState::Released)
+        .count();
+    let execute = s
+        .attempts
+        .iter()
+        .filter(|a| a.kind == AttemptKind::Execute && a.state != AttemptState::Released)
+        .count();
+    let reconcile = s
+        .attempts
+        .iter()
+        .filter(|a| a.kind == AttemptKind::Reconcile && a.state != AttemptState::Released)
+        .count();
+    let mut text = count(t.attempt_count, "attempt", "attempts");
+    if t.attempt_count > 0 {
+        text.push_str(&format!(": {execute} of {} execute", t.execute_limit()));
+        if reconcile > 0 {
+            text.push_str(&format!(", {reconcile} reconcile"));
+        }
+        if released > 0 {
+            text.push_str(&format!(", {released} released"));
+        }
+    }
+    text
+}
+
 /// The inner HTML of `#task-body`.
 pub fn body(s: &Story) -> Markup {
     let t = &s.task;
@@ -118,7 +155,7 @@ pub fn body(s: &Story) -> Markup {
             "State " span #task-state class={ "state state-" (t.state.as_str()) } data-state=(t.state.as_str()) { (t.state.as_str()) }
             " · operation " span.operation { (t.operation) }
             " · generation " span #generation { (t.generation) }
-            " · " (count(t.attempt_count, "attempt", "attempts")) " · usage " (t.usage)
+            " · " span #attempt-count { (attempt_count(s)) } " · usage " (t.usage)
             " · created " (time(t.created_at)) " · updated " (time(t.updated_at))
         }
         @if let Some(f) = &t.failure {

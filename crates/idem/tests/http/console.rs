@@ -1019,3 +1019,22 @@ async fn the_live_stream_is_not_stored() {
     assert_eq!(res.status(), 200);
     assert_eq!(res.headers()["cache-control"], "no-store");
 }
+
+/// The task page counts attempts the way the limit does: every attempt, then
+/// the execute attempts against the execute limit and the reconcile ones
+/// apart, so "2 attempts" never reads against a failure's "all 3 execute
+/// attempts used".
+#[tokio::test]
+async fn the_task_page_counts_execute_and_reconcile_attempts_apart() {
+    let srv = Server::fast().await;
+    let id = reconciling(&srv, "count-1").await;
+    let b = Browser::signed_in(&srv, &srv.keys.acme).await;
+    let page = b.get(&format!("/console/tasks/{id}")).await;
+    assert_eq!(page.status, 200, "{}", page.text);
+    assert!(
+        page.text
+            .contains("2 attempts: 1 of 3 execute, 1 reconcile"),
+        "{}",
+        page.text
+    );
+}
