@@ -115,6 +115,9 @@ pub struct Problem {
     /// value, by its JSON Pointer into the request body (`/params/...`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub errors: Option<Vec<InvalidValue>>,
+    /// For `PAYLOAD_TOO_LARGE`: the largest body accepted, in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<u64>,
 }
 
 impl Problem {
@@ -139,6 +142,7 @@ impl Problem {
             differing_fields: None,
             current_generation: None,
             errors: None,
+            max_bytes: None,
         }
     }
 }

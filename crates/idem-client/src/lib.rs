@@ -42,7 +42,7 @@ mod wait;
 pub mod worker;
 
 pub use events::{EventStream, FeedEvent, FeedPage};
-use idem_api::{AckBody, ClaimBody, ClaimResponse, HeartbeatBody, SubmitBody};
+use idem_api::{AckBody, ClaimBody, ClaimResponse, HeartbeatBody, ReleaseBody, SubmitBody};
 pub use idem_api::{Problem, ProblemCode};
 pub use search::{TaskFilter, TaskPage, TaskPages};
 pub use types::{
@@ -688,6 +688,25 @@ impl Client {
         Ok(a.body.task)
     }
 
+    /// `POST /v1/attempts/{id}/release`: gives back an attempt this executor
+    /// never started (e.g. one received after shutdown began); the task is
+    /// claimable again at once and the attempt counts against no limit. An
+    /// exact repeat answers the same.
+    ///
+    /// # Errors
+    /// 409 `STALE_GENERATION` (an old generation or an expired lease), 409
+    /// `ATTEMPT_ALREADY_REPORTED` (it was reported or acknowledged: it
+    /// started), 404: in each case there is nothing left to release.
+    pub async fn release(&self, attempt_id: Uuid, generation: i64) -> Result<Task> {
+        let a: Answer<TaskEnvelope> = self
+            .post_json(
+                &format!("v1/attempts/{attempt_id}/release"),
+                &ReleaseBody { generation },
+            )
+            .await?;
+        Ok(a.body.task)
+    }
+
     /// `GET /readyz`: whether the service and its store answer.
     ///
     /// # Errors
@@ -721,6 +740,7 @@ fn api_error(
         differing_fields: None,
         current_generation: None,
         errors: None,
+        max_bytes: None,
     });
     let retry_after = headers
         .get(RETRY_AFTER)

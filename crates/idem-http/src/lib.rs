@@ -158,6 +158,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(api::attempts::heartbeat))
         .routes(routes!(api::attempts::acknowledge))
         .routes(routes!(api::attempts::report))
+        .routes(routes!(api::attempts::release))
         .routes(routes!(api::health::healthz))
         .routes(routes!(api::health::readyz))
 }

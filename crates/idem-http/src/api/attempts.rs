@@ -1,5 +1,5 @@
 //! The executor protocol: claim (with long-poll), heartbeat, device
-//! acknowledgment and report of an attempt.
+//! acknowledgment, report and release of an attempt.
 
 use std::time::Duration;
 
@@ -8,7 +8,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use idem_core::config::MIN_LEASE_MS;
-use idem_core::machine::Report;
+use idem_core::machine::{MAX_MESSAGE_CHARS, Report};
 use idem_core::model::Role;
 use idem_core::trace::TraceParent;
 use idem_store::ops::ClaimRequest;
@@ -17,7 +17,7 @@ use serde_json::Value;
 use super::extract::{IdPath, strict_body, strict_typed};
 use super::wire::{
     AckBody, ClaimBody, ClaimResponse, ClaimedAttempt, HeartbeatBody, HeartbeatResponse,
-    ReportBody, TaskEnvelope,
+    ReleaseBody, ReportBody, TaskEnvelope,
 };
 use super::{no_attempt, unknown_operation};
 use crate::auth::Caller;
@@ -155,6 +155,7 @@ async fn claim_inner(
                     generation: c.attempt.generation,
                     kind: c.attempt.kind,
                     lease_expires_at: c.attempt.lease_expires_at,
+                    lease_ms: c.attempt.lease_ms,
                     operation: c.task.operation,
                     params: c.task.params,
                     idempotency_key: c.task.idempotency_key,
@@ -204,6 +205,7 @@ pub async fn heartbeat(
         .map_err(|r| Problem::refused(r, no_attempt(attempt_id)))?;
     Ok(Json(HeartbeatResponse {
         lease_expires_at: ack.lease_expires_at,
+        lease_ms: ack.lease_ms,
         cancel_requested: ack.cancel_requested,
     }))
 }
@@ -249,6 +251,16 @@ pub async fn report(
             "`external_txn_id` must be 1–200 characters, none of them a control character",
         ));
     }
+    if let Some(chars) = body
+        .message
+        .as_deref()
+        .map(|m| m.chars().count())
+        .filter(|&n| n > MAX_MESSAGE_CHARS)
+    {
+        return Err(Problem::invalid(format!(
+            "`message` has {chars} characters; at most {MAX_MESSAGE_CHARS} are stored (trim it and report again)"
+        )));
+    }
     let report = Report {
         generation: body.generation,
         outcome: body.outcome,
@@ -272,6 +284,29 @@ pub async fn report(
     };
     REPORTS.increment(label);
     let task = res.map_err(|r| Problem::refused(r, no_attempt(attempt_id)))?;
+    Ok(Json(TaskEnvelope { task }))
+}
+
+/// Give back an attempt the executor never started (a worker shutting down):
+/// the task is claimable again at once, the attempt kept `released`, counted
+/// against no limit and never reconciled. Fenced by generation like a report;
+/// an exact repeat answers 200 again.
+#[utoipa::path(post, path = "/v1/attempts/{id}/release", tag = "attempts", params(("id" = String, Path, description = "attempt id")), request_body = ReleaseBody,
+    responses((status = 200, body = TaskEnvelope), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 409, description = "STALE_GENERATION (an old generation or an expired lease), or ATTEMPT_ALREADY_REPORTED (the attempt was reported or acknowledged: it started)", body = Problem, content_type = "application/problem+json"), (status = 413, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")))]
+pub async fn release(
+    State(st): St,
+    caller: Caller,
+    IdPath(id): IdPath,
+    body: Result<Bytes, BytesRejection>,
+) -> AppResult<Json<TaskEnvelope>> {
+    caller.require(Role::Executor)?;
+    let attempt_id = id;
+    let body: ReleaseBody = strict_typed(body)?;
+    let task = caller
+        .store(&st)
+        .release(&caller.0.tenant, attempt_id, body.generation)
+        .await?
+        .map_err(|r| Problem::refused(r, no_attempt(attempt_id)))?;
     Ok(Json(TaskEnvelope { task }))
 }
 

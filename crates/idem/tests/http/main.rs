@@ -17,6 +17,7 @@ mod messages;
 mod multi_pg;
 mod operator;
 mod pg_start;
+mod release;
 mod sdk;
 mod search;
 mod serving;

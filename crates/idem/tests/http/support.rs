@@ -686,6 +686,16 @@ impl Server {
         .await
     }
 
+    /// Releases attempt `id` with the acme executor key.
+    pub async fn release(&self, attempt_id: &str, body: Value) -> Resp {
+        self.post(
+            &format!("/v1/attempts/{attempt_id}/release"),
+            &self.keys.exec,
+            body,
+        )
+        .await
+    }
+
     /// Heartbeat on attempt `id`.
     pub async fn heartbeat(&self, attempt_id: &str, body: Value) -> Resp {
         self.post(
