@@ -18,12 +18,13 @@ pub async fn healthz() -> Json<Health> {
     })
 }
 
-/// Readiness: the store answers, and its schema is one this binary serves
-/// (its own, or a newer one declared compatible with it; SPEC §5). Otherwise
-/// 503 `UNAVAILABLE`, whose `detail` names the database's schema version and
-/// this binary's when the schema is the cause.
+/// Readiness: the store answers.
 #[utoipa::path(get, path = "/readyz", tag = "operations", security(()), responses((status = 200, body = Health), (status = 503, body = Problem, content_type = "application/problem+json")))]
 pub async fn readyz(State(st): St) -> AppResult<Json<Health>> {
+    // The store answers and its schema is one this binary serves (its own, or
+    // a newer one declared compatible with it; SPEC §5); otherwise 503
+    // `UNAVAILABLE`, whose `detail` names the database's schema version and
+    // this binary's when the schema is the cause.
     match st.store.ping().await {
         Ok(()) => {}
         Err(StoreError::Migration(detail)) => {
