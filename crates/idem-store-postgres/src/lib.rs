@@ -52,7 +52,8 @@ mod tx;
 pub mod testing;
 
 pub use error::map_pg_error;
-pub use migrate::{MIGRATION_LOCK_TIMEOUT_MS, MIGRATIONS, Migration, migrate};
+pub use idem_store::Migration;
+pub use migrate::{MIGRATION_LOCK_TIMEOUT_MS, MIGRATIONS, migrate};
 pub use target::{RootCerts, SslMode, Target};
 pub use tx::PgTx;
 

@@ -5,86 +5,30 @@
 
 use crate::error::{connect_pg_error, is_transient, map_pg_error, pg_error_text};
 use crate::target::Target;
-use idem_store::{Result, SchemaVersion, StoreError};
+use idem_store::{Migration, Result, SchemaVersion, StoreError};
 
-/// One schema change: `migrations/NNNN_*.sql`, and which binaries can serve
-/// the schema it produces (`idem_store::schema`: expand/contract).
-#[derive(Debug, Clone, Copy)]
-pub struct Migration {
-    /// Its version, `NNNN` of its file; recorded in `schema_migrations`.
-    pub version: i32,
-    /// The oldest schema version whose binaries can still serve on the
-    /// schema it produces: the previous version for an expand step, its own
-    /// for a contract step. Recorded next to the version, so that binaries
-    /// older than it read it.
-    pub compatible_from: i32,
-    /// Its statements, run in the migration's transaction.
-    pub sql: &'static str,
-}
-
-/// The migrations of this binary, ascending. Versions 1 to 11 predate the
-/// expand/contract rule and count as contract steps.
+/// The migrations of this binary, ascending (`idem_store::schema`:
+/// expand/contract). Versions 1 to 11 predate the rule and count as contract
+/// steps.
 pub const MIGRATIONS: &[Migration] = &[
-    Migration {
-        version: 1,
-        compatible_from: 1,
-        sql: include_str!("../migrations/0001_init.sql"),
-    },
-    Migration {
-        version: 2,
-        compatible_from: 2,
-        sql: include_str!("../migrations/0002_api_keys_never_deleted.sql"),
-    },
-    Migration {
-        version: 3,
-        compatible_from: 3,
-        sql: include_str!("../migrations/0003_claim_order_index.sql"),
-    },
-    Migration {
-        version: 4,
-        compatible_from: 4,
-        sql: include_str!("../migrations/0004_contracts.sql"),
-    },
-    Migration {
-        version: 5,
-        compatible_from: 5,
-        sql: include_str!("../migrations/0005_task_search.sql"),
-    },
-    Migration {
-        version: 6,
-        compatible_from: 6,
-        sql: include_str!("../migrations/0006_event_feed.sql"),
-    },
-    Migration {
-        version: 7,
-        compatible_from: 7,
-        sql: include_str!("../migrations/0007_attempts_granted.sql"),
-    },
-    Migration {
-        version: 8,
-        compatible_from: 8,
-        sql: include_str!("../migrations/0008_change_notifications.sql"),
-    },
-    Migration {
-        version: 9,
-        compatible_from: 9,
-        sql: include_str!("../migrations/0009_change_backoffs.sql"),
-    },
-    Migration {
-        version: 10,
-        compatible_from: 10,
-        sql: include_str!("../migrations/0010_task_traceparent.sql"),
-    },
-    Migration {
-        version: 11,
-        compatible_from: 11,
-        sql: include_str!("../migrations/0011_console.sql"),
-    },
-    Migration {
-        version: 12,
-        compatible_from: 11,
-        sql: include_str!("../migrations/0012_attempt_released.sql"),
-    },
+    Migration::contract(1, include_str!("../migrations/0001_init.sql")),
+    Migration::contract(
+        2,
+        include_str!("../migrations/0002_api_keys_never_deleted.sql"),
+    ),
+    Migration::contract(3, include_str!("../migrations/0003_claim_order_index.sql")),
+    Migration::contract(4, include_str!("../migrations/0004_contracts.sql")),
+    Migration::contract(5, include_str!("../migrations/0005_task_search.sql")),
+    Migration::contract(6, include_str!("../migrations/0006_event_feed.sql")),
+    Migration::contract(7, include_str!("../migrations/0007_attempts_granted.sql")),
+    Migration::contract(
+        8,
+        include_str!("../migrations/0008_change_notifications.sql"),
+    ),
+    Migration::contract(9, include_str!("../migrations/0009_change_backoffs.sql")),
+    Migration::contract(10, include_str!("../migrations/0010_task_traceparent.sql")),
+    Migration::contract(11, include_str!("../migrations/0011_console.sql")),
+    Migration::expand(12, include_str!("../migrations/0012_attempt_released.sql")),
 ];
 
 /// How long a migration statement waits for a table lock, ms, before the
@@ -390,19 +334,11 @@ pub(crate) async fn apply(
 
 #[cfg(test)]
 mod tests {
-    use super::MIGRATIONS;
-
-    /// Versions count up from 1, and each declaration is one a binary can
-    /// rely on: no migration serves binaries newer than itself, and none
-    /// lowers what an earlier contract step raised.
     #[test]
     fn migrations_are_numbered_in_order_and_declare_their_compatibility() {
-        let mut from = 0;
-        for (i, m) in MIGRATIONS.iter().enumerate() {
-            assert_eq!(usize::try_from(m.version).ok(), Some(i + 1), "{m:?}");
-            assert!(m.compatible_from <= m.version, "{m:?}");
-            assert!(m.compatible_from >= from, "{m:?} lowers {from}");
-            from = m.compatible_from;
-        }
+        assert_eq!(
+            idem_store::schema::check_declarations(super::MIGRATIONS),
+            Ok(())
+        );
     }
 }

@@ -1632,17 +1632,7 @@ async fn a_newer_schema_is_served_only_while_declared_compatible() {
     // `compatible_from` column): its newest version counts as a contract
     // step, and the next migration adds the column.
     let url = fresh_database().await;
-    let db = raw(&url).await;
-    for m in &idem_store_postgres::MIGRATIONS[..2] {
-        db.batch_execute(m.sql).await.unwrap();
-    }
-    db.batch_execute(
-        "CREATE TABLE schema_migrations (version integer PRIMARY KEY, \
-         applied_at timestamptz NOT NULL DEFAULT clock_timestamp()); \
-         INSERT INTO schema_migrations (version) VALUES (1), (2)",
-    )
-    .await
-    .unwrap();
+    let db = schema_at_version_two(&url).await;
     connect(&url, PgOptions::default()).await.unwrap();
     let old: Vec<Option<i32>> = db
         .query(

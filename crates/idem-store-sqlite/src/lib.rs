@@ -35,6 +35,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+pub use idem_store::Migration;
 use idem_store::ops::{Call, Submit};
 use idem_store::{Clock, Op, ScopeHints, Store, StoreError, batch};
 use rusqlite::Connection;
@@ -56,80 +57,24 @@ pub const MAX_BATCH: usize = 256;
 /// at once (the others wait for a connection instead of opening one).
 pub const READERS: usize = 4;
 
-/// One schema change: `migrations/NNNN_*.sql`, and which binaries can serve
-/// the schema it produces (`idem_store::schema`: expand/contract).
-#[derive(Debug, Clone, Copy)]
-pub struct Migration {
-    /// Its version, `NNNN` of its file: `PRAGMA user_version` once applied.
-    pub version: i64,
-    /// The oldest schema version whose binaries can still serve on the
-    /// schema it produces: the previous version for an expand step, its own
-    /// for a contract step. Recorded in `schema_migrations` next to the
-    /// version, so that binaries older than it read it.
-    pub compatible_from: i64,
-    /// Its statements, run in the migration's transaction.
-    pub sql: &'static str,
-}
-
-/// The schema migrations, in order (versions 1, 2, …); `PRAGMA user_version`
-/// counts those applied. Versions 1 to 11 predate the expand/contract rule
-/// and count as contract steps.
+/// The schema migrations, in order (versions 1, 2, …; `idem_store::schema`:
+/// expand/contract); `PRAGMA user_version` counts those applied. Versions 1
+/// to 11 predate the rule and count as contract steps.
 pub const MIGRATIONS: &[Migration] = &[
-    Migration {
-        version: 1,
-        compatible_from: 1,
-        sql: include_str!("../migrations/0001_init.sql"),
-    },
-    Migration {
-        version: 2,
-        compatible_from: 2,
-        sql: include_str!("../migrations/0002_tasks_or_checks.sql"),
-    },
-    Migration {
-        version: 3,
-        compatible_from: 3,
-        sql: include_str!("../migrations/0003_claim_order_index.sql"),
-    },
-    Migration {
-        version: 4,
-        compatible_from: 4,
-        sql: include_str!("../migrations/0004_contracts.sql"),
-    },
-    Migration {
-        version: 5,
-        compatible_from: 5,
-        sql: include_str!("../migrations/0005_task_search.sql"),
-    },
-    Migration {
-        version: 6,
-        compatible_from: 6,
-        sql: include_str!("../migrations/0006_event_feed.sql"),
-    },
-    Migration {
-        version: 7,
-        compatible_from: 7,
-        sql: include_str!("../migrations/0007_attempts_granted.sql"),
-    },
-    Migration {
-        version: 8,
-        compatible_from: 8,
-        sql: include_str!("../migrations/0008_change_notifications.sql"),
-    },
-    Migration {
-        version: 9,
-        compatible_from: 9,
-        sql: include_str!("../migrations/0009_change_backoffs.sql"),
-    },
-    Migration {
-        version: 10,
-        compatible_from: 10,
-        sql: include_str!("../migrations/0010_task_traceparent.sql"),
-    },
-    Migration {
-        version: 11,
-        compatible_from: 11,
-        sql: include_str!("../migrations/0011_console.sql"),
-    },
+    Migration::contract(1, include_str!("../migrations/0001_init.sql")),
+    Migration::contract(2, include_str!("../migrations/0002_tasks_or_checks.sql")),
+    Migration::contract(3, include_str!("../migrations/0003_claim_order_index.sql")),
+    Migration::contract(4, include_str!("../migrations/0004_contracts.sql")),
+    Migration::contract(5, include_str!("../migrations/0005_task_search.sql")),
+    Migration::contract(6, include_str!("../migrations/0006_event_feed.sql")),
+    Migration::contract(7, include_str!("../migrations/0007_attempts_granted.sql")),
+    Migration::contract(
+        8,
+        include_str!("../migrations/0008_change_notifications.sql"),
+    ),
+    Migration::contract(9, include_str!("../migrations/0009_change_backoffs.sql")),
+    Migration::contract(10, include_str!("../migrations/0010_task_traceparent.sql")),
+    Migration::contract(11, include_str!("../migrations/0011_console.sql")),
 ];
 
 /// The schema of the database on `conn`: `PRAGMA user_version` and the
@@ -297,17 +242,18 @@ fn migrate_in_transaction(conn: &mut Connection) -> Result<Vec<i64>, StoreError>
         .map_err(mig)?;
     }
     let mut applied = Vec::new();
-    for m in MIGRATIONS.iter().filter(|m| m.version > current) {
+    for m in MIGRATIONS.iter().filter(|m| i64::from(m.version) > current) {
+        let version = i64::from(m.version);
         tx.execute_batch(m.sql)
-            .map_err(|e| migration_step_error(m.version, e))?;
+            .map_err(|e| migration_step_error(version, e))?;
         tx.execute(
             "INSERT OR REPLACE INTO schema_migrations (version, compatible_from) VALUES (?1, ?2)",
             [m.version, m.compatible_from],
         )
         .map_err(mig)?;
-        tx.pragma_update(None, "user_version", m.version)
+        tx.pragma_update(None, "user_version", version)
             .map_err(mig)?;
-        applied.push(m.version);
+        applied.push(version);
     }
     // Checked only when a migration ran (a full scan of every reference).
     let violations: i64 = if current < known {
@@ -493,18 +439,9 @@ mod tests {
 
     use super::*;
 
-    /// Versions count up from 1 (`PRAGMA user_version` counts them), and no
-    /// migration serves binaries newer than itself or lowers what an earlier
-    /// contract step raised.
     #[test]
     fn migrations_are_numbered_in_order_and_declare_their_compatibility() {
-        let mut from = 0;
-        for (i, m) in MIGRATIONS.iter().enumerate() {
-            assert_eq!(usize::try_from(m.version).ok(), Some(i + 1), "{m:?}");
-            assert!(m.compatible_from <= m.version, "{m:?}");
-            assert!(m.compatible_from >= from, "{m:?} lowers {from}");
-            from = m.compatible_from;
-        }
+        assert_eq!(idem_store::schema::check_declarations(MIGRATIONS), Ok(()));
     }
     use idem_core::model::Role;
     use idem_store::conformance::submission;

@@ -64,7 +64,7 @@ pub use clock::Clock;
 pub use guarded::Guarded;
 pub use ops::Op;
 pub use retries::ScopeHints;
-pub use schema::{SchemaVersion, SchemaWatch, schema_mismatch};
+pub use schema::{Migration, SchemaVersion, SchemaWatch, schema_mismatch};
 pub use store::Store;
 
 /// Errors of the storage layer. Business refusals (conflict, stale generation …)

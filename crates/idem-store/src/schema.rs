@@ -22,6 +22,70 @@ use std::time::Duration;
 
 use crate::{Clock, Result, StoreError};
 
+/// One schema change of a store (`crates/idem-store-*/migrations/NNNN_*.sql`)
+/// and which binaries can serve the schema it produces.
+#[derive(Debug, Clone, Copy)]
+pub struct Migration {
+    /// Its version, `NNNN` of its file.
+    pub version: i32,
+    /// The oldest schema version whose binaries can still serve on the
+    /// schema it produces: the previous version for an expand step, its own
+    /// for a contract step. Recorded next to the version, so that binaries
+    /// older than it read it.
+    pub compatible_from: i32,
+    /// Its statements, run in the migration's transaction.
+    pub sql: &'static str,
+}
+
+impl Migration {
+    /// A contract step (and every migration from before the expand/contract
+    /// rule): only binaries of `version` or newer serve its schema.
+    pub const fn contract(version: i32, sql: &'static str) -> Migration {
+        Migration {
+            version,
+            compatible_from: version,
+            sql,
+        }
+    }
+
+    /// An expand step: binaries of the previous version still serve its
+    /// schema.
+    pub const fn expand(version: i32, sql: &'static str) -> Migration {
+        Migration {
+            version,
+            compatible_from: version - 1,
+            sql,
+        }
+    }
+}
+
+/// Checks a store's list of migrations: versions count up from 1, no
+/// migration declares itself served by binaries newer than itself, and none
+/// lowers what an earlier contract step raised.
+///
+/// # Errors
+/// The first migration that breaks one, described.
+pub fn check_declarations(migrations: &[Migration]) -> std::result::Result<(), String> {
+    let mut from = 0;
+    for (i, m) in migrations.iter().enumerate() {
+        if usize::try_from(m.version).ok() != Some(i + 1) {
+            return Err(format!(
+                "migration {} is number {} in the list",
+                m.version,
+                i + 1
+            ));
+        }
+        if m.compatible_from > m.version || m.compatible_from < from {
+            return Err(format!(
+                "migration {} declares compatible_from {}, outside {from}..={}",
+                m.version, m.compatible_from, m.version
+            ));
+        }
+        from = m.compatible_from;
+    }
+    Ok(())
+}
+
 /// A database's schema as its migrations recorded it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SchemaVersion {
@@ -143,6 +207,21 @@ mod tests {
             found,
             compatible_from,
         }
+    }
+
+    #[test]
+    fn declarations_count_up_and_never_lower_compatibility() {
+        let ok = [
+            Migration::contract(1, ""),
+            Migration::contract(2, ""),
+            Migration::expand(3, ""),
+        ];
+        assert_eq!(check_declarations(&ok), Ok(()));
+        let gap = [Migration::contract(1, ""), Migration::contract(3, "")];
+        assert!(check_declarations(&gap).is_err());
+        let mut lowered = ok;
+        lowered[2].compatible_from = 1;
+        assert!(check_declarations(&lowered).is_err());
     }
 
     #[test]
