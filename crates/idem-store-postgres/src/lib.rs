@@ -36,7 +36,7 @@ use std::time::Duration;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use idem_store::contracts::StoredContracts;
 use idem_store::ops::{Authenticate, Call, Submit};
-use idem_store::{Clock, Result, ScopeHints, Store, StoreError, batch};
+use idem_store::{Clock, Result, SchemaWatch, ScopeHints, Store, StoreError, batch};
 use tokio::sync::mpsc;
 
 mod error;
@@ -52,6 +52,7 @@ mod tx;
 pub mod testing;
 
 pub use error::map_pg_error;
+pub use idem_store::Migration;
 pub use migrate::{MIGRATION_LOCK_TIMEOUT_MS, MIGRATIONS, migrate};
 pub use target::{RootCerts, SslMode, Target};
 pub use tx::PgTx;
@@ -140,6 +141,12 @@ pub struct PgBackend {
     /// Committed changes, heard on a listening connection of their own
     /// (`notify.rs`).
     listening: Arc<notify::Listening>,
+    /// The last reading of the database's schema: another instance may
+    /// migrate it to one this binary cannot serve ([`Backend::ping`] reads it
+    /// again at most every [`idem_store::schema::SCHEMA_RECHECK`]).
+    ///
+    /// [`Backend::ping`]: idem_store::Backend::ping
+    schema: Arc<SchemaWatch>,
 }
 
 /// How long [`connect`] waits for another instance that is applying
@@ -260,9 +267,11 @@ impl PgBackend {
                 )
                 .await?;
             } else {
-                migrate::check(&client).await?;
+                migrate::check(&**client).await?;
             }
         }
+        let schema = Arc::new(SchemaWatch::new());
+        let _ = schema.record(&options.clock, Ok(()));
         let (submits, queue) = batch::queue();
         let stored = Arc::new(StoredContracts::new());
         // Lanes hold a connection while work is queued: at most half the pool.
@@ -312,6 +321,7 @@ impl PgBackend {
             clock: options.clock,
             stored,
             listening,
+            schema,
         })
     }
 

@@ -5,28 +5,30 @@
 
 use crate::error::{connect_pg_error, is_transient, map_pg_error, pg_error_text};
 use crate::target::Target;
-use idem_store::{Result, StoreError};
+use idem_store::{Migration, Result, SchemaVersion, StoreError};
 
-/// The migrations of this binary: `(version, SQL)`, ascending.
-pub const MIGRATIONS: &[(i32, &str)] = &[
-    (1, include_str!("../migrations/0001_init.sql")),
-    (
+/// The migrations of this binary, ascending (`idem_store::schema`:
+/// expand/contract). Versions 1 to 11 predate the rule and count as contract
+/// steps.
+pub const MIGRATIONS: &[Migration] = &[
+    Migration::contract(1, include_str!("../migrations/0001_init.sql")),
+    Migration::contract(
         2,
         include_str!("../migrations/0002_api_keys_never_deleted.sql"),
     ),
-    (3, include_str!("../migrations/0003_claim_order_index.sql")),
-    (4, include_str!("../migrations/0004_contracts.sql")),
-    (5, include_str!("../migrations/0005_task_search.sql")),
-    (6, include_str!("../migrations/0006_event_feed.sql")),
-    (7, include_str!("../migrations/0007_attempts_granted.sql")),
-    (
+    Migration::contract(3, include_str!("../migrations/0003_claim_order_index.sql")),
+    Migration::contract(4, include_str!("../migrations/0004_contracts.sql")),
+    Migration::contract(5, include_str!("../migrations/0005_task_search.sql")),
+    Migration::contract(6, include_str!("../migrations/0006_event_feed.sql")),
+    Migration::contract(7, include_str!("../migrations/0007_attempts_granted.sql")),
+    Migration::contract(
         8,
         include_str!("../migrations/0008_change_notifications.sql"),
     ),
-    (9, include_str!("../migrations/0009_change_backoffs.sql")),
-    (10, include_str!("../migrations/0010_task_traceparent.sql")),
-    (11, include_str!("../migrations/0011_console.sql")),
-    (12, include_str!("../migrations/0012_attempt_released.sql")),
+    Migration::contract(9, include_str!("../migrations/0009_change_backoffs.sql")),
+    Migration::contract(10, include_str!("../migrations/0010_task_traceparent.sql")),
+    Migration::contract(11, include_str!("../migrations/0011_console.sql")),
+    Migration::expand(12, include_str!("../migrations/0012_attempt_released.sql")),
 ];
 
 /// How long a migration statement waits for a table lock, ms, before the
@@ -61,36 +63,58 @@ fn privilege_hint(e: &tokio_postgres::Error) -> &'static str {
 
 /// The newest schema version this binary knows.
 fn known_version() -> i32 {
-    MIGRATIONS.iter().map(|(v, _)| *v).max().unwrap_or(0)
+    MIGRATIONS.iter().map(|m| m.version).max().unwrap_or(0)
 }
 
-/// Checks, changing nothing, that the database's schema is this binary's.
+/// The schema of the database `client` is connected to: its newest applied
+/// migration and the highest `compatible_from` recorded (a row without one,
+/// written before the column existed, counts as its own version). Version 0
+/// when it has no `schema_migrations`.
 ///
 /// # Errors
-/// [`StoreError::Migration`] when it is not an idem database, or its schema
-/// is older (run `idem migrate`) or newer than this binary's;
-/// [`StoreError::Unavailable`] when the database cannot be read.
-pub(crate) async fn check(client: &tokio_postgres::Client) -> Result<()> {
-    let known = known_version();
-    let found: i32 = match client
+/// As [`migration_error`].
+pub(crate) async fn read_schema<C: tokio_postgres::GenericClient + Sync>(
+    client: &C,
+) -> Result<SchemaVersion> {
+    // `to_jsonb(m)` reads `compatible_from` whether or not the column exists
+    // yet (a database migrated only by binaries older than it has none).
+    let row = match client
         .query_one(
-            "SELECT coalesce(max(version), 0) FROM schema_migrations",
+            "SELECT coalesce(max(version), 0)::bigint,
+                    coalesce(max(coalesce((to_jsonb(m) ->> 'compatible_from')::integer, version)), 0)::bigint
+               FROM schema_migrations m",
             &[],
         )
         .await
     {
-        Ok(row) => row.try_get(0).map_err(migration_error)?,
-        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => 0,
+        Ok(row) => row,
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => {
+            return Ok(SchemaVersion {
+                found: 0,
+                compatible_from: 0,
+            });
+        }
         Err(e) => return Err(migration_error(e)),
     };
-    if found == known {
-        return Ok(());
-    }
-    Err(idem_store::schema_mismatch(
-        "database",
-        i64::from(found),
-        i64::from(known),
-    ))
+    Ok(SchemaVersion {
+        found: row.try_get(0).map_err(migration_error)?,
+        compatible_from: row.try_get(1).map_err(migration_error)?,
+    })
+}
+
+/// Checks, changing nothing, that this binary serves the database's schema:
+/// its own, or a newer one declared compatible with it
+/// ([`SchemaVersion::check`]).
+///
+/// # Errors
+/// [`StoreError::Migration`] naming both versions when it is not an idem
+/// database, or its schema is older (run `idem migrate`), or newer and not
+/// declared compatible; [`StoreError::Unavailable`] when the database cannot
+/// be read.
+pub(crate) async fn check<C: tokio_postgres::GenericClient + Sync>(client: &C) -> Result<()> {
+    read_schema(client)
+        .await?
+        .check("database", i64::from(known_version()))
 }
 
 /// A failed migration step: [`StoreError::Unavailable`] when it gave up
@@ -243,12 +267,21 @@ pub(crate) async fn apply(
     }
     tx.batch_execute(
         "CREATE TABLE IF NOT EXISTS schema_migrations (
-             version    integer PRIMARY KEY,
-             applied_at timestamptz NOT NULL DEFAULT clock_timestamp()
+             version         integer PRIMARY KEY,
+             applied_at      timestamptz NOT NULL DEFAULT clock_timestamp(),
+             compatible_from integer
          )",
     )
     .await
     .map_err(migration_error)?;
+    let schema = read_schema(&tx).await?;
+    let known = known_version();
+    if schema.found > i64::from(known) {
+        // Newer than this binary: served as it is if declared compatible,
+        // never migrated by a binary that does not know its steps.
+        schema.check("database", i64::from(known))?;
+        return Ok(Vec::new());
+    }
     let applied: Vec<i32> = tx
         .query(
             "SELECT version FROM schema_migrations ORDER BY version",
@@ -260,15 +293,7 @@ pub(crate) async fn apply(
         .map(|r| r.try_get::<_, i32>(0))
         .collect::<Result<_, _>>()
         .map_err(migration_error)?;
-    let known = known_version();
-    if let Some(newest) = applied.iter().copied().max().filter(|v| *v > known) {
-        return Err(idem_store::schema_mismatch(
-            "database",
-            i64::from(newest),
-            i64::from(known),
-        ));
-    }
-    if MIGRATIONS.iter().any(|(v, _)| !applied.contains(v)) {
+    if MIGRATIONS.iter().any(|m| !applied.contains(&m.version)) {
         // Only now: waiting for the advisory lock above (another instance
         // migrating) is not bounded by it.
         tx.batch_execute(&format!(
@@ -276,26 +301,44 @@ pub(crate) async fn apply(
         ))
         .await
         .map_err(migration_error)?;
-    }
-    let mut done = Vec::new();
-    for (version, sql) in MIGRATIONS {
-        if applied.contains(version) {
-            continue;
-        }
-        tx.batch_execute(sql)
-            .await
-            .map_err(|e| step_error(*version, &e))?;
-        tx.execute(
-            "INSERT INTO schema_migrations (version) VALUES ($1)",
-            &[version],
+        // A database migrated only by binaries older than the expand/contract
+        // rule has no column for the declarations yet.
+        tx.batch_execute(
+            "ALTER TABLE schema_migrations ADD COLUMN IF NOT EXISTS compatible_from integer",
         )
         .await
         .map_err(migration_error)?;
-        done.push(*version);
+    }
+    let mut done = Vec::new();
+    for m in MIGRATIONS {
+        if applied.contains(&m.version) {
+            continue;
+        }
+        tx.batch_execute(m.sql)
+            .await
+            .map_err(|e| step_error(m.version, &e))?;
+        tx.execute(
+            "INSERT INTO schema_migrations (version, compatible_from) VALUES ($1, $2)",
+            &[&m.version, &m.compatible_from],
+        )
+        .await
+        .map_err(migration_error)?;
+        done.push(m.version);
     }
     tx.commit().await.map_err(map_pg_error)?;
     if !done.is_empty() {
         tracing::info!(versions = ?done, "applied PostgreSQL migrations");
     }
     Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn migrations_are_numbered_in_order_and_declare_their_compatibility() {
+        assert_eq!(
+            idem_store::schema::check_declarations(super::MIGRATIONS),
+            Ok(())
+        );
+    }
 }

@@ -947,8 +947,8 @@ async fn claims_walk_the_claim_index_instead_of_sorting_the_backlog() {
 /// the previous binary left it); returns a plain connection to it.
 async fn schema_at_version_two(url: &str) -> tokio_postgres::Client {
     let db = raw(url).await;
-    for (_, sql) in &idem_store_postgres::MIGRATIONS[..2] {
-        db.batch_execute(sql).await.unwrap();
+    for m in &idem_store_postgres::MIGRATIONS[..2] {
+        db.batch_execute(m.sql).await.unwrap();
     }
     db.batch_execute(
         "CREATE TABLE schema_migrations (version integer PRIMARY KEY, \
@@ -1550,7 +1550,109 @@ async fn unknown_words_in_stored_rows_are_corrupt() {
 fn versions_from(first: i32) -> Vec<i32> {
     idem_store_postgres::MIGRATIONS
         .iter()
-        .map(|(v, _)| *v)
+        .map(|m| m.version)
         .filter(|v| *v >= first)
         .collect()
+}
+
+/// Expand/contract (docs/operations.md, "Upgrading"): each migration's
+/// `compatible_from` is recorded next to its version; a binary serves a newer
+/// schema declared compatible with its own (at start-up, migrating or not,
+/// without touching it), refuses one declared incompatible naming both
+/// versions, and a running store's readiness turns to that refusal within
+/// `SCHEMA_RECHECK` of the schema changing under it.
+#[tokio::test]
+async fn a_newer_schema_is_served_only_while_declared_compatible() {
+    let url = fresh_database().await;
+    let mut options = PgOptions::default();
+    options.clock = idem_store::Clock::test();
+    let running = connect(&url, options.clone()).await.unwrap();
+    let db = raw(&url).await;
+    let recorded: Vec<(i32, Option<i32>)> = db
+        .query(
+            "SELECT version, compatible_from FROM schema_migrations ORDER BY version",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let declared: Vec<(i32, Option<i32>)> = idem_store_postgres::MIGRATIONS
+        .iter()
+        .map(|m| (m.version, Some(m.compatible_from)))
+        .collect();
+    assert_eq!(recorded, declared);
+    let known = declared.last().unwrap().0;
+    let future = known + 1;
+
+    // A later release's expand step: this binary serves it as it is.
+    db.execute(
+        "INSERT INTO schema_migrations (version, compatible_from) VALUES ($1, $2)",
+        &[&future, &known],
+    )
+    .await
+    .unwrap();
+    for migrate in [true, false] {
+        let mut o = options.clone();
+        o.migrate = migrate;
+        connect(&url, o).await.unwrap().ping().await.unwrap();
+    }
+    let rows: i64 = db
+        .query_one("SELECT count(*) FROM schema_migrations", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, i64::from(future), "nothing applied or removed");
+    running.ping().await.unwrap();
+
+    // Its contract step: refused at start-up, and by the running store's
+    // readiness once it reads the schema again.
+    db.execute(
+        "UPDATE schema_migrations SET compatible_from = version WHERE version = $1",
+        &[&future],
+    )
+    .await
+    .unwrap();
+    let both = |e: &str| {
+        assert!(
+            e.contains(&format!("version {future}"))
+                && e.contains(&format!("this binary's {known}")),
+            "{e}"
+        );
+    };
+    for migrate in [true, false] {
+        let mut o = options.clone();
+        o.migrate = migrate;
+        let e = connect(&url, o).await.err().unwrap();
+        assert!(matches!(e, idem_store::StoreError::Migration(_)), "{e}");
+        both(&e.to_string());
+    }
+    running.ping().await.unwrap();
+    running.clock().advance(idem_store::schema::SCHEMA_RECHECK);
+    let e = running.ping().await.unwrap_err();
+    assert!(matches!(e, idem_store::StoreError::Migration(_)), "{e}");
+    both(&e.to_string());
+
+    // A database migrated only by binaries older than the rule (no
+    // `compatible_from` column): its newest version counts as a contract
+    // step, and the next migration adds the column.
+    let url = fresh_database().await;
+    let db = schema_at_version_two(&url).await;
+    connect(&url, PgOptions::default()).await.unwrap();
+    let old: Vec<Option<i32>> = db
+        .query(
+            "SELECT compatible_from FROM schema_migrations WHERE version <= 2 ORDER BY version",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        old,
+        vec![None, None],
+        "rows of older binaries stay as written"
+    );
 }

@@ -35,6 +35,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+pub use idem_store::Migration;
 use idem_store::ops::{Call, Submit};
 use idem_store::{Clock, Op, ScopeHints, Store, StoreError, batch};
 use rusqlite::Connection;
@@ -56,20 +57,53 @@ pub const MAX_BATCH: usize = 256;
 /// at once (the others wait for a connection instead of opening one).
 pub const READERS: usize = 4;
 
-/// The schema migrations, in order; `PRAGMA user_version` counts those applied.
-pub const MIGRATIONS: &[&str] = &[
-    include_str!("../migrations/0001_init.sql"),
-    include_str!("../migrations/0002_tasks_or_checks.sql"),
-    include_str!("../migrations/0003_claim_order_index.sql"),
-    include_str!("../migrations/0004_contracts.sql"),
-    include_str!("../migrations/0005_task_search.sql"),
-    include_str!("../migrations/0006_event_feed.sql"),
-    include_str!("../migrations/0007_attempts_granted.sql"),
-    include_str!("../migrations/0008_change_notifications.sql"),
-    include_str!("../migrations/0009_change_backoffs.sql"),
-    include_str!("../migrations/0010_task_traceparent.sql"),
-    include_str!("../migrations/0011_console.sql"),
+/// The schema migrations, in order (versions 1, 2, …; `idem_store::schema`:
+/// expand/contract); `PRAGMA user_version` counts those applied. Versions 1
+/// to 11 predate the rule and count as contract steps.
+pub const MIGRATIONS: &[Migration] = &[
+    Migration::contract(1, include_str!("../migrations/0001_init.sql")),
+    Migration::contract(2, include_str!("../migrations/0002_tasks_or_checks.sql")),
+    Migration::contract(3, include_str!("../migrations/0003_claim_order_index.sql")),
+    Migration::contract(4, include_str!("../migrations/0004_contracts.sql")),
+    Migration::contract(5, include_str!("../migrations/0005_task_search.sql")),
+    Migration::contract(6, include_str!("../migrations/0006_event_feed.sql")),
+    Migration::contract(7, include_str!("../migrations/0007_attempts_granted.sql")),
+    Migration::contract(
+        8,
+        include_str!("../migrations/0008_change_notifications.sql"),
+    ),
+    Migration::contract(9, include_str!("../migrations/0009_change_backoffs.sql")),
+    Migration::contract(10, include_str!("../migrations/0010_task_traceparent.sql")),
+    Migration::contract(11, include_str!("../migrations/0011_console.sql")),
 ];
+
+/// The schema of the database on `conn`: `PRAGMA user_version` and the
+/// highest `compatible_from` recorded in `schema_migrations`; a newest
+/// version recorded without one (applied by a binary older than the
+/// expand/contract rule) counts as a contract step, its own version.
+///
+/// # Errors
+/// SQLite's, when it cannot be read (e.g. not a database file).
+fn read_schema(conn: &Connection) -> rusqlite::Result<idem_store::SchemaVersion> {
+    let found: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    let recorded: Option<i64> = conn
+        .query_row(
+            "SELECT max(compatible_from) FROM schema_migrations
+              WHERE EXISTS (SELECT 1 FROM schema_migrations WHERE version = ?1)",
+            [found],
+            |r| r.get(0),
+        )
+        .or_else(|e| match e {
+            rusqlite::Error::SqliteFailure(_, Some(ref m)) if m.contains("no such table") => {
+                Ok(None)
+            }
+            other => Err(other),
+        })?;
+    Ok(idem_store::SchemaVersion {
+        found,
+        compatible_from: recorded.unwrap_or(found),
+    })
+}
 
 /// Options of the SQLite store.
 #[derive(Debug, Clone, Default)]
@@ -255,7 +289,9 @@ fn open_connection(path: &Path) -> Result<Connection, StoreError> {
 /// `user_version`; empty when the schema was up to date).
 ///
 /// # Errors
-/// [`StoreError::Migration`] when a step fails or the file is newer than this binary.
+/// [`StoreError::Migration`] when a step fails or the file is newer than
+/// this binary and not declared compatible with it (a compatible newer file
+/// is left as it is: nothing applied).
 pub fn migrate(conn: &mut Connection) -> Result<Vec<i64>, StoreError> {
     let mig = |e: rusqlite::Error| StoreError::Migration(e.to_string());
     // A migration may rebuild a table that others reference; foreign keys are
@@ -292,22 +328,34 @@ fn migrate_in_transaction(conn: &mut Connection) -> Result<Vec<i64>, StoreError>
     let tx = conn
         .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
         .map_err(mig)?;
-    let current: i64 = tx
-        .query_row("PRAGMA user_version", [], |r| r.get(0))
-        .map_err(mig)?;
+    let schema = read_schema(&tx).map_err(mig)?;
+    let current = schema.found;
     let known = MIGRATIONS.len() as i64;
     if current > known {
-        return Err(idem_store::schema_mismatch("store", current, known));
+        // Newer than this binary: served as it is if declared compatible,
+        // never migrated by a binary that does not know its steps.
+        schema.check("store", known)?;
+        return Ok(Vec::new());
+    }
+    if current < known {
+        tx.execute_batch(
+            "CREATE TABLE IF NOT EXISTS schema_migrations (
+                 version         INTEGER PRIMARY KEY,
+                 compatible_from INTEGER NOT NULL
+             ) STRICT",
+        )
+        .map_err(mig)?;
     }
     let mut applied = Vec::new();
-    for (i, sql) in MIGRATIONS
-        .iter()
-        .enumerate()
-        .skip(usize::try_from(current).unwrap_or(0))
-    {
-        let version = i as i64 + 1;
-        tx.execute_batch(sql)
+    for m in MIGRATIONS.iter().filter(|m| i64::from(m.version) > current) {
+        let version = i64::from(m.version);
+        tx.execute_batch(m.sql)
             .map_err(|e| migration_step_error(version, e))?;
+        tx.execute(
+            "INSERT OR REPLACE INTO schema_migrations (version, compatible_from) VALUES (?1, ?2)",
+            [m.version, m.compatible_from],
+        )
+        .map_err(mig)?;
         tx.pragma_update(None, "user_version", version)
             .map_err(mig)?;
         applied.push(version);
@@ -375,18 +423,17 @@ pub fn open(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Store, Sto
 /// binary to inspect a store, never creates tables or upgrades it.
 ///
 /// # Errors
-/// [`StoreError::Migration`] when the file's schema is not this binary's
-/// (`PRAGMA user_version` ≠ [`MIGRATIONS`]`.len()`: not an idem store, an
-/// older one to `idem migrate` first, or a newer one);
+/// [`StoreError::Migration`] when this binary does not serve the file's
+/// schema (not an idem store, an older one to `idem migrate` first, or a
+/// newer one not declared compatible: [`idem_store::SchemaVersion::check`]);
 /// [`StoreError::Unavailable`] when it cannot be opened.
 pub fn open_existing(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Store, StoreError> {
     let path = path.as_ref();
     require_file_path(path)?;
-    let version = schema_version(path)?;
-    let known = MIGRATIONS.len() as i64;
-    if version != known {
-        return Err(idem_store::schema_mismatch("store", version, known));
-    }
+    Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+        .and_then(|c| read_schema(&c))
+        .map_err(|e| unavailable(format!("{}: {e}", path.display())))?
+        .check("store", MIGRATIONS.len() as i64)?;
     Ok(Store::new(SqliteBackend::open_with(path, options, false)?))
 }
 
@@ -511,6 +558,11 @@ mod tests {
     #![allow(clippy::expect_used, clippy::unwrap_used)]
 
     use super::*;
+
+    #[test]
+    fn migrations_are_numbered_in_order_and_declare_their_compatibility() {
+        assert_eq!(idem_store::schema::check_declarations(MIGRATIONS), Ok(()));
+    }
     use idem_core::model::Role;
     use idem_store::conformance::submission;
     use idem_store::ops::{self, ListApiKeys, SubmitOutcome};

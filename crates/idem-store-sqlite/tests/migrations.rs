@@ -88,8 +88,8 @@ async fn older_file_migrates_to_latest(version: usize) {
     // The same rows in a file at schema `version`.
     {
         let conn = Connection::open(&old).unwrap();
-        for sql in &MIGRATIONS[..version] {
-            conn.execute_batch(sql).unwrap();
+        for m in &MIGRATIONS[..version] {
+            conn.execute_batch(m.sql).unwrap();
         }
         conn.pragma_update(None, "user_version", version as i64)
             .unwrap();
@@ -346,7 +346,7 @@ async fn open_existing_refuses_other_schemas_and_changes_nothing() {
     let older = dir.path().join("v1.db");
     {
         let conn = Connection::open(&older).unwrap();
-        conn.execute_batch(MIGRATIONS[0]).unwrap();
+        conn.execute_batch(MIGRATIONS[0].sql).unwrap();
         conn.pragma_update(None, "user_version", 1).unwrap();
     }
     let Err(idem_store::StoreError::Migration(msg)) =
@@ -360,4 +360,68 @@ async fn open_existing_refuses_other_schemas_and_changes_nothing() {
     drop(idem_store_sqlite::open(&current, Default::default()).expect("create"));
     let store = idem_store_sqlite::open_existing(&current, Default::default()).expect("current");
     assert!(store.list_api_keys().await.expect("read").is_empty());
+}
+
+/// Expand/contract (docs/operations.md, "Upgrading"): each migration's
+/// `compatible_from` is recorded in `schema_migrations`; a newer file
+/// declared compatible with this binary opens (migrating or not) and is left
+/// as it is, and one declared incompatible is refused naming both versions.
+#[tokio::test]
+async fn a_newer_file_opens_only_while_declared_compatible() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("idem.db");
+    drop(idem_store_sqlite::open(&path, Default::default()).expect("create"));
+    let conn = Connection::open(&path).unwrap();
+    let recorded: Vec<(i64, i64)> = conn
+        .prepare("SELECT version, compatible_from FROM schema_migrations ORDER BY version")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let declared: Vec<(i64, i64)> = MIGRATIONS
+        .iter()
+        .map(|m| (i64::from(m.version), i64::from(m.compatible_from)))
+        .collect();
+    assert_eq!(recorded, declared);
+    let known = MIGRATIONS.len() as i64;
+    let future = known + 1;
+
+    // A later release's expand step.
+    conn.execute(
+        "INSERT INTO schema_migrations (version, compatible_from) VALUES (?1, ?2)",
+        [future, known],
+    )
+    .unwrap();
+    conn.pragma_update(None, "user_version", future).unwrap();
+    drop(idem_store_sqlite::open_existing(&path, Default::default()).expect("compatible"));
+    drop(idem_store_sqlite::open(&path, Default::default()).expect("compatible"));
+    assert!(
+        idem_store_sqlite::migrate_file(&path)
+            .expect("compatible")
+            .is_empty()
+    );
+    assert_eq!(user_version(&path), future, "left as it is");
+
+    // Its contract step.
+    conn.execute(
+        "UPDATE schema_migrations SET compatible_from = version WHERE version = ?1",
+        [future],
+    )
+    .unwrap();
+    let refusals = [
+        idem_store_sqlite::open_existing(&path, Default::default()).err(),
+        idem_store_sqlite::open(&path, Default::default()).err(),
+        idem_store_sqlite::migrate_file(&path).err(),
+    ];
+    for e in refusals {
+        let Some(idem_store::StoreError::Migration(msg)) = e else {
+            panic!("an incompatible newer file opened: {e:?}");
+        };
+        assert!(
+            msg.contains(&format!("version {future}"))
+                && msg.contains(&format!("this binary's {known}")),
+            "{msg}"
+        );
+    }
 }

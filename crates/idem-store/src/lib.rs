@@ -54,6 +54,7 @@ pub mod feed;
 mod guarded;
 pub mod ops;
 pub mod retries;
+pub mod schema;
 pub mod spans;
 mod store;
 pub mod sweeper;
@@ -63,6 +64,7 @@ pub use clock::Clock;
 pub use guarded::Guarded;
 pub use ops::Op;
 pub use retries::ScopeHints;
+pub use schema::{Migration, SchemaVersion, SchemaWatch, schema_mismatch};
 pub use store::Store;
 
 /// Errors of the storage layer. Business refusals (conflict, stale generation …)
@@ -391,7 +393,10 @@ pub trait Backend: Send + Sync + 'static {
         let _ = op;
         false
     }
-    /// Whether the database answers (readiness).
+    /// Whether the database answers and holds a schema this binary serves
+    /// (readiness; [`schema`]): a backend whose database another instance
+    /// may migrate reads the schema again at most every
+    /// [`schema::SCHEMA_RECHECK`] ([`SchemaWatch`]).
     fn ping(&self) -> BoxFuture<'_, Result<()>>;
     /// `sqlite` or `postgres`.
     fn kind(&self) -> &'static str;
@@ -415,26 +420,6 @@ pub enum Refusal {
     /// ([`idem_core::machine::operator`]); nothing changed.
     #[error(transparent)]
     Operator(#[from] idem_core::machine::operator::Refused),
-}
-
-/// [`StoreError::Migration`] for a store whose schema is at version `found`
-/// while this binary's is at `known` (`what`: `store` or `database`): not an
-/// idem one (0), older (run `idem migrate`) or newer (use a newer idem). For
-/// opening a store without migrating it.
-pub fn schema_mismatch(what: &str, found: i64, known: i64) -> StoreError {
-    StoreError::Migration(if found == 0 {
-        format!(
-            "not an idem {what} (schema version 0; this binary's is {known}): check --store, or run `idem migrate` to make one"
-        )
-    } else if found < known {
-        format!(
-            "the {what}'s schema is at version {found}, older than this binary's {known}: run `idem migrate` first"
-        )
-    } else {
-        format!(
-            "the {what}'s schema is at version {found}, newer than this binary's {known}: use a newer idem"
-        )
-    })
 }
 
 /// SHA-256 hex of a plain API key: the only form in which keys are stored.

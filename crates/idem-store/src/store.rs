@@ -57,10 +57,13 @@ impl Store {
         self.backend.changes()
     }
 
-    /// Readiness probe.
+    /// Readiness probe: the database answers and holds a schema this binary
+    /// serves ([`crate::schema`]).
     ///
     /// # Errors
-    /// [`StoreError::Unavailable`] when the database does not answer.
+    /// [`StoreError::Unavailable`] when the database does not answer;
+    /// [`StoreError::Migration`] naming both versions when its schema is one
+    /// this binary cannot serve (another instance migrated it).
     pub async fn ping(&self) -> Result<()> {
         self.backend.ping().await
     }

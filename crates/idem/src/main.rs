@@ -494,7 +494,7 @@ async fn run_command(cli: Cli, telemetry: telemetry::Telemetry) -> Result<()> {
                     .context("migrating the PostgreSQL store")?;
                 let known = idem_store_postgres::MIGRATIONS
                     .iter()
-                    .map(|(v, _)| *v)
+                    .map(|m| m.version)
                     .max()
                     .unwrap_or(0);
                 (

@@ -1194,7 +1194,7 @@ async fn migrate_reports_what_it_applied_on_postgres() {
     };
     let versions: Vec<String> = idem_store_postgres::MIGRATIONS
         .iter()
-        .map(|(v, _)| v.to_string())
+        .map(|m| m.version.to_string())
         .collect();
     let first = run();
     assert!(

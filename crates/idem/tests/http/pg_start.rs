@@ -262,3 +262,75 @@ async fn serve_refuses_a_database_with_other_tables_until_migrate() {
         .new_task(&ikey(), "payment.release", payment(1))
         .await;
 }
+
+/// Expand/contract on a running `idem serve` (docs/operations.md,
+/// "Upgrading"): on a schema one migration newer than its own and declared
+/// compatible with it, it serves and `/readyz` says 200; once that migration
+/// declares it incompatible (a later release's contract step), `/readyz`
+/// answers 503 naming both versions within the schema re-read interval, and
+/// a new `idem serve` refuses at once (exit 1) naming both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_and_start_up_refuse_a_schema_this_binary_cannot_serve() {
+    let db = fresh_database().await;
+    let keys = Server::create_keys(&db);
+    let (client, conn) = tokio_postgres::connect(&db, NoTls).await.unwrap();
+    tokio::spawn(conn);
+    let known = idem_store_postgres::MIGRATIONS.last().unwrap().version;
+    let future = known + 1;
+    client
+        .execute(
+            "INSERT INTO schema_migrations (version, compatible_from) VALUES ($1, $2)",
+            &[&future, &known],
+        )
+        .await
+        .unwrap();
+    let server = Server::start_pg(&db, &keys, &[]).await;
+    let ready = server
+        .call(reqwest::Method::GET, "/readyz", None, None)
+        .await;
+    assert_eq!(ready.status, 200, "{}", ready.text);
+    server
+        .new_task(&ikey(), "payment.release", payment(1))
+        .await;
+
+    client
+        .execute(
+            "UPDATE schema_migrations SET compatible_from = version WHERE version = $1",
+            &[&future],
+        )
+        .await
+        .unwrap();
+    let both = |text: &str| {
+        text.contains(&format!("version {future}"))
+            && text.contains(&format!("this binary's {known}"))
+    };
+    // The real binary reads the schema again by real time: at most
+    // SCHEMA_RECHECK after this change, plus a margin for a loaded machine.
+    let bound = idem_store::schema::SCHEMA_RECHECK + Duration::from_secs(10);
+    let started = Instant::now();
+    let refused = loop {
+        let r = server
+            .call(reqwest::Method::GET, "/readyz", None, None)
+            .await;
+        if r.status != 200 {
+            break r;
+        }
+        assert!(
+            started.elapsed() < bound,
+            "/readyz still 200 after {bound:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(refused.status, 503, "{}", refused.text);
+    assert_eq!(refused.json["code"], "UNAVAILABLE", "{}", refused.text);
+    assert!(
+        both(refused.json["detail"].as_str().unwrap_or_default()),
+        "{}",
+        refused.text
+    );
+
+    let (code, err, took) = serve_refused(&db);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(took < AT_ONCE, "{took:?}");
+    assert!(both(&err), "{err}");
+}
