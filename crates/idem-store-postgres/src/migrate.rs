@@ -29,6 +29,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration::contract(10, include_str!("../migrations/0010_task_traceparent.sql")),
     Migration::contract(11, include_str!("../migrations/0011_console.sql")),
     Migration::expand(12, include_str!("../migrations/0012_attempt_released.sql")),
+    Migration::expand(13, include_str!("../migrations/0013_shared_secrets.sql")),
 ];
 
 /// How long a migration statement waits for a table lock, ms, before the

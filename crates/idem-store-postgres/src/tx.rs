@@ -331,6 +331,33 @@ impl Tx for PgTx<'_> {
         ts(row, "now")
     }
 
+    async fn shared_secret(
+        &mut self,
+        name: &str,
+        candidate: &[u8; 32],
+        now: Timestamp,
+    ) -> Result<Vec<u8>> {
+        let secret: &[u8] = candidate;
+        let at = now.ms();
+        self.exec(
+            "INSERT INTO shared_secrets (name, secret, created_at) VALUES ($1, $2, $3) \
+             ON CONFLICT (name) DO NOTHING",
+            &[&name, &secret, &at],
+        )
+        .await?;
+        let rows = self
+            .query(
+                "SELECT secret FROM shared_secrets WHERE name = $1",
+                &[&name],
+            )
+            .await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| corrupt("shared_secrets", "no row after insert"))?;
+        row.try_get::<_, Vec<u8>>(0)
+            .map_err(|e| corrupt("shared_secrets", e))
+    }
+
     async fn insert_api_key(&mut self, key: &ApiKey, hash: &str) -> Result<()> {
         let operations = opt_to_json("operations", key.operations.as_ref())?;
         let role = key.role.as_str();

@@ -369,6 +369,25 @@ impl Tx for SqliteTx<'_> {
         Ok(self.options.clock.process_now())
     }
 
+    async fn shared_secret(
+        &mut self,
+        name: &str,
+        candidate: &[u8; 32],
+        now: Timestamp,
+    ) -> Result<Vec<u8>, StoreError> {
+        self.conn
+            .prepare_cached(
+                "INSERT INTO shared_secrets (name, secret, created_at) VALUES (?1, ?2, ?3) \
+                 ON CONFLICT (name) DO NOTHING",
+            )
+            .and_then(|mut s| s.execute(params![name, &candidate[..], now.0]))
+            .map_err(db)?;
+        self.conn
+            .prepare_cached("SELECT secret FROM shared_secrets WHERE name = ?1")
+            .and_then(|mut s| s.query_row([name], |r| r.get::<_, Vec<u8>>(0)))
+            .map_err(decode)
+    }
+
     async fn insert_api_key(&mut self, key: &ApiKey, hash: &str) -> Result<(), StoreError> {
         let ops = key.operations.as_ref().map(to_json).transpose()?;
         self.conn

@@ -141,6 +141,16 @@ pub trait Tx: Send + ops::search::TaskSearch + ops::console::ConsoleTx {
     /// the offset of the backend's [`Clock`].
     fn now(&mut self) -> impl Future<Output = Result<Timestamp>> + Send;
 
+    /// The shared secret `name`: the stored one, or `candidate` stored now
+    /// when there is none (`INSERT … ON CONFLICT DO NOTHING`, then a read,
+    /// so concurrent first uses agree on one value).
+    fn shared_secret(
+        &mut self,
+        name: &str,
+        candidate: &[u8; 32],
+        now: Timestamp,
+    ) -> impl Future<Output = Result<Vec<u8>>> + Send;
+
     /// Inserts an API key with the SHA-256 hex of its plain value.
     fn insert_api_key(
         &mut self,

@@ -21,6 +21,8 @@ use crate::{Backend, Clock, Refusal, Result, StoreError, spans};
 pub struct Store {
     backend: Arc<dyn Backend>,
     pub(crate) grant: Grant,
+    /// [`Store::cursor_key`], once read: shared by every clone.
+    cursor_key: Arc<tokio::sync::OnceCell<ops::CursorKey>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -37,6 +39,7 @@ impl Store {
         Store {
             backend: Arc::new(backend),
             grant: None,
+            cursor_key: Arc::new(tokio::sync::OnceCell::new()),
         }
     }
 
@@ -241,6 +244,37 @@ impl Store {
             query,
         })
         .await
+    }
+
+    /// The key that seals and opens task-search cursors
+    /// ([`ops::CursorKey`]): the store's shared secret
+    /// [`ops::search::CURSOR_SECRET`], made (32 bytes of the operating
+    /// system's RNG) by whichever instance needs it first, read once per
+    /// store handle and its clones.
+    ///
+    /// # Errors
+    /// Storage failures ([`StoreError`]); the operating system's RNG failing.
+    pub async fn cursor_key(&self) -> Result<ops::CursorKey> {
+        let key = self
+            .cursor_key
+            .get_or_try_init(|| async {
+                use rand::TryRngCore;
+                let mut candidate = [0_u8; 32];
+                rand::rngs::OsRng
+                    .try_fill_bytes(&mut candidate)
+                    .map_err(|e| {
+                        StoreError::Unavailable(format!("the system's random generator: {e}"))
+                    })?;
+                let secret = self
+                    .call(ops::SharedSecret {
+                        name: ops::search::CURSOR_SECRET.to_owned(),
+                        candidate,
+                    })
+                    .await?;
+                ops::CursorKey::new(&secret)
+            })
+            .await?;
+        Ok(key.clone())
     }
 
     /// The store's clock now, epoch ms: the time it decides leases,

@@ -118,12 +118,13 @@ pub(crate) async fn run(store: &Store, command: TaskCommand) -> Result<()> {
         ),
         TaskCommand::List(args) => {
             let tenant = args.tenant.clone();
-            let query =
-                idem_http::read_task_query(&args.pairs()).map_err(|p| anyhow!("{}", p.detail))?;
+            let key = store.cursor_key().await?;
+            let query = idem_http::read_task_query(&args.pairs(), &key, &tenant)
+                .map_err(|p| anyhow!("{}", p.detail))?;
             let page = store.search_tasks(&tenant, query).await?;
             print_json(&idem_api::TasksPage {
                 tasks: page.tasks,
-                next_cursor: page.next_cursor.map(|c| c.encode()),
+                next_cursor: page.next_cursor.map(|c| key.seal(&tenant, &c)),
             })
         }
         TaskCommand::Action(action) => crate::task_action::run(store, action).await,

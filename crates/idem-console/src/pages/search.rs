@@ -53,7 +53,9 @@ pub async fn search(
     RawQuery(q): RawQuery,
 ) -> Result<Markup, ConsoleError> {
     let pairs = search_pairs(&q.unwrap_or_default());
-    let query = idem_http::read_task_query(&pairs)?;
+    let store = who.store(&st);
+    let key = store.cursor_key().await?;
+    let query = idem_http::read_task_query(&pairs, &key, who.tenant())?;
     if let Some(op) = &query.operation {
         if !st.app.config.operations.contains_key(op) {
             let classes: Vec<&str> = st
@@ -76,9 +78,9 @@ pub async fn search(
         }
     }
     let states = query.states.clone();
-    let page_of = who.store(&st).search_tasks(who.tenant(), query).await?;
+    let page_of = store.search_tasks(who.tenant(), query).await?;
     let next = page_of.next_cursor.map(|c| {
-        let encoded = c.encode();
+        let encoded = key.seal(who.tenant(), &c);
         let mut kept: Vec<(&str, &str)> = pairs
             .iter()
             .filter(|(k, _)| k != "cursor")

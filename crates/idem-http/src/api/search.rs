@@ -7,7 +7,9 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, RawQuery, State};
 use axum::response::{IntoResponse, Response};
 use idem_core::model::{Role, TaskState, Timestamp};
-use idem_store::ops::search::{DEFAULT_LIMIT, MAX_LIMIT, TaskCursor, TaskQuery};
+#[cfg(test)]
+use idem_store::ops::search::TaskCursor;
+use idem_store::ops::search::{CursorKey, DEFAULT_LIMIT, MAX_LIMIT, TaskQuery};
 use serde::Serialize;
 use utoipa::{IntoParams, ToSchema};
 
@@ -84,33 +86,38 @@ pub async fn list_tasks(
         return Ok(Json(TasksAnswer::Task(Box::new(found))).into_response());
     }
     caller.require(Role::Client)?;
-    let query = read_query(&pairs)?;
+    let store = caller.store(&st);
+    let key = store.cursor_key().await?;
+    let query = read_query(&pairs, &key, &caller.0.tenant)?;
     if let Some(op) = &query.operation {
         if !st.config.operations.contains_key(op) {
             return Err(unknown_operation(&st, op));
         }
         caller.require_grant(op)?;
     }
-    let page = caller
-        .store(&st)
-        .search_tasks(&caller.0.tenant, query)
-        .await?;
+    let page = store.search_tasks(&caller.0.tenant, query).await?;
     Ok(Json(TasksAnswer::Page(TasksPage {
         tasks: page.tasks,
-        next_cursor: page.next_cursor.map(|c| c.encode()),
+        next_cursor: page.next_cursor.map(|c| key.seal(&caller.0.tenant, &c)),
     }))
     .into_response())
 }
 
-/// The search of `pairs` (a query string's decoded pairs).
+/// The search of `pairs` (a query string's decoded pairs) for `tenant`; a
+/// `cursor` is opened with the store's cursor key `key`
+/// ([`idem_store::Store::cursor_key`]).
 ///
 /// # Errors
 /// 400 `INVALID_REQUEST` for an unknown parameter, a repeated one other than
 /// `state`, an unknown state, a timestamp that is not RFC 3339, a limit
-/// outside 1–200, a cursor this server did not hand out, an empty or
-/// malformed prefix, or a transaction id a report would not take (1–200
-/// characters, no control character).
-pub fn read_query(pairs: &[(String, String)]) -> Result<TaskQuery, Problem> {
+/// outside 1–200, a cursor not given out by an instance of this store to this
+/// tenant, an empty or malformed prefix, or a transaction id a report would
+/// not take (1–200 characters, no control character).
+pub fn read_query(
+    pairs: &[(String, String)],
+    key: &CursorKey,
+    tenant: &str,
+) -> Result<TaskQuery, Problem> {
     let mut q = TaskQuery::default();
     let mut seen: Vec<&str> = Vec::new();
     for (k, v) in pairs {
@@ -166,7 +173,7 @@ pub fn read_query(pairs: &[(String, String)]) -> Result<TaskQuery, Problem> {
                     })?;
             }
             "cursor" => {
-                q.cursor = Some(TaskCursor::decode(v).map_err(|e| {
+                q.cursor = Some(key.open(tenant, v).map_err(|e| {
                     Problem::invalid(format!("{e} (pass a page's `next_cursor` as it is)"))
                 })?);
             }
@@ -215,7 +222,11 @@ mod tests {
     fn q(s: &str) -> Result<TaskQuery, Problem> {
         let pairs: Vec<(String, String)> =
             form_urlencoded::parse(s.as_bytes()).into_owned().collect();
-        read_query(&pairs)
+        read_query(&pairs, &key(), "acme")
+    }
+
+    fn key() -> CursorKey {
+        CursorKey::new(&[3; 32]).unwrap()
     }
 
     #[test]
@@ -228,7 +239,7 @@ mod tests {
             "state=queued&state=failed&operation=payment.release&created_after=2026-12-01T00:00:00.0015Z\
              &created_before=2026-12-01T00:00:00.0015Z&idempotency_key_prefix=pay%25_&external_txn_id=tx-1\
              &limit=200&cursor={}",
-            c.encode()
+            key().seal("acme", &c)
         ))
         .unwrap();
         assert_eq!(got.states, [TaskState::Queued, TaskState::Failed]);

@@ -53,11 +53,12 @@ pub use console::{
 pub use feed::{ReadFeed, TaskHistory};
 pub use keys::{Authenticate, CreateApiKey, ListApiKeys, RevokeApiKey};
 pub use operator::{OperatorCancel, Redrive, Resolve, RetryNow};
-pub use search::{SearchTasks, TaskCursor, TaskPage, TaskQuery};
+pub use search::{CursorKey, SearchTasks, TaskCursor, TaskPage, TaskQuery};
 pub use submit::{Submission, Submit, SubmitBatch, SubmitOutcome, SubmitPlan, is_same_request};
 pub use sweep::{Sweep, SweepStats};
 pub use tasks::{
     AcknowledgeDelivery, Cancel, FindTask, GetTask, ListAttempts, ListEvents, ReadClock,
+    SharedSecret,
 };
 
 /// One operation of the service, run as one transaction.
@@ -224,6 +225,8 @@ operations! {
     SubmitBatch,
     /// [`ReadClock`].
     ReadClock,
+    /// [`SharedSecret`].
+    SharedSecret,
     /// [`GetTask`].
     GetTask,
     /// [`FindTask`].

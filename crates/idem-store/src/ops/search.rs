@@ -29,8 +29,8 @@ pub const DEFAULT_LIMIT: u32 = 50;
 /// Where a page ends: the `(created_at, id)` of its last task. The next page
 /// holds the tasks strictly before it in `created_at DESC, id DESC` order.
 ///
-/// Its wire form ([`TaskCursor::encode`]) is opaque to clients: 48 lowercase
-/// hex digits (`created_at` as 8 big-endian bytes, then the id's 16 bytes).
+/// Its wire form is sealed ([`CursorKey::seal`]): opaque to clients, and
+/// refused when it was not given out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TaskCursor {
     /// The last task's acceptance time.
@@ -44,6 +44,92 @@ pub struct TaskCursor {
 #[error("invalid cursor: not one this server handed out")]
 pub struct BadCursor;
 
+/// The name of the shared secret ([`crate::Store::shared_secret`]) that
+/// authenticates task cursors.
+pub const CURSOR_SECRET: &str = "task_cursor";
+
+/// Bytes of a cursor's tag (the first half of its HMAC-SHA256).
+const TAG_BYTES: usize = 16;
+
+/// The key that seals and opens task cursors: a secret every instance of a
+/// store shares through it ([`CURSOR_SECRET`]), so a cursor one instance
+/// gave out opens on every other and on `idem task list`, and no client can
+/// make one (SPEC §4: a cursor the server did not give out is 400).
+#[derive(Clone)]
+pub struct CursorKey([u8; 32]);
+
+impl std::fmt::Debug for CursorKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CursorKey(…)")
+    }
+}
+
+impl CursorKey {
+    /// A key from the stored secret.
+    ///
+    /// # Errors
+    /// [`crate::StoreError::Corrupt`] when it is not 32 bytes.
+    pub fn new(secret: &[u8]) -> Result<CursorKey> {
+        let bytes: [u8; 32] = secret.try_into().map_err(|_| {
+            crate::StoreError::Corrupt(format!(
+                "shared secret {CURSOR_SECRET} has {} bytes, not 32",
+                secret.len()
+            ))
+        })?;
+        Ok(CursorKey(bytes))
+    }
+
+    /// HMAC-SHA256 (RFC 2104) of the tenant and the cursor's bytes, cut to
+    /// [`TAG_BYTES`]: a cursor is bound to the tenant it was given to.
+    fn tag(&self, tenant: &str, payload: &[u8]) -> [u8; TAG_BYTES] {
+        use hmac::{KeyInit, Mac};
+        let mut mac = match hmac::Hmac::<sha2::Sha256>::new_from_slice(&self.0) {
+            Ok(m) => m,
+            // HMAC takes a key of any length.
+            Err(_) => return [0; TAG_BYTES],
+        };
+        mac.update(b"idem task cursor v1\0");
+        mac.update(tenant.as_bytes());
+        mac.update(b"\0");
+        mac.update(payload);
+        let full = mac.finalize().into_bytes();
+        let mut tag = [0_u8; TAG_BYTES];
+        tag.copy_from_slice(&full[..TAG_BYTES]);
+        tag
+    }
+
+    /// The text a client gets for `cursor` in `tenant`'s search: 80
+    /// lowercase hex digits (the cursor's 24 bytes, then its tag).
+    pub fn seal(&self, tenant: &str, cursor: &TaskCursor) -> String {
+        let payload = cursor.to_bytes();
+        let mut text = hex::encode(payload);
+        text.push_str(&hex::encode(self.tag(tenant, &payload)));
+        text
+    }
+
+    /// The cursor `text` stands for, when this store's key sealed it for
+    /// `tenant`.
+    ///
+    /// # Errors
+    /// [`BadCursor`] for any other text: not of the form, edited, made by
+    /// a client, or given to another tenant.
+    pub fn open(&self, tenant: &str, text: &str) -> std::result::Result<TaskCursor, BadCursor> {
+        if text.len() != 2 * (24 + TAG_BYTES)
+            || !text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        {
+            return Err(BadCursor);
+        }
+        let mut bytes = [0_u8; 24 + TAG_BYTES];
+        hex::decode_to_slice(text, &mut bytes).map_err(|_| BadCursor)?;
+        let (payload, tag) = bytes.split_at(24);
+        let want = self.tag(tenant, payload);
+        if !bool::from(subtle::ConstantTimeEq::ct_eq(&want[..], tag)) {
+            return Err(BadCursor);
+        }
+        TaskCursor::from_bytes(payload)
+    }
+}
+
 impl TaskCursor {
     /// The cursor after `task`.
     pub fn after(task: &Task) -> TaskCursor {
@@ -53,27 +139,21 @@ impl TaskCursor {
         }
     }
 
-    /// The opaque text form: 48 lowercase hex digits.
-    pub fn encode(&self) -> String {
+    /// Its 24 bytes: `created_at` as 8 big-endian bytes, then the id's 16.
+    fn to_bytes(&self) -> [u8; 24] {
         let mut bytes = [0_u8; 24];
         bytes[..8].copy_from_slice(&self.created_at.0.to_be_bytes());
         bytes[8..].copy_from_slice(self.id.as_bytes());
-        hex::encode(bytes)
+        bytes
     }
 
-    /// Parses [`TaskCursor::encode`]'s form.
-    ///
-    /// # Errors
-    /// [`BadCursor`] for any other text (wrong length, not lowercase hex).
-    pub fn decode(text: &str) -> std::result::Result<TaskCursor, BadCursor> {
-        if text.len() != 48 || !text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
-            return Err(BadCursor);
-        }
-        let mut bytes = [0_u8; 24];
-        hex::decode_to_slice(text, &mut bytes).map_err(|_| BadCursor)?;
-        let mut at = [0_u8; 8];
-        at.copy_from_slice(&bytes[..8]);
-        let id = Uuid::from_slice(&bytes[8..]).map_err(|_| BadCursor)?;
+    /// The cursor of [`TaskCursor::to_bytes`]'s form.
+    fn from_bytes(bytes: &[u8]) -> std::result::Result<TaskCursor, BadCursor> {
+        let at: [u8; 8] = bytes
+            .get(..8)
+            .and_then(|b| b.try_into().ok())
+            .ok_or(BadCursor)?;
+        let id = Uuid::from_slice(bytes.get(8..).ok_or(BadCursor)?).map_err(|_| BadCursor)?;
         Ok(TaskCursor {
             created_at: Timestamp(i64::from_be_bytes(at)),
             id,
@@ -216,25 +296,38 @@ impl Operation for SearchTasks {
 mod tests {
     use super::*;
 
+    /// A sealed cursor opens for its tenant with its key; edited text (its
+    /// first 16 hex digits zeroed, one digit of the tag changed), another
+    /// tenant, another key and any other text are refused.
     #[test]
-    fn cursor_round_trips_and_refuses_other_text() {
+    fn a_sealed_cursor_opens_only_as_given() {
+        let key = CursorKey::new(&[7; 32]).unwrap();
         let c = TaskCursor {
             created_at: Timestamp(1_764_000_000_123),
             id: Uuid::now_v7(),
         };
-        let text = c.encode();
-        assert_eq!(text.len(), 48);
-        assert_eq!(TaskCursor::decode(&text), Ok(c));
+        let text = key.seal("acme", &c);
+        assert_eq!(text.len(), 80);
+        assert_eq!(key.open("acme", &text), Ok(c));
+        assert_eq!(key.open("other", &text), Err(BadCursor));
+        let other_key = CursorKey::new(&[8; 32]).unwrap();
+        assert_eq!(other_key.open("acme", &text), Err(BadCursor));
+        let zeroed = format!("{}{}", "0".repeat(16), &text[16..]);
+        let last = if text.ends_with('0') { "1" } else { "0" };
+        let retagged = format!("{}{last}", &text[..79]);
         for bad in [
             "",
             "zz",
-            &text[..47],
+            &text[..48],
+            &text[..79],
             &format!("{text}0"),
             &text.to_uppercase(),
-            "g00000000000000000000000000000000000000000000000",
+            &zeroed,
+            &retagged,
         ] {
-            assert_eq!(TaskCursor::decode(bad), Err(BadCursor), "{bad}");
+            assert_eq!(key.open("acme", bad), Err(BadCursor), "{bad}");
         }
+        assert!(CursorKey::new(&[1; 31]).is_err());
     }
 
     #[test]

@@ -21,6 +21,25 @@ impl Operation for ReadClock {
     }
 }
 
+/// Read the shared secret `name`, storing `candidate` as it when there is
+/// none yet ([`crate::Tx::shared_secret`]).
+#[derive(Debug, Clone)]
+pub struct SharedSecret {
+    /// The secret's name, e.g. [`super::search::CURSOR_SECRET`].
+    pub name: String,
+    /// 32 fresh random bytes, kept only when no secret of that name exists.
+    pub candidate: [u8; 32],
+}
+
+impl Operation for SharedSecret {
+    type Reply = Vec<u8>;
+    const WRITES: bool = true;
+    async fn run<T: Tx>(&self, tx: &mut T) -> Result<Self::Reply> {
+        let now = tx.now().await?;
+        tx.shared_secret(&self.name, &self.candidate, now).await
+    }
+}
+
 /// Read a task.
 #[derive(Debug, Clone)]
 pub struct GetTask {

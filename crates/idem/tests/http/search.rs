@@ -208,17 +208,16 @@ async fn search_pages_only_the_callers_tasks_each_once() {
             }
         }
     }
-    // Tenant acme's cursor used by tenant other shows none of acme's tasks.
+    // Tenant acme's cursor is refused to tenant other: a cursor is bound to
+    // the tenant it was given to.
     let (_, cursor) = walk(&srv, &srv.keys.acme, "limit=200").await;
-    let page = srv
-        .get(
-            &format!("/v1/tasks?cursor={}", cursor.unwrap()),
-            &srv.keys.other,
-        )
-        .await;
-    for t in page.ok(200)["tasks"].as_array().unwrap() {
-        assert!(!before["acme"].contains_key(t["id"].as_str().unwrap()));
-    }
+    srv.get(
+        &format!("/v1/tasks?cursor={}", cursor.unwrap()),
+        &srv.keys.other,
+    )
+    .await
+    .assert_problem(400, "INVALID_REQUEST");
+    let _ = &before;
     let _ = stop.send(());
     assert!(writer.await.unwrap() > 0, "the writer submitted meanwhile");
 }
@@ -262,6 +261,34 @@ async fn search_refuses_bad_filters_and_keeps_the_lookup() {
         .await;
     assert_eq!(rest.ok(200)["tasks"][0]["id"], t["id"]);
     assert_eq!(rest.json["next_cursor"], Value::Null);
+    // A cursor edited into another well-formed one (its first 16 hex digits
+    // zeroed: an earlier instant) is refused, not answered with an empty
+    // last page: only cursors the server gave out are read.
+    let zeroed = format!("{}{}", "0".repeat(16), &next[16..]);
+    let forged = srv
+        .get(
+            &format!("/v1/tasks?limit=1&cursor={zeroed}"),
+            &srv.keys.acme,
+        )
+        .await;
+    forged.assert_problem(400, "INVALID_REQUEST");
+    assert!(
+        forged.text.contains("not one this server handed out"),
+        "{}",
+        forged.text
+    );
+    // `idem task list` reads the store's own cursors.
+    let (ok, out, err) = srv.cli(&[
+        "task", "list", "--tenant", "acme", "--limit", "1", "--cursor", &next,
+    ]);
+    assert!(ok, "{err}");
+    let listed: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(listed["tasks"][0]["id"], t["id"]);
+    let (ok, _, err) = srv.cli(&["task", "list", "--tenant", "acme", "--cursor", &zeroed]);
+    assert!(
+        !ok && err.contains("not one this server handed out"),
+        "{err}"
+    );
 
     let (_, limited) = srv.create_key("acme", "client", Some("generation.dispatch"));
     let page = srv.get("/v1/tasks", &limited).await;
