@@ -123,6 +123,40 @@ async fn release_is_refused_for_a_stale_started_or_foreign_attempt() {
     assert_eq!(srv.task(&id).await["state"], json!("reconciling"));
 }
 
+/// An attempt whose heartbeat recorded usage above 0 consumed something: it
+/// started, so its release is refused (409 `ATTEMPT_ALREADY_REPORTED`) and
+/// the lease stays its executor's; a heartbeat with usage 0 does not count.
+#[tokio::test]
+async fn release_is_refused_once_a_heartbeat_recorded_usage() {
+    let srv = Server::fast().await;
+    let t = srv.new_task("rel-3", "payment.release", payment(12)).await;
+    let id = s(&t["id"]);
+    let a = srv.claim_one("payment.release", Some(10_000)).await;
+    let a_id = s(&a["id"]);
+    for usage in [0, 5] {
+        srv.post(
+            &format!("/v1/attempts/{a_id}/heartbeat"),
+            &srv.keys.exec,
+            json!({"generation": 1, "usage": usage}),
+        )
+        .await
+        .ok(200);
+    }
+    srv.release(&a_id, json!({"generation": 1}))
+        .await
+        .assert_problem(409, "ATTEMPT_ALREADY_REPORTED");
+    let attempts = srv.attempts(&id).await;
+    assert_eq!(attempt_of(&attempts, &a_id)["state"], json!("leased"));
+    assert_eq!(srv.task(&id).await["state"], json!("running"));
+    let released = srv
+        .events(&id)
+        .await
+        .iter()
+        .filter(|e| e["type"] == json!("attempt_released"))
+        .count();
+    assert_eq!(released, 0);
+}
+
 /// Which store a test's server runs on.
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum Backend {
