@@ -339,7 +339,8 @@ impl Worker {
     /// The lease asked for each attempt, ms. Heartbeats go every third of
     /// the lease idem granted; the handler is told the lease is lost at its
     /// local deadline, max(500 ms, 10 %) before its end ([`lease`]), so a
-    /// lease should be well above a second.
+    /// lease should be well above a second; [`Worker::run`] refuses one
+    /// under [`lease::MIN_WORKER_LEASE_MS`].
     pub fn with_lease_ms(mut self, lease_ms: u64) -> Worker {
         self.lease_ms = lease_ms;
         self
@@ -377,13 +378,22 @@ impl Worker {
     /// still running when the grace ends are abandoned, unreported.
     ///
     /// # Errors
-    /// [`ClientError::InvalidArgument`] when no handler was given; a claim
-    /// refused for good (401, 403, 400) ends the run with its error.
+    /// [`ClientError::InvalidArgument`] when no handler was given or the
+    /// lease is under [`lease::MIN_WORKER_LEASE_MS`] (nothing is claimed);
+    /// a claim refused for good (401, 403, 400) ends the run with its error.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> crate::Result<()> {
         if self.handlers.is_empty() {
             return Err(ClientError::InvalidArgument(
                 "a worker needs at least one handler".into(),
             ));
+        }
+        if self.lease_ms < lease::MIN_WORKER_LEASE_MS {
+            return Err(ClientError::InvalidArgument(format!(
+                "a worker's lease must be at least {} ms (its local deadline is 500 ms before \
+                 the lease ends and must come after the first heartbeat); {} ms was asked",
+                lease::MIN_WORKER_LEASE_MS,
+                self.lease_ms
+            )));
         }
         let worker = Arc::new(self);
         let mut operations: Vec<&str> = worker.handlers.keys().map(String::as_str).collect();

@@ -94,6 +94,13 @@ pub enum Rejection {
     /// sent, so the attempt started. HTTP 409 `ATTEMPT_ALREADY_REPORTED`.
     #[error("the attempt was acknowledged by its device: it started and cannot be released")]
     Acknowledged,
+    /// A release of an attempt whose heartbeats recorded usage: it consumed
+    /// something, so it started. HTTP 409 `ATTEMPT_ALREADY_REPORTED`.
+    #[error("the attempt recorded usage {usage}: it started and cannot be released")]
+    UsageRecorded {
+        /// The attempt's usage total so far.
+        usage: i64,
+    },
 }
 
 /// What the store learned about the submitting key before a claim (SPEC §2.8).
@@ -438,8 +445,9 @@ pub fn acknowledge(
 ///
 /// # Errors
 /// [`Rejection::AlreadyReported`] for an attempt with an outcome,
-/// [`Rejection::Acknowledged`] for one its device acknowledged (both
-/// started); [`Rejection::StaleGeneration`] for an old generation or an
+/// [`Rejection::Acknowledged`] for one its device acknowledged,
+/// [`Rejection::UsageRecorded`] for one whose heartbeats recorded usage
+/// above 0 (all three started); [`Rejection::StaleGeneration`] for an old generation or an
 /// expired lease (the expiry is applied first).
 pub fn release(
     task: &mut Task,
@@ -457,6 +465,11 @@ pub fn release(
         }
         if attempt.state == AttemptState::Acknowledged {
             return Err(Rejection::Acknowledged);
+        }
+        if attempt.usage > 0 {
+            return Err(Rejection::UsageRecorded {
+                usage: attempt.usage,
+            });
         }
     }
     fence(task, attempt, j, generation, now)?;

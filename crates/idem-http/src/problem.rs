@@ -200,11 +200,13 @@ impl From<Refusal> for Problem {
                     "the attempt already reported `{existing}`; this report was kept as evidence"
                 ),
             ),
-            Refusal::Machine(e @ Rejection::Acknowledged) => Problem::new(
-                StatusCode::CONFLICT,
-                ProblemCode::AttemptAlreadyReported,
-                format!("{e}; nothing changed"),
-            ),
+            Refusal::Machine(e @ (Rejection::Acknowledged | Rejection::UsageRecorded { .. })) => {
+                Problem::new(
+                    StatusCode::CONFLICT,
+                    ProblemCode::AttemptAlreadyReported,
+                    format!("{e}; nothing changed"),
+                )
+            }
             Refusal::Machine(Rejection::InvalidReport(m)) => Problem::invalid(m),
             Refusal::Machine(Rejection::NotDelivered) => Problem::new(
                 StatusCode::CONFLICT,

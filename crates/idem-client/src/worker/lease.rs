@@ -31,6 +31,15 @@ use crate::ClientError;
 /// lease end idem confirmed.
 pub const MIN_LEASE_MARGIN: Duration = Duration::from_millis(500);
 
+/// The shortest lease a worker asks for, ms. Its local deadline (less the
+/// 500 ms margin) must come after the first heartbeat, a third of the lease
+/// in: below 750 ms it does not, so every handler is stopped before its
+/// lease can be extended, and at 500 ms or less the deadline is the claim's
+/// send time itself, so every attempt would be given back unstarted and
+/// claimed again at once, for ever. A second leaves a heartbeat at 333 ms
+/// with 167 ms to be answered.
+pub const MIN_WORKER_LEASE_MS: u64 = 1_000;
+
 /// The safety margin of a lease of length `lease`: max(500 ms, 10 % of it).
 pub fn lease_margin(lease: Duration) -> Duration {
     MIN_LEASE_MARGIN.max(lease / 10)

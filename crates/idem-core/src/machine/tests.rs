@@ -194,6 +194,7 @@ fn apply(state: TaskState, class: &str, event: &str) -> String {
                 Rejection::NotDelivered => "not_delivered",
                 Rejection::NotClaimable => "not_claimable",
                 Rejection::Acknowledged => "acknowledged",
+                Rejection::UsageRecorded { .. } => "usage_recorded",
             };
             format!("{}!{kind}", t.state)
         }
@@ -864,6 +865,16 @@ fn release_is_fenced_and_refused_once_the_attempt_started() {
     let started = release(&mut t, &mut a, &mut j, 1, T0).unwrap_err();
     assert_eq!(started, Rejection::Acknowledged);
     assert_eq!(a.state, AttemptState::Acknowledged);
+    // A heartbeat recorded usage: it consumed something, so it started.
+    let (mut t, mut j) = new_task("payment.release");
+    let mut a = claim_now(&mut t, &mut j, 1, T0);
+    heartbeat(&mut t, &mut a, &mut j, 1, Some(0), T0).unwrap();
+    let (before, events) = (t.clone(), j.events.len());
+    heartbeat(&mut t, &mut a, &mut j, 1, Some(3), T0).unwrap();
+    let used = release(&mut t, &mut a, &mut j, 1, T0).unwrap_err();
+    assert_eq!(used, Rejection::UsageRecorded { usage: 3 });
+    assert_eq!((a.state, t.state), (AttemptState::Leased, before.state));
+    assert_eq!(j.events.len(), events + 1, "only the usage was recorded");
     let (mut t, mut j) = new_task("generation.dispatch");
     let mut a = claim_now(&mut t, &mut j, 1, T0);
     report(&mut t, &mut a, &mut j, &rep(1, Outcome::Failed), T0).unwrap();

@@ -57,8 +57,9 @@ pub async fn release_is_fenced_by_generation_and_repeats_answer_again(store: Sto
     assert_history(&store, t.id).await;
 }
 
-/// An attempt reported (any outcome) or acknowledged by its device started:
-/// its release is refused and changes nothing.
+/// An attempt reported (any outcome), acknowledged by its device, or whose
+/// heartbeats recorded usage above 0 started: its release is refused and
+/// changes nothing.
 pub async fn release_is_refused_once_the_attempt_started(store: Store) {
     let c = Ctx::new(&store, "acme").await;
     let t = c.create(SAFE, &contract(SAFE)).await;
@@ -98,6 +99,25 @@ pub async fn release_is_refused_once_the_attempt_started(store: Store) {
         AttemptState::Acknowledged
     );
     assert_eq!(c.task(t.id).await.state, TaskState::Running);
+    assert_history(&store, t.id).await;
+
+    let t = c.create(NON_SAFE, &contract(NON_SAFE)).await;
+    let a = c.claim_one(NON_SAFE, LONG_LEASE, t.id).await;
+    ok2(
+        c.heartbeat(&a, a.generation, Some(2)).await,
+        "heartbeat with usage",
+    );
+    let before = c.task(t.id).await;
+    let r = must(c.release(&a, a.generation).await, "release with usage");
+    assert!(
+        matches!(
+            r,
+            Err(Refusal::Machine(Rejection::UsageRecorded { usage: 2 }))
+        ),
+        "an attempt that recorded usage is not released: {r:?}"
+    );
+    assert_eq!(api(&c.task(t.id).await), api(&before));
+    assert_eq!(c.attempt(t.id, a.id).await.state, AttemptState::Leased);
     assert_history(&store, t.id).await;
 }
 

@@ -30,8 +30,12 @@ async fn limited_keys_cannot_touch_other_classes() {
     let a = s.claim_one("generation.dispatch", Some(10_000)).await;
     let aid = a["id"].as_str().unwrap();
     let g = a["generation"].clone();
-    // The payment-only executor may not heartbeat, ack or report on it.
+    // The payment-only executor may not heartbeat, ack, report or release it.
     for (path, body) in [
+        (
+            format!("/v1/attempts/{aid}/release"),
+            json!({"generation": g}),
+        ),
         (
             format!("/v1/attempts/{aid}/heartbeat"),
             json!({"generation": g}),

@@ -50,13 +50,7 @@ async fn released_attempt_is_kept_and_its_task_claimable_at_once() {
     );
     let attempts = srv.attempts(&id).await;
     assert_eq!(attempt_of(&attempts, &a_id)["state"], json!("released"));
-    let released = srv
-        .events(&id)
-        .await
-        .iter()
-        .filter(|e| e["type"] == json!("attempt_released"))
-        .count();
-    assert_eq!(released, 1);
+    assert_eq!(released_events(&srv, &id).await, 1);
     // Claimable at once: a claim with no wait gets it.
     let b = srv.claim_op("payment.release", None).await;
     assert_eq!(b.len(), 1, "the released task is claimable at once");
@@ -109,18 +103,55 @@ async fn release_is_refused_for_a_stale_started_or_foreign_attempt() {
     )
     .await
     .ok(200);
-    srv.release(&a_id, json!({"generation": 1}))
-        .await
-        .assert_problem(409, "ATTEMPT_ALREADY_REPORTED");
+    refused_as_started(&srv, &id, &a_id, ("acknowledged", "running")).await;
     srv.report(&a_id, json!({"generation": 1, "outcome": "unknown"}))
         .await
         .ok(200);
-    srv.release(&a_id, json!({"generation": 1}))
+    refused_as_started(&srv, &id, &a_id, ("unknown", "reconciling")).await;
+}
+
+/// An attempt whose heartbeat recorded usage above 0 consumed something: it
+/// started, so its release is refused (409 `ATTEMPT_ALREADY_REPORTED`) and
+/// the lease stays its executor's; a heartbeat with usage 0 does not count.
+#[tokio::test]
+async fn release_is_refused_once_a_heartbeat_recorded_usage() {
+    let srv = Server::fast().await;
+    let t = srv.new_task("rel-3", "payment.release", payment(12)).await;
+    let id = s(&t["id"]);
+    let a = srv.claim_one("payment.release", Some(10_000)).await;
+    let a_id = s(&a["id"]);
+    for usage in [0, 5] {
+        srv.post(
+            &format!("/v1/attempts/{a_id}/heartbeat"),
+            &srv.keys.exec,
+            json!({"generation": 1, "usage": usage}),
+        )
+        .await
+        .ok(200);
+    }
+    refused_as_started(&srv, &id, &a_id, ("leased", "running")).await;
+}
+
+/// Asserts that the release of attempt `a_id` (generation 1) of task `id`
+/// is refused as started (409 `ATTEMPT_ALREADY_REPORTED`) and left the
+/// attempt and the task in `states`, with no `attempt_released` event.
+async fn refused_as_started(srv: &Server, id: &str, a_id: &str, states: (&str, &str)) {
+    srv.release(a_id, json!({"generation": 1}))
         .await
         .assert_problem(409, "ATTEMPT_ALREADY_REPORTED");
-    let attempts = srv.attempts(&id).await;
-    assert_eq!(attempt_of(&attempts, &a_id)["state"], json!("unknown"));
-    assert_eq!(srv.task(&id).await["state"], json!("reconciling"));
+    let attempts = srv.attempts(id).await;
+    assert_eq!(attempt_of(&attempts, a_id)["state"], json!(states.0));
+    assert_eq!(srv.task(id).await["state"], json!(states.1));
+    assert_eq!(released_events(srv, id).await, 0);
+}
+
+/// The number of `attempt_released` events of task `id`.
+async fn released_events(srv: &Server, id: &str) -> usize {
+    srv.events(id)
+        .await
+        .iter()
+        .filter(|e| e["type"] == json!("attempt_released"))
+        .count()
 }
 
 /// Which store a test's server runs on.

@@ -119,6 +119,35 @@ async fn heartbeats_keep_the_lease_past_three_leases() {
     run.await.unwrap().unwrap();
 }
 
+/// A lease under a second is refused before anything is claimed: its local
+/// deadline (500 ms before its end) would come before the first heartbeat,
+/// or at the claim's send time itself, and every attempt would be given
+/// back unstarted and claimed again at once, for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_too_short_for_its_margin_is_refused_before_any_claim() {
+    let srv = Server::fast().await;
+    let t = srv
+        .new_task("wk-short", "generation.dispatch", generation("x"))
+        .await;
+    let id = s(&t["id"]);
+    for lease_ms in [100, 999] {
+        let run = Worker::new(executor(&srv), "w-short")
+            .with_handler("generation.dispatch", Scripted::default())
+            .with_lease_ms(lease_ms)
+            .run(std::future::pending());
+        let err = tokio::time::timeout(Duration::from_secs(10), run)
+            .await
+            .expect("refused at once, not run")
+            .unwrap_err();
+        assert!(
+            matches!(err, idem_client::ClientError::InvalidArgument(_)),
+            "{err}"
+        );
+    }
+    assert_eq!(srv.task(&id).await["state"], json!("queued"));
+    assert!(attempts(&srv, &id).await.is_empty(), "nothing was claimed");
+}
+
 /// A cancellation reaches a running handler with its next heartbeat; the
 /// handler returns `Cancelled` and the task ends `cancelled`, its usage kept.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
