@@ -1459,7 +1459,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description STALE_GENERATION (an old generation or an expired lease), or ATTEMPT_ALREADY_REPORTED (the attempt was reported or acknowledged: it started) */
+            /** @description STALE_GENERATION (an old generation or an expired lease), or ATTEMPT_ALREADY_REPORTED (the attempt was reported, acknowledged or recorded usage: it started) */
             409: {
                 headers: {
                     [name: string]: unknown;
