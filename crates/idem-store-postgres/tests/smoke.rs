@@ -1548,3 +1548,186 @@ fn versions_from(first: i32) -> Vec<i32> {
         .filter(|v| *v >= first)
         .collect()
 }
+
+/// A TCP proxy to the test server whose connections open at a given moment
+/// can be made silent ([`FreezingProxy::freeze_open`]): they keep accepting
+/// bytes (the kernel acknowledges them, keepalive probes too) but forward
+/// nothing either way, as a dropped route or a frozen middlebox does, while
+/// connections opened later pass.
+struct FreezingProxy {
+    port: u16,
+    /// The connections opened so far: each one's "silent" switch.
+    open: std::sync::Arc<std::sync::Mutex<Vec<std::sync::Arc<std::sync::atomic::AtomicBool>>>>,
+    /// `host:port` of the test server, as its URL names them.
+    upstream: String,
+}
+
+impl FreezingProxy {
+    async fn start() -> FreezingProxy {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let cfg: tokio_postgres::Config =
+            idem_store_postgres::testing::server_url().parse().unwrap();
+        let host = match cfg.get_hosts().first() {
+            Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+            other => panic!("the test server URL names no TCP host: {other:?}"),
+        };
+        let port = *cfg
+            .get_ports()
+            .first()
+            .expect("the test server URL names a port");
+        let upstream = format!("{host}:{port}");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxy_port = listener.local_addr().unwrap().port();
+        let open = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (registry, target) = (std::sync::Arc::clone(&open), upstream.clone());
+        tokio::spawn(async move {
+            while let Ok((inbound, _)) = listener.accept().await {
+                let Ok(outbound) = tokio::net::TcpStream::connect(&target).await else {
+                    continue;
+                };
+                let silent = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+                registry
+                    .lock()
+                    .unwrap()
+                    .push(std::sync::Arc::clone(&silent));
+                let (ri, wi) = inbound.into_split();
+                let (ro, wo) = outbound.into_split();
+                for (mut from, mut to) in [
+                    (
+                        Box::new(ri) as Box<dyn tokio::io::AsyncRead + Unpin + Send>,
+                        Box::new(wo) as Box<dyn tokio::io::AsyncWrite + Unpin + Send>,
+                    ),
+                    (Box::new(ro), Box::new(wi)),
+                ] {
+                    let silent = std::sync::Arc::clone(&silent);
+                    tokio::spawn(async move {
+                        let mut buf = vec![0u8; 16 * 1024];
+                        loop {
+                            let n = match from.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => n,
+                            };
+                            if silent.load(std::sync::atomic::Ordering::SeqCst) {
+                                // Swallowed; the connection stays open.
+                                continue;
+                            }
+                            if to.write_all(&buf[..n]).await.is_err() {
+                                return;
+                            }
+                        }
+                    });
+                }
+            }
+        });
+        FreezingProxy {
+            port: proxy_port,
+            open,
+            upstream,
+        }
+    }
+
+    /// `url` with the test server's address replaced by the proxy's.
+    fn via(&self, url: &str) -> String {
+        let via = url.replace(&self.upstream, &format!("127.0.0.1:{}", self.port));
+        assert_ne!(via, url, "the test database URL names {}", self.upstream);
+        via
+    }
+
+    /// Every connection open now goes silent for good.
+    fn freeze_open(&self) {
+        for silent in self.open.lock().unwrap().iter() {
+            silent.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+}
+
+/// The next change `watch` hears within `limit` (resyncs skipped), if any.
+async fn next_change(
+    watch: &mut idem_store::Watch,
+    limit: std::time::Duration,
+) -> Option<idem_store::Change> {
+    tokio::time::timeout(limit, async {
+        loop {
+            if let idem_store::Notice::Change(c) = watch.next().await {
+                return (*c).clone();
+            }
+        }
+    })
+    .await
+    .ok()
+}
+
+/// A listening connection whose link goes silent (no FIN, no RST) is
+/// noticed by its round trip and replaced within
+/// `notify::SILENT_REPLACED_WITHIN`: a new session listens (seen in
+/// `pg_stat_activity`) and a change committed by another instance reaches
+/// the subscribers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_listening_connection_is_replaced_within_its_bound() {
+    use idem_store_postgres::notify::{PING_SQL, SILENT_REPLACED_WITHIN};
+    let url = fresh_database().await;
+    let proxy = FreezingProxy::start().await;
+    let writer = connect(&url, PgOptions::default()).await.unwrap();
+    let listener = connect(&proxy.via(&url), PgOptions::default())
+        .await
+        .unwrap();
+    let mut watch = listener.changes().subscribe();
+    listener.changes().heard().await;
+    let (key, _) = writer
+        .create_api_key("acme", Role::Admin, None)
+        .await
+        .unwrap();
+    writer
+        .submit(submission("acme", "before", key.id, 'a'))
+        .await
+        .unwrap();
+    let limit = std::time::Duration::from_secs(10);
+    assert!(
+        next_change(&mut watch, limit).await.is_some(),
+        "heard before"
+    );
+    let activity = raw(&url).await;
+    let silent_at: std::time::SystemTime = activity
+        .query_one("SELECT now()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let started = std::time::Instant::now();
+    proxy.freeze_open();
+    let slack = std::time::Duration::from_secs(5);
+    loop {
+        let fresh: i64 = activity
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND backend_start > $1
+                   AND query IN ('LISTEN idem_changes', $2)",
+                &[&silent_at, &PING_SQL],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if fresh > 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < SILENT_REPLACED_WITHIN + slack,
+            "no new listening session within {:?}",
+            SILENT_REPLACED_WITHIN + slack
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let replaced = started.elapsed();
+    listener.changes().heard().await;
+    let sent = std::time::Instant::now();
+    writer
+        .submit(submission("acme", "after", key.id, 'b'))
+        .await
+        .unwrap();
+    let heard = next_change(&mut watch, limit).await;
+    eprintln!(
+        "listening connection replaced {replaced:?} after its link went silent; a change heard {:?} after its submit",
+        sent.elapsed()
+    );
+    let heard = heard.expect("a change committed after the replacement is heard");
+    assert_eq!(heard.tenant, "acme");
+}
