@@ -1174,50 +1174,6 @@ async fn start_up_waits_for_another_instances_migration_and_says_so() {
     drop(release.await.unwrap());
 }
 
-/// A TCP proxy to PostgreSQL that can go silent: while `paused` it keeps
-/// accepting bytes (the kernel acknowledges them) but forwards nothing either
-/// way, as a frozen middlebox or a dropped route does. Returns its port.
-async fn pausable_proxy(paused: std::sync::Arc<std::sync::atomic::AtomicBool>) -> u16 {
-    use std::sync::atomic::Ordering;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((inbound, _)) = listener.accept().await {
-            let Ok(outbound) = tokio::net::TcpStream::connect("127.0.0.1:5432").await else {
-                continue;
-            };
-            let (ri, wi) = inbound.into_split();
-            let (ro, wo) = outbound.into_split();
-            for (mut from, mut to) in [
-                (
-                    Box::new(ri) as Box<dyn tokio::io::AsyncRead + Unpin + Send>,
-                    Box::new(wo) as Box<dyn tokio::io::AsyncWrite + Unpin + Send>,
-                ),
-                (Box::new(ro), Box::new(wi)),
-            ] {
-                let paused = std::sync::Arc::clone(&paused);
-                tokio::spawn(async move {
-                    let mut buf = vec![0u8; 16 * 1024];
-                    loop {
-                        let n = match from.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => n,
-                        };
-                        while paused.load(Ordering::SeqCst) {
-                            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                        }
-                        if to.write_all(&buf[..n]).await.is_err() {
-                            return;
-                        }
-                    }
-                });
-            }
-        }
-    });
-    port
-}
-
 /// A link to PostgreSQL that goes silent mid-operation (no error, no reset:
 /// the server's `statement_timeout` cannot reach idem) ends in `Unavailable`
 /// within `operation_timeout`, for reads, submits and pings alike, instead of
@@ -1227,10 +1183,9 @@ async fn pausable_proxy(paused: std::sync::Arc<std::sync::atomic::AtomicBool>) -
 async fn a_silent_link_ends_in_unavailable_within_the_operation_timeout() {
     use std::sync::atomic::Ordering;
     let url = fresh_database().await;
-    let paused = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let port = pausable_proxy(std::sync::Arc::clone(&paused)).await;
-    let via = url.replace("127.0.0.1:5432", &format!("127.0.0.1:{port}"));
-    assert_ne!(via, *url, "the test database URL names 127.0.0.1:5432");
+    let proxy = SilencingProxy::start().await;
+    let paused = std::sync::Arc::clone(&proxy.paused);
+    let via = proxy.via(&url);
     let mut opts = PgOptions::default();
     opts.operation_timeout = std::time::Duration::from_secs(2);
     opts.pool_timeout = std::time::Duration::from_secs(1);
@@ -1549,21 +1504,25 @@ fn versions_from(first: i32) -> Vec<i32> {
         .collect()
 }
 
-/// A TCP proxy to the test server whose connections open at a given moment
-/// can be made silent ([`FreezingProxy::freeze_open`]): they keep accepting
-/// bytes (the kernel acknowledges them, keepalive probes too) but forward
-/// nothing either way, as a dropped route or a frozen middlebox does, while
-/// connections opened later pass.
-struct FreezingProxy {
+/// A TCP proxy to the test server that can go silent as a frozen middlebox
+/// or a dropped route does (no FIN, no RST; the kernel keeps acknowledging
+/// bytes, keepalive probes too): while [`SilencingProxy::paused`] every
+/// connection holds what it reads and forwards it once resumed;
+/// [`SilencingProxy::silence_open`] makes the connections open at that
+/// moment drop everything for good, while connections opened later pass.
+struct SilencingProxy {
     port: u16,
-    /// The connections opened so far: each one's "silent" switch.
+    /// While set, no connection forwards anything (held until cleared).
+    paused: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// The connections opened so far: each one's "silent for good" switch.
     open: std::sync::Arc<std::sync::Mutex<Vec<std::sync::Arc<std::sync::atomic::AtomicBool>>>>,
     /// `host:port` of the test server, as its URL names them.
     upstream: String,
 }
 
-impl FreezingProxy {
-    async fn start() -> FreezingProxy {
+impl SilencingProxy {
+    async fn start() -> SilencingProxy {
+        use std::sync::atomic::Ordering;
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let cfg: tokio_postgres::Config =
             idem_store_postgres::testing::server_url().parse().unwrap();
@@ -1578,8 +1537,13 @@ impl FreezingProxy {
         let upstream = format!("{host}:{port}");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let proxy_port = listener.local_addr().unwrap().port();
+        let paused = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let open = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let (registry, target) = (std::sync::Arc::clone(&open), upstream.clone());
+        let (registry, target, pause) = (
+            std::sync::Arc::clone(&open),
+            upstream.clone(),
+            std::sync::Arc::clone(&paused),
+        );
         tokio::spawn(async move {
             while let Ok((inbound, _)) = listener.accept().await {
                 let Ok(outbound) = tokio::net::TcpStream::connect(&target).await else {
@@ -1599,7 +1563,10 @@ impl FreezingProxy {
                     ),
                     (Box::new(ro), Box::new(wi)),
                 ] {
-                    let silent = std::sync::Arc::clone(&silent);
+                    let (silent, pause) = (
+                        std::sync::Arc::clone(&silent),
+                        std::sync::Arc::clone(&pause),
+                    );
                     tokio::spawn(async move {
                         let mut buf = vec![0u8; 16 * 1024];
                         loop {
@@ -1607,8 +1574,10 @@ impl FreezingProxy {
                                 Ok(0) | Err(_) => return,
                                 Ok(n) => n,
                             };
-                            if silent.load(std::sync::atomic::Ordering::SeqCst) {
-                                // Swallowed; the connection stays open.
+                            while pause.load(Ordering::SeqCst) {
+                                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                            }
+                            if silent.load(Ordering::SeqCst) {
                                 continue;
                             }
                             if to.write_all(&buf[..n]).await.is_err() {
@@ -1619,8 +1588,9 @@ impl FreezingProxy {
                 }
             }
         });
-        FreezingProxy {
+        SilencingProxy {
             port: proxy_port,
+            paused,
             open,
             upstream,
         }
@@ -1634,7 +1604,7 @@ impl FreezingProxy {
     }
 
     /// Every connection open now goes silent for good.
-    fn freeze_open(&self) {
+    fn silence_open(&self) {
         for silent in self.open.lock().unwrap().iter() {
             silent.store(true, std::sync::atomic::Ordering::SeqCst);
         }
@@ -1666,7 +1636,7 @@ async fn next_change(
 async fn a_silent_listening_connection_is_replaced_within_its_bound() {
     use idem_store_postgres::notify::{PING_SQL, SILENT_REPLACED_WITHIN};
     let url = fresh_database().await;
-    let proxy = FreezingProxy::start().await;
+    let proxy = SilencingProxy::start().await;
     let writer = connect(&url, PgOptions::default()).await.unwrap();
     let listener = connect(&proxy.via(&url), PgOptions::default())
         .await
@@ -1693,7 +1663,7 @@ async fn a_silent_listening_connection_is_replaced_within_its_bound() {
         .unwrap()
         .get(0);
     let started = std::time::Instant::now();
-    proxy.freeze_open();
+    proxy.silence_open();
     let slack = std::time::Duration::from_secs(5);
     loop {
         let fresh: i64 = activity

@@ -9,29 +9,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::multi_pg::{count, db};
+use crate::support::{Keys, Resp, Server, send};
 use idem_store_postgres::testing::fresh_database;
 use serde_json::json;
-use tokio_postgres::NoTls;
 
-use crate::support::{Keys, Server, send};
-
-/// A direct connection to `url` (not through idem).
-async fn db(url: &str) -> tokio_postgres::Client {
-    let (client, conn) = tokio_postgres::connect(url, NoTls)
-        .await
-        .unwrap_or_else(|e| panic!("connect to {url}: {e}"));
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    client
-}
-
-/// One `bigint` from a query without parameters.
-async fn count(db: &tokio_postgres::Client, sql: &str) -> i64 {
-    db.query_one(sql, &[])
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"))
-        .get(0)
+/// The attempts of a claim's 200 answer.
+#[track_caller]
+fn attempts(r: &Resp) -> usize {
+    r.ok(200)["attempts"].as_array().map_or(0, Vec::len)
 }
 
 /// Until a session of the database waits on a lock (bounded).
@@ -105,8 +91,11 @@ async fn a_request_that_gets_no_connection_is_overloaded_and_a_long_poll_keeps_w
             .await
             .unwrap();
     };
-    let release = || async {
-        locker.batch_execute("ROLLBACK").await.unwrap();
+    // Ends the lock; the held claim then gets its attempt.
+    let unlocker = &locker;
+    let release = |holder: tokio::task::JoinHandle<Resp>| async move {
+        unlocker.batch_execute("ROLLBACK").await.unwrap();
+        assert_eq!(attempts(&holder.await.unwrap()), 1, "the held claim");
     };
 
     lock().await;
@@ -117,13 +106,7 @@ async fn a_request_that_gets_no_connection_is_overloaded_and_a_long_poll_keeps_w
         .await;
     r.assert_problem(503, "OVERLOADED");
     assert_eq!(r.header("retry-after"), "2", "{r:?}");
-    release().await;
-    assert_eq!(
-        holder.await.unwrap().ok(200)["attempts"]
-            .as_array()
-            .map(Vec::len),
-        Some(1)
-    );
+    release(holder).await;
     assert_eq!(
         counter("idem_overloaded_total{handled=\"refused\"}").await,
         1
@@ -152,17 +135,10 @@ async fn a_request_that_gets_no_connection_is_overloaded_and_a_long_poll_keeps_w
         !waiting.is_finished(),
         "the long poll keeps waiting past the pool's wait bound"
     );
-    release().await;
+    release(holder).await;
     assert_eq!(
-        holder.await.unwrap().ok(200)["attempts"]
-            .as_array()
-            .map(Vec::len),
-        Some(1)
-    );
-    let waited = waiting.await.unwrap();
-    assert_eq!(
-        waited.ok(200)["attempts"].as_array().map(Vec::len),
-        Some(1),
+        attempts(&waiting.await.unwrap()),
+        1,
         "the long poll claims once the connection is free"
     );
     assert!(
@@ -255,8 +231,7 @@ async fn claim_crowd(claimers: usize, tasks: usize, limit: Duration) {
                     server_errors.fetch_add(1, Ordering::SeqCst);
                     continue;
                 }
-                let got = r.ok(200)["attempts"].as_array().map_or(0, Vec::len);
-                claimed.fetch_add(got, Ordering::SeqCst);
+                claimed.fetch_add(attempts(&r), Ordering::SeqCst);
             }
         }));
     }
