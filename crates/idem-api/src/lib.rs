@@ -169,6 +169,10 @@ pub struct ClaimedAttempt<K, T> {
     pub kind: K,
     /// Lease end.
     pub lease_expires_at: T,
+    /// The lease length granted, ms (the requested `lease_ms` or the class
+    /// default, within the class's bounds): an executor counts its local
+    /// lease deadline from the time it sent the claim.
+    pub lease_ms: i64,
     /// Operation class.
     pub operation: String,
     /// Task params.
@@ -210,8 +214,20 @@ pub struct HeartbeatBody {
 pub struct HeartbeatResponse<T> {
     /// The extended lease end.
     pub lease_expires_at: T,
+    /// The length the lease was just extended by, ms (the attempt's lease
+    /// length, counted from the heartbeat's arrival): an executor counts its
+    /// local lease deadline from the time it sent the heartbeat.
+    pub lease_ms: i64,
     /// A cancellation is pending: stop and report `cancelled` with usage.
     pub cancel_requested: bool,
+}
+
+/// Release body: the executor gives back an attempt it never started.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ReleaseBody {
+    /// The generation the executor holds.
+    pub generation: i64,
 }
 
 /// Device acknowledgment body.
@@ -241,8 +257,10 @@ pub struct ReportBody<O, F> {
     /// Required with `failed`: `transient`, `invalid_input`, `permission_denied`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure_class: Option<F>,
-    /// Free text.
+    /// Free text (an error's message), at most 4,096 characters: a longer
+    /// one is 400 `INVALID_REQUEST` and nothing is stored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(max_length = 4096))]
     pub message: Option<String>,
     /// The attempt's total usage (integer units).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -69,6 +69,9 @@ problem_codes! {
         SubmitterRevoked => "SUBMITTER_REVOKED",
         /// 409: another refusal of the state machine.
         Conflict => "CONFLICT",
+        /// 408: the request body was not complete within the server's body
+        /// bound (`IDEM_BODY_TIMEOUT_MS`); the connection is closed.
+        RequestTimeout => "REQUEST_TIMEOUT",
         /// 413: the body is over the limit.
         PayloadTooLarge => "PAYLOAD_TOO_LARGE",
         /// 503: the store (or the metrics recorder) is unavailable; nothing
@@ -119,6 +122,9 @@ pub struct Problem {
     /// value, by its JSON Pointer into the request body (`/params/...`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub errors: Option<Vec<InvalidValue>>,
+    /// For `PAYLOAD_TOO_LARGE`: the largest body accepted, in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<u64>,
 }
 
 impl Problem {
@@ -143,6 +149,7 @@ impl Problem {
             differing_fields: None,
             current_generation: None,
             errors: None,
+            max_bytes: None,
         }
     }
 }

@@ -24,6 +24,15 @@
 //! acknowledge and report. Errors are [`ClientError`]: an RFC 9457 problem
 //! answered by idem (with its HTTP status and `code`), a timeout, a transport
 //! failure, an undecodable answer, or an argument refused before sending.
+//!
+//! The executor runtime, [`worker::Worker`], keeps each attempt's lease on
+//! its own clock: the lease is treated as lost at a local deadline, the
+//! `lease_ms` idem last confirmed counted from when that claim or heartbeat
+//! was *sent*, less max(500 ms, 10 %) ([`worker::lease`]). There, or at once
+//! when a heartbeat is answered 401, 403, 404 or 409, the handler is told
+//! ([`worker::Context::stopped`]) and must stop its effect: idem may hand the
+//! task to another executor from then on, and a handler that ignores the
+//! signal is on its own.
 
 use std::time::Duration;
 
@@ -42,7 +51,7 @@ mod wait;
 pub mod worker;
 
 pub use events::{EventStream, FeedEvent, FeedPage};
-use idem_api::{AckBody, ClaimBody, ClaimResponse, HeartbeatBody, SubmitBody};
+use idem_api::{AckBody, ClaimBody, ClaimResponse, HeartbeatBody, ReleaseBody, SubmitBody};
 pub use idem_api::{Problem, ProblemCode};
 pub use search::{TaskFilter, TaskPage, TaskPages};
 pub use types::{
@@ -688,6 +697,25 @@ impl Client {
         Ok(a.body.task)
     }
 
+    /// `POST /v1/attempts/{id}/release`: gives back an attempt this executor
+    /// never started (e.g. one received after shutdown began); the task is
+    /// claimable again at once and the attempt counts against no limit. An
+    /// exact repeat answers the same.
+    ///
+    /// # Errors
+    /// 409 `STALE_GENERATION` (an old generation or an expired lease), 409
+    /// `ATTEMPT_ALREADY_REPORTED` (it was reported or acknowledged: it
+    /// started), 404: in each case there is nothing left to release.
+    pub async fn release(&self, attempt_id: Uuid, generation: i64) -> Result<Task> {
+        let a: Answer<TaskEnvelope> = self
+            .post_json(
+                &format!("v1/attempts/{attempt_id}/release"),
+                &ReleaseBody { generation },
+            )
+            .await?;
+        Ok(a.body.task)
+    }
+
     /// `GET /readyz`: whether the service and its store answer.
     ///
     /// # Errors
@@ -721,6 +749,7 @@ fn api_error(
         differing_fields: None,
         current_generation: None,
         errors: None,
+        max_bytes: None,
     });
     let retry_after = headers
         .get(RETRY_AFTER)

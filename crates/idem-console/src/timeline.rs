@@ -841,6 +841,16 @@ fn attempt_marks(a: &Attempt, events: &[&Event]) -> Vec<Mark> {
                         ),
                 );
             }
+            EventKind::AttemptReleased => {
+                marks.push(
+                    Mark::new(e.at, e.seq, Shape::Triangle, "expired")
+                        .label("released")
+                        .title(
+                            "released by its executor before it started",
+                            &[format!("generation {}", a.generation)],
+                        ),
+                );
+            }
             _ => {}
         }
     }
@@ -1325,6 +1335,7 @@ fn state_phrase(s: AttemptState) -> &'static str {
         AttemptState::Cancelled => "cancelled",
         AttemptState::Committed => "reconciled committed",
         AttemptState::NotCommitted => "reconciled not committed",
+        AttemptState::Released => "released unstarted by its executor",
     }
 }
 

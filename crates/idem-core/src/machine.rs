@@ -90,6 +90,10 @@ pub enum Rejection {
     /// The task cannot be claimed now.
     #[error("the task is not claimable")]
     NotClaimable,
+    /// A release of an attempt its device acknowledged: the command was
+    /// sent, so the attempt started. HTTP 409 `ATTEMPT_ALREADY_REPORTED`.
+    #[error("the attempt was acknowledged by its device: it started and cannot be released")]
+    Acknowledged,
 }
 
 /// What the store learned about the submitting key before a claim (SPEC §2.8).
@@ -247,7 +251,7 @@ pub fn claim(
                 j,
                 now,
                 FailureClass::AttemptsExhausted,
-                "max attempts used",
+                "all execute attempts used",
             );
             return Ok(None);
         }
@@ -298,6 +302,8 @@ pub fn claim(
 pub struct HeartbeatAck {
     /// The extended lease end.
     pub lease_expires_at: Timestamp,
+    /// The length the lease was extended by, ms (the attempt's lease length).
+    pub lease_ms: i64,
     /// Whether a cancellation is pending: the executor should stop and report `cancelled`.
     pub cancel_requested: bool,
 }
@@ -379,6 +385,7 @@ pub fn heartbeat(
     task.updated_at = now;
     Ok(HeartbeatAck {
         lease_expires_at: attempt.lease_expires_at,
+        lease_ms: attempt.lease_ms,
         cancel_requested: task.cancel_pending(),
     })
 }
@@ -412,6 +419,77 @@ pub fn acknowledge(
     Ok(())
 }
 
+/// An executor gives back an attempt it never started (SPEC §4 `/release`):
+/// a worker that is shutting down, or a claim whose answer never reached its
+/// executor. Fenced like a report: `generation` must hold the live lease.
+///
+/// The attempt ends `released` and counts against no limit: an execute
+/// attempt is taken off the execute count (`max_attempts`, and the count a
+/// cancellation's fee reads). No reconcile follows, since nothing ran. The
+/// task is claimable at once: an execute attempt's task is `queued` (or,
+/// with a cancellation pending, `cancelled` with the fee of a task that never
+/// started, unless an earlier execute attempt did); a reconcile attempt's
+/// task stays `reconciling` with the reconcile due now. Event
+/// `attempt_released`.
+///
+/// An exact repeat (the attempt is already `released` and `generation` is
+/// its own: the executor's answer was lost) is answered `Ok` and changes
+/// nothing.
+///
+/// # Errors
+/// [`Rejection::AlreadyReported`] for an attempt with an outcome,
+/// [`Rejection::Acknowledged`] for one its device acknowledged (both
+/// started); [`Rejection::StaleGeneration`] for an old generation or an
+/// expired lease (the expiry is applied first).
+pub fn release(
+    task: &mut Task,
+    attempt: &mut Attempt,
+    j: &mut Journal,
+    generation: i64,
+    now: Timestamp,
+) -> Result<(), Rejection> {
+    if generation == attempt.generation {
+        if attempt.state == AttemptState::Released {
+            return Ok(());
+        }
+        if let Some(existing) = attempt.report.as_ref().map(|a| a.outcome) {
+            return Err(Rejection::AlreadyReported { existing });
+        }
+        if attempt.state == AttemptState::Acknowledged {
+            return Err(Rejection::Acknowledged);
+        }
+    }
+    fence(task, attempt, j, generation, now)?;
+    attempt.state = AttemptState::Released;
+    task.control.active_attempt_id = None;
+    if attempt.kind == AttemptKind::Execute {
+        task.control.execute_count = (task.control.execute_count - 1).max(0);
+    }
+    let data = json!({
+        "attempt_id": attempt.id,
+        "number": attempt.number,
+        "generation": generation,
+        "kind": attempt.kind,
+        "executor_id": attempt.executor_id,
+        "execute_count": task.control.execute_count,
+    });
+    j.record(task, now, EventKind::AttemptReleased, data);
+    if attempt.kind == AttemptKind::Reconcile {
+        // The unknown outcome it was to settle is still unknown, also with a
+        // cancellation pending (SPEC §2.5, §2.7).
+        task.state = TaskState::Reconciling;
+        task.control.next_kind = Some(AttemptKind::Reconcile);
+        task.control.ready_at = now;
+    } else if task.cancel_pending() {
+        confirm_cancel(task, j, now);
+    } else {
+        task.state = TaskState::Queued;
+        task.control.next_kind = Some(AttemptKind::Execute);
+        task.control.ready_at = now;
+    }
+    Ok(())
+}
+
 /// An executor's report (SPEC §4 `/report`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Report {
@@ -423,7 +501,8 @@ pub struct Report {
     pub result: Option<Value>,
     /// Required with `failed`.
     pub failure_class: Option<FailureClass>,
-    /// Free text.
+    /// Free text, at most [`MAX_MESSAGE_CHARS`] characters (the entry
+    /// point refuses a longer one).
     pub message: Option<String>,
     /// The attempt's total usage so far.
     pub usage: Option<i64>,
@@ -432,6 +511,12 @@ pub struct Report {
     /// The raw body, kept as evidence and used to detect exact repeats.
     pub body: Value,
 }
+
+/// Longest report `message` idem stores, in characters (Unicode scalar
+/// values; SPEC §7): a stack trace's worth. A longer one is refused whole
+/// (400, nothing stored), never cut by the server: an executor trims its
+/// text to this before sending.
+pub const MAX_MESSAGE_CHARS: usize = 4096;
 
 fn evidence(
     now: Timestamp,
@@ -634,13 +719,10 @@ pub fn report(
             if task.cancel_pending() {
                 confirm_cancel(task, j, now);
             } else {
-                next_execute(
-                    task,
-                    j,
-                    now,
-                    false,
-                    "reconciliation found nothing committed",
-                );
+                // The execute attempt whose outcome was unknown failed
+                // without effect: its retry waits the contract's backoff,
+                // as a transient failure's does.
+                next_execute(task, j, now, true, "reconciliation found nothing committed");
             }
         }
     }
@@ -919,7 +1001,12 @@ fn next_execute(task: &mut Task, j: &mut Journal, now: Timestamp, backoff: bool,
         }
     };
     if task.control.execute_count >= task.execute_limit() {
-        let message = ended(format!("all {} attempts used", task.execute_limit()));
+        // Only execute attempts count against the limit; reconcile attempts
+        // (and the attempt numbers they take) never do.
+        let message = ended(format!(
+            "all {} execute attempts used",
+            task.execute_limit()
+        ));
         fail(task, j, now, FailureClass::AttemptsExhausted, &message);
     } else if now >= task.control.deadline_at {
         let message = ended("deadline passed".to_owned());

@@ -217,6 +217,9 @@ word_enum! {
         Committed => "committed",
         /// A reconcile attempt found the effect not committed.
         NotCommitted => "not_committed",
+        /// Its executor released it before starting it (SPEC §4 `/release`):
+        /// nothing ran, it counts against no limit, no reconcile follows.
+        Released => "released",
     }
 }
 
@@ -334,6 +337,9 @@ word_enum! {
         AttemptCancelled => "attempt_cancelled",
         /// An attempt's lease ran out without a report.
         LeaseExpired => "lease_expired",
+        /// An executor released an attempt it never started: the task is
+        /// claimable again at once.
+        AttemptReleased => "attempt_released",
         /// The result was recorded with its charge.
         Delivered => "delivered",
         /// A cancellation was recorded and waits for the running attempt.
@@ -394,6 +400,7 @@ impl EventKind {
                 | EventKind::TaskWoken
                 | EventKind::ReconciliationRequired
                 | EventKind::LeaseExpired
+                | EventKind::AttemptReleased
                 | EventKind::Reconciled
                 | EventKind::OperatorRetryNow
                 | EventKind::OperatorRedriven

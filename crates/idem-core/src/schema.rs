@@ -114,7 +114,10 @@ impl ParamsSchema {
         if let Some(v) = self.compiled.get() {
             return Ok(v);
         }
+        enforced_keywords_only(&self.document, "")?;
         let validator = jsonschema::options()
+            .should_validate_formats(true)
+            .should_ignore_unknown_formats(false)
             .build(&self.document)
             .map_err(|e| SchemaError::Compile(e.to_string()))?;
         Ok(self.compiled.get_or_init(|| Arc::new(validator)))
@@ -141,6 +144,145 @@ impl ParamsSchema {
             Err(SchemaError::Mismatch { violations, total })
         }
     }
+}
+
+/// Keywords whose value is one subschema.
+const ONE_SCHEMA: &[&str] = &[
+    "not",
+    "if",
+    "then",
+    "else",
+    "additionalProperties",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+    "contains",
+    "propertyNames",
+    "additionalItems",
+    "items",
+];
+
+/// Keywords whose value is an array of subschemas (`items` of older drafts
+/// may be one too).
+const SCHEMA_LIST: &[&str] = &["allOf", "anyOf", "oneOf", "prefixItems", "items"];
+
+/// Keywords whose value maps names to subschemas.
+const SCHEMA_MAP: &[&str] = &[
+    "properties",
+    "patternProperties",
+    "dependentSchemas",
+    "$defs",
+    "definitions",
+];
+
+/// Assertions that `jsonschema` enforces, and keywords that only name,
+/// identify or annotate (they promise nothing about the params).
+const OTHER_KEYWORDS: &[&str] = &[
+    "type",
+    "enum",
+    "const",
+    "multipleOf",
+    "maximum",
+    "exclusiveMaximum",
+    "minimum",
+    "exclusiveMinimum",
+    "maxLength",
+    "minLength",
+    "pattern",
+    "maxItems",
+    "minItems",
+    "uniqueItems",
+    "maxContains",
+    "minContains",
+    "maxProperties",
+    "minProperties",
+    "required",
+    "dependentRequired",
+    "dependencies",
+    "format",
+    "$ref",
+    "$dynamicRef",
+    "$anchor",
+    "$dynamicAnchor",
+    "$id",
+    "$schema",
+    "$comment",
+    "title",
+    "description",
+    "default",
+    "examples",
+    "deprecated",
+    "readOnly",
+    "writeOnly",
+];
+
+/// The `format` names `jsonschema` checks (built without IDNA support): a
+/// schema naming another would accept any string there.
+const FORMATS: &[&str] = &[
+    "date",
+    "date-time",
+    "time",
+    "duration",
+    "email",
+    "hostname",
+    "ipv4",
+    "ipv6",
+    "iri",
+    "iri-reference",
+    "json-pointer",
+    "relative-json-pointer",
+    "regex",
+    "uri",
+    "uri-reference",
+    "uri-template",
+    "uuid",
+];
+
+/// Refuses a schema that uses a keyword idem does not enforce (a typo such
+/// as `requird`, or `contentMediaType`, an annotation only since draft
+/// 2019-09) or a `format` it does not check: each would let params through
+/// that the schema's author meant to refuse. `at` is the JSON Pointer of
+/// `schema` within the document, for the message.
+fn enforced_keywords_only(schema: &Value, at: &str) -> Result<(), SchemaError> {
+    let Value::Object(members) = schema else {
+        // `true` / `false` are schemas; anything else the compiler refuses.
+        return Ok(());
+    };
+    let refuse = |what: String| Err(SchemaError::Compile(what));
+    for (name, value) in members {
+        let here = format!("{at}/{}", name.replace('~', "~0").replace('/', "~1"));
+        let list = SCHEMA_LIST.contains(&name.as_str());
+        let one = ONE_SCHEMA.contains(&name.as_str());
+        if SCHEMA_MAP.contains(&name.as_str()) {
+            if let Value::Object(map) = value {
+                for (key, sub) in map {
+                    let key = key.replace('~', "~0").replace('/', "~1");
+                    enforced_keywords_only(sub, &format!("{here}/{key}"))?;
+                }
+            }
+        } else if list && value.is_array() {
+            for (i, sub) in value.as_array().into_iter().flatten().enumerate() {
+                enforced_keywords_only(sub, &format!("{here}/{i}"))?;
+            }
+        } else if one || list {
+            enforced_keywords_only(value, &here)?;
+        } else if name == "format" {
+            match value.as_str() {
+                Some(f) if FORMATS.contains(&f) => {}
+                _ => {
+                    return refuse(format!(
+                        "{here}: format {value} is not one idem checks ({})",
+                        FORMATS.join(", ")
+                    ));
+                }
+            }
+        } else if !OTHER_KEYWORDS.contains(&name.as_str()) {
+            return refuse(format!(
+                "{here}: `{name}` is not a keyword idem enforces; params would not be checked \
+                 against it"
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn violation(e: &jsonschema::ValidationError<'_>) -> Violation {
@@ -184,6 +326,39 @@ mod tests {
         match schema.validate(&params) {
             Err(SchemaError::Mismatch { violations, .. }) => violations,
             other => panic!("{params}: {other:?}"),
+        }
+    }
+
+    /// `format` is enforced (`2026-02-30` is no date), and a schema with a
+    /// keyword or format idem does not enforce does not compile.
+    #[test]
+    fn formats_are_checked_and_unenforced_keywords_refused() {
+        let dated = ParamsSchema::new(json!({
+            "type": "object",
+            "properties": {"on": {"type": "string", "format": "date"}}
+        }));
+        assert!(dated.validate(&json!({"on": "2026-02-28"})).is_ok());
+        let v = mismatch(&dated, json!({"on": "2026-02-30"}));
+        assert_eq!(v[0].pointer, "/params/on");
+        for (schema, named) in [
+            (json!({"type": "object", "requird": ["a"]}), "/requird"),
+            (
+                json!({"properties": {"a": {"type": "string", "contentMediaType": "application/json"}}}),
+                "/properties/a/contentMediaType",
+            ),
+            (
+                json!({"allOf": [{"properties": {"x": {"format": "credit-card"}}}]}),
+                "/allOf/0/properties/x/format",
+            ),
+            (
+                json!({"$defs": {"d": {"maxLenght": 3}}}),
+                "/$defs/d/maxLenght",
+            ),
+        ] {
+            match ParamsSchema::new(schema.clone()).compile() {
+                Err(SchemaError::Compile(m)) => assert!(m.starts_with(named), "{m}"),
+                other => panic!("{schema}: {other:?}"),
+            }
         }
     }
 

@@ -14,7 +14,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::config::Config;
-use crate::fingerprint::{CanonicalRequest, FingerprintError, canonical_request};
+use crate::fingerprint::{CanonicalRequest, FingerprintError, canonical_json, canonical_request};
 use crate::json::{JsonError, parse_strict};
 use crate::schema::SchemaError;
 
@@ -23,7 +23,8 @@ use crate::schema::SchemaError;
 pub struct PreparedSubmit {
     /// The operation class named by the body (defined by the configuration).
     pub operation: String,
-    /// The params as submitted (a JSON object that matches the class's
+    /// The params with every number in its RFC 8785 form (a JSON object;
+    /// from [`prepare_submit`], one that matches the class's
     /// `params_schema`, if it has one).
     pub params: Value,
     /// The canonical request of the class's material fields and its
@@ -77,17 +78,37 @@ struct SubmitBody {
     params: Value,
 }
 
-/// Reads `bytes` as a submit body for `config` and fingerprints it.
-///
-/// Checks, in order: strict JSON, the submit shape (an object with
-/// `operation` and `params`), a known operation class,
-/// `params` an object, the class's `params_schema`; then builds the canonical
-/// request of the class's material pointers.
+/// Reads `bytes` as a submit body for `config` and fingerprints it: every
+/// check of [`read_submit`], then the class's `params_schema`
+/// ([`check_schema`]).
 ///
 /// # Errors
 ///
 /// The first check that fails, as a [`SubmitBodyError`].
 pub fn prepare_submit(config: &Config, bytes: &[u8]) -> Result<PreparedSubmit, SubmitBodyError> {
+    let prepared = read_submit(config, bytes)?;
+    check_schema(config, &prepared)?;
+    Ok(prepared)
+}
+
+/// Reads `bytes` as a submit body for `config` and fingerprints it, without
+/// the class's `params_schema`: what a retry of an accepted request is
+/// judged by, since the schema a task was accepted under is frozen with it
+/// (SPEC §5: a retry replays even after the class's schema was tightened;
+/// only a new key meets the current schema).
+///
+/// Checks, in order: strict JSON, the submit shape (an object with
+/// `operation` and `params`), a known operation class, `params` an object;
+/// then every number of the params is put in its RFC 8785 form (`1250.0`
+/// and `1.25e3` become `1250`), so that what is
+/// stored, answered and handed to executors is exactly what was
+/// fingerprinted, and the canonical request of the class's material
+/// pointers is built.
+///
+/// # Errors
+///
+/// The first check that fails, as a [`SubmitBodyError`].
+pub fn read_submit(config: &Config, bytes: &[u8]) -> Result<PreparedSubmit, SubmitBodyError> {
     let value = parse_strict(bytes)?;
     // serde's derived struct also reads a sequence of the fields in order
     // (`["op", {…}]`); the body is an object (SPEC §4, the OpenAPI schema).
@@ -107,20 +128,45 @@ pub fn prepare_submit(config: &Config, bytes: &[u8]) -> Result<PreparedSubmit, S
     if !body.params.is_object() {
         return Err(SubmitBodyError::ParamsNotObject);
     }
-    if let Some(schema) = &class.params_schema {
-        schema
-            .validate(&body.params)
-            .map_err(|error| SubmitBodyError::Schema {
-                operation: body.operation.clone(),
-                error,
-            })?;
-    }
-    let canonical = canonical_request(&body.operation, &body.params, &class.fingerprint)?;
+    let params = canonical_params(&body.params)?;
+    let canonical = canonical_request(&body.operation, &params, &class.fingerprint)?;
     Ok(PreparedSubmit {
         operation: body.operation,
-        params: body.params,
+        params,
         canonical,
     })
+}
+
+/// Checks `prepared`'s params against its class's current `params_schema`
+/// (SPEC §5); a class without one accepts any params.
+///
+/// # Errors
+///
+/// [`SubmitBodyError::Schema`] with the violations.
+pub fn check_schema(config: &Config, prepared: &PreparedSubmit) -> Result<(), SubmitBodyError> {
+    let schema = config
+        .operations
+        .get(&prepared.operation)
+        .and_then(|class| class.params_schema.as_ref());
+    match schema {
+        Some(schema) => {
+            schema
+                .validate(&prepared.params)
+                .map_err(|error| SubmitBodyError::Schema {
+                    operation: prepared.operation.clone(),
+                    error,
+                })
+        }
+        None => Ok(()),
+    }
+}
+
+/// `params` in RFC 8785 canonical form, as a value: every number as JCS
+/// writes it, so an integral one has neither fraction nor exponent and
+/// reads as an integer ([`crate::fingerprint::canonical_json`] read back).
+fn canonical_params(params: &Value) -> Result<Value, SubmitBodyError> {
+    let text = canonical_json(params)?;
+    Ok(parse_strict(text.as_bytes())?)
 }
 
 #[cfg(test)]
@@ -200,6 +246,48 @@ mod tests {
                 assert!(violations.len() >= 2, "{violations:?}");
             }
             other => panic!("{other:?}"),
+        }
+    }
+
+    proptest::proptest! {
+        /// An integral number in any JSON spelling (`1250`, `1250.0`,
+        /// `1.25e3`, `12500e-1`, `1250E+0`) is kept, fingerprinted and
+        /// answered as the integer: one stored form, the one fingerprinted.
+        #[test]
+        fn integral_numbers_in_any_spelling_become_integers(
+            n in -(1i64 << 53) + 1..(1i64 << 53),
+            spelling in 0usize..5,
+        ) {
+            let written = match spelling {
+                0 => format!("{n}"),
+                1 => format!("{n}.0"),
+                2 => format!("{n}E+0"),
+                3 => format!("{}e-1", i128::from(n) * 10),
+                _ => {
+                    let zeros = (0..3u32)
+                        .take_while(|k| n != 0 && n % 10i64.pow(k + 1) == 0)
+                        .count();
+                    let digits = n.to_string();
+                    let (mantissa, tail) = digits.split_at(digits.len() - zeros);
+                    format!("{mantissa}.{tail}0e{zeros}")
+                }
+            };
+            let body = format!(
+                r#"{{"operation":"generation.dispatch","params":{{"n":{written},"deep":[{{"m":{written}}}]}}}}"#
+            );
+            let p = prepare_submit(&bundled(), body.as_bytes()).unwrap();
+            proptest::prop_assert_eq!(&p.params["n"], &Value::from(n));
+            proptest::prop_assert_eq!(&p.params["deep"][0]["m"], &Value::from(n));
+            proptest::prop_assert_eq!(p.params["n"].as_i64(), Some(n));
+            let plain = format!(
+                r#"{{"operation":"generation.dispatch","params":{{"n":{n},"deep":[{{"m":{n}}}]}}}}"#
+            );
+            let q = prepare_submit(&bundled(), plain.as_bytes()).unwrap();
+            proptest::prop_assert_eq!(&p.canonical, &q.canonical);
+            proptest::prop_assert_eq!(
+                serde_json::to_string(&p.params).unwrap(),
+                serde_json::to_string(&q.params).unwrap()
+            );
         }
     }
 

@@ -8,11 +8,13 @@
 //! database and the submitters), `idem bench-console` ([`console_bench`]: the
 //! console's pages with a large tenant), with [`server`], an idem server inside this
 //! process for bench and demo and `idem serve` child processes for chaos and
-//! bench-waiters.
+//! bench-waiters, and [`fault_proxy`], the proxy that injects network faults
+//! between an executor and idem for the worker tests.
 
 pub mod bench;
 pub mod chaos;
 pub mod console_bench;
 pub mod demo;
+pub mod fault_proxy;
 pub mod server;
 pub mod waiters;

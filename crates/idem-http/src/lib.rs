@@ -35,6 +35,7 @@ use utoipa_axum::routes;
 mod api;
 pub mod auth;
 pub mod claims;
+mod granted;
 mod openapi;
 pub mod prepared;
 pub mod problem;
@@ -158,6 +159,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(api::attempts::heartbeat))
         .routes(routes!(api::attempts::acknowledge))
         .routes(routes!(api::attempts::report))
+        .routes(routes!(api::attempts::release))
         .routes(routes!(api::health::healthz))
         .routes(routes!(api::health::readyz))
 }

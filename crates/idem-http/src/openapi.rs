@@ -17,7 +17,7 @@ use crate::problem::Problem;
     // The records and words the generic documents of `idem-api` carry: their
     // fields only refer to these schemas, so they are listed here.
     components(schemas(Task, Attempt, Event, ClaimedAttempt, FeedEvent, Outcome)),
-    tags((name = "tasks", description = "Clients: submit and follow tasks"), (name = "attempts", description = "Executors: claim, heartbeat, acknowledge, report"), (name = "operator", description = "Admins: retry-now, resolve, redrive (and cancel with a reason), each recorded with the key and the reason"), (name = "operations", description = "Health, readiness, metrics"))
+    tags((name = "tasks", description = "Clients: submit and follow tasks"), (name = "attempts", description = "Executors: claim, heartbeat, acknowledge, report, release"), (name = "operator", description = "Admins: retry-now, resolve, redrive (and cancel with a reason), each recorded with the key and the reason"), (name = "operations", description = "Health, readiness, metrics"))
 )]
 pub(crate) struct ApiDoc;
 
@@ -212,6 +212,7 @@ fn add_links(doc: &mut utoipa::openapi::OpenApi) {
             ("Heartbeat", "heartbeat"),
             ("Acknowledge", "acknowledge"),
             ("Report", "report"),
+            ("Release", "release"),
         ],
     );
 }

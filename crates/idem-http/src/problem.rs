@@ -126,13 +126,17 @@ impl Problem {
         Problem::new(StatusCode::FORBIDDEN, ProblemCode::PermissionDenied, detail)
     }
 
-    /// 413 `PAYLOAD_TOO_LARGE`.
+    /// 413 `PAYLOAD_TOO_LARGE` naming the limit, `limit` bytes, in its
+    /// `detail` and as the `max_bytes` member (a client cuts its free text
+    /// to fit and sends again).
     pub fn too_large(limit: usize) -> Problem {
-        Problem::new(
+        let mut p = Problem::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             ProblemCode::PayloadTooLarge,
-            format!("request body exceeds {limit} bytes"),
-        )
+            format!("the request body is over the limit of {limit} bytes"),
+        );
+        p.max_bytes = u64::try_from(limit).ok();
+        p
     }
 }
 
@@ -233,6 +237,11 @@ impl From<Refusal> for Problem {
                 format!(
                     "the attempt already reported `{existing}`; this report was kept as evidence"
                 ),
+            ),
+            Refusal::Machine(e @ Rejection::Acknowledged) => Problem::new(
+                StatusCode::CONFLICT,
+                ProblemCode::AttemptAlreadyReported,
+                format!("{e}; nothing changed"),
             ),
             Refusal::Machine(Rejection::InvalidReport(m)) => Problem::invalid(m),
             Refusal::Machine(Rejection::NotDelivered) => Problem::new(

@@ -6,6 +6,13 @@
 //!   moment the connection is accepted (first request) or from the first byte
 //!   of a later request, so a client sending a byte now and then cannot stretch
 //!   it.
+//! - **Request bodies**: a request whose body is not complete within
+//!   [`ServeLimits::body_timeout`] of its headers gets 408
+//!   `REQUEST_TIMEOUT` with `Connection: close`, and the connection closes
+//!   once that is written; a body stalled after complete headers cannot
+//!   hold a connection slot. The bound runs from the moment the headers were
+//!   read, whatever the handler does meanwhile, and covers only reading the
+//!   body: a handler that has read it may take as long as it needs.
 //! - **Idle keep-alive**: a connection with no request in progress and no byte
 //!   of a next one for [`ServeLimits::idle_timeout`] after its last response is
 //!   closed. A request being handled (a long-poll claim, a slow store) has no
@@ -24,6 +31,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -41,6 +49,9 @@ use tower::ServiceExt;
 /// Default of [`ServeLimits::header_timeout`] (`IDEM_HEADER_TIMEOUT_MS`).
 pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Default of [`ServeLimits::body_timeout`] (`IDEM_BODY_TIMEOUT_MS`).
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Default of [`ServeLimits::idle_timeout`] (`IDEM_IDLE_TIMEOUT_MS`).
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(75);
 
@@ -54,12 +65,13 @@ pub const RESERVED_DESCRIPTORS: u64 = 64;
 pub const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
 
 /// The counter of connections the server closed, by `reason`:
-/// `header_timeout`, `idle_timeout`, `over_capacity`.
+/// `header_timeout`, `body_timeout`, `idle_timeout`, `over_capacity`.
 pub const CONNECTIONS_CLOSED: &str = "idem_http_connections_closed_total";
 
 /// The `reason` labels of [`CONNECTIONS_CLOSED`].
-pub const CLOSE_REASONS: [&str; 3] = [HEADER_TIMEOUT, IDLE_TIMEOUT, OVER_CAPACITY];
+pub const CLOSE_REASONS: [&str; 4] = [HEADER_TIMEOUT, BODY_TIMEOUT, IDLE_TIMEOUT, OVER_CAPACITY];
 const HEADER_TIMEOUT: &str = "header_timeout";
+const BODY_TIMEOUT: &str = "body_timeout";
 const IDLE_TIMEOUT: &str = "idle_timeout";
 const OVER_CAPACITY: &str = "over_capacity";
 
@@ -69,6 +81,9 @@ pub struct ServeLimits {
     /// Longest time a connection may take to send a request's complete
     /// headers (see the module documentation).
     pub header_timeout: Duration,
+    /// Longest time a request's body may take to arrive once its headers
+    /// were read (see the module documentation).
+    pub body_timeout: Duration,
     /// Longest time a keep-alive connection may sit between requests.
     pub idle_timeout: Duration,
     /// Most connections open at once (at least 1).
@@ -81,6 +96,7 @@ impl ServeLimits {
     pub fn with_defaults(pool_size: usize) -> ServeLimits {
         ServeLimits {
             header_timeout: DEFAULT_HEADER_TIMEOUT,
+            body_timeout: DEFAULT_BODY_TIMEOUT,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             max_connections: default_max_connections(pool_size),
         }
@@ -199,8 +215,25 @@ async fn serve_connection(
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
         let request = InFlight::begin(Arc::clone(&in_service));
         let router = router.clone();
+        let timed_out = Arc::new(AtomicBool::new(false));
+        let req = req.map(|body| {
+            axum::body::Body::new(BodyDeadline {
+                body,
+                deadline: Box::pin(tokio::time::sleep(limits.body_timeout)),
+                timed_out: Arc::clone(&timed_out),
+                ended: false,
+            })
+        });
         async move {
-            let res = router.oneshot(req.map(axum::body::Body::new)).await?;
+            let mut res = router.oneshot(req).await?;
+            if timed_out.load(Ordering::Relaxed) {
+                metrics::counter!(CONNECTIONS_CLOSED, "reason" => BODY_TIMEOUT).increment(1);
+                tracing::debug!(
+                    body_timeout_ms = limits.body_timeout.as_millis() as u64,
+                    "request body not complete in time; closing the connection"
+                );
+                res = body_timeout_answer(limits.body_timeout);
+            }
             Ok::<_, Infallible>(res.map(|body| Tracked {
                 body,
                 _request: request,
@@ -380,6 +413,86 @@ impl http_body::Body for Tracked {
 
     fn is_end_stream(&self) -> bool {
         self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// The answer to a request whose body was not complete within `bound`:
+/// 408 `REQUEST_TIMEOUT` with `Connection: close` (hyper closes the
+/// connection once it is written).
+fn body_timeout_answer(bound: Duration) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let mut res = crate::problem::Problem::new(
+        axum::http::StatusCode::REQUEST_TIMEOUT,
+        crate::problem::ProblemCode::RequestTimeout,
+        format!(
+            "the request body was not complete within {} ms of its headers (IDEM_BODY_TIMEOUT_MS); nothing was done",
+            bound.as_millis()
+        ),
+    )
+    .into_response();
+    res.headers_mut().insert(
+        axum::http::header::CONNECTION,
+        axum::http::HeaderValue::from_static("close"),
+    );
+    res
+}
+
+/// The error a request body ends with when [`ServeLimits::body_timeout`]
+/// passed before its end.
+#[derive(Debug, thiserror::Error)]
+#[error("the request body was not complete in time")]
+struct BodyTimedOut;
+
+/// A request body that must end before `deadline`: once it passes, reading
+/// ends with [`BodyTimedOut`] and `timed_out` is set, so the connection
+/// answers 408 whatever the handler made of the error.
+struct BodyDeadline {
+    body: Incoming,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    timed_out: Arc<AtomicBool>,
+    /// The body ended (its deadline no longer applies).
+    ended: bool,
+}
+
+impl http_body::Body for BodyDeadline {
+    type Data = axum::body::Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        if self.ended {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut self.body).poll_frame(cx) {
+            Poll::Ready(None) => {
+                self.ended = true;
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(frame)) => {
+                if self.body.is_end_stream() {
+                    self.ended = true;
+                }
+                Poll::Ready(Some(frame.map_err(Into::into)))
+            }
+            Poll::Pending => {
+                if self.deadline.as_mut().poll(cx).is_ready() {
+                    self.ended = true;
+                    self.timed_out.store(true, Ordering::Relaxed);
+                    return Poll::Ready(Some(Err(Box::new(BodyTimedOut))));
+                }
+                Poll::Pending
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended || self.body.is_end_stream()
     }
 
     fn size_hint(&self) -> http_body::SizeHint {

@@ -23,6 +23,7 @@ fn committed_openapi_matches_generated() {
         "/v1/attempts/{id}/heartbeat",
         "/v1/attempts/{id}/ack",
         "/v1/attempts/{id}/report",
+        "/v1/attempts/{id}/release",
         "/healthz",
         "/readyz",
         "/metrics",

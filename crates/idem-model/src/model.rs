@@ -162,6 +162,13 @@ pub enum Action {
         /// What it reports.
         what: Reported,
     },
+    /// The executor gives back an attempt it has not started (a worker
+    /// shutting down): an execute attempt before the effect and the device
+    /// acknowledgment, a reconcile attempt before it asked the ledger.
+    Release {
+        /// Executor index.
+        executor: u8,
+    },
     /// The executor stops working on an attempt whose lease it saw end.
     Abandon {
         /// Executor index.
@@ -377,6 +384,18 @@ impl IdemModel {
                 self.check_stale(s, &mut n, &held);
                 answer
             }
+            Action::Release { executor } => {
+                let held = self.held(s, executor)?.clone();
+                let answer = store::release(&mut n, &held, now);
+                if answer == Answer::Ok && held.kind == AttemptKind::Execute {
+                    // The executor declared, truly, that it never started.
+                    n.tasks[usize::from(held.task)].effect_possible = false;
+                }
+                // Released or refused: either way nothing is left to do.
+                n.executors[usize::from(executor)] = Executor::Idle;
+                self.check_stale(s, &mut n, &held);
+                answer
+            }
             Action::Abandon { executor } => {
                 self.held(s, executor)?;
                 n.executors[usize::from(executor)] = Executor::Idle;
@@ -576,6 +595,15 @@ impl Model for IdemModel {
             };
             let live = now < h.lease_end;
             actions.push(Action::Heartbeat { executor });
+            // Releases happen before the horizon only: each one lets another
+            // claim follow, which the drain does not bound.
+            let unstarted = match h.kind {
+                AttemptKind::Execute => !h.effect_done && !h.acknowledged,
+                AttemptKind::Reconcile => h.observed.is_none(),
+            };
+            if !draining && unstarted {
+                actions.push(Action::Release { executor });
+            }
             if !live {
                 actions.push(Action::Abandon { executor });
             }
@@ -692,6 +720,12 @@ impl Model for IdemModel {
             Property::sometimes(REACHED_CANCEL_CONFIRMED, |_, s: &State| {
                 s.tasks.iter().any(|r| r.pending_cancel_confirmed)
             }),
+            Property::sometimes(REACHED_RELEASE, |_, s: &State| {
+                s.tasks.iter().any(|r| {
+                    r.attempts.iter().any(|a| a.state == AttemptState::Released)
+                        && r.task.state.is_terminal()
+                })
+            }),
             Property::sometimes(REACHED_LEASE_EXPIRED, |_, s: &State| {
                 s.tasks
                     .iter()
@@ -738,6 +772,9 @@ pub const REACHED_CANCEL_CONFIRMED: &str =
     "reached: a pending cancellation is confirmed after the attempt stopped";
 /// Witness.
 pub const REACHED_LEASE_EXPIRED: &str = "reached: a lease expires";
+/// Witness.
+pub const REACHED_RELEASE: &str =
+    "reached: a task with a released attempt ends (the attempt given back unstarted)";
 
 fn one_task_per_scope(s: &State) -> bool {
     let mut seen = 0u64;

@@ -8,7 +8,7 @@
 //! | --- | --- | --- |
 //! | [`submit`] | `ops::submit::SubmitPlan` (scope row insert, then accept or read back) | [`machine::accept`] |
 //! | [`claim`] | `ops::claim::Claim` (claimable tasks by `ready_at`, then id; authority read) | [`machine::claim`] |
-//! | [`heartbeat`], [`acknowledge`], [`report`] | `ops::attempts::{Heartbeat, Acknowledge, Report}` (`on_attempt`: an invalid report writes nothing) | [`machine::heartbeat`], [`machine::acknowledge`], [`machine::report`] |
+//! | [`heartbeat`], [`acknowledge`], [`report`], [`release`] | `ops::attempts::{Heartbeat, Acknowledge, Report, Release}` (`on_attempt`: an invalid report writes nothing) | [`machine::heartbeat`], [`machine::acknowledge`], [`machine::report`], [`machine::release`] |
 //! | [`cancel`], [`acknowledge_delivery`] | `ops::tasks::{Cancel, AcknowledgeDelivery}` (written when events were journaled) | [`machine::cancel`], [`machine::acknowledge_delivery`] |
 //! | [`sweep`] | `ops::sweep::Sweep` (expire leases, wake backoffs, release keys) | [`machine::expire_lease`], [`machine::wake`], [`machine::release_key`] |
 //! | [`operator`] | `ops::operator::{RetryNow, OperatorCancel, Resolve, Redrive}` | [`machine::operator`]'s four actions |
@@ -467,6 +467,17 @@ pub fn acknowledge(s: &mut State, held: &Held, now: i64) -> Answer {
     let body = json!({"generation": held.generation});
     match on_attempt(s, held, now, |t, a, j, n| {
         machine::acknowledge(t, a, j, held.generation, body, n)
+    }) {
+        Ok(()) => Answer::Ok,
+        Err(e) => Answer::Rejected(e),
+    }
+}
+
+/// `POST /v1/attempts/{id}/release`: the executor gives back an attempt it
+/// never started.
+pub fn release(s: &mut State, held: &Held, now: i64) -> Answer {
+    match on_attempt(s, held, now, |t, a, j, n| {
+        machine::release(t, a, j, held.generation, n)
     }) {
         Ok(()) => Answer::Ok,
         Err(e) => Answer::Rejected(e),

@@ -36,6 +36,9 @@ pub fn describe(a: &Action) -> String {
             format!("executor-{executor}: reconcile: ask the provider's ledger")
         }
         Action::Report { executor, what } => format!("executor-{executor}: report `{what}`"),
+        Action::Release { executor } => {
+            format!("executor-{executor}: release the attempt it has not started")
+        }
         Action::Abandon { executor } => {
             format!("executor-{executor}: its lease ended; stop working on the attempt")
         }

@@ -26,6 +26,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (9, include_str!("../migrations/0009_change_backoffs.sql")),
     (10, include_str!("../migrations/0010_task_traceparent.sql")),
     (11, include_str!("../migrations/0011_console.sql")),
+    (12, include_str!("../migrations/0012_attempt_released.sql")),
 ];
 
 /// How long a migration statement waits for a table lock, ms, before the

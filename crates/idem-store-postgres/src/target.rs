@@ -144,6 +144,8 @@ impl Target {
 /// unknown `sslmode`, or `sslrootcert=system` with a mode weaker than
 /// `verify-full` (libpq refuses that too).
 pub fn parse(url: &str) -> Result<(tokio_postgres::Config, Target), StoreError> {
+    let url = encode_userinfo(url);
+    let url = url.as_str();
     let (base, query) = match url.split_once('?') {
         Some((b, q)) => (b, Some(q)),
         None => (url, None),
@@ -195,6 +197,15 @@ pub fn parse(url: &str) -> Result<(tokio_postgres::Config, Target), StoreError> 
             Host::Unix(path) => path.display().to_string(),
         })
         .collect();
+    // Whatever the URL's shape, no part of a password reaches a host name
+    // (which is logged and named in errors).
+    if hosts.iter().any(|h| h.contains('@')) {
+        return Err(StoreError::Config(
+            "a host of the PostgreSQL URL contains '@': write '@' in the user name or password \
+             as %40"
+                .into(),
+        ));
+    }
     if hosts.is_empty() {
         return Err(StoreError::Config(
             "the PostgreSQL URL names no host: postgres://USER@HOST:PORT/DATABASE".into(),
@@ -223,9 +234,91 @@ pub fn parse(url: &str) -> Result<(tokio_postgres::Config, Target), StoreError> 
     Ok((cfg, target))
 }
 
+/// Characters left as they are in an encoded user name or password (RFC
+/// 3986 `unreserved`); every other byte is percent-encoded.
+const USERINFO: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// `url` with its user name and password percent-encoded, so that the
+/// driver, which ends the user information at the *first* `@`, reads them
+/// whole: a password such as `s3cr@t`, `a:b` or `p/w?x` written unencoded
+/// would otherwise leave its tail in the host name, which is logged.
+///
+/// The user information ends at the last `@` that is followed by a host
+/// list and the database path (`HOST[:PORT][,…]/`), as in RFC 3986 the
+/// authority's user information ends at its last `@`; an `@` in a query
+/// value (`application_name=a@b`) is not taken for it. What is already
+/// percent-encoded stays as it means (`%40` is `@`). A URL without
+/// `scheme://` or without such an `@` is returned as it is.
+fn encode_userinfo(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let is_host = |c: char| c.is_ascii_alphanumeric() || ".-_:,[]%".contains(c);
+    let at = rest.rmatch_indices('@').map(|(i, _)| i).find(|&i| {
+        let after = &rest[i + 1..];
+        let host_len = after.find(|c: char| !is_host(c)).unwrap_or(after.len());
+        host_len > 0 && after[host_len..].starts_with('/')
+    });
+    let Some(at) = at else {
+        return url.to_owned();
+    };
+    let (userinfo, hosts) = (&rest[..at], &rest[at + 1..]);
+    let encode = |part: &str| {
+        let plain = percent_encoding::percent_decode_str(part).collect::<Vec<u8>>();
+        percent_encoding::percent_encode(&plain, USERINFO).to_string()
+    };
+    let userinfo = match userinfo.split_once(':') {
+        Some((user, password)) => format!("{}:{}", encode(user), encode(password)),
+        None => encode(userinfo),
+    };
+    format!("{scheme}://{userinfo}@{hosts}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Passwords written unencoded with `@`, `:`, `/`, `?` or already
+    /// encoded (`%40`): the driver gets the whole password, the host is the
+    /// host, and nothing of the password is in the target's description.
+    #[test]
+    fn a_password_of_any_shape_stays_out_of_the_host() {
+        for (url, password) in [
+            ("postgres://u:s3cr@t@db.example:5433/app", "s3cr@t"),
+            ("postgres://u:s3cr@t@db.example/app", "s3cr@t"),
+            ("postgres://u:a:b@db.example/app", "a:b"),
+            ("postgres://u:s3cr%40t@db.example/app", "s3cr@t"),
+            (
+                "postgres://u:p@ss:w0rd@db.example/app?sslmode=disable",
+                "p@ss:w0rd",
+            ),
+            ("postgres://u:p/w?x@y@db.example/app", "p/w?x@y"),
+            ("postgres://u:100%@db.example/app", "100%"),
+            (
+                "postgres://u:s3cr@t@db.example/app?application_name=a@b",
+                "s3cr@t",
+            ),
+            ("postgres://u:s@t@h1:5432,h2:5433/app", "s@t"),
+        ] {
+            let (cfg, t) = parse(url).unwrap_or_else(|e| panic!("{url}: {e}"));
+            assert_eq!(cfg.get_password(), Some(password.as_bytes()), "{url}");
+            assert_eq!(t.user.as_deref(), Some("u"), "{url}");
+            for shown in [t.to_string(), t.host.clone(), t.tls_description()] {
+                assert!(
+                    !shown.contains('@') && !shown.contains("s3cr"),
+                    "{url}: {shown}"
+                );
+            }
+        }
+        let t = Target::of_url("postgres://u:s@t@h1:5432,h2:5433/app").unwrap();
+        assert_eq!(t.host, "h1,h2");
+        let (cfg, _) = parse("postgres://u@h/db?application_name=a@b").unwrap();
+        assert_eq!(cfg.get_application_name(), Some("a@b"));
+    }
 
     #[test]
     fn tls_parameters_are_read_and_taken_out() {

@@ -21,9 +21,79 @@ pub const CLAIMABLE_SQL: &str = crate::tx::CLAIMABLE;
 /// The default test server URL.
 pub const DEFAULT_TEST_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 
-/// The test server URL: `IDEM_TEST_PG_URL` or [`DEFAULT_TEST_URL`].
+/// The test server URL: `IDEM_TEST_PG_URL` when set; else
+/// [`DEFAULT_TEST_URL`] when a server answers there; else the URL of a
+/// throwaway cluster this process starts on first use ([`scratch_server`]),
+/// so the suite runs on a machine with PostgreSQL installed but not running.
+///
+/// # Panics
+/// When no server answers at the default address and no cluster can be
+/// started (no PostgreSQL binaries: the message names the package).
 pub fn server_url() -> String {
-    std::env::var("IDEM_TEST_PG_URL").unwrap_or_else(|_| DEFAULT_TEST_URL.to_owned())
+    if let Ok(url) = std::env::var("IDEM_TEST_PG_URL") {
+        return url;
+    }
+    let default = std::net::SocketAddr::from(([127, 0, 0, 1], 5432));
+    if std::net::TcpStream::connect_timeout(&default, std::time::Duration::from_millis(500)).is_ok()
+    {
+        return DEFAULT_TEST_URL.to_owned();
+    }
+    match scratch_server() {
+        Ok(url) => url,
+        Err(e) => panic!(
+            "no PostgreSQL answers at 127.0.0.1:5432 and IDEM_TEST_PG_URL is unset, so the tests \
+             start a throwaway cluster, which failed: {e}"
+        ),
+    }
+}
+
+/// `host:port` of the test server ([`server_url`]), as idem's messages name it.
+///
+/// # Panics
+/// As [`server_url`], and when its URL does not parse.
+pub fn server_address() -> String {
+    let url = server_url();
+    match crate::Target::of_url(&url) {
+        Ok(t) => format!("{}:{}", t.host, t.port),
+        Err(e) => panic!("the test server URL does not parse: {e}"),
+    }
+}
+
+/// The URL of this process's throwaway PostgreSQL cluster, started on first
+/// use: trust authentication, `127.0.0.1` on a free port, its data under the
+/// system temp dir. A watcher process (started with it, in a session of its
+/// own) stops it and removes its directory as soon as this process has ended,
+/// however it ends (a test process's statics are never dropped).
+///
+/// # Errors
+/// Why the cluster could not be made or started; without `initdb` and
+/// `pg_ctl` (`IDEM_TEST_PG_BIN`, `pg_config --bindir`, or Debian's
+/// `/usr/lib/postgresql/*/bin`), the package to install.
+pub fn scratch_server() -> std::result::Result<String, String> {
+    static SCRATCH: std::sync::OnceLock<std::result::Result<String, String>> =
+        std::sync::OnceLock::new();
+    SCRATCH
+        .get_or_init(|| {
+            let mut cluster = Cluster::new("idem-test-pg")?;
+            let d = cluster.dir.display().to_string();
+            let conf = format!(
+                "\nlisten_addresses = '127.0.0.1'\nport = {}\n\
+                 unix_socket_directories = '{d}/sock'\n\
+                 fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n\
+                 shared_buffers = 32MB\nmax_connections = 300\n",
+                cluster.port
+            );
+            cluster.init_and_start(
+                &conf,
+                "local all all trust\nhost all all 127.0.0.1/32 trust\n",
+            )?;
+            cluster.stop_when_this_process_ends()?;
+            let url = format!("postgres://postgres@127.0.0.1:{}/postgres", cluster.port);
+            // Stopped by the watcher: dropping it here would stop it now.
+            std::mem::forget(cluster);
+            Ok(url)
+        })
+        .clone()
 }
 
 /// `url` with its database name replaced by `db` (URL form only).
@@ -196,6 +266,184 @@ pub async fn fresh_store(options: PgOptions) -> Store {
     Store::new(Guarded::new(backend, db))
 }
 
+/// A throwaway PostgreSQL cluster of this process's own: its directory under
+/// the system temp dir (data, socket, log), a free port on `127.0.0.1`.
+/// Stopped and removed on drop.
+///
+/// Needs `initdb` and `pg_ctl` ([`pg_bin`]); as root it runs them as
+/// `postgres` (`runuser`), since PostgreSQL refuses to run as root.
+#[derive(Debug)]
+struct Cluster {
+    /// Everything of the cluster: data, socket, log (and certificates).
+    dir: std::path::PathBuf,
+    bin: std::path::PathBuf,
+    /// Whether the server was started (and must be stopped).
+    started: bool,
+    /// Whether commands run through `runuser -u postgres`.
+    as_postgres: bool,
+    /// The port it listens on.
+    port: u16,
+}
+
+impl Cluster {
+    /// A directory `<temp>/<prefix>-<random>` and a free port; nothing
+    /// initialised yet.
+    fn new(prefix: &str) -> std::result::Result<Cluster, String> {
+        let bin = pg_bin()?;
+        let dir = std::env::temp_dir().join(format!("{prefix}-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(dir.join("sock")).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let as_postgres = std::process::Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| format!("finding a free port: {e}"))?
+            .port();
+        Ok(Cluster {
+            dir,
+            bin,
+            started: false,
+            as_postgres,
+            port,
+        })
+    }
+
+    /// `initdb` (role `postgres`, trust), `conf` appended to
+    /// `postgresql.conf`, `hba` as `pg_hba.conf`, then `pg_ctl start`.
+    fn init_and_start(&mut self, conf: &str, hba: &str) -> std::result::Result<(), String> {
+        if self.as_postgres {
+            run(std::process::Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(&self.dir))?;
+        }
+        let data = self.dir.join("data");
+        run(self.pg_command("initdb").arg("-D").arg(&data).args([
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--no-sync",
+            "--no-instructions",
+        ]))?;
+        append(&data.join("postgresql.conf"), conf)?;
+        std::fs::write(data.join("pg_hba.conf"), hba)
+            .map_err(|e| format!("writing pg_hba.conf: {e}"))?;
+        run(self
+            .pg_command("pg_ctl")
+            .arg("-D")
+            .arg(&data)
+            .arg("-l")
+            .arg(self.dir.join("log"))
+            .args(["-w", "-t", "60", "start"]))
+        .map_err(|e| {
+            let log = std::fs::read_to_string(self.dir.join("log")).unwrap_or_default();
+            format!("{e}\n{log}")
+        })?;
+        self.started = true;
+        Ok(())
+    }
+
+    /// Starts a watcher, in a session of its own so that it outlives this
+    /// process and its process group, that waits for this process to end,
+    /// then stops the cluster (`-m immediate`) and removes its directory.
+    fn stop_when_this_process_ends(&self) -> std::result::Result<(), String> {
+        let stop = self.pg_command("pg_ctl");
+        let mut argv: Vec<String> = std::iter::once(stop.get_program())
+            .chain(stop.get_args())
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        argv.extend([
+            "-D".into(),
+            self.dir.join("data").display().to_string(),
+            "-m".into(),
+            "immediate".into(),
+            "-w".into(),
+            "stop".into(),
+        ]);
+        let script = "while kill -0 \"$0\" 2>/dev/null; do sleep 0.2; done; dir=$1; shift; \"$@\"; rm -rf \"$dir\"";
+        std::process::Command::new("setsid")
+            .arg("sh")
+            .arg("-c")
+            .arg(script)
+            .arg(std::process::id().to_string())
+            .arg(&self.dir)
+            .args(&argv)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .map(drop)
+            .map_err(|e| format!("starting the cluster's watcher (setsid sh): {e}"))
+    }
+
+    /// A command of PostgreSQL's `bin` directory, as `postgres` when root.
+    fn pg_command(&self, tool: &str) -> std::process::Command {
+        let path = self.bin.join(tool);
+        if self.as_postgres {
+            let mut c = std::process::Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(path);
+            c
+        } else {
+            std::process::Command::new(path)
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if self.started {
+            let _ = self
+                .pg_command("pg_ctl")
+                .arg("-D")
+                .arg(self.dir.join("data"))
+                .args(["-m", "immediate", "-w", "stop"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// PostgreSQL's `bin` directory: `IDEM_TEST_PG_BIN`, else `pg_config
+/// --bindir`, else the newest of Debian's `/usr/lib/postgresql/*/bin`; it
+/// must hold `initdb`.
+///
+/// # Errors
+/// None of them has `initdb`: which package to install.
+pub fn pg_bin() -> std::result::Result<std::path::PathBuf, String> {
+    let debian = || {
+        let mut dirs: Vec<std::path::PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+            .ok()?
+            .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
+            .collect();
+        dirs.sort();
+        dirs.pop()
+    };
+    let bin = std::env::var_os("IDEM_TEST_PG_BIN")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            let out = std::process::Command::new("pg_config")
+                .arg("--bindir")
+                .output()
+                .ok()?;
+            let text = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+            (out.status.success() && !text.is_empty()).then(|| text.into())
+        })
+        .filter(|b: &std::path::PathBuf| b.join("initdb").exists())
+        .or_else(debian)
+        .filter(|b| b.join("initdb").exists());
+    bin.ok_or_else(|| {
+        "no PostgreSQL server binaries (initdb, pg_ctl) were found (IDEM_TEST_PG_BIN, \
+         pg_config --bindir, /usr/lib/postgresql/*/bin): install them, e.g. Debian's \
+         `postgresql` package (apt-get install postgresql), or point IDEM_TEST_PG_URL at a \
+         running server"
+            .to_owned()
+    })
+}
+
 /// A throwaway PostgreSQL cluster with TLS on, for the TLS tests: its own data
 /// directory under the system temp dir, listening on `127.0.0.1` and
 /// `127.0.0.2` on a free port, `ssl=on` with a server certificate (for
@@ -204,18 +452,11 @@ pub async fn fresh_store(options: PgOptions) -> Store {
 /// plain one is refused with PostgreSQL's own "no pg_hba.conf entry … no
 /// encryption". Stopped and removed on drop (also when the test panics).
 ///
-/// Needs `initdb` and `pg_ctl` (`IDEM_TEST_PG_BIN`, else `pg_config
-/// --bindir`) and the `openssl` CLI; as root it runs them as `postgres`
-/// (`runuser`), since PostgreSQL refuses to run as root.
+/// Needs `initdb` and `pg_ctl` ([`pg_bin`]) and the `openssl` CLI; as root it
+/// runs them as `postgres` (`runuser`).
 #[derive(Debug)]
 pub struct TlsCluster {
-    /// Everything of the cluster: data, socket, certificates, log.
-    dir: std::path::PathBuf,
-    bin: std::path::PathBuf,
-    /// Whether the server was started (and must be stopped).
-    started: bool,
-    /// Whether commands run through `runuser -u postgres`.
-    as_postgres: bool,
+    cluster: Cluster,
     /// The port it listens on.
     pub port: u16,
     /// The CA that signed the server's certificate (PEM).
@@ -230,80 +471,28 @@ impl TlsCluster {
     /// # Errors
     /// Which step failed, with the tool's output.
     pub fn start() -> std::result::Result<TlsCluster, String> {
-        let dir =
-            std::env::temp_dir().join(format!("idem-tls-pg-{}", uuid::Uuid::new_v4().simple()));
-        std::fs::create_dir_all(dir.join("sock")).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let bin = std::env::var_os("IDEM_TEST_PG_BIN")
-            .map(std::path::PathBuf::from)
-            .or_else(|| {
-                let out = std::process::Command::new("pg_config")
-                    .arg("--bindir")
-                    .output()
-                    .ok()?;
-                let text = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-                (out.status.success() && !text.is_empty()).then(|| text.into())
-            })
-            .unwrap_or_else(|| "/usr/lib/postgresql/15/bin".into());
-        let root = std::process::Command::new("id")
-            .arg("-u")
-            .output()
-            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| format!("finding a free port: {e}"))?
-            .port();
-        let mut cluster = TlsCluster {
-            ca: dir.join("ca.pem"),
-            wrong_ca: dir.join("wrong-ca.pem"),
-            dir,
-            bin,
-            started: false,
-            as_postgres: root,
-            port,
+        let cluster = Cluster::new("idem-tls-pg")?;
+        let mut tls = TlsCluster {
+            port: cluster.port,
+            ca: cluster.dir.join("ca.pem"),
+            wrong_ca: cluster.dir.join("wrong-ca.pem"),
+            cluster,
         };
-        cluster.make_certificates()?;
-        if root {
-            run(std::process::Command::new("chown")
-                .args(["-R", "postgres:postgres"])
-                .arg(&cluster.dir))?;
-        }
-        let data = cluster.dir.join("data");
-        run(cluster.pg_command("initdb").arg("-D").arg(&data).args([
-            "-U",
-            "postgres",
-            "--auth=trust",
-            "-E",
-            "UTF8",
-            "--no-sync",
-            "--no-instructions",
-        ]))?;
-        let d = cluster.dir.display();
+        tls.make_certificates()?;
+        let d = tls.cluster.dir.display();
         let conf = format!(
-            "\nlisten_addresses = '127.0.0.1,127.0.0.2'\nport = {port}\n\
+            "\nlisten_addresses = '127.0.0.1,127.0.0.2'\nport = {}\n\
              unix_socket_directories = '{d}/sock'\nssl = on\n\
              ssl_cert_file = '{d}/server.crt'\nssl_key_file = '{d}/server.key'\n\
              fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n\
-             shared_buffers = 16MB\nmax_connections = 60\n"
+             shared_buffers = 16MB\nmax_connections = 60\n",
+            tls.port
         );
-        append(&data.join("postgresql.conf"), &conf)?;
-        std::fs::write(
-            data.join("pg_hba.conf"),
+        tls.cluster.init_and_start(
+            &conf,
             "local all all trust\nhostssl all all 127.0.0.1/32 trust\nhostssl all all 127.0.0.2/32 trust\n",
-        )
-        .map_err(|e| format!("writing pg_hba.conf: {e}"))?;
-        run(cluster
-            .pg_command("pg_ctl")
-            .arg("-D")
-            .arg(&data)
-            .arg("-l")
-            .arg(cluster.dir.join("log"))
-            .args(["-w", "-t", "60", "start"]))
-        .map_err(|e| {
-            let log = std::fs::read_to_string(cluster.dir.join("log")).unwrap_or_default();
-            format!("{e}\n{log}")
-        })?;
-        cluster.started = true;
-        Ok(cluster)
+        )?;
+        Ok(tls)
     }
 
     /// `postgres://postgres@{host}:{port}/{database}?{query}`.
@@ -337,22 +526,10 @@ impl TlsCluster {
         res
     }
 
-    /// A command of PostgreSQL's `bin` directory, as `postgres` when root.
-    fn pg_command(&self, tool: &str) -> std::process::Command {
-        let path = self.bin.join(tool);
-        if self.as_postgres {
-            let mut c = std::process::Command::new("runuser");
-            c.args(["-u", "postgres", "--"]).arg(path);
-            c
-        } else {
-            std::process::Command::new(path)
-        }
-    }
-
     /// The CA, the server's key and certificate (SAN `localhost`,
     /// `127.0.0.1`), and the wrong CA, as P-256 keys (fast to make).
     fn make_certificates(&self) -> std::result::Result<(), String> {
-        let d = &self.dir;
+        let d = &self.cluster.dir;
         let ec = [
             "-newkey",
             "ec",
@@ -403,22 +580,6 @@ impl TlsCluster {
             .arg("600")
             .arg(d.join("server.key")))?;
         Ok(())
-    }
-}
-
-impl Drop for TlsCluster {
-    fn drop(&mut self) {
-        if self.started {
-            let _ = self
-                .pg_command("pg_ctl")
-                .arg("-D")
-                .arg(self.dir.join("data"))
-                .args(["-m", "immediate", "-w", "stop"])
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .status();
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

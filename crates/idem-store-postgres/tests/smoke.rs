@@ -354,8 +354,12 @@ async fn the_test_helper_says_what_postgres_said_and_the_fix() {
         msg.contains("database \"idem_no_such_test_db\" does not exist"),
         "{msg}"
     );
+    let at = idem_store_postgres::testing::server_address();
+    let (host, port) = at.rsplit_once(':').unwrap();
     assert!(
-        msg.contains("create it: `createdb -h 127.0.0.1 -p 5432 -U postgres idem_no_such_test_db`"),
+        msg.contains(&format!(
+            "create it: `createdb -h {host} -p {port} -U postgres idem_no_such_test_db`"
+        )),
         "{msg}"
     );
     assert!(!msg.contains("db error"), "{msg}");
@@ -1516,7 +1520,8 @@ struct SilencingProxy {
     paused: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// The connections opened so far: each one's "silent for good" switch.
     open: std::sync::Arc<std::sync::Mutex<Vec<std::sync::Arc<std::sync::atomic::AtomicBool>>>>,
-    /// `host:port` of the test server, as its URL names them.
+    /// `host:port` of the test server
+    /// (`idem_store_postgres::testing::server_address`).
     upstream: String,
 }
 
@@ -1524,17 +1529,7 @@ impl SilencingProxy {
     async fn start() -> SilencingProxy {
         use std::sync::atomic::Ordering;
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let cfg: tokio_postgres::Config =
-            idem_store_postgres::testing::server_url().parse().unwrap();
-        let host = match cfg.get_hosts().first() {
-            Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
-            other => panic!("the test server URL names no TCP host: {other:?}"),
-        };
-        let port = *cfg
-            .get_ports()
-            .first()
-            .expect("the test server URL names a port");
-        let upstream = format!("{host}:{port}");
+        let upstream = idem_store_postgres::testing::server_address();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let proxy_port = listener.local_addr().unwrap().port();
         let paused = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));

@@ -120,6 +120,111 @@ pub fn require_file_path(path: &Path) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// The files that belong to the store at `path` besides the database file
+/// itself: SQLite's write-ahead log and shared-memory index, and the lock
+/// `idem serve` holds (which outlives the server).
+pub fn companion_files(path: &Path) -> [std::path::PathBuf; 3] {
+    let with = |suffix: &str| {
+        let mut name = path.as_os_str().to_owned();
+        name.push(suffix);
+        std::path::PathBuf::from(name)
+    };
+    [with("-wal"), with("-shm"), with(".serve-lock")]
+}
+
+/// Refuses to create a store at `path` when its database file is missing
+/// but another of its files ([`companion_files`]) exists: the file was
+/// removed or moved after the store was used. A new, empty store there
+/// would silently forget every acknowledged task and key, so a client's
+/// retry would run its payment again, and SQLite would discard the leftover
+/// write-ahead log (which may hold the last commits). Only an operator can
+/// bring such a store back: restore the file, or remove the leftovers to
+/// start empty on purpose. Nothing is created or changed.
+///
+/// `idem serve` checks this before it makes its lock file; opening a store
+/// checks the write-ahead log and shared-memory files only
+/// ([`refuse_lost_journal`]), since the lock may be the opener's own.
+///
+/// # Errors
+/// [`StoreError::Config`] naming the missing file and the files found.
+pub fn refuse_lost_store(path: &Path) -> Result<(), StoreError> {
+    refuse_leftovers(path, 3)
+}
+
+/// [`refuse_lost_store`] counting only SQLite's own `-wal` and `-shm` files.
+///
+/// # Errors
+/// As [`refuse_lost_store`].
+pub fn refuse_lost_journal(path: &Path) -> Result<(), StoreError> {
+    refuse_leftovers(path, 2)
+}
+
+/// Refuses when `path` is missing and one of the first `count` of its
+/// [`companion_files`] exists.
+fn refuse_leftovers(path: &Path, count: usize) -> Result<(), StoreError> {
+    if path.exists() {
+        return Ok(());
+    }
+    let left: Vec<String> = companion_files(path)
+        .iter()
+        .take(count)
+        .filter(|f| f.exists())
+        .map(|f| f.display().to_string())
+        .collect();
+    if left.is_empty() {
+        return Ok(());
+    }
+    Err(StoreError::Config(format!(
+        "the SQLite store {} is missing but {} of it remain{}: the database file was removed or \
+         moved after the store was used. idem does not create a new, empty store in its place \
+         (every acknowledged task and key would be gone, and retries would run again). Restore \
+         the file from a backup or where it was moved; to start an empty store on purpose, \
+         remove {} first",
+        path.display(),
+        left.join(", "),
+        if left.len() == 1 { "s" } else { "" },
+        left.join(" and ")
+    )))
+}
+
+/// Refuses a database file without idem's schema (`user_version` 0) that
+/// already holds tables: a store opened by `serve` or `keys create` never
+/// creates idem's tables next to another application's; `idem migrate`
+/// (which calls [`migrate_file`]) does, when asked to.
+fn refuse_foreign_tables(conn: &Connection, path: &Path) -> Result<(), StoreError> {
+    let mig = |e: rusqlite::Error| StoreError::Migration(e.to_string());
+    let version: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .map_err(mig)?;
+    if version != 0 {
+        return Ok(());
+    }
+    let mut stmt = conn
+        .prepare(
+            "SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' \
+             ORDER BY name",
+        )
+        .map_err(mig)?;
+    let names = stmt
+        .query_map([], |r| r.get::<_, String>(0))
+        .and_then(Iterator::collect::<Result<Vec<String>, _>>)
+        .map_err(mig)?;
+    if names.is_empty() {
+        return Ok(());
+    }
+    let mut listed = names.iter().take(5).cloned().collect::<Vec<_>>().join(", ");
+    if names.len() > 5 {
+        listed.push_str(", …");
+    }
+    Err(StoreError::Migration(format!(
+        "the SQLite file {} already holds {} table(s) that are not idem's ({listed}) and no idem \
+         schema; refusing to create idem's tables next to them. Check the store path; if this \
+         file really is meant for idem, run `idem migrate` with the same --store first",
+        path.display(),
+        names.len()
+    )))
+}
+
 /// Opens `path` with idem's pragmas; `busy_timeout` comes first so that
 /// switching a file to WAL waits for another opener instead of failing.
 fn open_connection(path: &Path) -> Result<Connection, StoreError> {
@@ -247,6 +352,7 @@ fn migration_step_error(version: i64, e: rusqlite::Error) -> StoreError {
 pub fn migrate_file(path: impl AsRef<Path>) -> Result<Vec<i64>, StoreError> {
     let path = path.as_ref();
     require_file_path(path)?;
+    refuse_lost_store(path)?;
     if let Some(dir) = path.parent()
         && !dir.as_os_str().is_empty()
     {
@@ -276,15 +382,24 @@ pub fn open(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Store, Sto
 pub fn open_existing(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Store, StoreError> {
     let path = path.as_ref();
     require_file_path(path)?;
-    let version: i64 =
-        Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-            .and_then(|c| c.query_row("PRAGMA user_version", [], |r| r.get(0)))
-            .map_err(|e| unavailable(format!("{}: {e}", path.display())))?;
+    let version = schema_version(path)?;
     let known = MIGRATIONS.len() as i64;
     if version != known {
         return Err(idem_store::schema_mismatch("store", version, known));
     }
     Ok(Store::new(SqliteBackend::open_with(path, options, false)?))
+}
+
+/// The schema version of the existing database file at `path` (`PRAGMA
+/// user_version`: the migrations applied; 0 for a file without idem's
+/// schema), read without creating or changing anything.
+///
+/// # Errors
+/// [`StoreError::Unavailable`] when the file cannot be opened or read.
+pub fn schema_version(path: &Path) -> Result<i64, StoreError> {
+    Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+        .and_then(|c| c.query_row("PRAGMA user_version", [], |r| r.get(0)))
+        .map_err(|e| unavailable(format!("{}: {e}", path.display())))
 }
 
 impl SqliteBackend {
@@ -307,6 +422,7 @@ impl SqliteBackend {
     ) -> Result<SqliteBackend, StoreError> {
         let path = path.as_ref().to_path_buf();
         require_file_path(&path)?;
+        refuse_lost_journal(&path)?;
         if let Some(dir) = path.parent()
             && !dir.as_os_str().is_empty()
         {
@@ -315,6 +431,7 @@ impl SqliteBackend {
         let mut writer = open_connection(&path)?;
         let watch = Arc::new(FileWatch::new(&path)?);
         if migrate_schema {
+            refuse_foreign_tables(&writer, &path)?;
             migrate(&mut writer)?;
         }
         let mut readers = Vec::with_capacity(READERS);

@@ -27,7 +27,8 @@
 //! This file holds the macro, the bundled fixtures and the helpers the cases
 //! share ([`contract`], [`params`], [`submission`], a tenant context and the
 //! history check every case ends with); the cases live in one submodule per
-//! part of SPEC §2 (scope, claims, failures, concurrency, cancel, audit) and
+//! part of SPEC §2 (scope, claims, failures, concurrency, cancel, audit,
+//! release) and
 //! of SPEC §4, "Live events" (feed), and are re-exported here, so each is `conformance::<case>`.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -132,6 +133,11 @@ macro_rules! store_conformance {
             cancel_races_claim_and_delivery,
             cancel_pending_expiry_races_succeeded_report,
             device_acknowledge_then_completion,
+            release_is_fenced_by_generation_and_repeats_answer_again,
+            release_is_refused_once_the_attempt_started,
+            released_attempts_count_against_no_limit_and_are_never_reconciled,
+            release_with_a_pending_cancellation_confirms_it,
+            release_of_another_tenants_attempt_is_not_found,
             retention_releases_terminal_key_only_after_expiry,
             retention_never_releases_non_terminal_key,
             usage_is_kept_across_attempts,
@@ -171,6 +177,7 @@ mod console;
 mod failures;
 mod feed;
 mod operator;
+mod release;
 mod scope;
 mod search;
 mod search_bench;
@@ -184,6 +191,7 @@ pub use console::*;
 pub use failures::*;
 pub use feed::*;
 pub use operator::*;
+pub use release::*;
 pub use scope::*;
 pub use search::*;
 pub use search_bench::*;

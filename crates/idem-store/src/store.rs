@@ -399,6 +399,25 @@ impl Store {
         .await
     }
 
+    /// Releases an attempt its executor never started (SPEC §4 `/release`).
+    ///
+    /// # Errors
+    /// Storage failures ([`StoreError`]); business refusals are in the value.
+    pub async fn release(
+        &self,
+        tenant: &str,
+        attempt_id: Uuid,
+        generation: i64,
+    ) -> Result<Result<Task, Refusal>> {
+        self.call_ending(ops::Release {
+            tenant: tenant.to_owned(),
+            grant: self.grant.clone(),
+            attempt_id,
+            generation,
+        })
+        .await
+    }
+
     /// Applies a report.
     ///
     /// # Errors

@@ -98,6 +98,11 @@ enum Command {
         #[arg(long, env = "IDEM_HEADER_TIMEOUT_MS", default_value_t = 30_000,
               value_parser = clap::value_parser!(u64).range(1..))]
         header_timeout_ms: u64,
+        /// A request whose body is not complete this long after its headers is
+        /// answered 408 and its connection closed, ms.
+        #[arg(long, env = "IDEM_BODY_TIMEOUT_MS", default_value_t = 30_000,
+              value_parser = clap::value_parser!(u64).range(1..))]
+        body_timeout_ms: u64,
         /// A keep-alive connection with no request for this long after its last
         /// answer is closed, ms.
         #[arg(long, env = "IDEM_IDLE_TIMEOUT_MS", default_value_t = 75_000,
@@ -376,6 +381,7 @@ async fn run_command(cli: Cli, telemetry: telemetry::Telemetry) -> Result<()> {
             store_wait_ms,
             shutdown_grace_ms,
             header_timeout_ms,
+            body_timeout_ms,
             idle_timeout_ms,
             max_connections,
             otlp_endpoint: _,
@@ -389,6 +395,7 @@ async fn run_command(cli: Cli, telemetry: telemetry::Telemetry) -> Result<()> {
                 store_wait: Duration::from_millis(store_wait_ms),
                 shutdown_grace: Duration::from_millis(shutdown_grace_ms),
                 header_timeout: Duration::from_millis(header_timeout_ms),
+                body_timeout: Duration::from_millis(body_timeout_ms),
                 idle_timeout: Duration::from_millis(idle_timeout_ms),
                 max_connections,
                 console: console.config(),
@@ -413,7 +420,10 @@ async fn run_command(cli: Cli, telemetry: telemetry::Telemetry) -> Result<()> {
                 _ => None,
             };
             let store = match command {
-                KeysCommand::Create { .. } => open_store(&store).await?,
+                KeysCommand::Create { .. } => {
+                    store::refuse_sqlite_change_under_serve(&store, false)?;
+                    open_store(&store).await?
+                }
                 _ => open_existing_store(&store).await?,
             };
             match command {
@@ -466,6 +476,7 @@ async fn run_command(cli: Cli, telemetry: telemetry::Telemetry) -> Result<()> {
         }
         Command::Migrate { store } => {
             log_store_location(&store)?;
+            store::refuse_sqlite_change_under_serve(&store, true)?;
             let (kind, applied, known) = if let Some(path) = store.store.strip_prefix("sqlite://") {
                 let path = path.to_owned();
                 let applied =

@@ -153,6 +153,7 @@ pub(crate) struct ServeArgs {
     pub(crate) store_wait: Duration,
     pub(crate) shutdown_grace: Duration,
     pub(crate) header_timeout: Duration,
+    pub(crate) body_timeout: Duration,
     pub(crate) idle_timeout: Duration,
     pub(crate) max_connections: Option<u64>,
     /// The operator console's configuration; `None`: not served.
@@ -177,6 +178,7 @@ pub(crate) async fn serve(
         store_wait,
         shutdown_grace,
         header_timeout,
+        body_timeout,
         idle_timeout,
         max_connections,
         console,
@@ -199,6 +201,7 @@ pub(crate) async fn serve(
     };
     let limits = idem_http::ServeLimits {
         header_timeout,
+        body_timeout,
         idle_timeout,
         max_connections: max_connections.map_or_else(
             || idem_http::default_max_connections(pool),
@@ -207,6 +210,7 @@ pub(crate) async fn serve(
     };
     tracing::info!(
         header_timeout_ms = header_timeout.as_millis() as u64,
+        body_timeout_ms = body_timeout.as_millis() as u64,
         idle_timeout_ms = idle_timeout.as_millis() as u64,
         max_connections = limits.max_connections,
         open_file_limit = idem_http::open_file_limit(),

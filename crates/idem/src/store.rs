@@ -152,6 +152,46 @@ pub(crate) async fn open_store_waiting(args: &StoreArgs, wait: Duration) -> Resu
     }
 }
 
+/// Refuses, for `idem migrate` and `idem keys create` on an SQLite store, a
+/// file whose database is missing while others of it remain
+/// ([`idem_store_sqlite::refuse_lost_store`]), and a file a running `idem
+/// serve` holds when the command would create or migrate its schema under
+/// that server (`keys create` on a store whose schema is current only adds
+/// a row, which a running server reads as any other writer's). Nothing for
+/// PostgreSQL, whose migrations serialise themselves.
+///
+/// # Errors
+/// The refusal, naming the files.
+pub(crate) fn refuse_sqlite_change_under_serve(
+    args: &StoreArgs,
+    changes_schema: bool,
+) -> Result<()> {
+    let Some(path) = args.store.strip_prefix("sqlite://") else {
+        return Ok(());
+    };
+    let file = std::path::Path::new(path);
+    idem_store_sqlite::refuse_lost_store(file).context("opening the SQLite store")?;
+    let lock_path = format!("{path}.serve-lock");
+    let Ok(lock) = std::fs::OpenOptions::new().write(true).open(&lock_path) else {
+        // No lock file: no server has run here.
+        return Ok(());
+    };
+    let serving = matches!(lock.try_lock(), Err(std::fs::TryLockError::WouldBlock));
+    if !serving {
+        return Ok(());
+    }
+    let current = file.exists()
+        && idem_store_sqlite::schema_version(file).ok()
+            == Some(idem_store_sqlite::MIGRATIONS.len() as i64);
+    if changes_schema || !current {
+        bail!(
+            "a running `idem serve` holds {path} ({lock_path} is locked): stop it before \
+             creating or migrating the store's schema"
+        );
+    }
+    Ok(())
+}
+
 /// Holds an exclusive lock on `<file>.serve-lock` next to an SQLite store for
 /// as long as the returned file lives: one `idem serve` per SQLite file (its
 /// single writer and its process clock decide; docs/architecture.md). Other
@@ -162,6 +202,8 @@ pub(crate) fn lock_sqlite_for_serve(args: &StoreArgs) -> Result<Option<std::fs::
     };
     // Checked before the lock file is made next to it.
     idem_store_sqlite::require_file_path(std::path::Path::new(path))
+        .context("opening the SQLite store")?;
+    idem_store_sqlite::refuse_lost_store(std::path::Path::new(path))
         .context("opening the SQLite store")?;
     let lock_path = format!("{path}.serve-lock");
     if let Some(dir) = std::path::Path::new(&lock_path).parent()

@@ -1,10 +1,14 @@
 //! `idem task retry-now|cancel|resolve|redrive ID --reason …`: the operator
 //! actions of SPEC §4, run on the store directly (any tenant, like the other
 //! `idem task` and `idem keys` commands), each one transaction with its
-//! event. The actor recorded is the command line as the operating-system
-//! user running it: `{"type": "cli", "user": $USER}` (else `$LOGNAME`, else
-//! `unknown`). Prints the task (a cancel: the task and its cancellation) as
-//! JSON; a refused action prints why and exits 1, having changed nothing.
+//! event. The actor recorded is the command line and who ran it:
+//! `{"type": "cli", "user": U}`, where U is `--actor` when given, else the
+//! account name of the process's effective uid (the password database, so
+//! it holds under `docker exec` or `kubectl exec`, where `$USER` and
+//! `$LOGNAME` are often unset), else `uid:N`. Environment variables are not
+//! read: anyone can set them. Prints the task (a cancel: the task and its
+//! cancellation) as JSON; a refused action prints why and exits 1, having
+//! changed nothing.
 
 use anyhow::{Result, anyhow, bail};
 use clap::{Subcommand, ValueEnum};
@@ -21,17 +25,15 @@ pub(crate) enum TaskAction {
     RetryNow {
         /// Task id.
         id: Uuid,
-        /// Why (1–500 characters, no control characters), recorded in the event.
-        #[arg(long)]
-        reason: String,
+        #[command(flatten)]
+        by: ByArgs,
     },
     /// Cancel a task as an operator (the client's cancellation, with the reason recorded).
     Cancel {
         /// Task id.
         id: Uuid,
-        /// Why (1–500 characters, no control characters), recorded in the event.
-        #[arg(long)]
-        reason: String,
+        #[command(flatten)]
+        by: ByArgs,
     },
     /// Settle a `reconciling` task's unknown outcome: `committed` delivers
     /// `--result` once with its charge; `not_committed` lets the next execute
@@ -48,19 +50,29 @@ pub(crate) enum TaskAction {
         /// With `committed`: the external system's transaction id.
         #[arg(long)]
         external_txn_id: Option<String>,
-        /// Why (1–500 characters, no control characters), recorded in the event.
-        #[arg(long)]
-        reason: String,
+        #[command(flatten)]
+        by: ByArgs,
     },
     /// Send a `failed` task (transient, attempts_exhausted, deadline_exceeded,
     /// budget_exhausted) back to `queued` with one more execute attempt.
     Redrive {
         /// Task id.
         id: Uuid,
-        /// Why (1–500 characters, no control characters), recorded in the event.
-        #[arg(long)]
-        reason: String,
+        #[command(flatten)]
+        by: ByArgs,
     },
+}
+
+/// Who acts and why, on every action.
+#[derive(clap::Args)]
+pub(crate) struct ByArgs {
+    /// Why (1–500 characters, no control characters), recorded in the event.
+    #[arg(long)]
+    reason: String,
+    /// Who acts, recorded in the event (1–200 characters, no control
+    /// characters); default: the account name of the process's uid.
+    #[arg(long)]
+    actor: Option<String>,
 }
 
 /// `--outcome` of `idem task resolve`.
@@ -73,19 +85,34 @@ pub(crate) enum OutcomeArg {
     NotCommitted,
 }
 
-/// The operating-system user running this command.
-fn cli_actor() -> Actor {
-    let user = ["USER", "LOGNAME"]
-        .iter()
-        .find_map(|v| std::env::var(v).ok().filter(|u| !u.is_empty()))
-        .unwrap_or_else(|| "unknown".to_owned());
-    Actor::Cli { user }
+/// The longest `--actor` recorded.
+const MAX_ACTOR_CHARS: usize = 200;
+
+/// Who runs this command: `--actor`, else the account name of the process's
+/// effective uid, else `uid:N`.
+fn cli_actor(actor: Option<&str>) -> Result<Actor> {
+    let user = match actor {
+        Some(a) => {
+            let chars = a.chars().count();
+            if chars == 0 || chars > MAX_ACTOR_CHARS || a.chars().any(char::is_control) {
+                bail!(
+                    "--actor must be 1–{MAX_ACTOR_CHARS} characters, none of them a control character"
+                );
+            }
+            a.to_owned()
+        }
+        None => whoami::username()
+            .ok()
+            .filter(|u| !u.is_empty())
+            .unwrap_or_else(|| format!("uid:{}", rustix::process::geteuid().as_raw())),
+    };
+    Ok(Actor::Cli { user })
 }
 
-fn by(reason: &str) -> Result<By> {
+fn by(args: &ByArgs) -> Result<By> {
     Ok(By {
-        actor: cli_actor(),
-        reason: Reason::parse(reason).map_err(|e| anyhow!("{e}"))?,
+        actor: cli_actor(args.actor.as_deref())?,
+        reason: Reason::parse(&args.reason).map_err(|e| anyhow!("{e}"))?,
     })
 }
 
@@ -103,13 +130,13 @@ fn refused(id: Uuid, r: Refusal) -> anyhow::Error {
 /// A reason or result that is not valid, a refused action, a failing store.
 pub(crate) async fn run(store: &Store, action: TaskAction) -> Result<()> {
     match action {
-        TaskAction::RetryNow { id, reason } => {
-            let task = store.retry_now(None, id, by(&reason)?).await?;
+        TaskAction::RetryNow { id, by: b } => {
+            let task = store.retry_now(None, id, by(&b)?).await?;
             print_json(&task.map_err(|r| refused(id, r))?)
         }
-        TaskAction::Cancel { id, reason } => {
+        TaskAction::Cancel { id, by: b } => {
             let (task, cancellation) = store
-                .operator_cancel(None, id, by(&reason)?)
+                .operator_cancel(None, id, by(&b)?)
                 .await?
                 .map_err(|r| refused(id, r))?;
             print_json(&serde_json::json!({"task": task, "cancellation": cancellation}))
@@ -119,14 +146,14 @@ pub(crate) async fn run(store: &Store, action: TaskAction) -> Result<()> {
             outcome,
             result,
             external_txn_id,
-            reason,
+            by: b,
         } => {
             let resolution = resolution(outcome, result, external_txn_id)?;
-            let task = store.resolve(None, id, by(&reason)?, resolution).await?;
+            let task = store.resolve(None, id, by(&b)?, resolution).await?;
             print_json(&task.map_err(|r| refused(id, r))?)
         }
-        TaskAction::Redrive { id, reason } => {
-            let task = store.redrive(None, id, by(&reason)?).await?;
+        TaskAction::Redrive { id, by: b } => {
+            let task = store.redrive(None, id, by(&b)?).await?;
             print_json(&task.map_err(|r| refused(id, r))?)
         }
     }

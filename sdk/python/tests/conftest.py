@@ -1,5 +1,7 @@
 """Fixtures: one real ``idem serve`` per test session, a fresh tenant per test,
-and a TCP proxy that can lose answers.
+and a TCP proxy that can lose answers; for the fault suites, ``idem serve`` on
+SQLite and on a scratch PostgreSQL database behind the fault-injecting proxy
+(``FaultProxy``).
 
 The server binary is ``$IDEM_BIN``, else ``target/debug/idem`` of this
 repository (built with ``cargo build -p idem`` when missing). It runs the
@@ -24,6 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 import idem
@@ -57,19 +60,33 @@ class Server:
     dir: Path
 
     def create_key(self, tenant: str, role: str) -> str:
+        return self.create_key_with_id(tenant, role)[0]
+
+    def create_key_with_id(self, tenant: str, role: str) -> tuple[str, str]:
+        """A new key of ``tenant`` and its id (for ``revoke``)."""
         out = subprocess.run(
             [idem_bin(), "keys", "create", "--tenant", tenant, "--role", role, "--store", self.store],
             check=True,
             capture_output=True,
             text=True,
         )
-        return out.stdout.strip()
+        m = re.search(r"created API key (\S+)", out.stderr)
+        return out.stdout.strip(), m.group(1) if m else ""
+
+    def revoke(self, key_id: str) -> None:
+        subprocess.run([idem_bin(), "keys", "revoke", key_id, "--store", self.store], check=True, capture_output=True)
 
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     d = tmp_path_factory.mktemp("idem")
-    store = f"sqlite://{d / 'idem.db'}"
+    with serve(f"sqlite://{d / 'idem.db'}", d) as s:
+        yield s
+
+
+@contextlib.contextmanager
+def serve(store: str, d: Path) -> Iterator[Server]:
+    """``idem serve`` on ``store`` for the block, its logs in ``d``."""
     with open(d / "stdout.log", "w") as stdout, open(d / "stderr.log", "w") as stderr:
         proc = subprocess.Popen(
             [idem_bin(), "serve", "--listen", "127.0.0.1:0", "--store", store, "--sweep-interval-ms", "50"],
@@ -241,3 +258,93 @@ def _read_request(s: socket.socket) -> None:
     need = int(m.group(1)) if m else 0
     while len(body) < need and (chunk := _recv(s)):
         body += chunk
+
+
+#: PostgreSQL server the fault suites create their scratch databases on.
+PG_URL = os.environ.get("IDEM_TEST_PG_URL", "postgres://postgres@127.0.0.1:5432/test")
+_scratch = iter(range(1_000_000))
+
+
+@contextlib.contextmanager
+def store_url(kind: str, d: Path) -> Iterator[str]:
+    """A store for one server: a SQLite file in ``d``, or a scratch PostgreSQL
+    database ``idem_t_sdk_<pid>_<n>`` on ``IDEM_TEST_PG_URL``'s server, dropped
+    afterwards even when the block fails."""
+    if kind == "sqlite":
+        yield f"sqlite://{d / 'idem.db'}"
+        return
+    name = f"idem_t_sdk_{os.getpid()}_{next(_scratch)}"
+    subprocess.run(["psql", PG_URL, "-qc", f"CREATE DATABASE {name}"], check=True)
+    try:
+        yield PG_URL.rsplit("/", 1)[0] + "/" + name
+    finally:
+        subprocess.run(["psql", PG_URL, "-qc", f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"], check=True)
+
+
+def fault_proxy_bin() -> str:
+    """``$FAULT_PROXY_BIN``, else the example binary of idem-harness under
+    ``$CARGO_TARGET_DIR`` or the repository's target (built with ``cargo build
+    -p idem-harness --example fault-proxy``)."""
+    if os.environ.get("FAULT_PROXY_BIN"):
+        return os.environ["FAULT_PROXY_BIN"]
+    target = REPO / os.environ.get("CARGO_TARGET_DIR", "target")
+    path = target / "debug" / "examples" / "fault-proxy"
+    if not path.exists():
+        raise RuntimeError(f"no fault proxy at {path}: cargo build -p idem-harness --example fault-proxy")
+    return str(path)
+
+
+class FaultProxy:
+    """The fault-injecting proxy (crates/idem-harness/examples/fault-proxy.rs)
+    in front of ``upstream_url``: ``set()`` replaces its rules (route class →
+    mode, or ``{"mode", "after"}``), ``counts()`` reads its counters."""
+
+    def __init__(self, upstream_url: str) -> None:
+        upstream = upstream_url.removeprefix("http://").rstrip("/")
+        self.proc = subprocess.Popen(
+            [fault_proxy_bin(), "--upstream", upstream, "--listen", "127.0.0.1:0"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        line = self.proc.stdout.readline() if self.proc.stdout else ""
+        m = re.match(r"listening on (127\.0\.0\.1:\d+)", line)
+        if not m:
+            self.proc.kill()
+            raise RuntimeError(f"the fault proxy did not start: {line!r}")
+        self.url = f"http://{m.group(1)}"
+
+    def set(self, rules: dict) -> None:
+        r = httpx.put(f"{self.url}/__faults", json=rules, timeout=5)
+        assert r.status_code == 204, r.text
+
+    def counts(self) -> dict:
+        return httpx.get(f"{self.url}/__faults/counts", timeout=5).json()
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
+@dataclass
+class Faulty:
+    """One store's server, the fault proxy in front of it, and the store's name."""
+
+    kind: str
+    server: Server
+    proxy: FaultProxy
+
+    def tenant(self) -> Tenant:
+        name = f"t-{uuid.uuid4().hex[:12]}"
+        s = self.server
+        return Tenant(name, s.url, s.create_key(name, "client"), s.create_key(name, "executor"))
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def faulty(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Faulty]:
+    d = tmp_path_factory.mktemp(f"idem-{request.param}")
+    with store_url(request.param, d) as store, serve(store, d) as server:
+        proxy = FaultProxy(server.url)
+        try:
+            yield Faulty(request.param, server, proxy)
+        finally:
+            proxy.close()

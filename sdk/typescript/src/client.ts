@@ -487,6 +487,23 @@ export class Client {
   }
 
   /**
+   * `POST /v1/attempts/{id}/release`: gives back an attempt this executor never started; the
+   * task is due again at once and the attempt ends `released`.
+   *
+   * @throws {StaleGenerationError} the lease is gone; {@link AttemptAlreadyReportedError} it has
+   *   an outcome; {@link NotFoundError} no such attempt: in each case nothing to give back
+   */
+  async release(attemptId: string, generation: number, options: CallOptions = {}): Promise<Task> {
+    const answer = await this.#request<{ task: Task }>({
+      method: "POST",
+      path: `v1/attempts/${enc(attemptId)}/release`,
+      body: { generation },
+      signal: options.signal,
+    });
+    return answer.body.task;
+  }
+
+  /**
    * `POST /v1/attempts/{id}/report`: the attempt's outcome.
    *
    * @throws {StaleGenerationError} the generation no longer holds the lease (the report is kept as evidence)

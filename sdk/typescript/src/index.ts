@@ -19,11 +19,14 @@ export {
   Cancelled,
   Committed,
   InvalidInputError,
+  MESSAGE_LIMIT,
+  MIN_WORKER_LEASE_MS,
   NotCommitted,
   Succeeded,
   TransientError,
   UnknownOutcomeError,
   Worker,
+  leaseMarginMs,
 } from "./worker.js";
 export type {
   AttemptContext,

@@ -1,7 +1,8 @@
 /**
- * Test support: a real `idem serve` on a scratch SQLite file (binary from env `IDEM_BIN`,
- * default `target/debug/idem` under the repository root), tenants with fresh keys, and a
- * TCP proxy that can drop or cut answers.
+ * Test support: a real `idem serve` on a scratch SQLite file or a scratch PostgreSQL database
+ * (binary from env `IDEM_BIN`, default `target/debug/idem` under the repository root), tenants
+ * with fresh keys, a TCP proxy that can drop or cut answers, and the fault-injecting proxy of
+ * idem-harness ({@link FaultProxy}).
  */
 import { spawn, execFile, type ChildProcess } from "node:child_process";
 import { randomUUID } from "node:crypto";
@@ -50,11 +51,34 @@ export class Server {
     private readonly dir: string,
     private readonly store: string,
     private readonly stderr: () => string,
+    private readonly dropStore: () => Promise<void> = async () => {},
   ) {}
 
-  static async start(): Promise<Server> {
+  /**
+   * `idem serve` on a SQLite file, or (`kind` "postgres") on a scratch database
+   * `idem_t_sdk_<pid>_<n>` of `IDEM_TEST_PG_URL`'s server, dropped by `stop()`.
+   */
+  static async start(kind: "sqlite" | "postgres" = "sqlite"): Promise<Server> {
     const dir = await mkdtemp(path.join(tmpdir(), "idem-ts-"));
-    const store = `sqlite://${path.join(dir, "idem.db")}`;
+    let store = `sqlite://${path.join(dir, "idem.db")}`;
+    let dropStore = async () => {};
+    if (kind === "postgres") {
+      const name = `idem_t_sdk_${process.pid}_${scratch++}`;
+      await run("psql", [PG_URL, "-qc", `CREATE DATABASE ${name}`]);
+      store = `${PG_URL.slice(0, PG_URL.lastIndexOf("/"))}/${name}`;
+      dropStore = async () => {
+        await run("psql", [PG_URL, "-qc", `DROP DATABASE IF EXISTS ${name} WITH (FORCE)`]);
+      };
+    }
+    try {
+      return await Server.#start(dir, store, dropStore);
+    } catch (e) {
+      await dropStore();
+      throw e;
+    }
+  }
+
+  static async #start(dir: string, store: string, dropStore: () => Promise<void>): Promise<Server> {
     const child = spawn(
       idemBin,
       [
@@ -91,24 +115,14 @@ export class Server {
         }
       });
     });
-    return new Server(url, child, dir, store, () => err);
+    return new Server(url, child, dir, store, () => err, dropStore);
   }
 
   /** A fresh tenant with a client key and an executor key. */
   async tenant(options: ClientOptions = {}): Promise<Tenant> {
     const name = `t-${randomUUID()}`;
-    const key = async (role: string) => {
-      const { stdout } = await run(
-        idemBin,
-        ["keys", "create", "--tenant", name, "--role", role, "--store", this.store],
-        {
-          env: { ...process.env, RUST_LOG: "warn" },
-        },
-      );
-      return stdout.trim();
-    };
-    const clientKey = await key("client");
-    const executorKey = await key("executor");
+    const clientKey = (await this.key(name, "client")).key;
+    const executorKey = (await this.key(name, "executor")).key;
     return {
       name,
       clientKey,
@@ -116,6 +130,21 @@ export class Server {
       client: new Client(this.url, clientKey, options),
       executor: new Client(this.url, executorKey, options),
     };
+  }
+
+  /** A new key of `tenant` with `role`, and its id (for {@link revoke}). */
+  async key(tenant: string, role: string): Promise<{ key: string; id: string }> {
+    const { stdout, stderr } = await run(
+      idemBin,
+      ["keys", "create", "--tenant", tenant, "--role", role, "--store", this.store],
+      { env: { ...process.env, RUST_LOG: "warn" } },
+    );
+    return { key: stdout.trim(), id: /created API key (\S+)/.exec(stderr)?.[1] ?? "" };
+  }
+
+  /** Revokes a key by id (`idem keys revoke`). */
+  async revoke(id: string): Promise<void> {
+    await run(idemBin, ["keys", "revoke", id, "--store", this.store], { env: { ...process.env, RUST_LOG: "warn" } });
   }
 
   /** The server's log so far (for failure messages). */
@@ -130,6 +159,76 @@ export class Server {
       await exited;
     }
     await rm(this.dir, { recursive: true, force: true });
+    await this.dropStore();
+  }
+}
+
+/** PostgreSQL server the fault suites create their scratch databases on. */
+const PG_URL = process.env["IDEM_TEST_PG_URL"] ?? "postgres://postgres@127.0.0.1:5432/test";
+let scratch = 0;
+
+/**
+ * The fault proxy binary: env `FAULT_PROXY_BIN`, else the example of idem-harness under
+ * `$CARGO_TARGET_DIR` or the repository's target (`cargo build -p idem-harness --example fault-proxy`).
+ */
+export const faultProxyBin =
+  process.env["FAULT_PROXY_BIN"] ??
+  path.resolve(repoRoot, process.env["CARGO_TARGET_DIR"] ?? "target", "debug/examples/fault-proxy");
+
+/** A route class's rule: a mode, or a mode applied after the first `after` requests pass. */
+export type FaultRule = string | { mode: string; after: number };
+
+/**
+ * The fault-injecting proxy (crates/idem-harness/examples/fault-proxy.rs) in front of a server:
+ * `set()` replaces its rules (route class → rule), `counts()` reads its counters.
+ */
+export class FaultProxy {
+  private constructor(
+    private readonly child: ChildProcess,
+    readonly url: string,
+  ) {}
+
+  static async start(upstream: string): Promise<FaultProxy> {
+    const child = spawn(faultProxyBin, ["--upstream", new URL(upstream).host, "--listen", "127.0.0.1:0"], {
+      stdio: ["ignore", "pipe", "inherit"],
+    });
+    process.once("exit", () => child.kill("SIGKILL"));
+    const url = await new Promise<string>((resolve, reject) => {
+      let out = "";
+      child.on("error", (e) => reject(new Error(`cannot start ${faultProxyBin} (set FAULT_PROXY_BIN): ${e.message}`)));
+      child.on("exit", (code) => reject(new Error(`the fault proxy exited (${code})`)));
+      child.stdout!.on("data", (d: Buffer) => {
+        out += d.toString();
+        const m = /listening on (127\.0\.0\.1:\d+)/.exec(out);
+        if (m) resolve(`http://${m[1]}`);
+      });
+    });
+    return new FaultProxy(child, url);
+  }
+
+  async set(rules: Record<string, FaultRule>): Promise<void> {
+    const r = await fetch(`${this.url}/__faults`, { method: "PUT", body: JSON.stringify(rules) });
+    if (r.status !== 204) throw new Error(`PUT /__faults: ${r.status} ${await r.text()}`);
+  }
+
+  async counts(): Promise<Record<string, { forwarded: number; faulted: number }>> {
+    return (await (await fetch(`${this.url}/__faults/counts`)).json()) as Record<
+      string,
+      { forwarded: number; faulted: number }
+    >;
+  }
+
+  /** Requests of `route` forwarded so far. */
+  async forwarded(route: string): Promise<number> {
+    return (await this.counts())[route]?.forwarded ?? 0;
+  }
+
+  async stop(): Promise<void> {
+    if (this.child.exitCode === null) {
+      const exited = new Promise((r) => this.child.once("exit", r));
+      this.child.kill("SIGTERM");
+      await exited;
+    }
   }
 }
 

@@ -212,9 +212,11 @@ describe("Worker against idem serve", () => {
   test("a lost lease tells the handler, and its late result lands as evidence only", async () => {
     const t = await server.tenant();
     const told: { leaseLost: boolean; cancelRequested: boolean; reason: string }[] = [];
-    // Heartbeats every 2.5 s on a 1 s lease: the server expires the lease (its sweeper, every
-    // 50 ms) and gives the task a new generation; the first heartbeat then answers 409
-    // STALE_GENERATION. The lease runs out for real; only the heartbeat timing is chosen.
+    // Heartbeats every 2.5 s on a 1 s lease: the local lease deadline passes first and aborts
+    // the signal; the handler returns only after the server's lease end, when the server has
+    // expired the lease (its sweeper, every 50 ms) and given the task a new generation, so the
+    // report answers 409 STALE_GENERATION. The lease runs out for real; only the heartbeat
+    // timing is chosen.
     const w = worker(
       t,
       {
@@ -227,6 +229,7 @@ describe("Worker against idem serve", () => {
               cancelRequested: ctx.cancelRequested,
               reason: String(ctx.signal.reason),
             });
+            await delay(ms(ctx.leaseExpiresAt) - Date.now() + 300);
             return { late: true };
           },
           reconcile: never,
@@ -283,7 +286,7 @@ describe("Worker against idem serve", () => {
     assert.ok(events.some((e) => e.type === "retry_scheduled"));
   });
 
-  test("shutdown claims nothing more, lets the running attempt finish, and ends within its grace", async () => {
+  test("shutdown claims nothing more, releases what its open claim still brings, lets the running attempt finish", async () => {
     const t = await server.tenant();
     const started = signal();
     const w = worker(
@@ -304,16 +307,21 @@ describe("Worker against idem serve", () => {
     await started.promise;
     const stopAt = Date.now();
     const stopped = w.worker.stop();
-    // A free slot and a due task while the worker drains: a worker still claiming would take it.
+    // A free slot and a due task while the worker drains: the claim open since before the stop
+    // leases it; the worker gives it back unstarted.
     const b = await t.client.submit("generation.dispatch", { n: "b" }, key());
     const summary = await stopped;
     const took = Date.now() - stopAt;
-    assert.deepEqual(summary, { abandoned: 0 });
+    assert.deepEqual(summary, { abandoned: 0, released: 1 });
     assert.ok(took < 3000, `stopped after ${took} ms`);
     assert.equal((await t.client.get(a.task.id)).state, "succeeded", "the running attempt finished and reported");
     const tb = await t.client.get(b.task.id);
-    assert.equal(tb.state, "queued");
-    assert.equal(tb.attempt_count, 0);
+    assert.equal(tb.state, "queued", "released: due again at once");
+    assert.deepEqual(
+      (await t.client.attempts(b.task.id)).map((x) => [x.state, x.evidence]),
+      [["released", []]],
+      "never run, never reported",
+    );
     await w.run;
   });
 
@@ -339,7 +347,7 @@ describe("Worker against idem serve", () => {
     const stopAt = Date.now();
     const summary = await w.worker.stop();
     const took = Date.now() - stopAt;
-    assert.deepEqual(summary, { abandoned: 1 });
+    assert.deepEqual(summary, { abandoned: 1, released: 0 });
     assert.ok(took >= 500 && took < 500 + 400, `stopped after ${took} ms`);
     assert.equal(String(ctx.signal.reason), "Error: the worker shut down: attempt abandoned");
     const [attempt] = await t.client.attempts(task.id);
@@ -382,7 +390,7 @@ describe("Worker against idem serve", () => {
     const took = Date.now() - termAt;
     assert.equal(code, 0, `stdout: ${out}\nstderr: ${err}`);
     assert.ok(took < 3000, `exited ${took} ms after SIGTERM`);
-    assert.match(out, /started .*\nran: \{"abandoned":0\}/);
+    assert.match(out, /started .*\nran: \{"abandoned":0,"released":0\}/);
     assert.equal((await t.client.get(task.id)).state, "succeeded");
   });
 });

@@ -151,6 +151,7 @@ fn apply(state: TaskState, class: &str, event: &str) -> String {
         .map(|_| ()),
         "heartbeat" => heartbeat(&mut t, &mut a, &mut j, g, Some(1), now).map(|_| ()),
         "ack" => acknowledge(&mut t, &mut a, &mut j, g, json!({}), now),
+        "release" => release(&mut t, &mut a, &mut j, g, now),
         "expire" => {
             expire_lease(&mut t, &mut a, &mut j, later);
             Ok(())
@@ -192,6 +193,7 @@ fn apply(state: TaskState, class: &str, event: &str) -> String {
                 Rejection::InvalidReport(_) => "invalid",
                 Rejection::NotDelivered => "not_delivered",
                 Rejection::NotClaimable => "not_claimable",
+                Rejection::Acknowledged => "acknowledged",
             };
             format!("{}!{kind}", t.state)
         }
@@ -213,6 +215,7 @@ const EVENTS: &[&str] = &[
     "cancel",
     "wake",
     "delivery_ack",
+    "release",
 ];
 
 /// The full table for the safe class `generation.dispatch`. Columns follow `EVENTS`.
@@ -238,6 +241,7 @@ const SAFE: &[(&str, &[&str])] = &[
             "cancelled",
             "queued",
             "queued!not_delivered",
+            "queued!stale",
         ],
     ),
     (
@@ -257,6 +261,7 @@ const SAFE: &[(&str, &[&str])] = &[
             "running",
             "running",
             "running!not_delivered",
+            "queued",
         ],
     ),
     (
@@ -276,6 +281,7 @@ const SAFE: &[(&str, &[&str])] = &[
             "cancelled",
             "queued",
             "retry_wait!not_delivered",
+            "retry_wait!already_reported",
         ],
     ),
     (
@@ -295,6 +301,7 @@ const SAFE: &[(&str, &[&str])] = &[
             "reconciling",
             "reconciling",
             "reconciling!not_delivered",
+            "reconciling!already_reported",
         ],
     ),
     (
@@ -314,6 +321,7 @@ const SAFE: &[(&str, &[&str])] = &[
             "succeeded",
             "succeeded",
             "succeeded",
+            "succeeded!already_reported",
         ],
     ),
     (
@@ -333,6 +341,7 @@ const SAFE: &[(&str, &[&str])] = &[
             "failed",
             "failed",
             "failed!not_delivered",
+            "failed!already_reported",
         ],
     ),
     (
@@ -352,6 +361,7 @@ const SAFE: &[(&str, &[&str])] = &[
             "cancelled",
             "cancelled",
             "cancelled!not_delivered",
+            "cancelled!stale",
         ],
     ),
 ];
@@ -464,8 +474,15 @@ fn non_safe_reconciliation_paths() {
     report(&mut t, &mut a1, &mut j, &rep(1, Outcome::Unknown), T0).unwrap();
     let mut r = claim_now(&mut t, &mut j, 2, T0);
     report(&mut t, &mut r, &mut j, &rep(2, Outcome::NotCommitted), T0).unwrap();
-    assert_eq!(t.state, TaskState::Queued);
-    let a3 = claim_now(&mut t, &mut j, 3, T0);
+    // … after the contract's backoff for the second execute attempt, as a
+    // transient failure's retry: never at once.
+    assert_eq!(t.state, TaskState::RetryWait);
+    let backoff = t.contract.retry.backoff.delay_ms(2);
+    assert!(backoff > 0);
+    assert_eq!(t.control.ready_at, T0.plus_ms(backoff));
+    assert!(!is_claimable(&t, T0.plus_ms(backoff - 1)));
+    wake(&mut t, &mut j, T0.plus_ms(backoff));
+    let a3 = claim_now(&mut t, &mut j, 3, T0.plus_ms(backoff));
     assert_eq!((a3.kind, a3.generation), (AttemptKind::Execute, 3));
     // A failed reconcile attempt leads to another reconcile, never to execute.
     let (mut t, mut j) = new_task("payment.release");
@@ -497,7 +514,7 @@ fn retry_limits_attempts_deadline_budget() {
     // The failure names the limit, then what the last attempt said.
     assert_eq!(
         t.failure.as_ref().unwrap().message,
-        "all 5 attempts used; last attempt: gpu timeout"
+        "all 5 execute attempts used; last attempt: gpu timeout"
     );
 
     let (mut t, mut j) = new_task("generation.dispatch");
@@ -780,4 +797,132 @@ fn heartbeat_usage_is_recorded_as_an_event() {
     heartbeat(&mut t, &mut a, &mut j, 1, None, T0.plus_ms(40)).unwrap();
     assert_eq!(j.events.len(), events + 1);
     assert_eq!(t.usage, 11);
+}
+
+/// A released execute attempt counts against no limit: with every attempt
+/// of `payment.release` (3) released, the task is still claimable and runs.
+#[test]
+fn released_attempts_count_against_no_limit_and_need_no_reconcile() {
+    let (mut t, mut j) = new_task("payment.release");
+    let limit = t.execute_limit();
+    for n in 1..=(limit as u128 + 2) {
+        let mut a = claim_now(&mut t, &mut j, n, T0);
+        let g = a.generation;
+        release(&mut t, &mut a, &mut j, g, T0).unwrap();
+        assert_eq!(a.state, AttemptState::Released);
+        assert_eq!(
+            (
+                t.state,
+                t.control.execute_count,
+                t.control.active_attempt_id
+            ),
+            (TaskState::Queued, 0, None)
+        );
+        assert_eq!(t.control.next_kind, Some(AttemptKind::Execute));
+        assert!(is_claimable(&t, T0), "claimable at once");
+        assert_eq!(j.events.last().unwrap().kind, EventKind::AttemptReleased);
+    }
+    let mut a = claim_now(&mut t, &mut j, 50, T0);
+    assert_eq!(a.generation, limit + 3, "generations still only grow");
+    let g = a.generation;
+    report(&mut t, &mut a, &mut j, &rep(g, Outcome::Succeeded), T0).unwrap();
+    assert_eq!(t.state, TaskState::Succeeded);
+    assert!(
+        j.events
+            .iter()
+            .all(|e| e.kind != EventKind::ReconciliationRequired),
+        "nothing ran, so nothing is reconciled"
+    );
+}
+
+#[test]
+fn release_is_fenced_and_refused_once_the_attempt_started() {
+    // An exact repeat changes nothing and is answered again.
+    let (mut t, mut j) = new_task("payment.release");
+    let mut a = claim_now(&mut t, &mut j, 1, T0);
+    release(&mut t, &mut a, &mut j, 1, T0).unwrap();
+    let (before, events) = (t.clone(), j.events.len());
+    release(&mut t, &mut a, &mut j, 1, T0.plus_ms(5)).unwrap();
+    assert_eq!((t, j.events.len()), (before, events));
+    // An old generation, and a lease that ran out (expired first: the
+    // non-safe class reconciles).
+    let (mut t, mut j) = new_task("payment.release");
+    let mut a = claim_now(&mut t, &mut j, 1, T0);
+    let stale = release(&mut t, &mut a, &mut j, 0, T0).unwrap_err();
+    assert!(matches!(stale, Rejection::StaleGeneration { .. }));
+    assert_eq!(a.state, AttemptState::Leased);
+    let late = release(&mut t, &mut a, &mut j, 1, T0.plus_ms(1_000)).unwrap_err();
+    assert!(matches!(late, Rejection::StaleGeneration { .. }));
+    assert_eq!(
+        (a.state, t.state),
+        (AttemptState::Expired, TaskState::Reconciling)
+    );
+    // Acknowledged by its device, or reported: it started.
+    let (mut t, mut j) = new_task("payment.release");
+    let mut a = claim_now(&mut t, &mut j, 1, T0);
+    acknowledge(&mut t, &mut a, &mut j, 1, json!({}), T0).unwrap();
+    let started = release(&mut t, &mut a, &mut j, 1, T0).unwrap_err();
+    assert_eq!(started, Rejection::Acknowledged);
+    assert_eq!(a.state, AttemptState::Acknowledged);
+    let (mut t, mut j) = new_task("generation.dispatch");
+    let mut a = claim_now(&mut t, &mut j, 1, T0);
+    report(&mut t, &mut a, &mut j, &rep(1, Outcome::Failed), T0).unwrap();
+    let reported = release(&mut t, &mut a, &mut j, 1, T0).unwrap_err();
+    assert_eq!(
+        reported,
+        Rejection::AlreadyReported {
+            existing: Outcome::Failed
+        }
+    );
+    assert_eq!(t.state, TaskState::RetryWait);
+}
+
+/// A pending cancellation is confirmed by a release with the fee of a task
+/// that never started, unless an earlier execute attempt did.
+#[test]
+fn release_with_a_pending_cancellation_confirms_it() {
+    let (mut t, mut j) = new_task("generation.dispatch");
+    let mut a = claim_now(&mut t, &mut j, 1, T0);
+    assert_eq!(cancel(&mut t, &mut j, T0).status, CancelStatus::Requested);
+    release(&mut t, &mut a, &mut j, 1, T0).unwrap();
+    let c = t.cancellation.clone().unwrap();
+    assert_eq!(
+        (t.state, c.status, c.fee),
+        (TaskState::Cancelled, CancelStatus::Confirmed, Some(0))
+    );
+    assert_eq!(t.generation, 2, "the confirmation retires the generation");
+    // An earlier attempt ran (a transient failure): the after-start fee.
+    let (mut t, mut j) = new_task("generation.dispatch");
+    let mut a = claim_now(&mut t, &mut j, 1, T0);
+    let mut r = rep(1, Outcome::Failed);
+    r.usage = Some(4);
+    report(&mut t, &mut a, &mut j, &r, T0).unwrap();
+    let mut b = claim_now(&mut t, &mut j, 2, T0.plus_ms(600_000));
+    cancel(&mut t, &mut j, T0.plus_ms(600_000));
+    release(&mut t, &mut b, &mut j, 2, T0.plus_ms(600_000)).unwrap();
+    let c = t.cancellation.clone().unwrap();
+    assert_eq!((c.status, c.fee), (CancelStatus::Confirmed, Some(5 + 4)));
+}
+
+/// A released reconcile attempt leaves the task `reconciling` with the next
+/// reconcile due at once, also with a cancellation pending: the unknown
+/// outcome is still unknown.
+#[test]
+fn released_reconcile_attempt_keeps_reconciling() {
+    let (mut t, mut j) = new_task("payment.release");
+    let mut a = claim_now(&mut t, &mut j, 1, T0);
+    report(&mut t, &mut a, &mut j, &rep(1, Outcome::Unknown), T0).unwrap();
+    let mut r = claim_now(&mut t, &mut j, 2, T0.plus_ms(1));
+    assert_eq!(r.kind, AttemptKind::Reconcile);
+    cancel(&mut t, &mut j, T0.plus_ms(2));
+    release(&mut t, &mut r, &mut j, 2, T0.plus_ms(3)).unwrap();
+    assert_eq!(
+        (t.state, t.control.next_kind, t.control.execute_count),
+        (TaskState::Reconciling, Some(AttemptKind::Reconcile), 1)
+    );
+    assert!(is_claimable(&t, T0.plus_ms(3)));
+    assert_eq!(
+        t.cancellation.as_ref().unwrap().status,
+        CancelStatus::Requested
+    );
 }

@@ -572,6 +572,28 @@ fn check_task(
                 }
             }
             "lease_expired" if active.is_some() && active == aid => active = None,
+            // A release gives back an attempt that never started: only the
+            // live attempt's current generation may, and it is no execute
+            // attempt for the cancellation fee (nor for any limit).
+            "attempt_released" => {
+                f.ok(
+                    Invariant::Fencing,
+                    aid.is_some() && aid == active && g == Some(current) && terminal.is_none(),
+                    || {
+                        format!(
+                            "task {s}: attempt_released (event {}) of generation {} of attempt {} while generation {current} {} held the lease",
+                            e.seq,
+                            g.map_or_else(|| "?".into(), |g| g.to_string()),
+                            aid.map_or_else(|| "?".into(), short),
+                            active.map_or_else(|| "(no attempt)".into(), short),
+                        )
+                    },
+                );
+                if e.data.get("kind").and_then(Value::as_str) == Some("execute") {
+                    execute_count -= 1;
+                }
+                active = None;
+            }
             "completion_observed"
             | "reconciled"
             | "attempt_failed"

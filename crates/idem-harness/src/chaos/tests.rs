@@ -129,6 +129,12 @@ impl Sim {
 
     fn claim(&mut self) -> usize {
         let mut j = Journal::default();
+        // A retry waits its backoff (after a transient failure or a
+        // reconciliation that found nothing committed): let it pass.
+        if self.task.state == idem_core::model::TaskState::RetryWait {
+            self.now = self.now.max(self.task.control.ready_at);
+            machine::wake(&mut self.task, &mut j, self.now);
+        }
         let id = Uuid::from_u128(self.task.id.as_u128() * 1000 + self.attempts.len() as u128 + 1);
         let a = machine::claim(
             &mut self.task,
@@ -177,6 +183,14 @@ impl Sim {
         self.now = self.attempts[i].lease_expires_at;
         let mut j = Journal::default();
         machine::expire_lease(&mut self.task, &mut self.attempts[i], &mut j, self.now);
+        self.events.extend(j.events);
+    }
+
+    fn release(&mut self, i: usize) {
+        self.tick(5);
+        let mut j = Journal::default();
+        let g = self.attempts[i].generation;
+        machine::release(&mut self.task, &mut self.attempts[i], &mut j, g, self.now).unwrap();
         self.events.extend(j.events);
     }
 
@@ -344,6 +358,27 @@ fn honest() -> CheckInput {
     assert!(h.report(r, 2, Outcome::Committed, 1, Some("pay-8")));
     add(&h, vec![eff], &mut input);
 
+    // I: released unstarted twice (a worker shutting down), then paid: no
+    // reconciliation, no attempt limit used.
+    let mut i_ = Sim::new(Class::Payment, 9);
+    for _ in 0..3 {
+        let k = i_.claim();
+        i_.release(k);
+    }
+    let k = i_.claim();
+    assert!(i_.report(k, 4, Outcome::Succeeded, 1, Some("pay-9")));
+    let eff = i_.effect(k, "pay-9");
+    add(&i_, vec![eff], &mut input);
+
+    // J: cancelled while running; the attempt is released unstarted: the
+    // before-start fee.
+    let mut j_ = Sim::new(Class::Payment, 10);
+    let k = j_.claim();
+    assert_eq!(j_.cancel(), CancelStatus::Requested);
+    j_.release(k);
+    assert_eq!(j_.task.state, model::TaskState::Cancelled);
+    add(&j_, vec![], &mut input);
+
     // A replay of A and a conflicting request under A's key.
     let mut replay = a.created();
     if let SubmitAnswer::Accepted {
@@ -462,6 +497,42 @@ fn a_state_change_from_an_old_generation_is_caught() {
     // The harness saw a late report accepted.
     let mut input = honest();
     input.suspects[0].accepted = true;
+    assert!(violations(&input, Invariant::Fencing) > 0);
+}
+
+#[test]
+fn a_release_counted_wrong_or_out_of_its_lease_is_caught() {
+    // A released attempt counted as started: task J charged the after-start fee.
+    let mut input = honest();
+    let rec = task_mut(&mut input, 10);
+    let fees = &rec.task.contract.fees;
+    let after_start = fees["cancel_after_start_fixed"].as_i64().unwrap();
+    assert_ne!(Some(after_start), fees["cancel_before_start"].as_i64());
+    rec.task.cancellation.as_mut().unwrap().fee = Some(after_start);
+    assert!(violations(&input, Invariant::UsageKept) > 0);
+    // A release applied by an attempt that no longer held the lease: task I's
+    // first attempt released again after the second was leased.
+    let mut input = honest();
+    let rec = task_mut(&mut input, 9);
+    let first = rec.attempts[0].id;
+    let at = rec
+        .events
+        .iter()
+        .position(|e| e.kind == "attempt_leased" && e.data["generation"] == json!(2))
+        .unwrap();
+    let seq = rec.events[at].seq;
+    rec.events.insert(
+        at + 1,
+        Event {
+            seq: seq + 1,
+            kind: "attempt_released".into(),
+            at: "2026-01-01T00:00:00.000Z".into(),
+            data: json!({"attempt_id": first, "generation": 1, "kind": "execute"}),
+        },
+    );
+    for (n, e) in rec.events.iter_mut().enumerate() {
+        e.seq = n as i64 + 1;
+    }
     assert!(violations(&input, Invariant::Fencing) > 0);
 }
 

@@ -1,5 +1,5 @@
 //! The executor protocol: claim (with long-poll), heartbeat, device
-//! acknowledgment and report of an attempt.
+//! acknowledgment, report and release of an attempt.
 
 use std::time::Duration;
 
@@ -7,8 +7,9 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
+use axum::response::{IntoResponse, Response};
 use idem_core::config::MIN_LEASE_MS;
-use idem_core::machine::Report;
+use idem_core::machine::{MAX_MESSAGE_CHARS, Report};
 use idem_core::model::Role;
 use idem_core::trace::TraceParent;
 use idem_store::StoreError;
@@ -18,10 +19,11 @@ use serde_json::Value;
 use super::extract::{IdPath, strict_body, strict_typed};
 use super::wire::{
     AckBody, ClaimBody, ClaimResponse, ClaimedAttempt, HeartbeatBody, HeartbeatResponse,
-    ReportBody, TaskEnvelope,
+    ReleaseBody, ReportBody, TaskEnvelope,
 };
 use super::{no_attempt, unknown_operation};
 use crate::auth::Caller;
+use crate::granted;
 use crate::problem::{OVERLOADED_TOTAL, Problem, ProblemCode};
 use crate::service_metrics::REPORTS;
 use crate::{AppResult, MAX_WAIT_MS, St};
@@ -31,7 +33,9 @@ use crate::{AppResult, MAX_WAIT_MS, St};
 /// (it already queued for one for the pool's wait bound).
 pub const OVERLOADED_CLAIM_PAUSE: Duration = Duration::from_millis(100);
 
-/// Lease attempts (executors). Never leases one attempt twice; optional long-poll.
+/// Lease attempts (executors). Never leases one attempt twice; optional
+/// long-poll. Attempts whose answer cannot be handed to the connection (the
+/// client is gone) are released at once.
 #[utoipa::path(post, path = "/v1/attempts/claim", tag = "attempts", request_body = ClaimBody,
     responses((status = 200, body = ClaimResponse), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 413, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")))]
 pub async fn claim(
@@ -39,7 +43,7 @@ pub async fn claim(
     crate::auth::ClaimCaller(cached): crate::auth::ClaimCaller,
     headers: axum::http::HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> AppResult<Json<ClaimResponse>> {
+) -> AppResult<Response> {
     match claim_inner(&st, &cached, &headers, body).await {
         // A key from the cache is confirmed before any other refusal, so a
         // revoked key learns nothing but 401.
@@ -53,7 +57,7 @@ async fn claim_inner(
     cached: &crate::auth::SubmitCaller,
     headers: &axum::http::HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> AppResult<Json<ClaimResponse>> {
+) -> AppResult<Response> {
     let caller = &cached.caller;
     caller.require(Role::Executor)?;
     let body: ClaimBody = strict_typed(body)?;
@@ -129,13 +133,16 @@ async fn claim_inner(
         // Whether this round's claim found the store overloaded (it then
         // tries again at once, unless its deadline has passed).
         let mut overloaded = false;
-        let claimed = match &seat {
-            _ if req.operations.is_empty() => Vec::new(),
+        // The leases of `claimed`, released unless the answer reaches the
+        // connection (`crate::granted`).
+        let (claimed, granted) = match &seat {
+            _ if req.operations.is_empty() => (Vec::new(), None),
             None => {
                 if unconfirmed {
                     cached.recheck(st, headers).await?;
                 }
-                st.store.claim(req.clone()).await?
+                let (claimed, granted) = granted::claim(&st.store, req.clone()).await?;
+                (claimed, Some(granted))
             }
             Some(seat) => {
                 let turn = seat.begin();
@@ -153,26 +160,26 @@ async fn claim_inner(
                     // empty.
                     Err(p) if p.code == ProblemCode::Overloaded => {
                         overloaded = true;
-                        Vec::new()
+                        (Vec::new(), None)
                     }
                     Err(p) => return Err(p),
                     Ok(()) if turn.claim => {
                         if recheck {
                             unconfirmed = false;
                         }
-                        match st.store.claim(req.clone()).await {
-                            Ok(claimed) => {
+                        match granted::claim(&st.store, req.clone()).await {
+                            Ok((claimed, granted)) => {
                                 seat.end(turn, claimed.len(), max as usize);
-                                claimed
+                                (claimed, Some(granted))
                             }
                             Err(StoreError::Overloaded(_)) => {
                                 overloaded = true;
-                                Vec::new()
+                                (Vec::new(), None)
                             }
                             Err(e) => return Err(e.into()),
                         }
                     }
-                    Ok(()) => Vec::new(),
+                    Ok(()) => (Vec::new(), None),
                 }
             }
         };
@@ -198,13 +205,18 @@ async fn claim_inner(
                     generation: c.attempt.generation,
                     kind: c.attempt.kind,
                     lease_expires_at: c.attempt.lease_expires_at,
+                    lease_ms: c.attempt.lease_ms,
                     operation: c.task.operation,
                     params: c.task.params,
                     idempotency_key: c.task.idempotency_key,
                     traceparent: c.task.traceparent.map(TraceParent::into_string),
                 })
                 .collect();
-            return Ok(Json(ClaimResponse { attempts }));
+            let answer = Json(ClaimResponse { attempts });
+            return Ok(match granted {
+                Some(granted) => granted::answer_with(answer, granted),
+                None => answer.into_response(),
+            });
         }
         if overloaded {
             continue;
@@ -250,6 +262,7 @@ pub async fn heartbeat(
         .map_err(|r| Problem::refused(r, no_attempt(attempt_id)))?;
     Ok(Json(HeartbeatResponse {
         lease_expires_at: ack.lease_expires_at,
+        lease_ms: ack.lease_ms,
         cancel_requested: ack.cancel_requested,
     }))
 }
@@ -295,6 +308,16 @@ pub async fn report(
             "`external_txn_id` must be 1–200 characters, none of them a control character",
         ));
     }
+    if let Some(chars) = body
+        .message
+        .as_deref()
+        .map(|m| m.chars().count())
+        .filter(|&n| n > MAX_MESSAGE_CHARS)
+    {
+        return Err(Problem::invalid(format!(
+            "`message` has {chars} characters; at most {MAX_MESSAGE_CHARS} are stored (trim it and report again)"
+        )));
+    }
     let report = Report {
         generation: body.generation,
         outcome: body.outcome,
@@ -318,6 +341,29 @@ pub async fn report(
     };
     REPORTS.increment(label);
     let task = res.map_err(|r| Problem::refused(r, no_attempt(attempt_id)))?;
+    Ok(Json(TaskEnvelope { task }))
+}
+
+/// Give back an attempt the executor never started (a worker shutting down):
+/// the task is claimable again at once, the attempt kept `released`, counted
+/// against no limit and never reconciled. Fenced by generation like a report;
+/// an exact repeat answers 200 again.
+#[utoipa::path(post, path = "/v1/attempts/{id}/release", tag = "attempts", params(("id" = String, Path, description = "attempt id")), request_body = ReleaseBody,
+    responses((status = 200, body = TaskEnvelope), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 409, description = "STALE_GENERATION (an old generation or an expired lease), or ATTEMPT_ALREADY_REPORTED (the attempt was reported or acknowledged: it started)", body = Problem, content_type = "application/problem+json"), (status = 413, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")))]
+pub async fn release(
+    State(st): St,
+    caller: Caller,
+    IdPath(id): IdPath,
+    body: Result<Bytes, BytesRejection>,
+) -> AppResult<Json<TaskEnvelope>> {
+    caller.require(Role::Executor)?;
+    let attempt_id = id;
+    let body: ReleaseBody = strict_typed(body)?;
+    let task = caller
+        .store(&st)
+        .release(&caller.0.tenant, attempt_id, body.generation)
+        .await?
+        .map_err(|r| Problem::refused(r, no_attempt(attempt_id)))?;
     Ok(Json(TaskEnvelope { task }))
 }
 

@@ -222,6 +222,15 @@ pub(crate) async fn task_stream(
         .task_history(Some(&tenant), id)
         .await?
         .map_err(|r| Problem::refused(r, no_task(id)))?;
+    // A place past the task's last event is none this stream gave out:
+    // resuming there would silently skip every event up to it as it is
+    // written, so it is refused as the feed refuses a cursor ahead of it.
+    let newest = history.last().map_or(0, |e| e.seq);
+    if last > newest {
+        return Err(Problem::invalid(format!(
+            "`Last-Event-ID` {last} is past the task's last event ({newest}): resume from an event's `seq` this stream sent"
+        )));
+    }
     let (first, ending) = next_events(&task, history, last);
     if ending && first.is_empty() {
         return Ok(StatusCode::NO_CONTENT.into_response());

@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use idem_core::key::parse_header_values;
 use idem_core::model::Role;
 use idem_core::schema::SchemaError;
-use idem_core::submit::{SubmitBodyError, prepare_submit};
+use idem_core::submit::{SubmitBodyError, check_schema, read_submit};
 use idem_core::trace::TraceParent;
 use idem_store::ops::{Submission, SubmitOutcome};
 use serde::Serialize;
@@ -89,14 +89,18 @@ async fn submit_inner(
 ) -> AppResult<(Response, bool)> {
     // Kept (a reference count) to name a conflict's differing fields.
     let raw = body.as_ref().ok().cloned();
-    let submission = match prepare_submission(st, &submitter.caller, headers, body) {
-        Ok(v) => v,
-        // Refused before the store saw it: a cached key is confirmed first, so
-        // a revoked key learns nothing but 401.
-        Err(p) => return Err(submitter.confirm(st, p).await),
-    };
+    let (submission, schema_refusal) =
+        match prepare_submission(st, &submitter.caller, headers, body) {
+            Ok(v) => v,
+            // Refused before the store saw it: a cached key is confirmed first, so
+            // a revoked key learns nothing but 401.
+            Err(p) => return Err(submitter.confirm(st, p).await),
+        };
     let key = submission.idempotency_key.clone();
-    let outcome = st.store.submit(submission).await?;
+    let outcome = match schema_refusal {
+        None => st.store.submit(submission).await?,
+        Some(refusal) => retry_of_accepted(st, submitter, headers, &submission, refusal).await?,
+    };
     let (task, replayed) = match outcome {
         SubmitOutcome::Created(t) => (t, false),
         SubmitOutcome::Replayed(t) => (t, true),
@@ -154,6 +158,36 @@ async fn submit_inner(
     Ok((res, replayed))
 }
 
+/// The answer to a submit whose params do not match the class's current
+/// `params_schema`: the schema a task was accepted under is frozen with its
+/// contract (SPEC §5), so when the scope already holds a task of the same
+/// request (as a submit judges it: [`idem_store::ops::is_same_request`]) the
+/// retry is its replay, and a different request is the usual conflict; only
+/// a scope that holds no task gets `refusal` (400), and nothing is created.
+///
+/// # Errors
+/// `refusal`; 401 for a cached key revoked since; 503 when the store fails.
+async fn retry_of_accepted(
+    st: &crate::AppState,
+    submitter: &SubmitCaller,
+    headers: &HeaderMap,
+    s: &Submission,
+    refusal: Problem,
+) -> AppResult<SubmitOutcome> {
+    if submitter.is_cached() {
+        submitter.recheck(st, headers).await?;
+    }
+    match st
+        .store
+        .find_task(&s.tenant, &s.operation, &s.idempotency_key)
+        .await?
+    {
+        Ok(task) if idem_store::ops::is_same_request(&task, s) => Ok(SubmitOutcome::Replayed(task)),
+        Ok(task) => Ok(SubmitOutcome::Conflict { task_id: task.id }),
+        Err(_) => Err(refusal),
+    }
+}
+
 /// The JSON Pointers of the material fields in which the request `body`
 /// differs from the one task `task_id` of `tenant` was accepted with, under
 /// the material pointers frozen in its contract
@@ -202,13 +236,15 @@ fn json_response<T: Serialize>(status: StatusCode, value: &T) -> AppResult<Respo
 
 /// Validates and fingerprints a submit (role, `Idempotency-Key`, strict body,
 /// operation class, grant, RFC 8785 canonical request); returns the submission
-/// for the store.
+/// for the store, and the 400 its params get from the class's current
+/// `params_schema`, if they do not match it (a retry of an accepted request
+/// is answered all the same: [`retry_of_accepted`]).
 fn prepare_submission(
     st: &crate::AppState,
     caller: &Caller,
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> AppResult<Submission> {
+) -> AppResult<(Submission, Option<Problem>)> {
     caller.require(Role::Client)?;
     let key = parse_header_values(
         headers
@@ -223,25 +259,24 @@ fn prepare_submission(
             .iter()
             .map(HeaderValue::as_bytes),
     )
-    .map_err(|e| {
-        Problem::invalid(format!(
-            "{e}; nothing was created and the Idempotency-Key was not used"
-        ))
-    })?;
+    .map_err(|e| Problem::invalid(format!("{e}; nothing was created")))?;
     let bytes = body_bytes(body)?;
-    let prepared = match st.prepared.get(caller.0.id, &bytes) {
+    let (prepared, schema_refusal) = match st.prepared.get(caller.0.id, &bytes) {
         Some(p) => {
             // What the caller may do is checked on every request.
             caller.require_grant(&p.operation)?;
-            p
+            (p, None)
         }
         None => {
-            let p = std::sync::Arc::new(prepare_body(st, &bytes)?);
+            let (p, schema_refusal) = prepare_body(st, &bytes)?;
+            let p = std::sync::Arc::new(p);
             caller.require_grant(&p.operation)?;
             // Kept only once every check passed for this key.
-            st.prepared
-                .insert(caller.0.id, &bytes, std::sync::Arc::clone(&p));
-            p
+            if schema_refusal.is_none() {
+                st.prepared
+                    .insert(caller.0.id, &bytes, std::sync::Arc::clone(&p));
+            }
+            (p, schema_refusal)
         }
     };
     let contract = st
@@ -249,7 +284,7 @@ fn prepare_submission(
         .get(&prepared.operation)
         .cloned()
         .ok_or_else(|| unknown_operation(st, &prepared.operation))?;
-    Ok(Submission {
+    let submission = Submission {
         tenant: caller.0.tenant.clone(),
         operation: prepared.operation.clone(),
         idempotency_key: key.as_str().to_owned(),
@@ -260,31 +295,40 @@ fn prepare_submission(
         api_key_id: caller.0.id,
         grant: caller.0.operations.clone(),
         traceparent,
-    })
+    };
+    Ok((submission, schema_refusal))
 }
 
 /// A submit body read under the strict JSON rules, its operation class
 /// checked against the configuration and its request fingerprinted
-/// (IDEM-02, RFC 8785; [`idem_core::submit::prepare_submit`]): a pure
-/// function of the bytes and the configuration, so its result may be kept
+/// (IDEM-02, RFC 8785; [`idem_core::submit::read_submit`]), with the 400
+/// its params get from the class's `params_schema` if they do not match it
+/// ([`idem_core::submit::check_schema`]): a pure function of the bytes and
+/// the configuration, so a result without that refusal may be kept
 /// ([`crate::prepared`]).
 ///
 /// # Errors
 /// 400 `INVALID_REQUEST` for a body that is not strict JSON of the submit
 /// shape, an unknown operation, params that are not an object, or params the
 /// class cannot fingerprint.
-fn prepare_body(st: &crate::AppState, bytes: &[u8]) -> AppResult<crate::prepared::PreparedBody> {
-    let prepared = prepare_submit(&st.config, bytes).map_err(|e| match e {
+fn prepare_body(
+    st: &crate::AppState,
+    bytes: &[u8],
+) -> AppResult<(crate::prepared::PreparedBody, Option<Problem>)> {
+    let refuse = |e| match e {
         SubmitBodyError::UnknownOperation { operation } => unknown_operation(st, &operation),
         SubmitBodyError::Schema { operation, error } => schema_problem(&operation, error),
         other => Problem::invalid(other.to_string()),
-    })?;
-    Ok(crate::prepared::PreparedBody {
+    };
+    let prepared = read_submit(&st.config, bytes).map_err(refuse)?;
+    let schema_refusal = check_schema(&st.config, &prepared).err().map(refuse);
+    let body = crate::prepared::PreparedBody {
         operation: prepared.operation,
         params: prepared.params,
         fingerprint: prepared.canonical.fingerprint.to_string(),
         canonical_request: prepared.canonical.canonical,
-    })
+    };
+    Ok((body, schema_refusal))
 }
 
 /// The problem for params that do not match their class's schema: 400
@@ -294,7 +338,7 @@ fn schema_problem(operation: &str, e: SchemaError) -> Problem {
     match &e {
         SchemaError::Mismatch { violations, .. } => {
             let mut p = Problem::invalid(format!(
-                "`params` do not match the params_schema of `{operation}`: {e}; nothing was created and the Idempotency-Key was not used"
+                "`params` do not match the params_schema of `{operation}`: {e}; nothing was created, and this Idempotency-Key holds no task of this operation"
             ));
             p.errors = Some(
                 violations

@@ -5,7 +5,7 @@
 use serde::Deserialize;
 use utoipa::IntoParams;
 
-pub use idem_api::{AckBody, ClaimBody, Health, HeartbeatBody, Meta, SubmitBody};
+pub use idem_api::{AckBody, ClaimBody, Health, HeartbeatBody, Meta, ReleaseBody, SubmitBody};
 use idem_core::model::{
     Attempt, AttemptKind, Cancellation, Event, FailureClass, Outcome, Task, Timestamp,
 };

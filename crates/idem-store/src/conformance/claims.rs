@@ -332,6 +332,12 @@ pub async fn non_safe_lease_expiry_reconciles_then_not_committed_re_executes(sto
         "not_committed allows a new execute attempt: {:?}",
         after.state
     );
+    // … after the contract's backoff, as a transient failure's retry.
+    assert_eq!(after.state, TaskState::RetryWait);
+    assert!(
+        c.claim(&[NON_SAFE], Some(LONG_LEASE), 1).await.is_empty(),
+        "no execute attempt before the backoff passed"
+    );
     let a3 = c.claim_due(NON_SAFE, LONG_LEASE, t.id).await;
     assert_eq!(a3.kind, AttemptKind::Execute);
     assert_eq!(a3.number, 3);

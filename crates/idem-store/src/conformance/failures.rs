@@ -260,6 +260,9 @@ pub async fn revoked_key_fails_task_before_re_execution_after_reconciliation(sto
             bare(cl.attempt.generation, Outcome::NotCommitted),
         )
         .await;
+        // The next execute attempt waits its backoff, then meets the revocation.
+        c.pass(LONGEST_BACKOFF);
+        must(store.sweep(SWEEP).await, "sweep");
         assert!(
             c.claim(&[NON_SAFE], None, 1).await.is_empty(),
             "no re-execution with a revoked key"

@@ -1,5 +1,5 @@
-//! Reports on a leased attempt: heartbeats, device acknowledgments and
-//! outcome reports (SPEC §2.4–2.6).
+//! Reports on a leased attempt: heartbeats, device acknowledgments,
+//! outcome reports and releases (SPEC §2.4–2.6, §4 `/release`).
 
 use idem_core::machine::{self, HeartbeatAck, Journal, Rejection};
 use idem_core::model::{Attempt, Task, Timestamp};
@@ -88,17 +88,56 @@ impl Operation for Report {
     const WRITES: bool = true;
     async fn run<T: Tx>(&self, tx: &mut T) -> Result<Self::Reply> {
         let access = Access::new(Some(&self.tenant), &self.grant);
-        let mut ended = Vec::new();
-        let reply = on_attempt(tx, &access, self.attempt_id, |task, attempt, j, now| {
-            let was_active = attempt.state.is_active();
-            let res = machine::report(task, attempt, j, &self.report, now);
-            ended.extend(EndedAttempt::of(task, attempt, was_active, now));
-            res
+        ending_attempt(tx, &access, self.attempt_id, |task, attempt, j, now| {
+            machine::report(task, attempt, j, &self.report, now)
         })
-        .await?
-        .map(|(task, ())| task);
-        Ok(Ending { reply, ended })
+        .await
     }
+}
+
+/// An executor gives back an attempt it never started.
+#[derive(Debug, Clone)]
+pub struct Release {
+    /// Tenant.
+    pub tenant: String,
+    /// The caller's grant.
+    pub grant: Grant,
+    /// Attempt.
+    pub attempt_id: Uuid,
+    /// Generation held.
+    pub generation: i64,
+}
+
+impl Operation for Release {
+    type Reply = Ending<Result<Task, Refusal>>;
+    const WRITES: bool = true;
+    async fn run<T: Tx>(&self, tx: &mut T) -> Result<Self::Reply> {
+        let access = Access::new(Some(&self.tenant), &self.grant);
+        ending_attempt(tx, &access, self.attempt_id, |task, attempt, j, now| {
+            machine::release(task, attempt, j, self.generation, now)
+        })
+        .await
+    }
+}
+
+/// [`on_attempt`] for a transition that may end the attempt (a report, a
+/// release): the task, with the attempt's span record when it ended.
+async fn ending_attempt<T: Tx>(
+    tx: &mut T,
+    access: &Access<'_>,
+    attempt_id: Uuid,
+    f: impl FnOnce(&mut Task, &mut Attempt, &mut Journal, Timestamp) -> Result<(), Rejection>,
+) -> Result<Ending<Result<Task, Refusal>>> {
+    let mut ended = Vec::new();
+    let reply = on_attempt(tx, access, attempt_id, |task, attempt, j, now| {
+        let was_active = attempt.state.is_active();
+        let res = f(task, attempt, j, now);
+        ended.extend(EndedAttempt::of(task, attempt, was_active, now));
+        res
+    })
+    .await?
+    .map(|(task, ())| task);
+    Ok(Ending { reply, ended })
 }
 
 /// Loads attempt and task (task locked first, then the attempt reloaded), checks

@@ -17,7 +17,7 @@
 //!
 //! Families: [`keys`] (API keys), [`submit`] (submissions and the one
 //! [`submit::SubmitPlan`]), [`claim`], [`attempts`] (heartbeats,
-//! acknowledgments, reports), [`tasks`] (reads, cancellation, delivery),
+//! acknowledgments, reports, releases), [`tasks`] (reads, cancellation, delivery),
 //! [`search`] (a tenant's tasks in pages), [`operator`] (an admin's
 //! retry-now, cancel, resolve, redrive), [`feed`] (a task's history with its
 //! state, the tenant feed), [`console`] (the operator console's sessions and
@@ -44,7 +44,7 @@ pub mod submit;
 pub mod sweep;
 pub mod tasks;
 
-pub use attempts::{Acknowledge, Heartbeat, Report};
+pub use attempts::{Acknowledge, Heartbeat, Release, Report};
 pub use claim::{Claim, ClaimRequest, Claimed};
 pub use console::{
     ConsoleSession, ConsoleSessionLookup, CreateConsoleSession, EndConsoleSession, Overview,
@@ -54,7 +54,7 @@ pub use feed::{ReadFeed, TaskHistory};
 pub use keys::{Authenticate, CreateApiKey, ListApiKeys, RevokeApiKey};
 pub use operator::{OperatorCancel, Redrive, Resolve, RetryNow};
 pub use search::{SearchTasks, TaskCursor, TaskPage, TaskQuery};
-pub use submit::{Submission, Submit, SubmitBatch, SubmitOutcome, SubmitPlan};
+pub use submit::{Submission, Submit, SubmitBatch, SubmitOutcome, SubmitPlan, is_same_request};
 pub use sweep::{Sweep, SweepStats};
 pub use tasks::{
     AcknowledgeDelivery, Cancel, FindTask, GetTask, ListAttempts, ListEvents, ReadClock,
@@ -246,6 +246,8 @@ operations! {
     Acknowledge,
     /// [`Report`].
     Report,
+    /// [`Release`].
+    Release,
     /// [`Cancel`].
     Cancel,
     /// [`AcknowledgeDelivery`].

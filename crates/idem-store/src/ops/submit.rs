@@ -387,6 +387,14 @@ impl Accepted<'_> {
     }
 }
 
+/// Whether `s` is the request `task` was accepted with, as a submit to its
+/// scope judges it: the same fingerprint, or the same request under the
+/// material fields frozen in its contract (`same_request_as_accepted`).
+/// `true` answers `s` with a replay of `task`, `false` with a conflict.
+pub fn is_same_request(task: &Task, s: &Submission) -> bool {
+    task.fingerprint == s.fingerprint || same_request_as_accepted(task, s)
+}
+
 /// Whether `s`, whose fingerprint differs from `task`'s (the one its scope
 /// was bound with), is nevertheless the request the task was accepted with: the
 /// same operation, and the same fingerprint when computed under the material

@@ -763,7 +763,7 @@ fn verify_explores_a_small_bound_and_reports_each_property() {
         "{v}"
     );
     let properties = v["report"]["properties"].as_array().expect("properties");
-    assert_eq!(properties.len(), 16);
+    assert_eq!(properties.len(), 17);
     // One attempt per task: no report can go stale, so that witness is never
     // reached and the run fails rather than pass vacuously.
     let out = Command::new(BIN)

@@ -22,13 +22,13 @@ const PAY: &str = "payment.release";
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'";
 
 /// A browser of the console: its own cookie store, redirects not followed.
-struct Browser {
+pub(crate) struct Browser {
     base: String,
     http: reqwest::Client,
 }
 
 impl Browser {
-    fn new(srv: &Server) -> Browser {
+    pub(crate) fn new(srv: &Server) -> Browser {
         Browser::at(&srv.url)
     }
 
@@ -55,7 +55,7 @@ impl Browser {
 
     /// Signs in as a person does: the form first (its token, and the
     /// pre-session cookie the cookie store keeps), then the post.
-    async fn sign_in(&self, key: &str, next: Option<&str>) -> Resp {
+    pub(crate) async fn sign_in(&self, key: &str, next: Option<&str>) -> Resp {
         let page = self.get("/console/sign-in").await;
         let token = attr_after(&page.text, "name=\"sign_in_token\" value=\"");
         let mut form = vec![("sign_in_token", token.as_str()), ("api_key", key)];
@@ -65,7 +65,7 @@ impl Browser {
         self.post("/console/sign-in", &form).await
     }
 
-    async fn get(&self, path: &str) -> Resp {
+    pub(crate) async fn get(&self, path: &str) -> Resp {
         let r = send(self.http.get(format!("{}{path}", self.base))).await;
         assert_security_headers(&r, path);
         r

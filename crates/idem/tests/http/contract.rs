@@ -157,3 +157,107 @@ async fn a_retry_is_judged_by_the_fingerprint_fields_frozen_at_acceptance() {
         .await;
     assert_eq!(new["contract"]["fingerprint"], json!(["/payee", "/amount"]));
 }
+
+/// The schema a task was accepted under is frozen with its contract on the
+/// retry path too: after the class's schema is tightened (here `amount` at
+/// most 100), a retry of the accepted request replays (201, replayed) though
+/// its body no longer matches, a different request under that key is the
+/// usual conflict, and a new key with the same body gets 400 that creates
+/// nothing.
+#[tokio::test]
+async fn a_retry_replays_after_the_schema_was_tightened() {
+    let mut s = Server::start_with(Options::fast()).await;
+    let params = json!({"payee": "p", "amount": 500, "currency": "EUR"});
+    let first = s
+        .new_task("order-11-payout", "payment.release", params.clone())
+        .await;
+    s.restart_with(Options::fast().env(
+        "IDEM_OPERATIONS__PAYMENT_RELEASE__PARAMS_SCHEMA",
+        r#"{ type = "object", required = ["payee", "amount", "currency"], properties = { amount = { type = "integer", maximum = 100 } } }"#,
+    ));
+    let again = s
+        .submit("order-11-payout", "payment.release", params.clone())
+        .await;
+    assert_eq!(
+        again.header("idempotent-replayed"),
+        "true",
+        "{}",
+        again.text
+    );
+    let again = again.ok(201);
+    assert_eq!(again["meta"]["replayed"], json!(true));
+    assert_eq!(again["task"]["id"], first["id"]);
+    s.submit(
+        "order-11-payout",
+        "payment.release",
+        json!({"payee": "q", "amount": 500, "currency": "EUR"}),
+    )
+    .await
+    .assert_problem(422, "IDEMPOTENCY_CONFLICT");
+    let fresh = s.submit("order-12-payout", "payment.release", params).await;
+    fresh.assert_problem(400, "INVALID_REQUEST");
+    assert!(
+        fresh.json["detail"].as_str().unwrap().ends_with(
+            "nothing was created, and this Idempotency-Key holds no task of this operation"
+        ),
+        "{}",
+        fresh.text
+    );
+    s.get(
+        "/v1/tasks?operation=payment.release&idempotency_key=order-12-payout",
+        &s.keys.acme,
+    )
+    .await
+    .assert_problem(404, "NOT_FOUND");
+}
+
+/// Params are kept in the form they are fingerprinted in (RFC 8785): an
+/// integral amount written `1250.0` is answered, stored and handed to the
+/// executor as the integer `1250`, and a retry spelling it `1.25e3` replays
+/// with `1250`.
+#[tokio::test]
+async fn integral_numbers_are_kept_and_handed_out_as_integers() {
+    let s = Server::start_with(Options::fast()).await;
+    let body = r#"{"operation":"payment.release","params":{"payee":"p","amount":1250.0,"currency":"EUR","fx":{"rate":1e0,"legs":[2.50,3.0E+1]}}}"#;
+    let sent = s
+        .http
+        .post(format!("{}/v1/tasks", s.url))
+        .bearer_auth(&s.keys.acme)
+        .header("idempotency-key", "\"canon-1\"")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(sent.status().as_u16(), 201);
+    let text = sent.text().await.unwrap();
+    assert!(
+        text.contains(r#""amount":1250,"#)
+            && text.contains(r#""rate":1}"#)
+            && text.contains(r#""legs":[2.5,30]"#),
+        "{text}"
+    );
+    let claimed = s.claim_one("payment.release", None).await;
+    assert_eq!(
+        claimed["params"]["amount"].as_i64(),
+        Some(1250),
+        "{claimed}"
+    );
+    assert_eq!(claimed["params"]["fx"]["legs"], json!([2.5, 30]));
+    let retry = s
+        .submit(
+            "canon-1",
+            "payment.release",
+            serde_json::from_str(
+                r#"{"payee":"p","amount":1.25e3,"currency":"EUR","fx":{"legs":[2.5,30],"rate":1}}"#,
+            )
+            .unwrap(),
+        )
+        .await;
+    assert_eq!(
+        retry.header("idempotent-replayed"),
+        "true",
+        "{}",
+        retry.text
+    );
+    assert_eq!(retry.json["task"]["params"]["amount"].as_i64(), Some(1250));
+}

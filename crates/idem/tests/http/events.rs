@@ -154,6 +154,52 @@ async fn a_task_stream_resumes_after_a_cut_without_gap_or_repeat() {
     assert_eq!(bad.status().as_u16(), 400);
 }
 
+/// A task stream opened with a `Last-Event-ID` past the live task's last
+/// event is 400 `INVALID_REQUEST`, as the feed refuses a cursor ahead of it:
+/// accepted, it would silently skip every event up to that `seq` as the
+/// events are written (a new task at seq 1 resumed at 3 would send seq 4
+/// first). Its own last `seq` is accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_stream_past_the_last_event_is_refused() {
+    let srv = Server::fast().await;
+    let task = srv
+        .new_task(&ikey(), "generation.dispatch", generation("a"))
+        .await;
+    let id = s(&task["id"]);
+    let open = |last: &'static str| {
+        srv.http
+            .get(format!("{}/v1/tasks/{id}/events", srv.url))
+            .bearer_auth(&srv.keys.acme)
+            .header("accept", "text/event-stream")
+            .header("last-event-id", last)
+            .send()
+    };
+    let past = open("3").await.unwrap();
+    assert_eq!(past.status().as_u16(), 400);
+    let problem: Value = past.json().await.unwrap();
+    assert_eq!(problem["code"], "INVALID_REQUEST", "{problem}");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("past the task's last event"),
+        "{problem}"
+    );
+    let mut at_last = open("1").await.unwrap();
+    assert_eq!(at_last.status().as_u16(), 200);
+    // The stream stays open on the live task: its next event is the lease.
+    srv.claim_one("generation.dispatch", None).await;
+    let chunk = tokio::time::timeout(POLL_TIMEOUT, at_last.chunk())
+        .await
+        .expect("an event within the poll timeout")
+        .unwrap()
+        .expect("a chunk");
+    assert!(
+        String::from_utf8_lossy(&chunk).contains("id: 2"),
+        "{chunk:?}"
+    );
+}
+
 /// Feed pages: each event once, with its task, class and cursor; the next
 /// page starts after `next_cursor`; an empty page keeps the cursor; a
 /// foreign cursor or limit is 400; another tenant's feed has none of these

@@ -5,14 +5,9 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::support::{DEBUG_LOG, MOVED_MS, Options, POLL_TIMEOUT, Server, generation, payment, s};
-
-fn attempt_of<'a>(attempts: &'a [Value], id: &str) -> &'a Value {
-    attempts
-        .iter()
-        .find(|a| a["id"] == json!(id))
-        .unwrap_or_else(|| panic!("attempt {id} not listed in {attempts:?}"))
-}
+use crate::support::{
+    DEBUG_LOG, MOVED_MS, Options, POLL_TIMEOUT, Server, attempt_of, generation, payment, s,
+};
 
 #[tokio::test]
 async fn executor_claims_the_first_attempt_and_clients_cannot() {
@@ -748,6 +743,28 @@ async fn lease_ms_out_of_bounds_is_400() {
     assert_eq!(r.ok(200)["attempts"].as_array().map(Vec::len), Some(1));
 }
 
+/// A claim answers the lease length it granted (the requested one, or the
+/// class default when none was asked), and a heartbeat the length it extended
+/// the lease by: an executor counts its local lease deadline from them.
+#[tokio::test]
+async fn claim_and_heartbeat_answer_the_lease_length() {
+    let srv = Server::fast().await;
+    srv.new_task("lease-len-1", "payment.release", payment(1))
+        .await;
+    let a = srv.claim_op("payment.release", Some(100_000)).await;
+    assert_eq!(a.len(), 1);
+    assert_eq!(a[0]["lease_ms"], json!(100_000));
+    let hb = srv
+        .heartbeat(&s(&a[0]["id"]), json!({"generation": a[0]["generation"]}))
+        .await;
+    assert_eq!(hb.ok(200)["lease_ms"], json!(100_000));
+    // Without `lease_ms` the class default (`payment.release`: 30 s) is granted.
+    srv.new_task("lease-len-2", "payment.release", payment(2))
+        .await;
+    let a = srv.claim_op("payment.release", None).await;
+    assert_eq!(a[0]["lease_ms"], json!(30_000));
+}
+
 /// `external_txn_id` is an identifier: 1–200 characters, no control
 /// characters (a NUL could not even be stored on PostgreSQL). A report that
 /// breaks this is a 400 that changes nothing and is not kept as evidence; the
@@ -787,6 +804,64 @@ async fn report_external_txn_id_is_checked() {
     let task = &r.ok(200)["task"];
     assert_eq!(task["state"], json!("succeeded"));
     assert_eq!(task["delivery"]["external_txn_id"], json!("txn-é-1"));
+}
+
+/// A report's `message` is at most 4,096 characters (SPEC §7): one longer is
+/// 400 naming the field and the limit, not kept as evidence, and the attempt
+/// can still be reported; one of exactly 4,096 characters (of any script) is
+/// stored whole.
+#[tokio::test]
+async fn report_message_over_its_limit_is_400_and_stores_nothing() {
+    let srv = Server::fast().await;
+    let t = srv
+        .new_task("msg-1", "generation.dispatch", generation("cat"))
+        .await;
+    let id = s(&t["id"]);
+    let a = srv.claim_one("generation.dispatch", None).await;
+    let a_id = s(&a["id"]);
+    let failed = |message: String| json!({"generation": 1, "outcome": "failed", "failure_class": "invalid_input", "message": message});
+    let r = srv.report(&a_id, failed("é".repeat(4097))).await;
+    r.assert_problem(400, "INVALID_REQUEST");
+    let detail = s(&r.json["detail"]);
+    assert!(
+        detail.contains("`message`") && detail.contains("4096"),
+        "the detail names the field and its limit: {detail}"
+    );
+    let attempts = srv.attempts(&id).await;
+    assert_eq!(attempt_of(&attempts, &a_id)["state"], json!("leased"));
+    assert_eq!(attempt_of(&attempts, &a_id)["evidence"], json!([]));
+    let longest = "é".repeat(4096);
+    let task = srv.report(&a_id, failed(longest.clone())).await.ok(200)["task"].clone();
+    assert_eq!(task["state"], json!("failed"));
+    assert_eq!(task["failure"]["message"], json!(longest));
+}
+
+/// A body over the 1 MiB limit is 413 whose problem names the limit in bytes
+/// (`detail` and `max_bytes`); the report is not kept, and the same report
+/// with its text cut is then applied.
+#[tokio::test]
+async fn report_over_the_body_limit_is_413_naming_the_limit() {
+    let srv = Server::fast().await;
+    let t = srv
+        .new_task("big-1", "generation.dispatch", generation("cat"))
+        .await;
+    let id = s(&t["id"]);
+    let a = srv.claim_one("generation.dispatch", None).await;
+    let a_id = s(&a["id"]);
+    let unknown =
+        |message: String| json!({"generation": 1, "outcome": "unknown", "message": message});
+    let r = srv.report(&a_id, unknown("x".repeat(1024 * 1024))).await;
+    r.assert_problem(413, "PAYLOAD_TOO_LARGE");
+    assert_eq!(r.json["max_bytes"], json!(1_048_576));
+    let detail = s(&r.json["detail"]);
+    assert!(detail.contains("1048576 bytes"), "{detail}");
+    let attempts = srv.attempts(&id).await;
+    assert_eq!(attempt_of(&attempts, &a_id)["state"], json!("leased"));
+    assert_eq!(attempt_of(&attempts, &a_id)["evidence"], json!([]));
+    let task = srv.report(&a_id, unknown("x".repeat(4096))).await.ok(200)["task"].clone();
+    assert_eq!(task["state"], json!("reconciling"));
+    let attempts = srv.attempts(&id).await;
+    assert_eq!(attempt_of(&attempts, &a_id)["state"], json!("unknown"));
 }
 
 #[tokio::test]

@@ -64,7 +64,7 @@ async fn payments_that_break_the_schema_are_400_naming_the_pointer_and_keep_the_
             assert_eq!(
                 detail(&r),
                 format!(
-                    "`params` do not match the params_schema of `payment.release`: {pointer}: {message}; nothing was created and the Idempotency-Key was not used"
+                    "`params` do not match the params_schema of `payment.release`: {pointer}: {message}; nothing was created, and this Idempotency-Key holds no task of this operation"
                 ),
                 "{params}"
             );

@@ -400,6 +400,9 @@ async fn the_sdk_and_the_command_line_act_as_operators() {
     let data = &e.last().unwrap()["data"];
     assert_eq!(data["actor"]["type"], json!("cli"));
     assert_eq!(data["reason"], json!("provider back up"));
+    // The actor is the account of the process's uid, not `$USER`, which a
+    // `docker exec` or `kubectl exec` leaves unset and anyone can set.
+    assert_eq!(data["actor"]["user"], json!(account_of_this_uid()));
     let (ok, _, err) = srv.cli(&["task", "redrive", &id, "--reason", "again"]);
     assert!(
         !ok && err.contains("applies to a task in `failed`"),
@@ -411,6 +414,58 @@ async fn the_sdk_and_the_command_line_act_as_operators() {
     assert!(ok, "{err}");
     let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["cancellation"]["status"], json!("confirmed"));
+    // With `$USER` and `$LOGNAME` unset or forged: still the uid's account;
+    // an explicit `--actor` is recorded as given, and a bad one changes nothing.
+    let (id, _) = failed_payment(&srv, "cli-actor").await;
+    let mut cmd = std::process::Command::new(crate::support::BIN);
+    let out = cmd
+        .args(["task", "redrive", &id, "--reason", "from a container"])
+        .env("IDEM_STORE", srv.store())
+        .env("RUST_LOG", "warn")
+        .env_remove("IDEM_CONFIG")
+        .env_remove("LOGNAME")
+        .env("USER", "someone-else")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let e = srv.events(&id).await;
+    assert_eq!(
+        e.last().unwrap()["data"]["actor"]["user"],
+        json!(account_of_this_uid())
+    );
+    let (ok, _, err) = srv.cli(&[
+        "task",
+        "cancel",
+        &id,
+        "--reason",
+        "r",
+        "--actor",
+        "bad\u{1b}actor",
+    ]);
+    assert!(!ok && err.contains("--actor"), "{err}");
+    let before = srv.events(&id).await.len();
+    let (ok, _, err) = srv.cli(&[
+        "task",
+        "cancel",
+        &id,
+        "--reason",
+        "phoned",
+        "--actor",
+        "alice@ops",
+    ]);
+    assert!(ok, "{err}");
+    let e = srv.events(&id).await;
+    assert!(e.len() > before);
+    let cancel = e
+        .iter()
+        .rev()
+        .find(|e| e["data"]["actor"]["type"] == json!("cli"))
+        .unwrap();
+    assert_eq!(cancel["data"]["actor"]["user"], json!("alice@ops"));
     let (id, _) = reconciling(&srv, "cli-2").await;
     let (ok, out, err) = srv.cli(&[
         "task",
@@ -480,4 +535,15 @@ async fn a_reason_needs_a_visible_character() {
         json!({"type": "api_key", "api_key_id": admin_id})
     );
     assert_eq!(e["data"]["reason"], json!("\u{200B}ok\u{FEFF}"));
+}
+
+/// The account name of this process's effective uid, from the password
+/// database (`id -un`).
+fn account_of_this_uid() -> String {
+    let out = std::process::Command::new("id")
+        .arg("-un")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
 }

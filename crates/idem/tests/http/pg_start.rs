@@ -182,16 +182,15 @@ async fn start_up_logs_where_the_data_goes() {
     ] {
         let (ok, err) = cli_info(&args, dir.path());
         assert!(ok, "{args:?}: {err}");
+        let at = idem_store_postgres::testing::server_address();
+        let (host, port) = at.rsplit_once(':').unwrap();
         assert!(
-            err.contains(&format!(
-                "store: PostgreSQL database {} at 127.0.0.1:5432",
-                db.name()
-            )),
+            err.contains(&format!("store: PostgreSQL database {} at {at}", db.name())),
             "{err}"
         );
         assert!(
             err.contains(&format!(
-                "host=127.0.0.1 port=5432 database={} user=postgres",
+                "host={host} port={port} database={} user=postgres",
                 db.name()
             )),
             "{err}"
@@ -228,8 +227,9 @@ async fn serve_refuses_a_database_with_other_tables_until_migrate() {
     assert!(took < AT_ONCE, "{took:?}");
     assert!(
         err.contains(&format!(
-            "database {} at 127.0.0.1:5432 already holds 1 table(s) that are not idem's (orders) and no idem schema",
-            db.name()
+            "database {} at {} already holds 1 table(s) that are not idem's (orders) and no idem schema",
+            db.name(),
+            idem_store_postgres::testing::server_address()
         )),
         "{err}"
     );

@@ -1,4 +1,4 @@
-//! The server's connections (header and idle bounds, the connection cap),
+//! The server's connections (header, body and idle bounds, the connection cap),
 //! `--listen` names, the last log line, and a SQLite file removed under a
 //! running server.
 
@@ -284,6 +284,121 @@ async fn a_submit_is_answered_beside_3000_half_sent_requests() {
     let mut buf = [0u8; 8];
     let probe = tokio::time::timeout(Duration::from_millis(50), conns[0].read(&mut buf)).await;
     assert!(probe.is_err(), "a half-sent request was answered or closed");
+}
+
+/// Complete headers of a submit with `key` announcing a 100-byte body, and 4
+/// bytes of it.
+fn stalled_body(key: &str) -> Vec<u8> {
+    format!(
+        "POST /v1/tasks HTTP/1.1\r\nHost: idem\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: 100\r\nIdempotency-Key: stalled\r\n\r\n{{\"op"
+    )
+    .into_bytes()
+}
+
+/// 3,000 connections whose request bodies stall after complete headers
+/// (`Content-Length: 100`, 4 bytes sent) are each answered 408
+/// `REQUEST_TIMEOUT` and closed within the body bound + 1 s, counted as
+/// `body_timeout`; meanwhile a submit on a new connection is answered 201
+/// within 1 s, and a body that arrives in time is read as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_bodies_are_answered_408_and_closed_at_the_body_bound() {
+    raise_open_files(8192);
+    let bound = Duration::from_millis(2000);
+    let srv = Server::start_with(Options::fast().env("IDEM_BODY_TIMEOUT_MS", "2000")).await;
+    let limit = bound + Duration::from_secs(10);
+    let stalled = stalled_body(&srv.keys.acme);
+    let mut tasks = Vec::with_capacity(3000);
+    for _ in 0..3000 {
+        let mut conn = TcpStream::connect(addr(&srv)).await.expect("connect");
+        let sent = Instant::now();
+        conn.write_all(&stalled).await.expect("headers and 4 bytes");
+        tasks.push(tokio::spawn(async move {
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            let read = async {
+                loop {
+                    match conn.read(&mut buf).await {
+                        Ok(0) | Err(_) => return sent.elapsed(),
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+            };
+            let took = tokio::time::timeout(limit, read)
+                .await
+                .unwrap_or_else(|_| panic!("connection still open after {limit:?}"));
+            (took, String::from_utf8_lossy(&got).into_owned())
+        }));
+    }
+    let started = Instant::now();
+    let r = srv
+        .submit(&ikey(), "generation.dispatch", generation("beside"))
+        .await;
+    let submit_took = started.elapsed();
+    r.ok(201);
+    assert!(
+        submit_took < Duration::from_secs(1),
+        "the submit took {submit_took:?}"
+    );
+    let mut slowest = Duration::ZERO;
+    for task in tasks {
+        let (took, answer) = task.await.expect("join");
+        assert!(
+            answer.starts_with("HTTP/1.1 408") && answer.contains("REQUEST_TIMEOUT"),
+            "{answer}"
+        );
+        assert!(
+            answer.to_ascii_lowercase().contains("connection: close"),
+            "{answer}"
+        );
+        assert!(
+            took + Duration::from_millis(50) >= bound,
+            "closed after {took:?}, before the bound"
+        );
+        assert!(
+            took <= bound + Duration::from_secs(1),
+            "closed after {took:?}: bound + 1 s"
+        );
+        slowest = slowest.max(took);
+    }
+    println!(
+        "3000 stalled bodies: slowest answered and closed after {slowest:?} (bound {bound:?}); a new submit meanwhile in {submit_took:?}"
+    );
+    let metrics = srv.call(reqwest::Method::GET, "/metrics", None, None).await;
+    let line = "idem_http_connections_closed_total{reason=\"body_timeout\"} ";
+    let n: u64 = metrics
+        .text
+        .lines()
+        .find_map(|l| l.strip_prefix(line))
+        .map_or(0, |v| v.trim().parse().expect("a count"));
+    assert_eq!(n, 3000, "{}", metrics.text);
+    // Nothing was created by the stalled submits.
+    let found = srv
+        .get(
+            "/v1/tasks?operation=generation.dispatch&idempotency_key=stalled",
+            &srv.keys.acme,
+        )
+        .await;
+    assert_eq!(found.status, 404, "{}", found.text);
+}
+
+/// A body sent slowly but complete within the body bound is read as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_complete_within_the_bound_is_read() {
+    let srv = Server::start_with(Options::fast().env("IDEM_BODY_TIMEOUT_MS", "2000")).await;
+    let body = br#"{"operation":"generation.dispatch","params":{"prompt":"slow"}}"#;
+    let head = format!(
+        "POST /v1/tasks HTTP/1.1\r\nHost: idem\r\nAuthorization: Bearer {}\r\nContent-Length: {}\r\nIdempotency-Key: slow-1\r\n\r\n",
+        srv.keys.acme,
+        body.len()
+    );
+    let mut conn = TcpStream::connect(addr(&srv)).await.expect("connect");
+    conn.write_all(head.as_bytes()).await.unwrap();
+    for chunk in body.chunks(16) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        conn.write_all(chunk).await.unwrap();
+    }
+    let answer = read_response(&mut conn).await;
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
 }
 
 /// `--listen localhost:0` resolves the name and serves on what it resolves to.

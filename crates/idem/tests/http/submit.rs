@@ -462,6 +462,7 @@ async fn invalid_bodies_are_400_and_do_not_consume_the_key() {
     )
     .await;
     r.assert_problem(413, "PAYLOAD_TOO_LARGE");
+    assert_eq!(r.json["max_bytes"], json!(1_048_576));
     let ok = srv
         .submit(&key, "generation.dispatch", generation("small"))
         .await;

@@ -15,6 +15,14 @@ use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
+/// The attempt `id` in an attempts list (panics naming the list when it is not there).
+pub fn attempt_of<'a>(attempts: &'a [Value], id: &str) -> &'a Value {
+    attempts
+        .iter()
+        .find(|a| a["id"] == json!(id))
+        .unwrap_or_else(|| panic!("attempt {id} not listed in {attempts:?}"))
+}
+
 /// The `idem` binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_idem");
 
@@ -195,6 +203,8 @@ pub struct Server {
 struct InProcess {
     clock: idem_store::Clock,
     _stop: tokio::sync::watch::Sender<bool>,
+    /// The PostgreSQL database of [`Server::in_process_pg`], dropped last.
+    _db: Option<idem_store_postgres::testing::TestDatabase>,
 }
 
 impl Server {
@@ -264,6 +274,34 @@ impl Server {
             },
         )
         .expect("open the SQLite store");
+        Server::in_process_over(dir, keys, store, clock, None, opts).await
+    }
+
+    /// [`Server::in_process`] over a fresh PostgreSQL database (dropped with
+    /// the server) whose clock is a test clock.
+    pub async fn in_process_pg() -> Server {
+        let db = idem_store_postgres::testing::fresh_database().await;
+        let keys = Server::create_keys(&db);
+        let clock = idem_store::Clock::test();
+        let mut options = idem_store_postgres::PgOptions::default();
+        options.clock = clock.clone();
+        options.max_size = 8;
+        let store = idem_store_postgres::connect(&db, options)
+            .await
+            .expect("open the PostgreSQL store");
+        let dir = tempfile::tempdir().expect("tempdir");
+        Server::in_process_over(dir, keys, store, clock, Some(db), Options::moved()).await
+    }
+
+    /// Serves `store` (with `keys`, on `clock`) in this process.
+    async fn in_process_over(
+        dir: TempDir,
+        keys: Keys,
+        store: idem_store::Store,
+        clock: idem_store::Clock,
+        db: Option<idem_store_postgres::testing::TestDatabase>,
+        opts: Options,
+    ) -> Server {
         let text = opts
             .config
             .clone()
@@ -300,11 +338,15 @@ impl Server {
             child: None,
             _stdout: None,
             opts,
-            shared_store: None,
             url,
             http: http_client(),
             keys,
-            in_process: Some(InProcess { clock, _stop: stop }),
+            shared_store: db.as_ref().map(|db| db.url().to_owned()),
+            in_process: Some(InProcess {
+                clock,
+                _stop: stop,
+                _db: db,
+            }),
         }
     }
 
@@ -680,6 +722,16 @@ impl Server {
     pub async fn report(&self, attempt_id: &str, body: Value) -> Resp {
         self.post(
             &format!("/v1/attempts/{attempt_id}/report"),
+            &self.keys.exec,
+            body,
+        )
+        .await
+    }
+
+    /// Releases attempt `id` with the acme executor key.
+    pub async fn release(&self, attempt_id: &str, body: Value) -> Resp {
+        self.post(
+            &format!("/v1/attempts/{attempt_id}/release"),
             &self.keys.exec,
             body,
         )

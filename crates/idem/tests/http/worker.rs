@@ -16,6 +16,8 @@ use tokio::sync::watch;
 
 use crate::support::{MOVED_MS, Server, generation, payment, s};
 
+mod faults;
+
 /// A handler whose behaviour is a closure of the call number (1-based,
 /// counted per kind), recording each call as `(kind, task)`.
 #[derive(Clone, Default)]
@@ -92,7 +94,7 @@ async fn heartbeats_keep_the_lease_past_three_leases() {
         execute: Some(Arc::new(|_, ctx: &Context| {
             Box::pin(async move {
                 ctx.record_usage(2);
-                tokio::time::sleep(Duration::from_millis(1750)).await;
+                tokio::time::sleep(Duration::from_millis(4200)).await;
                 Ok(Execution::succeeded(json!({"ok": 1})))
             })
         })),
@@ -101,7 +103,7 @@ async fn heartbeats_keep_the_lease_past_three_leases() {
     let (stop, run) = spawn(
         Worker::new(executor(&srv), "w-lease")
             .with_handler("generation.dispatch", h.clone())
-            .with_lease_ms(500),
+            .with_lease_ms(1200),
     );
     let t = srv
         .new_task("wk-1", "generation.dispatch", generation("x"))
@@ -136,7 +138,7 @@ async fn a_cancel_reaches_the_running_handler() {
     let (stop, run) = spawn(
         Worker::new(executor(&srv), "w-cancel")
             .with_handler("generation.dispatch", h.clone())
-            .with_lease_ms(600),
+            .with_lease_ms(1500),
     );
     let t = srv
         .new_task("wk-2", "generation.dispatch", generation("x"))

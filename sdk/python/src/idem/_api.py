@@ -354,6 +354,11 @@ def ack(attempt_id: str, generation: int) -> Flow:
     return Task.from_json(answer.body["task"])
 
 
+def release(attempt_id: str, generation: int) -> Flow:
+    answer = yield Call("POST", f"v1/attempts/{_id(attempt_id)}/release", json={"generation": generation})
+    return Task.from_json(answer.body["task"])
+
+
 def report(attempt_id: str, body: dict[str, Any]) -> Flow:
     answer = yield Call("POST", f"v1/attempts/{_id(attempt_id)}/report", json=body)
     return Task.from_json(answer.body["task"])

@@ -250,6 +250,13 @@ class Client(_Base):
         """A device gateway's "command acknowledged" (not completed)."""
         return self._run(_api.ack(attempt_id, generation))
 
+    def release(self, attempt_id: str, generation: int) -> Task:
+        """POST /v1/attempts/{id}/release: gives back an attempt this executor never
+        started; the task is due again at once and the attempt ends ``released``.
+        ``StaleGenerationError`` (lease gone), ``AttemptAlreadyReportedError`` and
+        ``NotFoundError`` mean there is nothing to give back."""
+        return self._run(_api.release(attempt_id, generation))
+
     def report(self, attempt_id: str, body: dict[str, Any]) -> Task:
         """POST /v1/attempts/{id}/report with ``body`` (``generation``, ``outcome``, …)."""
         return self._run(_api.report(attempt_id, body))
@@ -403,6 +410,9 @@ class AsyncClient(_Base):
 
     async def ack(self, attempt_id: str, generation: int) -> Task:
         return await self._run(_api.ack(attempt_id, generation))
+
+    async def release(self, attempt_id: str, generation: int) -> Task:
+        return await self._run(_api.release(attempt_id, generation))
 
     async def report(self, attempt_id: str, body: dict[str, Any]) -> Task:
         return await self._run(_api.report(attempt_id, body))

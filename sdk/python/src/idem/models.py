@@ -227,7 +227,8 @@ TERMINAL_EVENTS = frozenset({"delivered", "task_failed", "cancel_confirmed"})
 @dataclass(frozen=True)
 class ClaimedAttempt:
     """A leased attempt handed to an executor. ``traceparent`` is None when the
-    server sends none."""
+    server sends none; ``lease_ms`` (the lease length granted, ms) is None from a
+    server that does not send it."""
 
     id: str
     task_id: str
@@ -239,6 +240,7 @@ class ClaimedAttempt:
     params: Any
     idempotency_key: str
     traceparent: str | None = None
+    lease_ms: int | None = None
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ClaimedAttempt:
@@ -253,20 +255,24 @@ class ClaimedAttempt:
             params=d.get("params"),
             idempotency_key=d["idempotency_key"],
             traceparent=d.get("traceparent"),
+            lease_ms=d.get("lease_ms"),
         )
 
 
 @dataclass(frozen=True)
 class HeartbeatAck:
-    """The answer to a heartbeat: the extended lease end, and whether a
-    cancellation is pending (stop and report ``cancelled`` with usage)."""
+    """The answer to a heartbeat: the extended lease end, whether a
+    cancellation is pending (stop and report ``cancelled`` with usage), and
+    ``lease_ms``, the length the lease was extended by (None from a server that
+    does not send it)."""
 
     lease_expires_at: datetime
     cancel_requested: bool
+    lease_ms: int | None = None
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> HeartbeatAck:
-        return cls(_time(d["lease_expires_at"]), bool(d["cancel_requested"]))
+        return cls(_time(d["lease_expires_at"]), bool(d["cancel_requested"]), d.get("lease_ms"))
 
 
 @dataclass(frozen=True)

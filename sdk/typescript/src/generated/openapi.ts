@@ -81,7 +81,11 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** Lease attempts (executors). Never leases one attempt twice; optional long-poll. */
+        /**
+         * Lease attempts (executors). Never leases one attempt twice; optional
+         *     long-poll. Attempts whose answer cannot be handed to the connection (the
+         *     client is gone) are released at once.
+         */
         post: operations["claim"];
         delete?: never;
         options?: never;
@@ -117,6 +121,28 @@ export interface paths {
         put?: never;
         /** Extend a lease; learn whether a cancellation is pending. */
         post: operations["heartbeat"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/attempts/{id}/release": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Give back an attempt the executor never started (a worker shutting down):
+         *     the task is claimable again at once, the attempt kept `released`, counted
+         *     against no limit and never reconciled. Fenced by generation like a report;
+         *     an exact repeat answers 200 again.
+         */
+        post: operations["release"];
         delete?: never;
         options?: never;
         head?: never;
@@ -401,7 +427,7 @@ export interface components {
          * @description Attempt state (SPEC §3).
          * @enum {string}
          */
-        AttemptState: "leased" | "acknowledged" | "succeeded" | "failed" | "unknown" | "expired" | "cancelled" | "committed" | "not_committed";
+        AttemptState: "leased" | "acknowledged" | "succeeded" | "failed" | "unknown" | "expired" | "cancelled" | "committed" | "not_committed" | "released";
         /** @description `{"attempts": [...]}`. */
         AttemptsEnvelope: {
             /** @description Attempts by number, each with its evidence. */
@@ -501,6 +527,13 @@ export interface components {
             lease_expires_at: components["schemas"]["Timestamp"];
             /**
              * Format: int64
+             * @description The lease length granted, ms (the requested `lease_ms` or the class
+             *     default, within the class's bounds): an executor counts its local
+             *     lease deadline from the time it sent the claim.
+             */
+            lease_ms: number;
+            /**
+             * Format: int64
              * @description Attempt number.
              */
             number: number;
@@ -593,7 +626,7 @@ export interface components {
          * @description The type of an audit event (SPEC §2.10): which transition wrote it.
          * @enum {string}
          */
-        EventKind: "task_submitted" | "attempt_leased" | "usage_recorded" | "command_acknowledged" | "duplicate_report" | "stale_report" | "completion_observed" | "reconciled" | "attempt_failed" | "outcome_unknown" | "attempt_cancelled" | "lease_expired" | "delivered" | "cancel_requested" | "cancel_confirmed" | "cancel_too_late" | "task_failed" | "reconciliation_required" | "retry_scheduled" | "task_woken" | "delivery_acknowledged" | "key_released" | "operator_retry_now" | "operator_cancel" | "operator_resolved" | "operator_redriven";
+        EventKind: "task_submitted" | "attempt_leased" | "usage_recorded" | "command_acknowledged" | "duplicate_report" | "stale_report" | "completion_observed" | "reconciled" | "attempt_failed" | "outcome_unknown" | "attempt_cancelled" | "lease_expired" | "attempt_released" | "delivered" | "cancel_requested" | "cancel_confirmed" | "cancel_too_late" | "task_failed" | "reconciliation_required" | "retry_scheduled" | "task_woken" | "delivery_acknowledged" | "key_released" | "operator_retry_now" | "operator_cancel" | "operator_resolved" | "operator_redriven";
         /** @description `{"events": [...]}`. */
         EventsEnvelope: {
             /** @description Events by sequence number. */
@@ -712,6 +745,13 @@ export interface components {
             cancel_requested: boolean;
             /** @description The extended lease end. */
             lease_expires_at: components["schemas"]["Timestamp"];
+            /**
+             * Format: int64
+             * @description The length the lease was just extended by, ms (the attempt's lease
+             *     length, counted from the heartbeat's arrival): an executor counts its
+             *     local lease deadline from the time it sent the heartbeat.
+             */
+            lease_ms: number;
         };
         /** @description One value of a request that breaks a rule (a member of [`Problem::errors`]). */
         InvalidValue: {
@@ -778,6 +818,11 @@ export interface components {
              */
             errors?: components["schemas"]["InvalidValue"][] | null;
             /**
+             * Format: int64
+             * @description For `PAYLOAD_TOO_LARGE`: the largest body accepted, in bytes.
+             */
+            max_bytes?: number | null;
+            /**
              * Format: int32
              * @description HTTP status code.
              */
@@ -796,7 +841,7 @@ export interface components {
          * @description Stable machine-readable code of a problem (SPEC §4 status table).
          * @enum {string}
          */
-        ProblemCode: "IDEMPOTENCY_KEY_MISSING" | "IDEMPOTENCY_KEY_INVALID" | "IDEMPOTENCY_CONFLICT" | "INVALID_REQUEST" | "UNAUTHENTICATED" | "PERMISSION_DENIED" | "NOT_FOUND" | "METHOD_NOT_ALLOWED" | "STALE_GENERATION" | "ATTEMPT_ALREADY_REPORTED" | "NOT_DELIVERED" | "INVALID_STATE" | "SUBMITTER_REVOKED" | "CONFLICT" | "PAYLOAD_TOO_LARGE" | "UNAVAILABLE" | "INTERNAL";
+        ProblemCode: "IDEMPOTENCY_KEY_MISSING" | "IDEMPOTENCY_KEY_INVALID" | "IDEMPOTENCY_CONFLICT" | "INVALID_REQUEST" | "UNAUTHENTICATED" | "PERMISSION_DENIED" | "NOT_FOUND" | "METHOD_NOT_ALLOWED" | "STALE_GENERATION" | "ATTEMPT_ALREADY_REPORTED" | "NOT_DELIVERED" | "INVALID_STATE" | "SUBMITTER_REVOKED" | "CONFLICT" | "REQUEST_TIMEOUT" | "PAYLOAD_TOO_LARGE" | "UNAVAILABLE" | "INTERNAL";
         /** @description `{"reason": "…"}`: the body of `retry-now`, `redrive` and an admin's `cancel`. */
         ReasonBody: {
             /**
@@ -805,6 +850,14 @@ export interface components {
              *     format characters, Unicode category Cf), no control characters.
              */
             reason: string;
+        };
+        /** @description Release body: the executor gives back an attempt it never started. */
+        ReleaseBody: {
+            /**
+             * Format: int64
+             * @description The generation the executor holds.
+             */
+            generation: number;
         };
         /** @description Report body. */
         ReportBody: {
@@ -819,7 +872,10 @@ export interface components {
              * @description The generation the executor holds.
              */
             generation: number;
-            /** @description Free text. */
+            /**
+             * @description Free text (an error's message), at most 4,096 characters: a longer
+             *     one is 400 `INVALID_REQUEST` and nothing is stored.
+             */
             message?: string | null;
             /** @description `succeeded`, `failed`, `unknown`, `cancelled`, `committed`, `not_committed`. */
             outcome: components["schemas"]["Outcome"];
@@ -1314,6 +1370,96 @@ export interface operations {
                 };
             };
             /** @description STALE_GENERATION */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Payload Too Large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    release: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description attempt id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ReleaseBody"];
+            };
+        };
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TaskEnvelope"];
+                };
+            };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description STALE_GENERATION (an old generation or an expired lease), or ATTEMPT_ALREADY_REPORTED (the attempt was reported or acknowledged: it started) */
             409: {
                 headers: {
                     [name: string]: unknown;
