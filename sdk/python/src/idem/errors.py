@@ -37,7 +37,7 @@ class IdemError(Exception):
         self.title = title
         #: The answer's ``X-Request-Id``.
         self.request_id = request_id
-        #: ``Retry-After`` in seconds (503 ``UNAVAILABLE``).
+        #: ``Retry-After`` in seconds (503 ``UNAVAILABLE`` or ``OVERLOADED``).
         self.retry_after = retry_after
         #: The whole problem document as received.
         self.problem: dict[str, Any] = problem or {}
@@ -141,6 +141,11 @@ class UnavailableError(IdemError):
     """503 ``UNAVAILABLE``: the store is unavailable, nothing was half-written."""
 
 
+class OverloadedError(IdemError):
+    """503 ``OVERLOADED``: the store is healthy but had no connection free in
+    time; nothing was written. Retry no sooner than ``retry_after`` seconds."""
+
+
 class InternalError(IdemError):
     """500 ``INTERNAL``."""
 
@@ -163,6 +168,7 @@ ERRORS_BY_CODE: dict[str, type[IdemError]] = {
     "CONFLICT": ConflictError,
     "PAYLOAD_TOO_LARGE": PayloadTooLargeError,
     "UNAVAILABLE": UnavailableError,
+    "OVERLOADED": OverloadedError,
     "INTERNAL": InternalError,
 }
 
