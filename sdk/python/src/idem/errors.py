@@ -133,6 +133,11 @@ class ConflictError(IdemError):
     """409 ``CONFLICT``: another refusal of the state machine."""
 
 
+class RequestTimeoutError(IdemError):
+    """408 ``REQUEST_TIMEOUT``: the request body was not complete within the
+    server's body bound; the connection was closed."""
+
+
 class PayloadTooLargeError(IdemError):
     """413 ``PAYLOAD_TOO_LARGE``."""
 
@@ -166,6 +171,7 @@ ERRORS_BY_CODE: dict[str, type[IdemError]] = {
     "INVALID_STATE": InvalidStateError,
     "SUBMITTER_REVOKED": SubmitterRevokedError,
     "CONFLICT": ConflictError,
+    "REQUEST_TIMEOUT": RequestTimeoutError,
     "PAYLOAD_TOO_LARGE": PayloadTooLargeError,
     "UNAVAILABLE": UnavailableError,
     "OVERLOADED": OverloadedError,
