@@ -77,6 +77,10 @@ problem_codes! {
         /// 503: the store (or the metrics recorder) is unavailable; nothing
         /// was half-written.
         Unavailable => "UNAVAILABLE",
+        /// 503: the store is healthy but every connection (PostgreSQL) stayed
+        /// busy for as long as the request may wait for one; nothing was
+        /// written. Sent with `Retry-After` (seconds): retry no sooner.
+        Overloaded => "OVERLOADED",
         /// 500: an internal error.
         Internal => "INTERNAL",
     }

@@ -81,7 +81,8 @@ pub enum ClientError {
         status: u16,
         /// The problem document (boxed: keeps `Result`s small).
         problem: Box<Problem>,
-        /// The `Retry-After` delay, if the server sent one (503 `UNAVAILABLE`).
+        /// The `Retry-After` delay, if the server sent one (503 `UNAVAILABLE`
+        /// or `OVERLOADED`).
         retry_after: Option<Duration>,
         /// The `X-Request-Id` of the answer, if any.
         request_id: Option<String>,
@@ -133,6 +134,21 @@ impl ClientError {
             ClientError::Api { problem, .. } => Some(problem),
             _ => None,
         }
+    }
+
+    /// The `Retry-After` delay idem asked for (503 `UNAVAILABLE` and
+    /// `OVERLOADED`): wait at least this long before sending again.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            ClientError::Api { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
+
+    /// Whether idem answered 503 `OVERLOADED`: the store is healthy but had
+    /// no connection free in time; back off for [`ClientError::retry_after`].
+    pub fn is_overloaded(&self) -> bool {
+        self.code() == Some(ProblemCode::Overloaded.as_str())
     }
 
     /// Whether the request timed out.

@@ -372,7 +372,8 @@ impl Worker {
 
     /// Claims and runs attempts until `shutdown` resolves, then lets running
     /// attempts finish within the grace and returns. Claim failures (idem
-    /// unreachable, 503) are retried after [`RETRY_PAUSE`]. A claim open when
+    /// unreachable, 503) are retried after [`RETRY_PAUSE`], or the answer's
+    /// `Retry-After` when longer (503 `OVERLOADED`). A claim open when
     /// `shutdown` resolves is kept while attempts run (closed at once when
     /// none does); an attempt it brings is released, never run. Attempts
     /// still running when the grace ends are abandoned, unreported.
@@ -443,9 +444,12 @@ impl Worker {
                     }
                 }
                 Err(e) if e.is_retryable() => {
+                    // At least as long as idem asked (`Retry-After` of a 503
+                    // `OVERLOADED` or `UNAVAILABLE`).
+                    let pause = e.retry_after().unwrap_or_default().max(RETRY_PAUSE);
                     tokio::select! {
                         () = &mut shutdown => break Ok(()),
-                        () = tokio::time::sleep(RETRY_PAUSE) => {}
+                        () = tokio::time::sleep(pause) => {}
                     }
                 }
                 Err(e) => break Err(e),

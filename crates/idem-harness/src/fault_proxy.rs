@@ -8,7 +8,9 @@
 //!   `…/report`, `…/release`, `…/ack` are `heartbeat`, `report`, `release`,
 //!   `ack`; `POST /v1/tasks` is `submit`; anything else is `other`.
 //! - **Modes** ([`Mode`]): `pass` forwards; `503` answers a problem
-//!   ([`INJECTED_503_BODY`]) without forwarding; `reset` reads the request
+//!   ([`INJECTED_503_BODY`]) without forwarding; `503-overloaded` answers
+//!   503 `OVERLOADED` with `Retry-After` ([`INJECTED_OVERLOADED_BODY`],
+//!   [`INJECTED_RETRY_AFTER_S`]) without forwarding; `reset` reads the request
 //!   head, forwards nothing and closes the TCP connection with an RST
 //!   (`SO_LINGER` 0); `hang` forwards nothing and never answers, keeping the
 //!   connection open until the client closes it; `drop-answer` forwards,
@@ -48,7 +50,7 @@ use std::task::{Context, Poll};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
-use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde::{Deserialize, Serialize};
@@ -62,6 +64,14 @@ use tokio::task::{JoinHandle, JoinSet};
 /// is unavailable.
 pub const INJECTED_503_BODY: &str =
     r#"{"type":"about:blank","title":"injected fault","status":503,"code":"STORE_UNAVAILABLE"}"#;
+
+/// The body of the answer of mode [`Mode::Overloaded`], with status 503 and
+/// `Content-Type: application/problem+json`.
+pub const INJECTED_OVERLOADED_BODY: &str =
+    r#"{"type":"about:blank","title":"injected fault","status":503,"code":"OVERLOADED"}"#;
+
+/// The `Retry-After` of the answer of mode [`Mode::Overloaded`], seconds.
+pub const INJECTED_RETRY_AFTER_S: u32 = 2;
 
 /// The largest request body [`Mode::TooLarge`] reads before it answers 413
 /// (bodies idem accepts are smaller), bytes.
@@ -141,6 +151,11 @@ pub enum Mode {
     /// `503`: answer 503 with [`INJECTED_503_BODY`], forward nothing.
     #[serde(rename = "503")]
     Unavailable,
+    /// `503-overloaded`: answer 503 with [`INJECTED_OVERLOADED_BODY`] and
+    /// `Retry-After:` [`INJECTED_RETRY_AFTER_S`], forward nothing (what idem
+    /// answers when no database connection came free in time).
+    #[serde(rename = "503-overloaded")]
+    Overloaded,
     /// `reset`: forward nothing, close the connection with an RST.
     #[serde(rename = "reset")]
     Reset,
@@ -498,6 +513,19 @@ async fn handle(req: Request<Incoming>, shared: &Shared, closer: &Closer) -> Res
                 CONTENT_TYPE,
                 HeaderValue::from_static("application/problem+json"),
             );
+            res
+        }
+        Mode::Overloaded => {
+            let mut res = Response::new(full(Bytes::from_static(
+                INJECTED_OVERLOADED_BODY.as_bytes(),
+            )));
+            *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            res.headers_mut().insert(
+                CONTENT_TYPE,
+                HeaderValue::from_static("application/problem+json"),
+            );
+            res.headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from(INJECTED_RETRY_AFTER_S));
             res
         }
         Mode::Reset => {

@@ -157,7 +157,8 @@ pub struct SubmitPhase {
 }
 
 /// What the servers' listening sessions (`LISTEN idem_changes`, one per
-/// instance) cost over the whole run. Each runs a transaction of its own for
+/// instance, whose last statement is that or their round trip
+/// `idem_store_postgres::notify::PING_SQL`) cost over the whole run. Each runs a transaction of its own for
 /// every batch of notifications it is woken for, and PostgreSQL 15 publishes
 /// those counts only when the session ends (the idle-session flush timer is
 /// armed only after a command, and a listening session gets none), so the
@@ -333,8 +334,9 @@ impl PgStats {
         let started = Instant::now();
         self.number(&format!(
             "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity \
-             WHERE datname = current_database() AND query = 'LISTEN {}'",
-            idem_store::changes::CHANNEL
+             WHERE datname = current_database() AND query IN ('LISTEN {}', '{}')",
+            idem_store::changes::CHANNEL,
+            idem_store_postgres::notify::PING_SQL,
         ))
         .await
         .context("ending the listening sessions")?;

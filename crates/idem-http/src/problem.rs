@@ -8,13 +8,39 @@ use idem_store::{Refusal, StoreError};
 
 /// An `application/problem+json` body (RFC 9457 §3) as the server answers
 /// with it: the [`idem_api::Problem`] document (reached through `Deref`),
-/// and whether the answer carries `Retry-After: 1` (a store that is
-/// unavailable).
+/// and the `Retry-After` it carries, in seconds, if any (a store that is
+/// unavailable or overloaded).
 #[derive(Debug, Clone)]
 pub struct Problem {
     doc: idem_api::Problem,
-    retry_after: bool,
+    retry_after: Option<u32>,
 }
+
+/// `Retry-After` of a 503 `UNAVAILABLE`, seconds: the store failed (a lost
+/// connection, a restart, a failover); a prompt retry finds out whether it
+/// is back, and the client's own backoff spaces further ones.
+pub const UNAVAILABLE_RETRY_AFTER_S: u32 = 1;
+
+/// `Retry-After` of a 503 `OVERLOADED`, seconds. The request already queued
+/// for a connection for the pool's whole wait bound (`PgOptions::pool_timeout`,
+/// 5 s by default) without getting one, so work arrives faster than the pool
+/// drains it; retrying at once only lengthens that queue. Two seconds is long
+/// enough for the queue ahead to drain (a connection runs hundreds of
+/// operations a second), and short next to the wait already spent.
+pub const OVERLOADED_RETRY_AFTER_S: u32 = 2;
+
+/// `idem_overloaded_total`: requests that met an overloaded store, by
+/// `handled` (docs/operations.md).
+pub const OVERLOADED_TOTAL: &str = "idem_overloaded_total";
+
+/// `handled` values of [`OVERLOADED_TOTAL`]: `refused` (answered 503
+/// `OVERLOADED`), `waited` (a long-poll claim kept waiting within its
+/// `wait_ms` instead).
+pub const OVERLOAD_HANDLING: [&str; 2] = ["refused", "waited"];
+
+/// `idem_store_unavailable_total`: requests answered 503 `UNAVAILABLE`
+/// because the store failed (docs/operations.md).
+pub const STORE_UNAVAILABLE_TOTAL: &str = "idem_store_unavailable_total";
 
 /// The document's schema: a [`Problem`] answers as its [`idem_api::Problem`].
 impl utoipa::PartialSchema for Problem {
@@ -61,7 +87,7 @@ impl Problem {
                 code,
                 detail,
             ),
-            retry_after: false,
+            retry_after: None,
         }
     }
 
@@ -140,7 +166,19 @@ impl From<StoreError> for Problem {
                     ProblemCode::Unavailable,
                     "the store is unavailable and nothing is left half-written; retry (a submit with the same Idempotency-Key: its answer says whether an earlier try was accepted)",
                 );
-                p.retry_after = true;
+                p.retry_after = Some(UNAVAILABLE_RETRY_AFTER_S);
+                p
+            }
+            StoreError::Overloaded(_) => {
+                tracing::warn!(error = %e, "store overloaded");
+                let mut p = Problem::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    ProblemCode::Overloaded,
+                    format!(
+                        "the store is overloaded: no database connection came free in time; nothing was written; retry after {OVERLOADED_RETRY_AFTER_S} s (a submit with the same Idempotency-Key)"
+                    ),
+                );
+                p.retry_after = Some(OVERLOADED_RETRY_AFTER_S);
                 p
             }
             StoreError::Rejected(_) => {
@@ -246,6 +284,17 @@ impl IntoResponse for Problem {
     fn into_response(self) -> Response {
         let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let retry_after = self.retry_after;
+        // Counted when answered, not when made: a waiting claim that meets
+        // an overload keeps waiting instead ([`OVERLOAD_HANDLING`]).
+        match (self.doc.code, retry_after) {
+            (ProblemCode::Overloaded, _) => {
+                metrics::counter!(OVERLOADED_TOTAL, "handled" => "refused").increment(1);
+            }
+            (ProblemCode::Unavailable, Some(_)) => {
+                metrics::counter!(STORE_UNAVAILABLE_TOTAL).increment(1);
+            }
+            _ => {}
+        }
         // Only `ProblemCode::Other` fails to serialize, and the server never
         // builds a problem with it.
         let body = serde_json::to_vec(&self.doc).unwrap_or_default();
@@ -254,9 +303,9 @@ impl IntoResponse for Problem {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
-        if retry_after {
+        if let Some(seconds) = retry_after {
             res.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }
         res
     }

@@ -137,6 +137,20 @@ fn describe_metrics() {
     for reason in serve::CLOSE_REASONS {
         metrics::counter!(serve::CONNECTIONS_CLOSED, "reason" => reason).increment(0);
     }
+    describe_counter!(
+        crate::problem::OVERLOADED_TOTAL,
+        Unit::Count,
+        "Requests that found every database connection busy for the pool's wait bound, by handled: refused (503 OVERLOADED), waited (a long-poll claim kept waiting)."
+    );
+    for handled in crate::problem::OVERLOAD_HANDLING {
+        metrics::counter!(crate::problem::OVERLOADED_TOTAL, "handled" => handled).increment(0);
+    }
+    describe_counter!(
+        crate::problem::STORE_UNAVAILABLE_TOTAL,
+        Unit::Count,
+        "Requests answered 503 UNAVAILABLE because the store failed."
+    );
+    metrics::counter!(crate::problem::STORE_UNAVAILABLE_TOTAL).increment(0);
     std::sync::LazyLock::force(&SUBMITS);
     std::sync::LazyLock::force(&REPORTS);
     for (name, help) in [

@@ -142,10 +142,17 @@ pub(crate) fn connect_pg_error(e: tokio_postgres::Error, target: &Target) -> Sto
     ))
 }
 
-/// A pool failure (no connection within the timeout, cannot connect …).
+/// A pool failure: every connection stayed busy for the pool's wait
+/// timeout → [`StoreError::Overloaded`] (the database answers; this instance
+/// has more work than connections); a connection that cannot be opened or
+/// checked in time, or any other failure → [`StoreError::Unavailable`].
 pub(crate) fn pool_error(e: deadpool_postgres::PoolError) -> StoreError {
+    use deadpool_postgres::{PoolError, TimeoutType};
     match e {
-        deadpool_postgres::PoolError::Backend(e) => map_pg_error(e),
+        PoolError::Backend(e) => map_pg_error(e),
+        PoolError::Timeout(TimeoutType::Wait) => StoreError::Overloaded(
+            "every pooled PostgreSQL connection stayed busy for the pool's wait timeout".into(),
+        ),
         other => StoreError::Unavailable(format!("connection pool: {other}")),
     }
 }

@@ -42,7 +42,7 @@ use tokio::sync::mpsc;
 mod error;
 mod feed;
 mod migrate;
-mod notify;
+pub mod notify;
 mod rows;
 mod run;
 mod target;

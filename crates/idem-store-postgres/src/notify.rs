@@ -8,6 +8,24 @@
 //! told to resync once it listens again (what committed in between was not
 //! heard), and it reconnects with a backoff of [`RECONNECT_MIN`] doubling to
 //! [`RECONNECT_MAX`].
+//!
+//! A listening connection only receives, so a link that goes silent (a
+//! dropped route, a frozen middlebox: no FIN, no RST) would look like a quiet
+//! database for ever. Two checks end it:
+//! - a round trip: every [`PING_EVERY`] the session sends [`PING_SQL`] on
+//!   that connection; no answer within [`PING_TIMEOUT`] (or an error) ends
+//!   the session as lost;
+//! - TCP keepalive ([`KEEPALIVE_IDLE`], [`KEEPALIVE_INTERVAL`],
+//!   [`KEEPALIVE_RETRIES`]), for a peer that is gone at the TCP level.
+//!
+//! The bound ([`SILENT_REPLACED_WITHIN`], 10 s): a silent listening
+//! connection is given up at most [`PING_EVERY`] + [`PING_TIMEOUT`] (8 s)
+//! after the link went silent, and a new one listens after the reconnect
+//! backoff ([`RECONNECT_MIN`] for a first loss) and the connect, when a new
+//! connection can reach the database. Meanwhile
+//! waiters re-check the store on their own bounded interval (claims:
+//! `CLAIM_RECHECK` of idem-http), and all of them re-check when the new
+//! connection listens ([`idem_store::Notice::Resync`]).
 
 use std::time::Duration;
 
@@ -24,10 +42,32 @@ pub const RECONNECT_MAX: Duration = Duration::from_secs(5);
 /// the reconnect backoff from [`RECONNECT_MIN`] again (a connection that
 /// keeps breaking right after it listens backs off to [`RECONNECT_MAX`]).
 pub const STABLE_AFTER: Duration = Duration::from_secs(10);
-/// TCP keepalive idle time of the listening connection: a link that went
-/// silent is noticed (and the subscribers resynced) within about this long
-/// plus the kernel's probes.
+/// TCP keepalive idle time of the listening connection: with
+/// [`KEEPALIVE_INTERVAL`] and [`KEEPALIVE_RETRIES`], a peer gone at the TCP
+/// level is noticed within 30 + 3 × 5 = 45 s even if the round trip
+/// ([`PING_EVERY`]) could not tell (the kernel gives up on the socket).
 pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+/// Time between two unanswered TCP keepalive probes.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+/// Unanswered TCP keepalive probes after which the kernel drops the socket.
+pub const KEEPALIVE_RETRIES: u32 = 3;
+/// How often the listening session makes a round trip ([`PING_SQL`]) on its
+/// connection. A silent link is noticed by TCP only where the far end is
+/// gone; a middlebox that accepts bytes and forwards none is noticed only by
+/// a query that gets no answer.
+pub const PING_EVERY: Duration = Duration::from_secs(5);
+/// How long the round trip may take before the connection counts as lost
+/// (the query is trivial; a healthy but busy server answers it in
+/// milliseconds, and a reconnect costs little: one connection and a resync).
+pub const PING_TIMEOUT: Duration = Duration::from_secs(3);
+/// The bound on replacing a listening connection whose link went silent,
+/// while a new connection can reach the database and the loss is the first
+/// in a row: [`PING_EVERY`] + [`PING_TIMEOUT`] to notice, [`RECONNECT_MIN`]
+/// of backoff, and up to 1.9 s to connect and listen again. A loss right
+/// after another adds that one's backoff (at most [`RECONNECT_MAX`]).
+pub const SILENT_REPLACED_WITHIN: Duration = Duration::from_secs(10);
+/// The round trip's statement; its text names it in `pg_stat_activity`.
+pub const PING_SQL: &str = "SELECT 1 /* idem listening connection */";
 
 /// The store's changes and the signal that ends its listener: the listener
 /// stops when this is dropped with the last clone of the backend.
@@ -41,7 +81,10 @@ impl Listening {
     /// Changes whose listener connects with `cfg` and `tls` once started.
     pub(crate) fn new(mut cfg: tokio_postgres::Config, tls: MakeRustlsConnect) -> Listening {
         let (stop, stopped) = watch::channel(());
-        cfg.keepalives(true).keepalives_idle(KEEPALIVE_IDLE);
+        cfg.keepalives(true)
+            .keepalives_idle(KEEPALIVE_IDLE)
+            .keepalives_interval(KEEPALIVE_INTERVAL)
+            .keepalives_retries(KEEPALIVE_RETRIES);
         let changes = Changes::with_starter(move |publisher| {
             tokio::spawn(listen(cfg, tls, publisher, stopped));
         });
@@ -131,6 +174,11 @@ async fn session(
         tracing::info!("change notifications: listening again; waiters re-checked the store");
     }
     let since = tokio::time::Instant::now();
+    let mut ping_at = tokio::time::interval_at(since + PING_EVERY, PING_EVERY);
+    ping_at.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The round trip in flight, bounded by `PING_TIMEOUT`; it completes only
+    // while the connection is driven, below.
+    let mut ping = None;
     loop {
         tokio::select! {
             _ = stopped.changed() => return Ended::Stopped,
@@ -138,6 +186,29 @@ async fn session(
                 if let Some(cause) = handle(m, publisher) {
                     return Ended::Lost(cause, Some(since.elapsed()));
                 }
+            }
+            _ = ping_at.tick(), if ping.is_none() => {
+                ping = Some(Box::pin(tokio::time::timeout(
+                    PING_TIMEOUT,
+                    client.simple_query(PING_SQL),
+                )));
+            }
+            answered = async {
+                match ping.as_mut() {
+                    Some(in_flight) => in_flight.await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                ping = None;
+                let cause = match answered {
+                    Ok(Ok(_)) => continue,
+                    Ok(Err(e)) => format!("the round trip failed: {e}"),
+                    Err(_) => format!(
+                        "no answer to a round trip within {} ms (the link went silent)",
+                        PING_TIMEOUT.as_millis()
+                    ),
+                };
+                return Ended::Lost(cause, Some(since.elapsed()));
             }
         }
     }

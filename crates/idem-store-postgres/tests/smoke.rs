@@ -1178,51 +1178,6 @@ async fn start_up_waits_for_another_instances_migration_and_says_so() {
     drop(release.await.unwrap());
 }
 
-/// A TCP proxy to PostgreSQL that can go silent: while `paused` it keeps
-/// accepting bytes (the kernel acknowledges them) but forwards nothing either
-/// way, as a frozen middlebox or a dropped route does. Returns its port.
-async fn pausable_proxy(paused: std::sync::Arc<std::sync::atomic::AtomicBool>) -> u16 {
-    let upstream = idem_store_postgres::testing::server_address();
-    use std::sync::atomic::Ordering;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((inbound, _)) = listener.accept().await {
-            let Ok(outbound) = tokio::net::TcpStream::connect(&upstream).await else {
-                continue;
-            };
-            let (ri, wi) = inbound.into_split();
-            let (ro, wo) = outbound.into_split();
-            for (mut from, mut to) in [
-                (
-                    Box::new(ri) as Box<dyn tokio::io::AsyncRead + Unpin + Send>,
-                    Box::new(wo) as Box<dyn tokio::io::AsyncWrite + Unpin + Send>,
-                ),
-                (Box::new(ro), Box::new(wi)),
-            ] {
-                let paused = std::sync::Arc::clone(&paused);
-                tokio::spawn(async move {
-                    let mut buf = vec![0u8; 16 * 1024];
-                    loop {
-                        let n = match from.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => n,
-                        };
-                        while paused.load(Ordering::SeqCst) {
-                            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                        }
-                        if to.write_all(&buf[..n]).await.is_err() {
-                            return;
-                        }
-                    }
-                });
-            }
-        }
-    });
-    port
-}
-
 /// A link to PostgreSQL that goes silent mid-operation (no error, no reset:
 /// the server's `statement_timeout` cannot reach idem) ends in `Unavailable`
 /// within `operation_timeout`, for reads, submits and pings alike, instead of
@@ -1232,11 +1187,9 @@ async fn pausable_proxy(paused: std::sync::Arc<std::sync::atomic::AtomicBool>) -
 async fn a_silent_link_ends_in_unavailable_within_the_operation_timeout() {
     use std::sync::atomic::Ordering;
     let url = fresh_database().await;
-    let paused = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let port = pausable_proxy(std::sync::Arc::clone(&paused)).await;
-    let at = idem_store_postgres::testing::server_address();
-    let via = url.replace(&at, &format!("127.0.0.1:{port}"));
-    assert_ne!(via, *url, "the test database URL names {at}");
+    let proxy = SilencingProxy::start().await;
+    let paused = std::sync::Arc::clone(&proxy.paused);
+    let via = proxy.via(&url);
     let mut opts = PgOptions::default();
     opts.operation_timeout = std::time::Duration::from_secs(2);
     opts.pool_timeout = std::time::Duration::from_secs(1);
@@ -1655,4 +1608,192 @@ async fn a_newer_schema_is_served_only_while_declared_compatible() {
         vec![None, None],
         "rows of older binaries stay as written"
     );
+
+/// A TCP proxy to the test server that can go silent as a frozen middlebox
+/// or a dropped route does (no FIN, no RST; the kernel keeps acknowledging
+/// bytes, keepalive probes too): while [`SilencingProxy::paused`] every
+/// connection holds what it reads and forwards it once resumed;
+/// [`SilencingProxy::silence_open`] makes the connections open at that
+/// moment drop everything for good, while connections opened later pass.
+struct SilencingProxy {
+    port: u16,
+    /// While set, no connection forwards anything (held until cleared).
+    paused: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// The connections opened so far: each one's "silent for good" switch.
+    open: std::sync::Arc<std::sync::Mutex<Vec<std::sync::Arc<std::sync::atomic::AtomicBool>>>>,
+    /// `host:port` of the test server
+    /// (`idem_store_postgres::testing::server_address`).
+    upstream: String,
+}
+
+impl SilencingProxy {
+    async fn start() -> SilencingProxy {
+        use std::sync::atomic::Ordering;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let upstream = idem_store_postgres::testing::server_address();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxy_port = listener.local_addr().unwrap().port();
+        let paused = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let open = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (registry, target, pause) = (
+            std::sync::Arc::clone(&open),
+            upstream.clone(),
+            std::sync::Arc::clone(&paused),
+        );
+        tokio::spawn(async move {
+            while let Ok((inbound, _)) = listener.accept().await {
+                let Ok(outbound) = tokio::net::TcpStream::connect(&target).await else {
+                    continue;
+                };
+                let silent = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+                registry
+                    .lock()
+                    .unwrap()
+                    .push(std::sync::Arc::clone(&silent));
+                let (ri, wi) = inbound.into_split();
+                let (ro, wo) = outbound.into_split();
+                for (mut from, mut to) in [
+                    (
+                        Box::new(ri) as Box<dyn tokio::io::AsyncRead + Unpin + Send>,
+                        Box::new(wo) as Box<dyn tokio::io::AsyncWrite + Unpin + Send>,
+                    ),
+                    (Box::new(ro), Box::new(wi)),
+                ] {
+                    let (silent, pause) = (
+                        std::sync::Arc::clone(&silent),
+                        std::sync::Arc::clone(&pause),
+                    );
+                    tokio::spawn(async move {
+                        let mut buf = vec![0u8; 16 * 1024];
+                        loop {
+                            let n = match from.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => n,
+                            };
+                            while pause.load(Ordering::SeqCst) {
+                                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                            }
+                            if silent.load(Ordering::SeqCst) {
+                                continue;
+                            }
+                            if to.write_all(&buf[..n]).await.is_err() {
+                                return;
+                            }
+                        }
+                    });
+                }
+            }
+        });
+        SilencingProxy {
+            port: proxy_port,
+            paused,
+            open,
+            upstream,
+        }
+    }
+
+    /// `url` with the test server's address replaced by the proxy's.
+    fn via(&self, url: &str) -> String {
+        let via = url.replace(&self.upstream, &format!("127.0.0.1:{}", self.port));
+        assert_ne!(via, url, "the test database URL names {}", self.upstream);
+        via
+    }
+
+    /// Every connection open now goes silent for good.
+    fn silence_open(&self) {
+        for silent in self.open.lock().unwrap().iter() {
+            silent.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+}
+
+/// The next change `watch` hears within `limit` (resyncs skipped), if any.
+async fn next_change(
+    watch: &mut idem_store::Watch,
+    limit: std::time::Duration,
+) -> Option<idem_store::Change> {
+    tokio::time::timeout(limit, async {
+        loop {
+            if let idem_store::Notice::Change(c) = watch.next().await {
+                return (*c).clone();
+            }
+        }
+    })
+    .await
+    .ok()
+}
+
+/// A listening connection whose link goes silent (no FIN, no RST) is
+/// noticed by its round trip and replaced within
+/// `notify::SILENT_REPLACED_WITHIN`: a new session listens (seen in
+/// `pg_stat_activity`) and a change committed by another instance reaches
+/// the subscribers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_listening_connection_is_replaced_within_its_bound() {
+    use idem_store_postgres::notify::{PING_SQL, SILENT_REPLACED_WITHIN};
+    let url = fresh_database().await;
+    let proxy = SilencingProxy::start().await;
+    let writer = connect(&url, PgOptions::default()).await.unwrap();
+    let listener = connect(&proxy.via(&url), PgOptions::default())
+        .await
+        .unwrap();
+    let mut watch = listener.changes().subscribe();
+    listener.changes().heard().await;
+    let (key, _) = writer
+        .create_api_key("acme", Role::Admin, None)
+        .await
+        .unwrap();
+    writer
+        .submit(submission("acme", "before", key.id, 'a'))
+        .await
+        .unwrap();
+    let limit = std::time::Duration::from_secs(10);
+    assert!(
+        next_change(&mut watch, limit).await.is_some(),
+        "heard before"
+    );
+    let activity = raw(&url).await;
+    let silent_at: std::time::SystemTime = activity
+        .query_one("SELECT now()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let started = std::time::Instant::now();
+    proxy.silence_open();
+    let slack = std::time::Duration::from_secs(5);
+    loop {
+        let fresh: i64 = activity
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND backend_start > $1
+                   AND query IN ('LISTEN idem_changes', $2)",
+                &[&silent_at, &PING_SQL],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if fresh > 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < SILENT_REPLACED_WITHIN + slack,
+            "no new listening session within {:?}",
+            SILENT_REPLACED_WITHIN + slack
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let replaced = started.elapsed();
+    listener.changes().heard().await;
+    let sent = std::time::Instant::now();
+    writer
+        .submit(submission("acme", "after", key.id, 'b'))
+        .await
+        .unwrap();
+    let heard = next_change(&mut watch, limit).await;
+    eprintln!(
+        "listening connection replaced {replaced:?} after its link went silent; a change heard {:?} after its submit",
+        sent.elapsed()
+    );
+    let heard = heard.expect("a change committed after the replacement is heard");
+    assert_eq!(heard.tenant, "acme");
 }

@@ -76,6 +76,14 @@ pub enum StoreError {
     /// Nothing was written.
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// Every connection the store may use was busy for as long as the
+    /// operation may wait for one (PostgreSQL: the pool's wait timeout,
+    /// `PgOptions::pool_timeout`): the store is healthy but saturated (HTTP
+    /// 503 `OVERLOADED` with `Retry-After`, not `UNAVAILABLE`). Nothing was
+    /// sent to the database, so nothing was written; the same request may
+    /// succeed later.
+    #[error("store overloaded: {0}")]
+    Overloaded(String),
     /// A concurrent writer won a compare-and-set or the database reported a
     /// serialization failure or deadlock; the whole transaction may be retried.
     #[error("concurrent update, retry: {0}")]
@@ -101,7 +109,10 @@ pub enum StoreError {
 impl StoreError {
     /// Whether running the same transaction again may succeed.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, StoreError::Contention(_) | StoreError::Unavailable(_))
+        matches!(
+            self,
+            StoreError::Contention(_) | StoreError::Unavailable(_) | StoreError::Overloaded(_)
+        )
     }
 }
 

@@ -9,7 +9,9 @@ fault-injecting proxy (``FaultProxy``), judged by the attempts the store shows:
 - a 1 MiB exception message is reported trimmed, a result too large to report
   is reported all the same (as ``unknown``), never dropped;
 - a worker process stopped by SIGTERM while its long-poll is open releases the
-  task that poll still brings: another executor runs it at once.
+  task that poll still brings: another executor runs it at once;
+- claims answered 503 ``OVERLOADED`` with ``Retry-After``: the next claim waits
+  at least that long.
 """
 
 from __future__ import annotations
@@ -385,3 +387,33 @@ def test_a_worker_stopped_by_sigterm_releases_the_task_its_open_claim_brings(fau
     # have run out (the time itself is printed, not judged: speed is never asserted).
     assert max(waits) < 5.0, f"claimed by another executor {max(waits):.3f} s after its arrival"
     print(f"\n[python {faulty.kind} SIGTERM] {SHUTDOWN_ROUNDS} rounds: max(arrival to next lease) {max(waits):.3f} s")
+
+
+def test_an_overloaded_claim_is_retried_after_its_retry_after(faulty: Faulty, caplog: pytest.LogCaptureFixture) -> None:
+    """Claims answered 503 ``OVERLOADED`` with ``Retry-After: 2``: the worker
+    sends its next claim no sooner than that, rather than after its own shorter
+    pause (judged by when the worker logged each failed claim: the answer of the
+    next one comes after the pause and a round trip)."""
+    t = faulty.tenant()
+    faulty.proxy.set({"claim": "503-overloaded"})
+    caplog.set_level(logging.WARNING, logger="idem.worker")
+
+    def failed() -> list[float]:
+        return [
+            r.created for r in caplog.records if "claim failed" in r.getMessage() and "OVERLOADED" in r.getMessage()
+        ]
+
+    async def scenario() -> None:
+        async with (
+            idem.AsyncClient(faulty.proxy.url, t.executor_key) as ex,
+            serving(Worker(ex, "w-overloaded", {"generation.dispatch": Succeeds()}, claim_wait_ms=1000)),
+        ):
+            await until(lambda: len(failed()) >= 3)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        faulty.proxy.set({})
+    first, second, third = failed()[:3]
+    for gap in (second - first, third - second):
+        assert gap >= 2.0, f"the next claim failed {gap:.3f} s after an OVERLOADED"

@@ -34,7 +34,7 @@ export class IdemError extends Error {
   readonly title: string | undefined;
   readonly detail: string | undefined;
   readonly requestId: string | undefined;
-  /** `Retry-After`, in ms (503 `UNAVAILABLE`). */
+  /** `Retry-After`, in ms (503 `UNAVAILABLE` or `OVERLOADED`). */
   readonly retryAfterMs: number | undefined;
   /** The whole problem document (extension members included). */
   readonly problem: Partial<Problem>;
@@ -163,6 +163,11 @@ export class ConflictError extends IdemError {
   static override readonly code = "CONFLICT" as const;
   static override readonly status = 409;
 }
+/** 408: the request body was not complete within the server's body bound; the connection was closed. */
+export class RequestTimeoutError extends IdemError {
+  static override readonly code = "REQUEST_TIMEOUT" as const;
+  static override readonly status = 408;
+}
 /** 413: the body is over the limit. */
 export class PayloadTooLargeError extends IdemError {
   static override readonly code = "PAYLOAD_TOO_LARGE" as const;
@@ -171,6 +176,11 @@ export class PayloadTooLargeError extends IdemError {
 /** 503: the store is unavailable; nothing was half-written. `retryAfterMs` says when to retry. */
 export class UnavailableError extends IdemError {
   static override readonly code = "UNAVAILABLE" as const;
+  static override readonly status = 503;
+}
+/** 503: the store is healthy but had no connection free in time; nothing was written. Retry no sooner than `retryAfterMs`. */
+export class OverloadedError extends IdemError {
+  static override readonly code = "OVERLOADED" as const;
   static override readonly status = 503;
 }
 /** 500: an internal error. */
@@ -195,8 +205,10 @@ const ERRORS: { [C in ProblemCode]: typeof IdemError } = {
   INVALID_STATE: InvalidStateError,
   SUBMITTER_REVOKED: SubmitterRevokedError,
   CONFLICT: ConflictError,
+  REQUEST_TIMEOUT: RequestTimeoutError,
   PAYLOAD_TOO_LARGE: PayloadTooLargeError,
   UNAVAILABLE: UnavailableError,
+  OVERLOADED: OverloadedError,
   INTERNAL: InternalError,
 };
 

@@ -399,8 +399,10 @@ export class Worker {
           this.#stopping?.abort(e);
           return e;
         }
-        this.#log.warn(`claim failed, retrying in ${pause} ms: ${describe(e)}`);
-        await sleep(pause, stopping).catch(() => {});
+        // At least as long as idem asked (`Retry-After` of a 503 `OVERLOADED` or `UNAVAILABLE`).
+        const wait = Math.max(pause, (e instanceof IdemError ? e.retryAfterMs : undefined) ?? 0);
+        this.#log.warn(`claim failed, retrying in ${wait} ms: ${describe(e)}`);
+        await sleep(wait, stopping).catch(() => {});
         pause = Math.min(pause * 2, 5_000);
         continue;
       }

@@ -9,7 +9,8 @@
  * - a 1 MiB exception message is reported trimmed; a result too large to report is reported all
  *   the same (as `unknown`), never dropped;
  * - a worker process stopped by SIGTERM while its long-poll is open releases the task that poll
- *   still brings: another executor runs it at once.
+ *   still brings: another executor runs it at once;
+ * - claims answered 503 `OVERLOADED` with `Retry-After`: the next claim waits at least that long.
  */
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
@@ -184,6 +185,38 @@ for (const kind of ["sqlite", "postgres"] as const) {
         w.logger.lines.some((l) => /lost its lease: .*401/i.test(l) || /lost its lease: Unauthenticated/.test(l)),
         w.logger.lines.join("\n"),
       );
+    });
+
+    test("claims answered 503 OVERLOADED wait at least its Retry-After before the next", async () => {
+      const t = await server.tenant();
+      await proxy.set({ claim: "503-overloaded" });
+      // When the worker logged each failed claim: the next one's answer comes after the pause
+      // and a round trip.
+      const failed: number[] = [];
+      class Timed extends MemoryLogger {
+        override warn(m: string) {
+          super.warn(m);
+          if (m.includes("claim failed") && m.includes("OVERLOADED")) failed.push(performance.now());
+        }
+      }
+      const w = worker(new Client(proxy.url, t.executorKey), {
+        logger: new Timed(),
+        handlers: {
+          "payment.release": {
+            execute: () => ({}),
+            reconcile: () => new NotCommitted(),
+          },
+        },
+      });
+      try {
+        await until(() => failed.length >= 3);
+      } finally {
+        await w.worker.stop();
+        await proxy.set({});
+      }
+      for (const gap of [failed[1]! - failed[0]!, failed[2]! - failed[1]!]) {
+        assert.ok(gap >= 2000, `the next claim failed ${gap.toFixed(0)} ms after an OVERLOADED`);
+      }
     });
 
     test("a stale generation (409) aborts the signal at the next heartbeat", async () => {

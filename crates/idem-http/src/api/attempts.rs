@@ -12,6 +12,7 @@ use idem_core::config::MIN_LEASE_MS;
 use idem_core::machine::{MAX_MESSAGE_CHARS, Report};
 use idem_core::model::Role;
 use idem_core::trace::TraceParent;
+use idem_store::StoreError;
 use idem_store::ops::ClaimRequest;
 use serde_json::Value;
 
@@ -23,9 +24,14 @@ use super::wire::{
 use super::{no_attempt, unknown_operation};
 use crate::auth::Caller;
 use crate::granted;
-use crate::problem::Problem;
+use crate::problem::{OVERLOADED_TOTAL, Problem, ProblemCode};
 use crate::service_metrics::REPORTS;
 use crate::{AppResult, MAX_WAIT_MS, St};
+
+/// How long a waiting claim that found the store overloaded
+/// ([`StoreError::Overloaded`]) pauses before it asks for a connection again
+/// (it already queued for one for the pool's wait bound).
+pub const OVERLOADED_CLAIM_PAUSE: Duration = Duration::from_millis(100);
 
 /// Lease attempts (executors). Never leases one attempt twice; optional
 /// long-poll. Attempts whose answer cannot be handed to the connection (the
@@ -124,6 +130,9 @@ async fn claim_inner(
     // the claim waited.
     let mut unconfirmed = cached.is_cached();
     loop {
+        // Whether this round's claim found the store overloaded (it then
+        // tries again at once, unless its deadline has passed).
+        let mut overloaded = false;
         // The leases of `claimed`, released unless the answer reaches the
         // connection (`crate::granted`).
         let (claimed, granted) = match &seat {
@@ -137,19 +146,53 @@ async fn claim_inner(
             }
             Some(seat) => {
                 let turn = seat.begin();
-                if turn.claim && (unconfirmed || waiting) {
-                    cached.recheck(st, headers).await?;
-                    unconfirmed = false;
-                }
-                if turn.claim {
-                    let (claimed, granted) = granted::claim(&st.store, req.clone()).await?;
-                    seat.end(turn, claimed.len(), max as usize);
-                    (claimed, Some(granted))
+                let recheck = turn.claim && (unconfirmed || waiting);
+                let confirmed = if recheck {
+                    cached.recheck(st, headers).await
                 } else {
-                    (Vec::new(), None)
+                    Ok(())
+                };
+                match confirmed {
+                    // No connection came free in time, for the key's check or
+                    // the claim: the claim keeps waiting within its `wait_ms`
+                    // (it claimed nothing) and tries again after a pause, or
+                    // answers empty at its deadline; its group is not marked
+                    // empty.
+                    Err(p) if p.code == ProblemCode::Overloaded => {
+                        overloaded = true;
+                        (Vec::new(), None)
+                    }
+                    Err(p) => return Err(p),
+                    Ok(()) if turn.claim => {
+                        if recheck {
+                            unconfirmed = false;
+                        }
+                        match granted::claim(&st.store, req.clone()).await {
+                            Ok((claimed, granted)) => {
+                                seat.end(turn, claimed.len(), max as usize);
+                                (claimed, Some(granted))
+                            }
+                            Err(StoreError::Overloaded(_)) => {
+                                overloaded = true;
+                                (Vec::new(), None)
+                            }
+                            Err(e) => return Err(e.into()),
+                        }
+                    }
+                    Ok(()) => (Vec::new(), None),
                 }
             }
         };
+        if overloaded {
+            tracing::debug!(executor_id = %req.executor_id,
+                "claim found the store overloaded; it keeps waiting");
+            metrics::counter!(OVERLOADED_TOTAL, "handled" => "waited").increment(1);
+            let pause = tokio::time::Instant::now() + OVERLOADED_CLAIM_PAUSE;
+            tokio::select! {
+                () = tokio::time::sleep_until(pause.min(deadline)) => {}
+                () = st.drained() => {}
+            }
+        }
         let done = !claimed.is_empty() || tokio::time::Instant::now() >= deadline;
         if done || st.is_draining() {
             metrics::counter!("idem_attempts_leased_total").increment(claimed.len() as u64);
@@ -174,6 +217,9 @@ async fn claim_inner(
                 Some(granted) => granted::answer_with(answer, granted),
                 None => answer.into_response(),
             });
+        }
+        if overloaded {
+            continue;
         }
         if !waiting {
             waiting = true;

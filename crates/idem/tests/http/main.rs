@@ -16,6 +16,7 @@ mod grants;
 mod messages;
 mod multi_pg;
 mod operator;
+mod overload;
 mod pg_start;
 mod release;
 mod sdk;

@@ -39,7 +39,7 @@ async fn cluster(envs: &[&[(&str, &str)]]) -> (TestDatabase, Keys, Vec<Arc<Serve
 }
 
 /// A direct connection to the test database (not through idem).
-async fn db(url: &str) -> tokio_postgres::Client {
+pub(crate) async fn db(url: &str) -> tokio_postgres::Client {
     let (client, conn) = tokio_postgres::connect(url, NoTls)
         .await
         .unwrap_or_else(|e| panic!("connect to {url}: {e}"));
@@ -50,7 +50,7 @@ async fn db(url: &str) -> tokio_postgres::Client {
 }
 
 /// One `bigint` from a query without parameters.
-async fn count(db: &tokio_postgres::Client, sql: &str) -> i64 {
+pub(crate) async fn count(db: &tokio_postgres::Client, sql: &str) -> i64 {
     db.query_one(sql, &[])
         .await
         .unwrap_or_else(|e| panic!("{sql}: {e}"))

@@ -37,7 +37,7 @@ class IdemError(Exception):
         self.title = title
         #: The answer's ``X-Request-Id``.
         self.request_id = request_id
-        #: ``Retry-After`` in seconds (503 ``UNAVAILABLE``).
+        #: ``Retry-After`` in seconds (503 ``UNAVAILABLE`` or ``OVERLOADED``).
         self.retry_after = retry_after
         #: The whole problem document as received.
         self.problem: dict[str, Any] = problem or {}
@@ -133,12 +133,22 @@ class ConflictError(IdemError):
     """409 ``CONFLICT``: another refusal of the state machine."""
 
 
+class RequestTimeoutError(IdemError):
+    """408 ``REQUEST_TIMEOUT``: the request body was not complete within the
+    server's body bound; the connection was closed."""
+
+
 class PayloadTooLargeError(IdemError):
     """413 ``PAYLOAD_TOO_LARGE``."""
 
 
 class UnavailableError(IdemError):
     """503 ``UNAVAILABLE``: the store is unavailable, nothing was half-written."""
+
+
+class OverloadedError(IdemError):
+    """503 ``OVERLOADED``: the store is healthy but had no connection free in
+    time; nothing was written. Retry no sooner than ``retry_after`` seconds."""
 
 
 class InternalError(IdemError):
@@ -161,8 +171,10 @@ ERRORS_BY_CODE: dict[str, type[IdemError]] = {
     "INVALID_STATE": InvalidStateError,
     "SUBMITTER_REVOKED": SubmitterRevokedError,
     "CONFLICT": ConflictError,
+    "REQUEST_TIMEOUT": RequestTimeoutError,
     "PAYLOAD_TOO_LARGE": PayloadTooLargeError,
     "UNAVAILABLE": UnavailableError,
+    "OVERLOADED": OverloadedError,
     "INTERNAL": InternalError,
 }
 

@@ -344,8 +344,12 @@ class Worker:
                 except (IdemTransportError, IdemError) as e:
                     if isinstance(e, IdemError) and not e.retryable:
                         raise
-                    log.warning("claim failed (%s); again in %.1f s", e, pause)
-                    await self._until_woken(set(), timeout=pause)
+                    # At least as long as idem asked (``Retry-After`` of a 503
+                    # ``OVERLOADED`` or ``UNAVAILABLE``).
+                    asked = e.retry_after if isinstance(e, IdemError) else None
+                    wait = max(pause, asked or 0.0)
+                    log.warning("claim failed (%s); again in %.1f s", e, wait)
+                    await self._until_woken(set(), timeout=wait)
                     pause = min(pause * 2, 5.0)
                     continue
                 finally:

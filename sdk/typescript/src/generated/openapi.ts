@@ -841,7 +841,7 @@ export interface components {
          * @description Stable machine-readable code of a problem (SPEC §4 status table).
          * @enum {string}
          */
-        ProblemCode: "IDEMPOTENCY_KEY_MISSING" | "IDEMPOTENCY_KEY_INVALID" | "IDEMPOTENCY_CONFLICT" | "INVALID_REQUEST" | "UNAUTHENTICATED" | "PERMISSION_DENIED" | "NOT_FOUND" | "METHOD_NOT_ALLOWED" | "STALE_GENERATION" | "ATTEMPT_ALREADY_REPORTED" | "NOT_DELIVERED" | "INVALID_STATE" | "SUBMITTER_REVOKED" | "CONFLICT" | "REQUEST_TIMEOUT" | "PAYLOAD_TOO_LARGE" | "UNAVAILABLE" | "INTERNAL";
+        ProblemCode: "IDEMPOTENCY_KEY_MISSING" | "IDEMPOTENCY_KEY_INVALID" | "IDEMPOTENCY_CONFLICT" | "INVALID_REQUEST" | "UNAUTHENTICATED" | "PERMISSION_DENIED" | "NOT_FOUND" | "METHOD_NOT_ALLOWED" | "STALE_GENERATION" | "ATTEMPT_ALREADY_REPORTED" | "NOT_DELIVERED" | "INVALID_STATE" | "SUBMITTER_REVOKED" | "CONFLICT" | "REQUEST_TIMEOUT" | "PAYLOAD_TOO_LARGE" | "UNAVAILABLE" | "OVERLOADED" | "INTERNAL";
         /** @description `{"reason": "…"}`: the body of `retry-now`, `redrive` and an admin's `cancel`. */
         ReasonBody: {
             /**

@@ -17,6 +17,8 @@
 //! - a long-polled claim granted after its local deadline: one heartbeat
 //!   confirms the lease before the handler starts.
 //! - an attempt abandoned when the shutdown grace ends: never reported.
+//! - claims answered 503 `OVERLOADED` with `Retry-After`: the next claim
+//!   waits at least that long.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -713,3 +715,50 @@ async fn an_attempt_abandoned_at_shutdown_is_never_reported(backend: Backend) {
 }
 
 on_both_stores!(an_attempt_abandoned_at_shutdown_is_never_reported);
+
+/// Claims answered 503 `OVERLOADED` with `Retry-After`: the worker sends
+/// its next claim no sooner than that delay (the proxy's counts, polled),
+/// rather than after its own shorter pause.
+async fn an_overloaded_claim_is_retried_after_its_retry_after(backend: Backend) {
+    use idem_harness::fault_proxy::INJECTED_RETRY_AFTER_S;
+    let stage = Stage::start(backend).await;
+    let proxy = stage.proxy().await;
+    proxy.set_faults([(RouteClass::Claim, Rule::now(Mode::Overloaded))].into());
+    let (stop, run) = spawn(
+        Worker::new(
+            Client::new(&proxy.url(), stage.srv.keys.exec.clone()).unwrap(),
+            "w-overloaded".to_owned(),
+        )
+        .with_handler("payment.release", Held::default())
+        .with_poll_wait_ms(1_000),
+    );
+    let faulted = |n: u64| {
+        let proxy = &proxy;
+        async move {
+            let started = tokio::time::Instant::now();
+            while proxy.counts()[&RouteClass::Claim].faulted < n {
+                assert!(started.elapsed() < Duration::from_secs(20), "claim {n}");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            tokio::time::Instant::now()
+        }
+    };
+    let first = faulted(1).await;
+    let second = faulted(2).await;
+    let third = faulted(3).await;
+    stop.send_replace(true);
+    tokio::time::timeout(Duration::from_secs(10), run)
+        .await
+        .expect("the worker stops")
+        .unwrap()
+        .unwrap();
+    // Polled every 5 ms: a gap is seen at most 5 ms short.
+    let asked = Duration::from_secs(INJECTED_RETRY_AFTER_S.into()) - Duration::from_millis(10);
+    for gap in [second - first, third - second] {
+        assert!(
+            gap >= asked,
+            "the next claim came {gap:?} after an OVERLOADED"
+        );
+    }
+}
+on_both_stores!(an_overloaded_claim_is_retried_after_its_retry_after);
