@@ -1608,6 +1608,7 @@ async fn a_newer_schema_is_served_only_while_declared_compatible() {
         vec![None, None],
         "rows of older binaries stay as written"
     );
+}
 
 /// A TCP proxy to the test server that can go silent as a frozen middlebox
 /// or a dropped route does (no FIN, no RST; the kernel keeps acknowledging
