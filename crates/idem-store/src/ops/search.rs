@@ -140,7 +140,7 @@ impl TaskCursor {
     }
 
     /// Its 24 bytes: `created_at` as 8 big-endian bytes, then the id's 16.
-    fn to_bytes(&self) -> [u8; 24] {
+    fn to_bytes(self) -> [u8; 24] {
         let mut bytes = [0_u8; 24];
         bytes[..8].copy_from_slice(&self.created_at.0.to_be_bytes());
         bytes[8..].copy_from_slice(self.id.as_bytes());
