@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Cross-language run (issue 24, acceptance 3); started by scripts/cross-language.sh.
+"""Cross-language run (SDKs of three languages against one server); started by scripts/cross-language.sh.
 
 One ``idem serve`` (SQLite), the fake provider of examples/provider with faults
 (a share of its answers dropped after the payout was recorded, a 300 ms delay

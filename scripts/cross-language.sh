@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Cross-language run (issue 24, acceptance 3): a Python client submits 200 payments,
+# Cross-language run: a Python client submits 200 payments,
 # 2 TypeScript workers and 1 Rust worker execute them against one idem serve and the
 # fake provider, with answers dropped after commit and workers killed with SIGKILL;
 # then every task must be terminal, hold at most one payout, and never have been

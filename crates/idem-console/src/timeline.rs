@@ -1,5 +1,5 @@
 //! The task timeline: a task's whole story drawn as one inline SVG picture
-//! (issue 25, "Task page").
+//! (docs/console.md, "Task page").
 //!
 //! Shape of the picture, top to bottom, all rows sharing one time axis:
 //! - the **axis**: UTC tick labels from the task's acceptance to its last

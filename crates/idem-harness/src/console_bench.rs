@@ -1,5 +1,5 @@
 //! `idem bench-console`: how fast the console's pages answer with a large
-//! tenant (issue 25: p99 within 200 ms with 100,000 tasks), against a real
+//! tenant (target: p99 within 200 ms with 100,000 tasks), against a real
 //! `idem serve` child process.
 //!
 //! The run, in order:
@@ -101,7 +101,7 @@ pub struct ConsoleBenchReport {
     pub within_target: bool,
 }
 
-/// The p99 target of issue 25, ms.
+/// The console's p99 target with 100,000 tasks in a tenant, ms.
 pub const TARGET_P99_MS: f64 = 200.0;
 
 fn progress(on: bool, line: std::fmt::Arguments<'_>) {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the sdist and wheel of sdk/python with `python -m build`, installs the
 # wheel into a fresh virtualenv (its dependencies from PyPI), and imports it
-# there, outside the source tree (issue 24, acceptance 5).
+# there, outside the source tree, as a user would install it.
 #
 #   PYTHON      the interpreter that builds; it needs the `build` package (default: python3)
 #   VENV_PYTHON the interpreter of the fresh virtualenv (default: $PYTHON), e.g. a Python 3.10

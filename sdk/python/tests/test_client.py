@@ -1,5 +1,5 @@
 """The client against a real idem: a lost answer is repeated under the same key
-and never makes a second task (issue 24, acceptance 2), conflicts are typed,
+and never makes a second task, conflicts are typed,
 and the reading calls (find, list, events live and resumed) work."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The worker against a real idem (issue 24, acceptance 1): leases kept by
+"""The worker against a real idem: leases kept by
 heartbeats, cancellation and lease loss told to the handler, exceptions mapped
 so that a non-safe class is reconciled before anything repeats, transient
 failures retried after backoff, and a shutdown that claims nothing more."""

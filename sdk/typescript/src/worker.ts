@@ -1,5 +1,5 @@
 /**
- * The executor runtime (issue 24): claims attempts for its handlers, heartbeats them,
+ * The executor runtime: claims attempts for its handlers, heartbeats them,
  * tells handlers about cancellation and lease loss, maps their outcomes to reports, and
  * shuts down gracefully.
  *

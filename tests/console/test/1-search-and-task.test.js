@@ -1,4 +1,4 @@
-// Acceptance 1: sign in, search by state and by idempotency key prefix, open a task, and see
+// Search and the task page: sign in, search by state and by idempotency key prefix, open a task, and see
 // the same attempts, generations and events the API returns.
 import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";

@@ -1,4 +1,4 @@
-// Acceptance 2: with the task page open, an executor's report appears on it within 2 s without
+// Live task page and resolve: with the task page open, an executor's report appears on it within 2 s without
 // a reload; an admin resolves a `reconciling` payment as committed from the page and the page
 // shows it delivered once with its charge.
 import assert from "node:assert/strict";
@@ -7,7 +7,7 @@ import { after, before, test } from "node:test";
 import { act, attemptRows, rawEvents, taskState } from "./dom.js";
 import { Server, key, launchBrowser, newPage, payment, reconcilingPayment, signIn, since, storeKind } from "./support.js";
 
-/** The most a report may take to show on an open task page (issue 25, acceptance 2). */
+/** The most a report may take to show on an open task page (docs/console.md). */
 const LIVE_LIMIT_MS = 2000;
 
 let server, browser, t;

@@ -1,4 +1,4 @@
-// Acceptance 3: a task whose params contain `<script>`, `"><img src=x onerror=…>` and
+// Escaping: a task whose params contain `<script>`, `"><img src=x onerror=…>` and
 // `javascript:` values renders them as text; no script runs (checked in the page).
 import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";

@@ -1,4 +1,4 @@
-// Acceptance 4: a form posted without its CSRF token, with another session's token, or by a
+// CSRF and access: a form posted without its CSRF token, with another session's token, or by a
 // client key → 403 and nothing changes; another tenant's task id → 404; a signed-out session
 // cannot reach any page. The crafted posts go through the browser's own request context
 // (page.request: the context's cookies, as a forged form would carry them).

@@ -1,4 +1,4 @@
-// Acceptance 5: axe-core finds no serious or critical accessibility violations on the four
+// Accessibility: axe-core finds no serious or critical accessibility violations on the four
 // pages: sign-in, overview, search, and the task page (of a reconciled payment, so that the
 // timeline has every kind of mark); also on a task page showing the admin's action forms.
 import assert from "node:assert/strict";

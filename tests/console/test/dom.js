@@ -1,5 +1,5 @@
 /**
- * Readers of the console's pages, by the DOM contract of issue 25 (ids, classes and data
+ * Readers of the console's pages, by the console's DOM contract (ids, classes and data
  * attributes the server promises), so that each test states what it expects and not how to
  * find it.
  */

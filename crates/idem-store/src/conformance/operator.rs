@@ -1,4 +1,4 @@
-//! Operator actions (SPEC §4 "Operator actions"; issue 23 acceptance 5):
+//! Operator actions (SPEC §4 "Operator actions"):
 //! retry-now, cancel, resolve and redrive record actor and reason, refuse the
 //! states they do not apply to and other tenants' tasks, and race an
 //! executor's report so that exactly one transition applies; a redriven

@@ -1,4 +1,4 @@
-//! `idem bench-waiters` (issue 23, acceptance 8: what waiting executors cost):
+//! `idem bench-waiters` (what waiting executors cost):
 //! the run end to end on a small scale, on SQLite and on a fresh PostgreSQL
 //! database, and its refusals.
 

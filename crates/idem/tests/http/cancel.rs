@@ -1,4 +1,4 @@
-//! Issue 4: cancellation ordered against delivery, and device acknowledgments.
+//! Cancellation ordered against delivery, and device acknowledgments.
 
 use serde_json::{Value, json};
 

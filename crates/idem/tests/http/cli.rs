@@ -604,7 +604,7 @@ async fn second_serve_on_one_sqlite_file_is_refused() {
 }
 
 /// Runs `idem bench … --json` and returns one object per mode, checking the
-/// documented fields (issue 6, acceptance 1).
+/// documented fields (docs/benchmarks.md).
 pub fn bench_json(args: &[&str]) -> Vec<serde_json::Value> {
     let out = Command::new(BIN)
         .arg("bench")

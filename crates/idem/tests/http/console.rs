@@ -1,4 +1,4 @@
-//! Issue 25, the operator console (black box, over HTTP with a cookie store):
+//! The operator console (black box, over HTTP with a cookie store):
 //! sign-in and sign-out; a signed-out browser reaches no page (303 to the
 //! sign-in form), no post (403) and no live stream (401); CSRF (missing,
 //! another session's) and a client key's posts are 403 and change nothing;

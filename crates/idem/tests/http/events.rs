@@ -1,4 +1,4 @@
-//! Issue 23, "Live events", acceptance 4 (SPEC §4, "Live events"): a task's events as a
+//! Live events (SPEC §4, "Live events"): a task's events as a
 //! Server-Sent Events stream, resumed with `Last-Event-ID` after a cut with no
 //! gap and no repeat and ended after the terminal event; the tenant feed as
 //! JSON pages and as a stream, consumed from a saved cursor across a SIGKILL

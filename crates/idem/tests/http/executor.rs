@@ -1,4 +1,4 @@
-//! Issue 3: the executor protocol — claims, fencing, retries by failure class,
+//! The executor protocol — claims, fencing, retries by failure class,
 //! reconciliation, limits and authority on retry.
 
 use std::time::Duration;

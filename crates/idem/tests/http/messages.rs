@@ -1,4 +1,4 @@
-//! Issue 21: params schemas (a payment that does not match its class's schema
+//! Params schemas (a payment that does not match its class's schema
 //! is 400 naming the failing pointer and consumes no key) and messages that say
 //! what to do (unknown operation, a generation never issued, the three 404s,
 //! `keys create --config`). Every check reads the message text.

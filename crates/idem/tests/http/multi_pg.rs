@@ -1,5 +1,4 @@
-//! Issue "PostgreSQL backend and multi-instance deployment", acceptance 2–4:
-//! several `idem serve` processes over one PostgreSQL database (SPEC §2, §4, §5).
+//! Several `idem serve` processes over one PostgreSQL database (SPEC §2, §4, §5).
 //!
 //! Every test creates its own database (`fresh_database()`), so the tests run in
 //! parallel; without a reachable PostgreSQL they fail (never skip).
@@ -1165,7 +1164,7 @@ async fn pg_clock_skew_behind_neither_expires_live_leases_nor_keeps_dead_ones() 
 }
 
 /// `idem bench` on an in-process server over PostgreSQL, with pgbench as the
-/// same-run baseline: every mode answers as expected (issue 6, acceptance 1).
+/// same-run baseline: every mode answers as expected, with the documented fields.
 #[tokio::test]
 async fn bench_runs_on_postgres_with_the_pgbench_baseline() {
     let url = fresh_database().await;
@@ -1211,9 +1210,9 @@ async fn migrate_reports_what_it_applied_on_postgres() {
     );
 }
 
-// ------------------------------------------- waiting across instances (issue 23)
+// ------------------------------------------- waiting across instances
 
-/// Issue 23, acceptance 3: a submit with `Prefer: wait=10` held on instance A
+/// A submit with `Prefer: wait=10` held on instance A
 /// answers with the delivered task once an executor's report is accepted by
 /// instance B (PostgreSQL `LISTEN/NOTIFY` carries the wake-up), in each of 50
 /// rounds; the delay from B's answer to A's is printed (p50, p90, max: the

@@ -1,4 +1,4 @@
-//! Issue 23, operator actions (acceptance 5, black box): retry-now, an
+//! Operator actions (black box): retry-now, an
 //! admin's cancel, resolve and redrive over HTTP, the SDK and `idem task`.
 //! Each needs an admin key of the task's tenant (a client or executor key
 //! gets 403, another tenant's admin 404) and a reason, records the key and

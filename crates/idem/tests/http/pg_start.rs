@@ -1,7 +1,7 @@
-//! Issue "Ready for a real deployment": how `idem` connects to PostgreSQL at
-//! start-up: TLS (`sslmode`, `sslrootcert`) against a throwaway TLS-only
-//! cluster, the refusals that end start-up at once with their cause, and the
-//! log line that says where the data goes.
+//! How `idem` connects to PostgreSQL at start-up: TLS (`sslmode`,
+//! `sslrootcert`) against a throwaway TLS-only cluster, the refusals that end
+//! start-up at once with their cause, and the log line that says where the
+//! data goes.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

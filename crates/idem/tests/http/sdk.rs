@@ -131,7 +131,7 @@ async fn submit_and_wait_returns_the_delivered_task() {
     assert_eq!(again.state, idem_client::TaskState::Succeeded);
 }
 
-/// Issue 24, acceptance 2 for Rust: a proxy forwards the first submit and
+/// The Rust client's retry after a lost answer: a proxy forwards the first submit and
 /// closes the connection before relaying its answer; `submit_with_retry`
 /// repeats it under the same key and gets the same task, and the tenant holds
 /// exactly one task for the scope (counted with a search). The same key with

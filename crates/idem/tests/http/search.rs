@@ -95,7 +95,7 @@ async fn walk(srv: &Server, key: &str, query: &str) -> (Vec<Value>, Option<Strin
     (all, first)
 }
 
-/// Acceptance 1 of issue 23 over HTTP: 2 tenants × 3 classes × 500 tasks;
+/// Task search over HTTP: 2 tenants × 3 classes × 500 tasks;
 /// every combination of filters returns only the caller's tasks that match,
 /// each task submitted before the walk exactly once, while a concurrent
 /// writer submits more; tenant A's cursor used by tenant B shows none of A's.

@@ -1,4 +1,4 @@
-//! Issue 2: keys, submit, replay, conflict, scopes, validation, crash safety, audit, operations.
+//! Keys, submit, replay, conflict, scopes, validation, crash safety, audit, operations.
 
 use std::collections::HashSet;
 

@@ -94,7 +94,7 @@ fn attr(attributes: &[KeyValue], key: &str) -> Option<String> {
     }
 }
 
-/// Acceptance 7: with `IDEM_OTLP_ENDPOINT` pointed at a receiver, a submit
+/// Tracing export: with `IDEM_OTLP_ENDPOINT` pointed at a receiver, a submit
 /// with a `traceparent` yields a request span and an attempt span of the
 /// submitted trace id (both children of the submitter's span), the claim
 /// carries the `traceparent`, and the store operation's span is a child of

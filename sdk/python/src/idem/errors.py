@@ -191,7 +191,7 @@ class IdemTimeoutError(IdemTransportError):
     """No answer within the time limit (the request may have been applied)."""
 
 
-# Outcomes a worker handler chooses by raising (SDK model, issue 24).
+# Outcomes a worker handler chooses by raising (the SDK model of docs/SPEC.md §4, "Executors and their leases").
 
 
 class TransientError(Exception):

@@ -1,5 +1,5 @@
 """The executor runtime: ``Worker`` claims attempts, runs a handler for each,
-heartbeats its lease, and reports the outcome (SDK model, issue 24).
+heartbeats its lease, and reports the outcome (docs/SPEC.md §4, "Executors and their leases").
 
 A handler is any object with two coroutine methods::
 
