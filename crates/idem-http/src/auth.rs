@@ -130,7 +130,7 @@ impl FromRequestParts<AppState> for SubmitCaller {
         // submits: count it as the handler would (401 or 5xx), without
         // reading its body.
         submit_caller(parts, state).await.inspect_err(|p| {
-            crate::api::submit::count_submit(Err(p));
+            crate::service_metrics::count_submit(Err(p));
         })
     }
 }

@@ -1,17 +1,27 @@
 //! # idem-http
 //!
-//! The HTTP API of SPEC §4 as an axum [`Router`]: submit with an
-//! `Idempotency-Key`, task reads, cancellation, delivery acknowledgment, the
-//! executor protocol (claim, heartbeat, ack, report), health, readiness,
-//! Prometheus metrics and the generated OpenAPI 3.1 document.
+//! The HTTP API of SPEC §4 as an axum [`Router`]. Its routes:
+//!
+//! | route | handler |
+//! | --- | --- |
+//! | `POST /v1/tasks` (submit with an `Idempotency-Key`), `GET /v1/tasks` (lookup by scope, search) | `api::submit`, `api::search` |
+//! | `GET /v1/tasks/{id}`, `…/attempts`, `…/events` (JSON or Server-Sent Events) | `api::tasks` |
+//! | `POST /v1/tasks/{id}/cancel`, `POST /v1/tasks/{id}/delivery/ack` | `api::tasks` |
+//! | `POST /v1/tasks/{id}/retry-now`, `…/resolve`, `…/redrive` (admin) | `api::operator` |
+//! | `GET /v1/events` (the tenant feed) | `api::events` |
+//! | `POST /v1/attempts/claim`, `/v1/attempts/{id}/heartbeat`, `…/ack`, `…/report`, `…/release` | `api::attempts` |
+//! | `GET /healthz`, `GET /readyz` | `api::health` |
+//! | `GET /metrics` (Prometheus text), `GET /openapi.json` (OpenAPI 3.1) | [`router`] |
 //!
 //! Every error is an RFC 9457 problem ([`problem::Problem`]) with a stable
 //! `code`; every response carries `X-Request-Id`.
 //!
 //! This file holds the shared state and the router; the handlers and their
 //! documents live in `api`, the OpenAPI document's assembly in `openapi`, the
-//! metrics in `service_metrics`, the connection loop in `serve`. The sweeper
-//! a server runs beside it is [`idem_store::sweeper`].
+//! metrics in `service_metrics`, the connection loop in `serve`, long-poll
+//! claims in `claims` and held waits in `wait`. The sweeper a server runs
+//! beside it is [`idem_store::sweeper`]; the console's routes are
+//! `idem-console`'s, merged by the binary.
 
 // `Problem` (≈140 bytes) is the error of every handler; errors are the cold path,
 // so boxing it would only add allocations to the code that reads it.

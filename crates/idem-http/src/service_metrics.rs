@@ -7,6 +7,7 @@ use axum::extract::Request;
 use axum::response::Response;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
+use crate::problem::{Problem, ProblemCode};
 use crate::serve;
 
 /// One counter's handle for each value of one label, registered with the
@@ -58,6 +59,22 @@ pub(crate) static SUBMITS: std::sync::LazyLock<LabelledCounter<7>> =
     });
 
 /// `idem_reports_total` by `result` (docs/operations.md).
+/// Counts one submit in `idem_submits_total` by its outcome: `Ok(replayed)`,
+/// or the problem it was refused with (401 unauthenticated, 403 forbidden,
+/// 422 `IDEMPOTENCY_CONFLICT` conflict, 5xx error, any other 4xx invalid).
+pub(crate) fn count_submit(res: Result<bool, &Problem>) {
+    let outcome = match res {
+        Ok(true) => "replayed",
+        Ok(false) => "created",
+        Err(p) if p.code == ProblemCode::IdempotencyConflict => "conflict",
+        Err(p) if p.status == 401 => "unauthenticated",
+        Err(p) if p.status == 403 => "forbidden",
+        Err(p) if p.status >= 500 => "error",
+        Err(_) => "invalid",
+    };
+    SUBMITS.increment(outcome);
+}
+
 pub(crate) static REPORTS: std::sync::LazyLock<LabelledCounter<3>> =
     std::sync::LazyLock::new(|| {
         LabelledCounter::register(

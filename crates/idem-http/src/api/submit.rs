@@ -19,7 +19,7 @@ use super::unknown_operation;
 use super::wire::{Meta, SubmitBody, SubmitResponse};
 use crate::auth::{Caller, SubmitCaller};
 use crate::problem::{Problem, ProblemCode};
-use crate::service_metrics::SUBMITS;
+use crate::service_metrics::count_submit;
 use crate::{AppResult, St};
 
 fn request_id(headers: &HeaderMap) -> String {
@@ -63,22 +63,6 @@ pub async fn submit_task(
     let res = submit_inner(&st, &caller, &headers, body).await;
     count_submit(res.as_ref().map(|(_, replayed)| *replayed));
     res.map(|(r, _)| r)
-}
-
-/// Counts one submit in `idem_submits_total` by its outcome: `Ok(replayed)`,
-/// or the problem it was refused with (401 unauthenticated, 403 forbidden,
-/// 422 `IDEMPOTENCY_CONFLICT` conflict, 5xx error, any other 4xx invalid).
-pub(crate) fn count_submit(res: Result<bool, &Problem>) {
-    let outcome = match res {
-        Ok(true) => "replayed",
-        Ok(false) => "created",
-        Err(p) if p.code == ProblemCode::IdempotencyConflict => "conflict",
-        Err(p) if p.status == 401 => "unauthenticated",
-        Err(p) if p.status == 403 => "forbidden",
-        Err(p) if p.status >= 500 => "error",
-        Err(_) => "invalid",
-    };
-    SUBMITS.increment(outcome);
 }
 
 async fn submit_inner(
