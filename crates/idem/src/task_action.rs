@@ -12,7 +12,9 @@
 
 use anyhow::{Result, anyhow, bail};
 use clap::{Subcommand, ValueEnum};
-use idem_core::machine::operator::{Actor, By, Reason, Resolution};
+use idem_core::machine::operator::{
+    Actor, By, MAX_SHORT_TEXT_CHARS, Reason, Resolution, ResolveOutcome, is_short_text,
+};
 use idem_store::{Refusal, Store};
 use uuid::Uuid;
 
@@ -85,18 +87,14 @@ pub(crate) enum OutcomeArg {
     NotCommitted,
 }
 
-/// The longest `--actor` recorded.
-const MAX_ACTOR_CHARS: usize = 200;
-
 /// Who runs this command: `--actor`, else the account name of the process's
 /// effective uid, else `uid:N`.
 fn cli_actor(actor: Option<&str>) -> Result<Actor> {
     let user = match actor {
         Some(a) => {
-            let chars = a.chars().count();
-            if chars == 0 || chars > MAX_ACTOR_CHARS || a.chars().any(char::is_control) {
+            if !is_short_text(a) {
                 bail!(
-                    "--actor must be 1–{MAX_ACTOR_CHARS} characters, none of them a control character"
+                    "--actor must be 1–{MAX_SHORT_TEXT_CHARS} characters, none of them a control character"
                 );
             }
             a.to_owned()
@@ -159,38 +157,21 @@ pub(crate) async fn run(store: &Store, action: TaskAction) -> Result<()> {
     }
 }
 
-/// The resolution the arguments ask for, under the rules of the HTTP body.
+/// The resolution the arguments ask for, under the rules of the HTTP body
+/// ([`Resolution::parse`]); `--result` is a JSON document under the API's
+/// strict rules.
 fn resolution(
     outcome: OutcomeArg,
     result: Option<String>,
     external_txn_id: Option<String>,
 ) -> Result<Resolution> {
-    match outcome {
-        OutcomeArg::Committed => {
-            let Some(text) = result else {
-                bail!("`--outcome committed` needs `--result` (the JSON document to deliver)");
-            };
-            let result = idem_core::json::parse_strict(text.as_bytes())
-                .map_err(|e| anyhow!("--result: {e}"))?;
-            if let Some(t) = &external_txn_id
-                && (t.is_empty() || t.chars().count() > 200 || t.chars().any(char::is_control))
-            {
-                bail!(
-                    "--external-txn-id must be 1–200 characters, none of them a control character"
-                );
-            }
-            Ok(Resolution::Committed {
-                result,
-                external_txn_id,
-            })
-        }
-        OutcomeArg::NotCommitted => {
-            if result.is_some() || external_txn_id.is_some() {
-                bail!(
-                    "`--outcome not_committed` delivers nothing: give neither --result nor --external-txn-id"
-                );
-            }
-            Ok(Resolution::NotCommitted)
-        }
-    }
+    let result = result
+        .map(|text| idem_core::json::parse_strict(text.as_bytes()))
+        .transpose()
+        .map_err(|e| anyhow!("--result: {e}"))?;
+    let outcome = match outcome {
+        OutcomeArg::Committed => ResolveOutcome::Committed,
+        OutcomeArg::NotCommitted => ResolveOutcome::NotCommitted,
+    };
+    Resolution::parse(outcome, result, external_txn_id.as_deref()).map_err(|e| anyhow!("{e}"))
 }

@@ -12,7 +12,7 @@
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Redirect, Response};
-use idem_core::machine::operator::{Actor, By, Reason, Resolution};
+use idem_core::machine::operator::{Actor, By, Reason, Resolution, ResolveOutcome};
 use idem_core::model::Role;
 use idem_http::problem::Problem;
 use idem_store::Refusal;
@@ -34,55 +34,32 @@ fn refused(r: Refusal) -> ConsoleError {
     }
 }
 
-/// The resolution a resolve form asks for, or 400.
+/// The resolution a resolve form asks for, or 400: the form's fields read as
+/// the API's (an empty field is no field; the result is a JSON document
+/// under the API's strict rules), then [`Resolution::parse`]'s rules.
 fn resolution(pairs: &[(String, String)]) -> Result<Resolution, ConsoleError> {
     let txn = field(pairs, "external_txn_id")
         .map(str::trim)
         .filter(|t| !t.is_empty());
     let result = field(pairs, "result")
         .map(str::trim)
-        .filter(|r| !r.is_empty());
-    match field(pairs, "outcome") {
-        Some("committed") => {
-            let Some(text) = result else {
-                return Err(ConsoleError::BadRequest(
-                    "`committed` needs the result to deliver (a JSON document)".into(),
-                ));
-            };
-            // The API's strict rules (unique member names, safe integers,
-            // depth ≤ 64); `null` is no result, as the API reads it.
-            let result = idem_core::json::parse_strict(text.as_bytes()).map_err(|e| {
+        .filter(|r| !r.is_empty())
+        .map(|text| {
+            idem_core::json::parse_strict(text.as_bytes()).map_err(|e| {
                 ConsoleError::BadRequest(format!("the result is not a JSON document: {e}"))
-            })?;
-            if result.is_null() {
-                return Err(ConsoleError::BadRequest(
-                    "`committed` needs the result to deliver (a JSON document, not null)".into(),
-                ));
-            }
-            if let Some(t) = txn
-                && (t.chars().count() > 200 || t.chars().any(char::is_control))
-            {
-                return Err(ConsoleError::BadRequest(
-                    "the external transaction id must be 1–200 characters, none of them a control character".into(),
-                ));
-            }
-            Ok(Resolution::Committed {
-                result,
-                external_txn_id: txn.map(str::to_owned),
             })
+        })
+        .transpose()?;
+    let outcome = match field(pairs, "outcome") {
+        Some("committed") => ResolveOutcome::Committed,
+        Some("not_committed") => ResolveOutcome::NotCommitted,
+        _ => {
+            return Err(ConsoleError::BadRequest(
+                "choose what the provider did: committed or not committed".into(),
+            ));
         }
-        Some("not_committed") => {
-            if result.is_some() || txn.is_some() {
-                return Err(ConsoleError::BadRequest(
-                    "`not committed` delivers nothing: leave the result and the external transaction id empty".into(),
-                ));
-            }
-            Ok(Resolution::NotCommitted)
-        }
-        _ => Err(ConsoleError::BadRequest(
-            "choose what the provider did: committed or not committed".into(),
-        )),
-    }
+    };
+    Resolution::parse(outcome, result, txn).map_err(|e| ConsoleError::BadRequest(e.to_string()))
 }
 
 /// `POST /console/tasks/{id}/actions/{action}`.

@@ -88,6 +88,52 @@ impl Reason {
     }
 }
 
+/// Longest identifier-like text ([`is_short_text`]), in characters.
+pub const MAX_SHORT_TEXT_CHARS: usize = 200;
+
+/// Whether `s` is an identifier-like text: 1 to [`MAX_SHORT_TEXT_CHARS`]
+/// characters (Unicode scalar values), none of them a control character. The
+/// rule of `executor_id`, `external_txn_id` and an operator's actor name
+/// (SPEC §7); a NUL could not even be stored on PostgreSQL.
+pub fn is_short_text(s: &str) -> bool {
+    !s.is_empty() && s.chars().count() <= MAX_SHORT_TEXT_CHARS && !s.chars().any(char::is_control)
+}
+
+/// An external system's transaction id, as a report, a resolution or a
+/// search names it: an identifier-like text ([`is_short_text`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExternalTxnId(String);
+
+/// Why a text is not an [`ExternalTxnId`] (HTTP 400 `INVALID_REQUEST`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`external_txn_id` must be 1–200 characters, none of them a control character")]
+pub struct ExternalTxnIdError;
+
+impl ExternalTxnId {
+    /// `text` as a transaction id, unchanged.
+    ///
+    /// # Errors
+    /// [`ExternalTxnIdError`] when it is empty, longer than
+    /// [`MAX_SHORT_TEXT_CHARS`] or holds a control character.
+    pub fn parse(text: &str) -> Result<ExternalTxnId, ExternalTxnIdError> {
+        if is_short_text(text) {
+            Ok(ExternalTxnId(text.to_owned()))
+        } else {
+            Err(ExternalTxnIdError)
+        }
+    }
+
+    /// The text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The text, owned.
+    pub fn into_string(self) -> String {
+        self.0
+    }
+}
+
 /// Who performed an operator action.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Actor {
@@ -205,6 +251,69 @@ pub enum Resolution {
     },
     /// The effect did not happen: the next execute attempt may start.
     NotCommitted,
+}
+
+/// What an operator found at the external system, as a resolve request
+/// names it (`outcome`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResolveOutcome {
+    /// The effect happened.
+    Committed,
+    /// The effect did not happen.
+    NotCommitted,
+}
+
+/// Why a resolve request is not a [`Resolution`] (HTTP 400
+/// `INVALID_REQUEST`; the console and the command line show the same text).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ResolutionError {
+    /// `committed` without a result (or with `null`).
+    #[error("`committed` needs the `result` to deliver (a JSON document, not null)")]
+    NoResult,
+    /// `not_committed` with a result or a transaction id.
+    #[error("`not_committed` delivers nothing: give neither `result` nor `external_txn_id`")]
+    NotCommittedDeliversNothing,
+    /// A transaction id that is not an [`ExternalTxnId`].
+    #[error(transparent)]
+    ExternalTxnId(#[from] ExternalTxnIdError),
+}
+
+impl Resolution {
+    /// The resolution a request asks for: `committed` needs a `result` (not
+    /// `null`) and takes an optional [`ExternalTxnId`]; `not_committed`
+    /// takes neither.
+    ///
+    /// # Errors
+    /// [`ResolutionError`] naming the rule broken.
+    pub fn parse(
+        outcome: ResolveOutcome,
+        result: Option<Value>,
+        external_txn_id: Option<&str>,
+    ) -> Result<Resolution, ResolutionError> {
+        let result = result.filter(|r| !r.is_null());
+        match outcome {
+            ResolveOutcome::Committed => {
+                let Some(result) = result else {
+                    return Err(ResolutionError::NoResult);
+                };
+                let external_txn_id = external_txn_id
+                    .map(ExternalTxnId::parse)
+                    .transpose()?
+                    .map(ExternalTxnId::into_string);
+                Ok(Resolution::Committed {
+                    result,
+                    external_txn_id,
+                })
+            }
+            ResolveOutcome::NotCommitted => {
+                if result.is_some() || external_txn_id.is_some() {
+                    return Err(ResolutionError::NotCommittedDeliversNothing);
+                }
+                Ok(Resolution::NotCommitted)
+            }
+        }
+    }
 }
 
 /// `POST /v1/tasks/{id}/resolve`: a manual reconciliation of a `reconciling`

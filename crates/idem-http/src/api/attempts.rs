@@ -9,6 +9,7 @@ use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::response::{IntoResponse, Response};
 use idem_core::config::MIN_LEASE_MS;
+use idem_core::machine::operator::{ExternalTxnId, is_short_text};
 use idem_core::machine::{MAX_MESSAGE_CHARS, Report};
 use idem_core::model::Role;
 use idem_core::trace::TraceParent;
@@ -299,14 +300,8 @@ pub async fn report(
     caller.require(Role::Executor)?;
     let attempt_id = id;
     let (raw, body): (Value, ReportBody) = strict_body(body)?;
-    if body
-        .external_txn_id
-        .as_deref()
-        .is_some_and(|t| !is_short_text(t))
-    {
-        return Err(Problem::invalid(
-            "`external_txn_id` must be 1–200 characters, none of them a control character",
-        ));
+    if let Some(t) = body.external_txn_id.as_deref() {
+        ExternalTxnId::parse(t).map_err(|e| Problem::invalid(e.to_string()))?;
     }
     if let Some(chars) = body
         .message
@@ -365,11 +360,4 @@ pub async fn release(
         .await?
         .map_err(|r| Problem::refused(r, no_attempt(attempt_id)))?;
     Ok(Json(TaskEnvelope { task }))
-}
-
-/// Whether `s` is an identifier-like text field: 1–200 characters (Unicode
-/// scalar values), none of them a control character (`executor_id`,
-/// `external_txn_id`; a NUL could not even be stored on PostgreSQL).
-pub(super) fn is_short_text(s: &str) -> bool {
-    !s.is_empty() && s.chars().count() <= 200 && !s.chars().any(char::is_control)
 }

@@ -14,10 +14,9 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use idem_api::{ReasonBody, ResolveBody, ResolveOutcome};
-use idem_core::machine::operator::{Actor, By, Reason, Resolution};
+use idem_core::machine::operator::{self as machine, Actor, By, Reason, Resolution};
 use idem_core::model::Role;
 
-use super::attempts::is_short_text;
 use super::extract::{IdPath, strict_typed};
 use super::no_task;
 use super::wire::TaskEnvelope;
@@ -77,39 +76,18 @@ pub async fn resolve(
     Ok(Json(TaskEnvelope { task }))
 }
 
-/// The resolution a body asks for, or 400: `committed` needs `result`;
-/// `not_committed` takes neither `result` nor `external_txn_id`.
+/// The resolution a body asks for, or 400 ([`Resolution::parse`]'s rules).
 fn resolution(body: &ResolveBody) -> AppResult<Resolution> {
-    match body.outcome {
-        ResolveOutcome::Committed => {
-            let Some(result) = body.result.clone() else {
-                return Err(Problem::invalid(
-                    "`committed` needs the `result` to deliver",
-                ));
-            };
-            if body
-                .external_txn_id
-                .as_deref()
-                .is_some_and(|t| !is_short_text(t))
-            {
-                return Err(Problem::invalid(
-                    "`external_txn_id` must be 1–200 characters, none of them a control character",
-                ));
-            }
-            Ok(Resolution::Committed {
-                result,
-                external_txn_id: body.external_txn_id.clone(),
-            })
-        }
-        ResolveOutcome::NotCommitted => {
-            if body.result.is_some() || body.external_txn_id.is_some() {
-                return Err(Problem::invalid(
-                    "`not_committed` delivers nothing: send neither `result` nor `external_txn_id`",
-                ));
-            }
-            Ok(Resolution::NotCommitted)
-        }
-    }
+    let outcome = match body.outcome {
+        ResolveOutcome::Committed => machine::ResolveOutcome::Committed,
+        ResolveOutcome::NotCommitted => machine::ResolveOutcome::NotCommitted,
+    };
+    Resolution::parse(
+        outcome,
+        body.result.clone(),
+        body.external_txn_id.as_deref(),
+    )
+    .map_err(|e| Problem::invalid(e.to_string()))
 }
 
 /// Send a `failed` task back to `queued` with one more execute attempt and a

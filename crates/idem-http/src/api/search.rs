@@ -13,12 +13,12 @@ use idem_store::ops::search::{CursorKey, DEFAULT_LIMIT, MAX_LIMIT, TaskQuery};
 use serde::Serialize;
 use utoipa::{IntoParams, ToSchema};
 
-use super::attempts::is_short_text;
 use super::unknown_operation;
 use super::wire::{LookupQuery, TaskEnvelope, TasksPage};
 use crate::auth::Caller;
 use crate::problem::{Problem, shorten};
 use crate::{AppResult, St};
+use idem_core::machine::operator::ExternalTxnId;
 
 /// The query of `GET /v1/tasks` (for the OpenAPI document; read by
 /// [`read_query`]). With `idempotency_key` it is a lookup by scope and
@@ -153,11 +153,7 @@ pub fn read_query(
             "external_txn_id" => {
                 // The rule of the reports that store these ids: one the
                 // report would refuse can match no task.
-                if !is_short_text(v) {
-                    return Err(Problem::invalid(
-                        "`external_txn_id` must be 1–200 characters, none of them a control character",
-                    ));
-                }
+                ExternalTxnId::parse(v).map_err(|e| Problem::invalid(e.to_string()))?;
                 q.external_txn_id = Some(v.clone());
             }
             "limit" => {

@@ -496,3 +496,44 @@ fn operator_cancel_is_the_clients_cancel_with_actor_and_reason() {
         }
     }
 }
+
+#[test]
+fn a_resolution_is_parsed_by_the_rules_of_every_entry_point() {
+    use ResolveOutcome::{Committed, NotCommitted};
+    let ok = Resolution::parse(Committed, Some(json!({"payout": "po_1"})), Some("po_1"));
+    assert_eq!(
+        ok,
+        Ok(Resolution::Committed {
+            result: json!({"payout": "po_1"}),
+            external_txn_id: Some("po_1".into()),
+        })
+    );
+    assert_eq!(
+        Resolution::parse(Committed, None, None),
+        Err(ResolutionError::NoResult)
+    );
+    assert_eq!(
+        Resolution::parse(Committed, Some(json!(null)), None),
+        Err(ResolutionError::NoResult)
+    );
+    for bad in ["", "a\nb", &"x".repeat(201)] {
+        assert_eq!(
+            Resolution::parse(Committed, Some(json!(1)), Some(bad)),
+            Err(ResolutionError::ExternalTxnId(ExternalTxnIdError)),
+            "{bad:?}"
+        );
+    }
+    assert!(Resolution::parse(Committed, Some(json!(1)), Some(&"é".repeat(200))).is_ok());
+    assert_eq!(
+        Resolution::parse(NotCommitted, None, None),
+        Ok(Resolution::NotCommitted)
+    );
+    assert_eq!(
+        Resolution::parse(NotCommitted, Some(json!({})), None),
+        Err(ResolutionError::NotCommittedDeliversNothing)
+    );
+    assert_eq!(
+        Resolution::parse(NotCommitted, None, Some("po_1")),
+        Err(ResolutionError::NotCommittedDeliversNothing)
+    );
+}
