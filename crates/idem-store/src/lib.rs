@@ -53,6 +53,7 @@ pub mod contracts;
 pub mod feed;
 mod guarded;
 pub mod ops;
+pub mod plan;
 pub mod retries;
 pub mod schema;
 pub mod spans;

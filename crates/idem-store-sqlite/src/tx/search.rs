@@ -1,101 +1,62 @@
-//! [`TaskSearch`] on SQLite: one statement per page, a `UNION ALL` of one
-//! ordered walk per state (and per class, when the page is limited to some),
-//! each stopping at the page size, merged and cut to the page (schema v5's
-//! `tasks_search_state` and `tasks_search_operation` indexes).
-//!
-//! A filter on a provider's transaction id or an idempotency-key prefix
-//! reads one range instead (`attempts_external_txn`, `tasks_search_key`).
+//! [`TaskSearch`] on SQLite: the statement of [`SearchPlan`] in SQLite's
+//! spelling.
 
 use idem_store::StoreError;
 use idem_store::ops::search::{TaskQuery, TaskSearch};
+use idem_store::plan::{Bound, Dialect, SearchPlan};
 use rusqlite::types::Value as Sql;
 
 use super::{SqliteTx, decode, task_row};
 use idem_core::model::Task;
 
+/// SQLite's spelling of the plans of [`idem_store::plan`].
+pub(crate) struct Sqlite;
+
+impl Dialect for Sqlite {
+    fn placeholder(&self, n: usize) -> String {
+        format!("?{n}")
+    }
+
+    fn byte_range(&self) -> (&'static str, &'static str) {
+        // Text compares byte-wise (the BINARY collation of every column).
+        (">=", "<")
+    }
+
+    fn any_of(
+        &self,
+        column: &str,
+        values: Vec<String>,
+        bind: &mut dyn FnMut(Bound) -> String,
+    ) -> String {
+        let each: Vec<String> = values.into_iter().map(|v| bind(Bound::Text(v))).collect();
+        format!("{column} IN ({})", each.join(", "))
+    }
+
+    fn union_member(&self, select: String) -> String {
+        // A compound SELECT takes ORDER BY and LIMIT only at its end.
+        format!("SELECT * FROM ({select})")
+    }
+}
+
+/// A planned value as a driver parameter. Lists are never planned here:
+/// [`Sqlite::any_of`] binds each text of a list on its own.
+fn sql_value(b: Bound) -> Sql {
+    match b {
+        Bound::Int(v) => Sql::Integer(v),
+        Bound::Text(v) => Sql::Text(v),
+        Bound::Uuid(v) => Sql::Text(v.to_string()),
+        Bound::Texts(_) => Sql::Null,
+    }
+}
+
 /// The statement and parameters of one page of `q` for `tenant`, in
-/// `operations` when given.
+/// `operations` when given ([`SearchPlan`]).
 pub(crate) fn page_sql(
     tenant: &str,
     operations: Option<&[String]>,
     q: &TaskQuery,
 ) -> (String, Vec<Sql>) {
-    let mut params: Vec<Sql> = Vec::new();
-    let mut bind = |v: Sql| {
-        params.push(v);
-        format!("?{}", params.len())
-    };
-    let fetch = i64::from(q.limit) + 1;
-    let limit = bind(Sql::Integer(fetch));
-    let tenant_p = bind(Sql::Text(tenant.to_owned()));
-    let mut common = format!("tenant = {tenant_p}");
-    if let Some(t) = q.created_after {
-        common += &format!(" AND created_at > {}", bind(Sql::Integer(t.0)));
-    }
-    if let Some(t) = q.created_before {
-        common += &format!(" AND created_at < {}", bind(Sql::Integer(t.0)));
-    }
-    if let Some(p) = &q.idempotency_key_prefix {
-        common += &format!(" AND idempotency_key >= {}", bind(Sql::Text(p.clone())));
-        if let Some(end) = q.key_prefix_end() {
-            common += &format!(" AND idempotency_key < {}", bind(Sql::Text(end)));
-        }
-    }
-    if let Some(x) = &q.external_txn_id {
-        common += &format!(
-            " AND id IN (SELECT task_id FROM attempts WHERE external_txn_id = {})",
-            bind(Sql::Text(x.clone()))
-        );
-    }
-    if let Some(c) = q.cursor {
-        let at = bind(Sql::Integer(c.created_at.0));
-        let id = bind(Sql::Text(c.id.to_string()));
-        common += &format!(" AND (created_at, id) < ({at}, {id})");
-    }
-    let classes: Vec<Option<String>> = match (&q.operation, operations) {
-        (Some(op), _) => vec![Some(op.clone())],
-        (None, Some(ops)) => ops.iter().cloned().map(Some).collect(),
-        (None, None) => vec![None],
-    };
-    let states = q.states_to_read();
-    let mut parts = Vec::new();
-    if q.external_txn_id.is_some() || q.idempotency_key_prefix.is_some() {
-        // A narrow range of its own: one read, filtered.
-        let states: Vec<String> = states
-            .iter()
-            .map(|s| bind(Sql::Text(s.as_str().to_owned())))
-            .collect();
-        let mut cond = format!("{common} AND state IN ({})", states.join(", "));
-        if classes != [None] {
-            let ops: Vec<String> = classes
-                .iter()
-                .flatten()
-                .map(|o| bind(Sql::Text(o.clone())))
-                .collect();
-            cond += &format!(" AND operation IN ({})", ops.join(", "));
-        }
-        parts.push(cond);
-    } else {
-        for class in &classes {
-            for s in &states {
-                let mut cond = common.clone();
-                if let Some(op) = class {
-                    cond += &format!(" AND operation = {}", bind(Sql::Text(op.clone())));
-                }
-                cond += &format!(" AND state = {}", bind(Sql::Text(s.as_str().to_owned())));
-                parts.push(cond);
-            }
-        }
-    }
-    let walks: Vec<String> = parts
-        .iter()
-        .map(|cond| {
-            format!(
-                "SELECT * FROM (SELECT id, created_at FROM tasks WHERE {cond} \
-                 ORDER BY created_at DESC, id DESC LIMIT {limit})"
-            )
-        })
-        .collect();
+    let plan = SearchPlan::new(&Sqlite, tenant, operations, q);
     let sql = format!(
         concat!(
             "SELECT ",
@@ -104,10 +65,9 @@ pub(crate) fn page_sql(
             " FROM ({}) p JOIN tasks t ON t.id = p.id \
              ORDER BY p.created_at DESC, p.id DESC LIMIT {}"
         ),
-        walks.join(" UNION ALL "),
-        limit
+        plan.walks, plan.limit
     );
-    (sql, params)
+    (sql, plan.params.into_iter().map(sql_value).collect())
 }
 
 impl TaskSearch for SqliteTx<'_> {
