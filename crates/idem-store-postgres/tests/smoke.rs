@@ -116,7 +116,7 @@ async fn submit_replay_conflict_claim_report() {
         .await
         .unwrap()
     {
-        SubmitOutcome::Conflict { task_id } => assert_eq!(task_id, task.id),
+        SubmitOutcome::Conflict { task: original } => assert_eq!(original.id, task.id),
         other => panic!("expected a conflict, got {other:?}"),
     }
     assert_eq!(

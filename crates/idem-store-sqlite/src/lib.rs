@@ -755,7 +755,7 @@ mod tests {
             other => panic!("the retry replays while the write lock is held: {other:?}"),
         }
         match store.submit(sub("k", "b")).await {
-            Ok(SubmitOutcome::Conflict { task_id }) => assert_eq!(task_id, task.id),
+            Ok(SubmitOutcome::Conflict { task: original }) => assert_eq!(original.id, task.id),
             other => panic!("the changed retry is a conflict: {other:?}"),
         }
         lock.execute_batch("ROLLBACK").unwrap();

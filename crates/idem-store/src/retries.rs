@@ -160,6 +160,23 @@ mod tests {
         }
     }
 
+    fn task(s: Submission) -> idem_core::model::Task {
+        let new = idem_core::machine::NewTask {
+            id: Uuid::nil(),
+            tenant: s.tenant,
+            operation: s.operation,
+            idempotency_key: s.idempotency_key,
+            fingerprint: s.fingerprint,
+            canonical_request: s.canonical_request,
+            params: s.params,
+            contract: s.contract,
+            api_key_id: s.api_key_id,
+            grant: s.grant,
+            traceparent: s.traceparent,
+        };
+        idem_core::machine::accept(new, idem_core::model::Timestamp(0)).0
+    }
+
     #[test]
     fn only_bound_scopes_are_seen() {
         let h = ScopeHints::new();
@@ -167,7 +184,7 @@ mod tests {
         h.remember(
             h.hash(&sub("a")),
             &SubmitOutcome::Conflict {
-                task_id: Uuid::nil(),
+                task: Box::new(task(sub("a"))),
             },
         );
         h.remember(

@@ -7,7 +7,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use idem_core::key::parse_header_values;
-use idem_core::model::Role;
+use idem_core::model::{Role, Task};
 use idem_core::schema::SchemaError;
 use idem_core::submit::{SubmitBodyError, check_schema, read_submit};
 use idem_core::trace::TraceParent;
@@ -88,7 +88,8 @@ async fn submit_inner(
     let (task, replayed) = match outcome {
         SubmitOutcome::Created(t) => (t, false),
         SubmitOutcome::Replayed(t) => (t, true),
-        SubmitOutcome::Conflict { task_id } => {
+        SubmitOutcome::Conflict { task } => {
+            let task_id = task.id;
             let mut p = Problem::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 ProblemCode::IdempotencyConflict,
@@ -97,8 +98,7 @@ async fn submit_inner(
                 ),
             );
             p.task_id = Some(task_id);
-            p.differing_fields =
-                conflict_fields(st, &submitter.caller.0.tenant, task_id, raw.as_deref()).await;
+            p.differing_fields = conflict_fields(&task, raw.as_deref());
             return Err(p);
         }
         SubmitOutcome::KeyRevoked { .. } => {
@@ -167,23 +167,18 @@ async fn retry_of_accepted(
         .await?
     {
         Ok(task) if idem_store::ops::is_same_request(&task, s) => Ok(SubmitOutcome::Replayed(task)),
-        Ok(task) => Ok(SubmitOutcome::Conflict { task_id: task.id }),
+        Ok(task) => Ok(SubmitOutcome::Conflict {
+            task: Box::new(task),
+        }),
         Err(_) => Err(refusal),
     }
 }
 
 /// The JSON Pointers of the material fields in which the request `body`
-/// differs from the one task `task_id` of `tenant` was accepted with, under
-/// the material pointers frozen in its contract
-/// ([`idem_core::fingerprint::differing_fields`]); `None` when the task
-/// cannot be read (the conflict is answered without them).
-async fn conflict_fields(
-    st: &crate::AppState,
-    tenant: &str,
-    task_id: uuid::Uuid,
-    body: Option<&[u8]>,
-) -> Option<Vec<String>> {
-    let task = st.store.get_task(Some(tenant), task_id).await.ok()?.ok()?;
+/// differs from the one `task` was accepted with, under the material pointers
+/// frozen in its contract ([`idem_core::fingerprint::differing_fields`]);
+/// `None` when the body has no `params` to compare.
+fn conflict_fields(task: &Task, body: Option<&[u8]>) -> Option<Vec<String>> {
     let body = idem_core::json::parse_strict(body?).ok()?;
     let material = task.contract.fingerprint.as_deref().unwrap_or_default();
     let fields =

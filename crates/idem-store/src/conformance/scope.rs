@@ -76,8 +76,9 @@ pub async fn different_fingerprint_conflicts_and_changes_nothing(store: Store) {
         assert_ne!(s1.fingerprint, s2.fingerprint);
         for _ in 0..3 {
             match c.submit(s2.clone()).await {
-                SubmitOutcome::Conflict { task_id } => {
-                    assert_eq!(task_id, t.id, "the conflict names the original task");
+                SubmitOutcome::Conflict { task } => {
+                    assert_eq!(task.id, t.id, "the conflict names the original task");
+                    assert_eq!(*task, t, "the conflict carries the original task as stored");
                 }
                 other => panic!("expected Conflict, got {other:?}"),
             }
@@ -115,7 +116,7 @@ pub async fn same_request_under_changed_fingerprint_fields_replays(store: Store)
     let mut other = c.submission(NON_SAFE, key, params(NON_SAFE, 2), &contract);
     other.fingerprint.clone_from(&again.fingerprint);
     match c.submit(other).await {
-        SubmitOutcome::Conflict { task_id } => assert_eq!(task_id, t.id),
+        SubmitOutcome::Conflict { task } => assert_eq!(task.id, t.id),
         o => panic!("expected Conflict, got {o:?}"),
     }
     assert_history(&store, t.id).await;
@@ -145,7 +146,7 @@ pub async fn same_request_under_changed_fingerprint_fields_replays(store: Store)
     );
     other.fingerprint = format!("{}-other-fields", s1.fingerprint);
     match c.submit(other).await {
-        SubmitOutcome::Conflict { task_id } => assert_eq!(task_id, t.id),
+        SubmitOutcome::Conflict { task } => assert_eq!(task.id, t.id),
         o => panic!("expected Conflict, got {o:?}"),
     }
 }
@@ -381,8 +382,8 @@ pub async fn concurrent_conflicting_submits_create_one_task(store: Store) {
                         "only the winner's fingerprint replays"
                     );
                 }
-                SubmitOutcome::Conflict { task_id } => {
-                    assert_eq!(*task_id, winner.id, "the conflict names the winner");
+                SubmitOutcome::Conflict { task } => {
+                    assert_eq!(task.id, winner.id, "the conflict names the winner");
                     assert_ne!(*fp, winner.fingerprint, "the winner's twin never conflicts");
                 }
                 SubmitOutcome::KeyRevoked { .. } => panic!("round {round}: the key is live"),
@@ -464,19 +465,23 @@ pub async fn batch_answers_as_if_submitted_one_after_another(store: Store) {
     ];
     let out = must(store.submit_batch(batch).await, "batch");
     let [
-        SubmitOutcome::Conflict { task_id: c0 },
+        SubmitOutcome::Conflict { task: c0 },
         SubmitOutcome::Created(new),
         SubmitOutcome::Replayed(r2),
-        SubmitOutcome::Conflict { task_id: c3 },
+        SubmitOutcome::Conflict { task: c3 },
         SubmitOutcome::Created(other_task),
         SubmitOutcome::Replayed(r5),
     ] = out.as_slice()
     else {
         panic!("a batch answers in request order, one after the other: {out:?}");
     };
-    assert_eq!((*c0, r2.id), (old.id, old.id), "stored scope");
+    assert_eq!((c0.id, r2.id), (old.id, old.id), "stored scope");
     assert_eq!(api(r2), api(&old), "a replay in a batch changes nothing");
-    assert_eq!((*c3, r5.id), (new.id, new.id), "scope created in the batch");
+    assert_eq!(
+        (c3.id, r5.id),
+        (new.id, new.id),
+        "scope created in the batch"
+    );
     assert_eq!(api(r5), api(new), "the in-batch replay is the created task");
     assert_ne!(other_task.id, new.id);
     for t in [&old, new, other_task] {

@@ -81,10 +81,12 @@ pub enum SubmitOutcome {
     Created(Task),
     /// Same scope and fingerprint: the original task.
     Replayed(Task),
-    /// Same scope, different fingerprint: nothing changed.
+    /// Same scope, different fingerprint: nothing changed. The original
+    /// task, as the submit's transaction read it (its contract names the
+    /// material fields a conflict's answer compares).
     Conflict {
         /// The original task.
-        task_id: Uuid,
+        task: Box<Task>,
     },
     /// The submitting API key was revoked (or is gone) when the transaction
     /// checked it: nothing changed, and no replay or conflict was revealed
@@ -349,17 +351,18 @@ impl Accepted<'_> {
             } else {
                 match existing.next().flatten() {
                     None => None,
-                    Some((row, task)) if row.fingerprint != s.fingerprint => match task {
+                    Some((row, Some(task))) if row.fingerprint != s.fingerprint => {
                         // Fingerprinted under material fields the configuration
                         // changed since the task was accepted, the same request
                         // is still the same request: the original task.
-                        Some(task) if same_request_as_accepted(&task, s) => {
+                        if same_request_as_accepted(&task, s) {
                             Some(SubmitOutcome::Replayed(task))
+                        } else {
+                            Some(SubmitOutcome::Conflict {
+                                task: Box::new(task),
+                            })
                         }
-                        _ => Some(SubmitOutcome::Conflict {
-                            task_id: row.task_id,
-                        }),
-                    },
+                    }
                     Some((_, Some(task))) => Some(SubmitOutcome::Replayed(task)),
                     Some((row, None)) => {
                         return Err(StoreError::Corrupt(format!(
