@@ -15,6 +15,7 @@ use idem_store::contracts::StoredContracts;
 use idem_store::ops::{
     Authenticate, Call, Operation, Runner, Submission, Submit, SubmitBatch, SubmitOutcome,
 };
+use idem_store::retries::Lane;
 use idem_store::{Backend, BoxFuture, Clock, Op, Result, StoreError, retries};
 use tokio::sync::mpsc;
 use tokio_postgres::IsolationLevel;
@@ -373,30 +374,22 @@ impl Runner for Pooled {
 }
 
 impl PgBackend {
-    /// A submit: to the retry lane when its scope was seen bound, else to the
-    /// submit lanes; a scope not seen yet is remembered once answered.
+    /// A submit, routed by [`retries::route`]: the retry lane or the submit
+    /// lanes.
     async fn submit(&self, call: Call<Submit>) {
-        let Call { op, reply } = call;
-        let unseen = self.hints.as_ref().and_then(|h| {
-            let scope = h.hash(&op.0);
-            (!h.seen(scope)).then_some((h, scope))
-        });
-        let queue = if self.hints.is_some() && unseen.is_none() {
-            &self.retries
-        } else {
-            &self.submits
+        let send = |inner: Call<Submit>, lane| {
+            let queue = match lane {
+                Lane::Retry => &self.retries,
+                Lane::Write => &self.submits,
+            };
+            if let Err(mpsc::error::SendError(inner)) = queue.send(inner) {
+                inner.answer(Err(StoreError::Unavailable(SUBMITS_STOPPED.into())));
+            }
         };
-        let (inner, answer) = Call::new(op);
-        if let Err(mpsc::error::SendError(inner)) = queue.send(inner) {
-            inner.answer(Err(StoreError::Unavailable(SUBMITS_STOPPED.into())));
-        }
-        let outcome = answer
-            .await
-            .unwrap_or_else(|_| Err(StoreError::Unavailable(SUBMITS_STOPPED.into())));
-        if let (Some((hints, scope)), Ok(o)) = (unseen, &outcome) {
-            hints.remember(scope, o);
-        }
-        let _ = reply.send(outcome);
+        retries::route(self.hints.as_ref(), call, send, || {
+            StoreError::Unavailable(SUBMITS_STOPPED.into())
+        })
+        .await;
     }
 }
 

@@ -10,6 +10,7 @@ use idem_store::changes::Publisher;
 use idem_store::ops::{
     Call, Operation, Pending, Runner, Submission, Submit, SubmitOutcome, SubmitPlan,
 };
+use idem_store::retries::Lane;
 use idem_store::{Backend, BoxFuture, Change, Clock, Op, StoreError, retries};
 use rusqlite::Connection;
 use tokio::sync::mpsc;
@@ -412,28 +413,22 @@ impl SqliteBackend {
         forward(&self.writer, op);
     }
 
-    /// A submit: to the retry reader when its scope was seen bound, else to
-    /// the writer; a scope not seen yet is remembered once answered.
+    /// A submit, routed by [`retries::route`]: the retry reader or the
+    /// writer.
     async fn submit(&self, call: Call<Submit>) {
-        let scope = self.hints.hash(&call.op.0);
-        let seen = self.hints.seen(scope);
-        let Call { op, reply } = call;
-        let (inner, answer) = Call::new(op);
-        if seen {
-            // Should the retry reader be gone, the writer answers.
-            if let Err(mpsc::error::SendError(back)) = self.retries.send(inner) {
-                self.write(Op::Submit(back));
+        let send = |inner: Call<Submit>, lane| match lane {
+            Lane::Retry => {
+                // Should the retry reader be gone, the writer answers.
+                if let Err(mpsc::error::SendError(back)) = self.retries.send(inner) {
+                    self.write(Op::Submit(back));
+                }
             }
-        } else {
-            self.write(Op::Submit(inner));
-        }
-        let out = answer
-            .await
-            .unwrap_or_else(|_| Err(unavailable(WRITER_STOPPED)));
-        if !seen && let Ok(outcome) = &out {
-            self.hints.remember(scope, outcome);
-        }
-        let _ = reply.send(out);
+            Lane::Write => self.write(Op::Submit(inner)),
+        };
+        retries::route(Some(&self.hints), call, send, || {
+            unavailable(WRITER_STOPPED)
+        })
+        .await;
     }
 }
 

@@ -85,6 +85,40 @@ impl ScopeHints {
     }
 }
 
+/// The lane a submit takes ([`route`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lane {
+    /// Its scope was seen bound: the reader that answers retries without a
+    /// write ([`answer_batch`]), which hands on what it cannot answer.
+    Retry,
+    /// The write path.
+    Write,
+}
+
+/// Routes a submit, the same way in every backend: to [`Lane::Retry`] when
+/// `hints` saw its scope bound, else to [`Lane::Write`]; once answered, a
+/// scope not seen before is remembered, and the answer goes to the caller.
+/// `send` hands the inner call to the backend's lane (and answers it, should
+/// that lane be gone); `stopped` is the error when no answer comes back.
+/// Without `hints` (routing off) every submit is written.
+pub async fn route(
+    hints: Option<&ScopeHints>,
+    call: Call<Submit>,
+    send: impl FnOnce(Call<Submit>, Lane),
+    stopped: impl FnOnce() -> crate::StoreError,
+) {
+    let Call { op, reply } = call;
+    let scope = hints.map(|h| (h, h.hash(&op.0)));
+    let seen = scope.is_some_and(|(h, s)| h.seen(s));
+    let (inner, answer) = Call::new(op);
+    send(inner, if seen { Lane::Retry } else { Lane::Write });
+    let out = answer.await.unwrap_or_else(|_| Err(stopped()));
+    if let (Some((h, s)), false, Ok(outcome)) = (scope, seen, &out) {
+        h.remember(s, outcome);
+    }
+    let _ = reply.send(out);
+}
+
 /// Answers retries without writing: for each submission, in order, `Some`
 /// replay or conflict when its API key is live and its scope row is bound
 /// (read by [`Tx::live_scopes_with_tasks`], answered by the same
