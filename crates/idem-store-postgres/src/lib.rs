@@ -39,6 +39,7 @@ use idem_store::ops::{Authenticate, Call, Submit};
 use idem_store::{Clock, Result, SchemaWatch, ScopeHints, Store, StoreError, batch};
 use tokio::sync::mpsc;
 
+mod announce;
 mod error;
 mod feed;
 mod migrate;
@@ -141,6 +142,9 @@ pub struct PgBackend {
     /// Committed changes, heard on a listening connection of their own
     /// (`notify.rs`).
     listening: Arc<notify::Listening>,
+    /// Publishes what this store committed and announces it to the other
+    /// instances (`announce.rs`).
+    announcer: announce::Announcer,
     /// The last reading of the database's schema: another instance may
     /// migrate it to one this binary cannot serve ([`Backend::ping`] reads it
     /// again at most every [`idem_store::schema::SCHEMA_RECHECK`]).
@@ -200,10 +204,14 @@ fn session_config(url: &str, options: &PgOptions) -> Result<(tokio_postgres::Con
     // columns whose best plan does not depend on the values, and with array
     // parameters (`unnest`, `= ANY`) PostgreSQL otherwise re-plans the submit
     // key check and the replay read-back on every execution (custom plans look
-    // cheaper because they know the array length).
+    // cheaper because they know the array length). `idem.notify=off`: the
+    // `events` trigger sends nothing from these sessions (migration 14); the
+    // store announces what it committed itself, after the commit
+    // (`announce.rs`).
     let ours = format!(
         "-c synchronous_commit=on -c plan_cache_mode=force_generic_plan \
-         -c statement_timeout={} -c idle_in_transaction_session_timeout={}",
+         -c statement_timeout={} -c idle_in_transaction_session_timeout={} \
+         -c idem.notify=off",
         options.statement_timeout.as_millis(),
         options.idle_in_transaction_timeout.as_millis(),
     );
@@ -229,10 +237,13 @@ impl PgBackend {
     /// As [`connect`].
     pub async fn connect(url: &str, options: PgOptions) -> Result<PgBackend> {
         let (cfg, target) = session_config(url, &options)?;
+        let own = announce::OwnSession::default();
         let listening = Arc::new(notify::Listening::new(
             cfg.clone(),
             tls::connector(&target)?,
+            own.clone(),
         ));
+        let cfg_announce = cfg.clone();
         let manager = Manager::from_config(
             cfg,
             tls::connector(&target)?,
@@ -272,6 +283,12 @@ impl PgBackend {
         }
         let schema = Arc::new(SchemaWatch::new());
         let _ = schema.record(&options.clock, Ok(()));
+        let announcer = announce::Announcer::start(
+            cfg_announce,
+            tls::connector(&target)?,
+            listening.changes.publisher(),
+            own,
+        );
         let (submits, queue) = batch::queue();
         let stored = Arc::new(StoredContracts::new());
         // Lanes hold a connection while work is queued: at most half the pool.
@@ -283,6 +300,7 @@ impl PgBackend {
                 options.operation_timeout,
                 Arc::clone(&queue),
                 Arc::clone(&stored),
+                announcer.clone(),
             ));
         }
         let (retries, queue) = batch::queue();
@@ -321,6 +339,7 @@ impl PgBackend {
             clock: options.clock,
             stored,
             listening,
+            announcer,
             schema,
         })
     }
@@ -347,5 +366,6 @@ mod tests {
         assert!(o.contains("synchronous_commit=on"), "{o}");
         assert!(o.contains("statement_timeout=10000"), "{o}");
         assert!(o.contains("plan_cache_mode=force_generic_plan"), "{o}");
+        assert!(o.contains("idem.notify=off"), "{o}");
     }
 }
