@@ -95,6 +95,14 @@ enum Queued {
 /// queued, once every clone is dropped.
 #[derive(Debug, Clone)]
 pub(crate) struct Announcer {
+    /// `None`: the `events` trigger notifies instead (`idem.notify=on` in
+    /// the URL's options), and the listening connection hears every change,
+    /// this store's included.
+    on: Option<On>,
+}
+
+#[derive(Debug, Clone)]
+struct On {
     queue: mpsc::UnboundedSender<Queued>,
     publisher: Publisher,
 }
@@ -110,26 +118,35 @@ impl Announcer {
     ) -> Announcer {
         let (queue, queued) = mpsc::unbounded_channel();
         tokio::spawn(announce(cfg, tls, queued, own));
-        Announcer { queue, publisher }
+        Announcer {
+            on: Some(On { queue, publisher }),
+        }
+    }
+
+    /// An announcer that does nothing: the trigger notifies.
+    pub(crate) fn off() -> Announcer {
+        Announcer { on: None }
     }
 
     /// The events of a transaction that committed: published here, queued
     /// for the others.
     pub(crate) fn committed(&self, changes: Vec<Change>) {
+        let Some(on) = &self.on else { return };
         if changes.is_empty() {
             return;
         }
         for change in &changes {
-            self.publisher.publish(change.clone());
+            on.publisher.publish(change.clone());
         }
-        let _ = self.queue.send(Queued::Changes(changes));
+        let _ = on.queue.send(Queued::Changes(changes));
     }
 
     /// Resolves once every change queued before the call has been announced,
     /// or given up (see the module doc).
     pub(crate) async fn flushed(&self) {
+        let Some(on) = &self.on else { return };
         let (done, answered) = oneshot::channel();
-        if self.queue.send(Queued::Flush(done)).is_ok() {
+        if on.queue.send(Queued::Flush(done)).is_ok() {
             let _ = answered.await;
         }
     }

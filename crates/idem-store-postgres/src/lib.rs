@@ -207,14 +207,17 @@ fn session_config(url: &str, options: &PgOptions) -> Result<(tokio_postgres::Con
     // cheaper because they know the array length). `idem.notify=off`: the
     // `events` trigger sends nothing from these sessions (migration 14); the
     // store announces what it committed itself, after the commit
-    // (`announce.rs`).
-    let ours = format!(
+    // (`announce.rs`), unless the URL's options turn the trigger on
+    // ([`trigger_notifies`]).
+    let mut ours = format!(
         "-c synchronous_commit=on -c plan_cache_mode=force_generic_plan \
-         -c statement_timeout={} -c idle_in_transaction_session_timeout={} \
-         -c idem.notify=off",
+         -c statement_timeout={} -c idle_in_transaction_session_timeout={}",
         options.statement_timeout.as_millis(),
         options.idle_in_transaction_timeout.as_millis(),
     );
+    if !trigger_notifies(&cfg) {
+        ours.push_str(" -c idem.notify=off");
+    }
     let all = match cfg.get_options() {
         Some(theirs) if !theirs.trim().is_empty() => format!("{theirs} {ours}"),
         _ => ours,
@@ -227,6 +230,22 @@ fn session_config(url: &str, options: &PgOptions) -> Result<(tokio_postgres::Con
         cfg.connect_timeout(options.pool_timeout);
     }
     Ok((cfg, target))
+}
+
+/// Whether the URL's `options` set `idem.notify=on` (`-c idem.notify=on`):
+/// then every data transaction notifies from the `events` trigger at its
+/// commit, as binaries before migration 14 did, and the store announces
+/// nothing itself. A fallback (and the comparison point of
+/// docs/benchmarks.md): each notifying commit then takes PostgreSQL's
+/// notification lock.
+fn trigger_notifies(cfg: &tokio_postgres::Config) -> bool {
+    cfg.get_options().is_some_and(|o| {
+        // `-c idem.notify=on`, `-cidem.notify=on` or `--idem.notify=on`.
+        o.split_whitespace().any(|w| {
+            let w = w.trim_start_matches('-');
+            w == "idem.notify=on" || w == "cidem.notify=on"
+        })
+    })
 }
 
 impl PgBackend {
@@ -283,12 +302,16 @@ impl PgBackend {
         }
         let schema = Arc::new(SchemaWatch::new());
         let _ = schema.record(&options.clock, Ok(()));
-        let announcer = announce::Announcer::start(
-            cfg_announce,
-            tls::connector(&target)?,
-            listening.changes.publisher(),
-            own,
-        );
+        let announcer = if trigger_notifies(&cfg_announce) {
+            announce::Announcer::off()
+        } else {
+            announce::Announcer::start(
+                cfg_announce,
+                tls::connector(&target)?,
+                listening.changes.publisher(),
+                own,
+            )
+        };
         let (submits, queue) = batch::queue();
         let stored = Arc::new(StoredContracts::new());
         // Lanes hold a connection while work is queued: at most half the pool.
@@ -367,5 +390,12 @@ mod tests {
         assert!(o.contains("statement_timeout=10000"), "{o}");
         assert!(o.contains("plan_cache_mode=force_generic_plan"), "{o}");
         assert!(o.contains("idem.notify=off"), "{o}");
+        let (cfg, _) = session_config(
+            "postgres://u@localhost:5432/db?options=-c%20idem.notify%3Don",
+            &PgOptions::default(),
+        )
+        .unwrap();
+        assert!(trigger_notifies(&cfg));
+        assert!(!cfg.get_options().unwrap().contains("idem.notify=off"));
     }
 }

@@ -60,6 +60,9 @@ pub struct Change {
     /// `retry_scheduled`, `reconciliation_required`); `None`: at once, or not
     /// at all.
     pub due_in_ms: Option<u64>,
+    /// Whether another instance committed it (heard on the listening
+    /// connection) rather than this store handle (published at its commit).
+    pub remote: bool,
 }
 
 impl Change {
@@ -71,6 +74,7 @@ impl Change {
             task_id,
             kind: event.kind,
             due_in_ms: event.data["backoff_ms"].as_u64().filter(|ms| *ms > 0),
+            remote: false,
         }
     }
 
@@ -93,7 +97,7 @@ impl Change {
     /// `[tenant, operation, task_id, type, backoff_ms]` the `events` trigger
     /// builds (migration 9; `backoff_ms` is the event's `data.backoff_ms` or
     /// null), or the `[tenant, operation, task_id, type]` of migration 8 (no
-    /// backoff known). `None` for anything else.
+    /// backoff known); [`Change::remote`]. `None` for anything else.
     pub fn from_payload(payload: &str) -> Option<Change> {
         #[derive(serde::Deserialize)]
         #[serde(untagged)]
@@ -112,6 +116,7 @@ impl Change {
             task_id,
             kind: kind.parse().ok()?,
             due_in_ms: backoff_ms.filter(|ms| *ms > 0),
+            remote: true,
         })
     }
 }
@@ -306,6 +311,7 @@ mod tests {
                 task_id: Uuid::new_v4(),
                 kind,
                 due_in_ms,
+                remote: true,
             };
             assert_eq!(Change::from_payload(&change.to_payload()), Some(change));
         }
@@ -329,6 +335,7 @@ mod tests {
             task_id: Uuid::nil(),
             kind: EventKind::TaskSubmitted,
             due_in_ms: None,
+            remote: false,
         };
         changes.publish(change.clone());
         for w in [&mut a, &mut b] {
@@ -350,6 +357,7 @@ mod tests {
                 task_id: Uuid::nil(),
                 kind: EventKind::TaskSubmitted,
                 due_in_ms: None,
+                remote: false,
             });
         }
         assert!(matches!(w.next().await, Notice::Resync));
