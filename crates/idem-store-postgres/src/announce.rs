@@ -33,9 +33,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
-use idem_store::changes::{Change, Publisher, RESYNC_PAYLOAD};
 #[cfg(doc)]
 use idem_store::changes::CHANNEL;
+use idem_store::changes::{Change, Publisher, RESYNC_PAYLOAD};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_postgres_rustls::MakeRustlsConnect;

@@ -244,8 +244,8 @@ pub(crate) async fn apply(
         "SET LOCAL client_min_messages = warning; SET LOCAL statement_timeout = 0; \
          SET LOCAL idem.notify = on",
     )
-        .await
-        .map_err(migration_error)?;
+    .await
+    .map_err(migration_error)?;
     let started = std::time::Instant::now();
     let mut told = false;
     loop {

@@ -1917,7 +1917,11 @@ async fn changes_are_announced_once_each_from_outside_the_data_transactions() {
             None => break,
         }
     }
-    assert_eq!(kinds.len(), got.len(), "the other instance heard each change");
+    assert_eq!(
+        kinds.len(),
+        got.len(),
+        "the other instance heard each change"
+    );
 }
 
 /// An instance hears what it committed once: published at commit, and its
@@ -1971,7 +1975,9 @@ async fn the_events_trigger_notifies_unless_the_session_turns_it_off() {
     let insert = "INSERT INTO events (task_id, seq, type, at, data, tenant, operation) \
                   SELECT id, $1, $2, 0, '{}', tenant, operation FROM tasks LIMIT 1";
     old.batch_execute("SET idem.notify = off").await.unwrap();
-    old.execute(insert, &[&100i64, &"task_woken"]).await.unwrap();
+    old.execute(insert, &[&100i64, &"task_woken"])
+        .await
+        .unwrap();
     old.batch_execute("RESET idem.notify").await.unwrap();
     old.execute(insert, &[&101i64, &"cancel_requested"])
         .await
