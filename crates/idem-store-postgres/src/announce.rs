@@ -70,16 +70,32 @@ pub const ANNOUNCE_SQL: &str = "SELECT pg_notify('idem_changes', p) FROM unnest(
 /// The backend process id of the announcer's session (0: none), shared with
 /// the listening connection, which skips what that session sent.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct OwnSession(Arc<AtomicI32>);
+pub(crate) struct OwnSession {
+    pid: Arc<AtomicI32>,
+    /// No announcer: the `events` trigger notifies from every data session,
+    /// this store's included, and this store's changes are heard only on
+    /// the listening connection, among the others' (none can be told apart,
+    /// so each counts as this instance's: [`idem_store::Change::remote`]
+    /// false).
+    pub(crate) trigger: bool,
+}
 
 impl OwnSession {
+    /// For a store whose sessions leave the `events` trigger on.
+    pub(crate) fn trigger() -> OwnSession {
+        OwnSession {
+            pid: Arc::default(),
+            trigger: true,
+        }
+    }
+
     /// Whether a notification from backend process `pid` was this store's.
     pub(crate) fn sent(&self, pid: i32) -> bool {
-        pid != 0 && self.0.load(Ordering::SeqCst) == pid
+        pid != 0 && self.pid.load(Ordering::SeqCst) == pid
     }
 
     fn set(&self, pid: i32) {
-        self.0.store(pid, Ordering::SeqCst);
+        self.pid.store(pid, Ordering::SeqCst);
     }
 }
 

@@ -256,7 +256,11 @@ impl PgBackend {
     /// As [`connect`].
     pub async fn connect(url: &str, options: PgOptions) -> Result<PgBackend> {
         let (cfg, target) = session_config(url, &options)?;
-        let own = announce::OwnSession::default();
+        let own = if trigger_notifies(&cfg) {
+            announce::OwnSession::trigger()
+        } else {
+            announce::OwnSession::default()
+        };
         let listening = Arc::new(notify::Listening::new(
             cfg.clone(),
             tls::connector(&target)?,
@@ -302,7 +306,7 @@ impl PgBackend {
         }
         let schema = Arc::new(SchemaWatch::new());
         let _ = schema.record(&options.clock, Ok(()));
-        let announcer = if trigger_notifies(&cfg_announce) {
+        let announcer = if own.trigger {
             announce::Announcer::off()
         } else {
             announce::Announcer::start(

@@ -244,7 +244,10 @@ fn handle(
                 return None;
             }
             match Change::from_payload(n.payload()) {
-                Some(change) => publisher.publish(change),
+                Some(mut change) => {
+                    change.remote = !own.trigger;
+                    publisher.publish(change);
+                }
                 None => tracing::warn!(
                     payload = n.payload(),
                     "change notifications: a payload this binary cannot read (is the schema newer?); waiters re-check the store on their own"
