@@ -304,3 +304,40 @@ async fn open(
         .map_err(|e| e.to_string())?;
     Ok(Session { client, statement })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use idem_core::model::EventKind;
+
+    fn change(tenant: &str) -> Change {
+        Change {
+            tenant: tenant.into(),
+            operation: "payout".into(),
+            task_id: uuid::Uuid::nil(),
+            kind: EventKind::TaskSubmitted,
+            due_in_ms: None,
+            remote: false,
+        }
+    }
+
+    #[test]
+    fn the_announcement_goes_to_the_channel_the_instances_listen_on() {
+        assert!(ANNOUNCE_SQL.contains(&format!("'{}'", idem_store::changes::CHANNEL)));
+    }
+
+    #[test]
+    fn each_change_is_named_unless_too_many_or_too_long() {
+        let named = payloads(&[change("a"), change("b")]);
+        assert_eq!(named.len(), 2);
+        assert_eq!(
+            Change::from_payload(&named[1]).map(|c| c.tenant),
+            Some("b".into())
+        );
+        let many = vec![change("a"); ANNOUNCE_MAX + 1];
+        assert_eq!(payloads(&many), [RESYNC_PAYLOAD]);
+        assert_eq!(payloads(&many[..ANNOUNCE_MAX]).len(), ANNOUNCE_MAX);
+        let long = change(&"t".repeat(PAYLOAD_MAX));
+        assert_eq!(payloads(&[change("a"), long]), [RESYNC_PAYLOAD]);
+    }
+}
