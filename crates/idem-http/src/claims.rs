@@ -8,13 +8,21 @@
 //!   ([`EventKind::may_make_claimable`]) wakes one waiter of a group whose
 //!   tenant and classes match: one task, one claim query; when the event set
 //!   a backoff ([`idem_store::Change::due_in_ms`]), the waiter is woken when
-//!   the backoff has passed instead. A claim that got
-//!   as many attempts as it asked for wakes the next waiter (there may be
-//!   more work).
+//!   the backoff has passed instead.
+//! - Across instances, one task wakes one claim query: the instance that
+//!   committed the event wakes one of its waiters at once; an instance that
+//!   heard it from another ([`idem_store::Change::remote`]) waits
+//!   [`REMOTE_DEFER`] longer and wakes nobody if by then it heard that the
+//!   task was leased or ended (another instance's waiter took it).
 //! - Waiters of a group share what their claims learnt: a claim that found
 //!   less than it asked for, with no matching change since it began, marks
 //!   the group empty, and a claim that joins an empty group waits without
-//!   querying.
+//!   querying. From then on, while every matching change wakes a waiter of
+//!   the group, the group counts the tasks announced and not yet claimed:
+//!   a claim that got all it asked for and leaves none of them marks the
+//!   group empty again. Otherwise (a new group, a re-check, a change that
+//!   found no waiter free) a claim that got as many attempts as it asked for
+//!   wakes the next waiter (there may be more work).
 //! - Against lost notifications, each group's oldest waiter is woken every
 //!   [`CLAIM_RECHECK`] (one query per group, whatever its size), and every
 //!   group on [`Notice::Resync`].
@@ -28,6 +36,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use idem_core::model::EventKind;
 use idem_store::{Notice, Store};
 use tokio::sync::Notify;
 
@@ -40,12 +49,34 @@ pub const CLAIM_RECHECK: Duration = Duration::from_secs(5);
 /// is heard, later than the database's, so a small margin suffices.
 pub const DUE_MARGIN: Duration = Duration::from_millis(5);
 
+/// How much later than the instance that committed a change an instance that
+/// heard it from another wakes a waiter for it, unless it hears meanwhile
+/// that the task was leased or ended. The committing instance's waiter
+/// claims at once (a key check and a claim transaction, a few ms) and its
+/// `attempt_leased` is announced within `ANNOUNCE_EVERY` (5 ms,
+/// idem-store-postgres) of that commit: 50 ms covers both with a margin for
+/// a busy host, and is what a task waits longer when only other instances
+/// have waiters for it (SPEC §4's claim delay target is 100 ms p99). A
+/// late leased event costs one claim query that finds nothing.
+pub const REMOTE_DEFER: Duration = Duration::from_millis(50);
+
 /// A group: the claims of one tenant for one set of classes.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct GroupKey {
     tenant: String,
     /// Sorted, without duplicates.
     operations: Vec<String>,
+}
+
+impl GroupKey {
+    /// Whether work of `operation` of `tenant` is this group's.
+    fn matches(&self, tenant: &str, operation: &str) -> bool {
+        self.tenant == tenant
+            && self
+                .operations
+                .binary_search_by(|o| o.as_str().cmp(operation))
+                .is_ok()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -56,6 +87,13 @@ struct Group {
     epoch: u64,
     /// A claim found no more work and no matching change came since.
     empty: bool,
+    /// Since a claim last found the group empty, every matching change woke
+    /// a waiter of this group, and no re-check came: all claimable work of
+    /// the group is the `owed` tasks announced.
+    accounted: bool,
+    /// Tasks announced since the group was last found empty and not claimed
+    /// by its claims since (meaningful while `accounted`).
+    owed: u64,
 }
 
 #[derive(Debug)]
@@ -89,6 +127,9 @@ impl Group {
 struct Groups {
     next_id: u64,
     by_key: HashMap<GroupKey, Group>,
+    /// Wake-ups deferred for changes heard from other instances, by task:
+    /// the token of the latest ([`ClaimHub::defer`]).
+    deferred: HashMap<uuid::Uuid, u64>,
 }
 
 /// The waiting claims of one instance ([`crate::AppState::claims`]).
@@ -156,23 +197,59 @@ impl ClaimHub {
 
     /// Applies `change` to the groups of its tenant: each group whose classes
     /// include its class is no longer empty, and one waiter among them wakes.
+    /// The group whose waiter woke owes one more task; the others cannot
+    /// count their work any more.
     fn changed(&self, tenant: &str, operation: &str) {
         let mut groups = lock(&self.groups);
         let mut woke = false;
         for (key, group) in groups.by_key.iter_mut() {
-            if key.tenant != tenant
-                || key
-                    .operations
-                    .binary_search_by(|o| o.as_str().cmp(operation))
-                    .is_err()
-            {
+            if !key.matches(tenant, operation) {
                 continue;
             }
             group.epoch += 1;
             group.empty = false;
-            if !woke {
-                woke = group.wake_one();
+            group.owed += 1;
+            let this_woke = !woke && group.wake_one();
+            woke |= this_woke;
+            if !this_woke {
+                group.accounted = false;
             }
+        }
+    }
+
+    /// Whether some group waits for work of `operation` of `tenant`.
+    fn awaits(&self, tenant: &str, operation: &str) -> bool {
+        lock(&self.groups)
+            .by_key
+            .keys()
+            .any(|k| k.matches(tenant, operation))
+    }
+
+    /// Defers the wake-up for a change of `task_id` heard from another
+    /// instance; answers the token to hand to [`ClaimHub::deferred_due`].
+    fn defer(&self, task_id: uuid::Uuid) -> u64 {
+        let mut groups = lock(&self.groups);
+        groups.next_id += 1;
+        let token = groups.next_id;
+        groups.deferred.insert(task_id, token);
+        token
+    }
+
+    /// `task_id` was leased or ended: a wake-up deferred for it is dropped.
+    fn taken(&self, task_id: uuid::Uuid) {
+        lock(&self.groups).deferred.remove(&task_id);
+    }
+
+    /// Whether the wake-up deferred as `token` for `task_id` is still to
+    /// happen (nothing took the task, no later change replaced it); it is
+    /// forgotten either way.
+    fn deferred_due(&self, task_id: uuid::Uuid, token: u64) -> bool {
+        let mut groups = lock(&self.groups);
+        if groups.deferred.get(&task_id) == Some(&token) {
+            groups.deferred.remove(&task_id);
+            true
+        } else {
+            false
         }
     }
 
@@ -182,6 +259,7 @@ impl ClaimHub {
         for group in groups.by_key.values_mut() {
             group.epoch += 1;
             group.empty = false;
+            group.accounted = false;
             group.wake_one();
         }
     }
@@ -212,19 +290,41 @@ async fn listen(hub: Weak<ClaimHub>, mut watch: idem_store::Watch) {
             notice = watch.next() => {
                 let Some(hub) = hub.upgrade() else { return };
                 match notice {
-                    Notice::Change(c) if c.kind.may_make_claimable() => match c.due_in_ms {
-                        None => hub.changed(&c.tenant, &c.operation),
-                        Some(ms) => {
+                    Notice::Change(c) if c.kind.may_make_claimable() => {
+                        let due = c.due_in_ms.map(|ms| Duration::from_millis(ms) + DUE_MARGIN);
+                        if c.remote {
+                            // Only where a waiter may want it: one timer per
+                            // change heard, none without waiters.
+                            if hub.awaits(&c.tenant, &c.operation) {
+                                let token = hub.defer(c.task_id);
+                                let after = due.unwrap_or_default() + REMOTE_DEFER;
+                                let hub = Arc::downgrade(&hub);
+                                tokio::spawn(async move {
+                                    tokio::time::sleep(after).await;
+                                    if let Some(hub) = hub.upgrade()
+                                        && hub.deferred_due(c.task_id, token)
+                                    {
+                                        hub.changed(&c.tenant, &c.operation);
+                                    }
+                                });
+                            }
+                        } else if let Some(after) = due {
                             let hub = Arc::downgrade(&hub);
                             tokio::spawn(async move {
-                                tokio::time::sleep(Duration::from_millis(ms) + DUE_MARGIN).await;
+                                tokio::time::sleep(after).await;
                                 if let Some(hub) = hub.upgrade() {
                                     hub.changed(&c.tenant, &c.operation);
                                 }
                             });
+                        } else {
+                            hub.changed(&c.tenant, &c.operation);
                         }
-                    },
-                    Notice::Change(_) => {}
+                    }
+                    Notice::Change(c) => {
+                        if c.kind == EventKind::AttemptLeased || c.kind.ends_task() {
+                            hub.taken(c.task_id);
+                        }
+                    }
                     Notice::Resync => hub.recheck_all(),
                 }
             }
@@ -276,8 +376,9 @@ impl Seat {
     }
 
     /// Records what a claim begun at `turn` got: `got` attempts of `asked`.
-    /// Fewer with no change since marks the group empty; all it asked for
-    /// wakes the next waiter.
+    /// Fewer with no change since marks the group empty (and its work
+    /// counted from now on); all it asked for marks it empty when it took
+    /// the last task counted, else wakes the next waiter.
     pub(crate) fn end(&self, turn: Turn, got: usize, asked: usize) {
         let mut groups = lock(&self.hub.groups);
         let Some(group) = groups.by_key.get_mut(&self.key) else {
@@ -286,9 +387,16 @@ impl Seat {
         if got < asked {
             if group.epoch == turn.epoch {
                 group.empty = true;
+                group.accounted = true;
+                group.owed = 0;
             }
         } else {
-            group.wake_one_but(self.id);
+            group.owed = group.owed.saturating_sub(got as u64);
+            if group.accounted && group.owed == 0 {
+                group.empty = true;
+            } else {
+                group.wake_one_but(self.id);
+            }
         }
     }
 
@@ -393,6 +501,91 @@ mod tests {
         assert!(was_woken(&b));
         drop(b);
         assert_eq!(hub.waiting(), (0, 0), "an empty group is removed");
+    }
+
+    #[test]
+    fn once_found_empty_a_task_announced_costs_one_claim_query() {
+        let hub = Arc::new(ClaimHub::default());
+        let seats: Vec<Seat> = (0..3).map(|_| hub.seat("t", &ops(&["pay"]))).collect();
+        let turn = seats[0].begin();
+        seats[0].end(turn, 0, 1);
+        hub.changed("t", "pay");
+        let woken: Vec<bool> = seats.iter().map(was_woken).collect();
+        assert_eq!(woken, [true, false, false]);
+        let turn = seats[0].begin();
+        assert!(turn.claim);
+        seats[0].end(turn, 1, 1);
+        let woken: Vec<bool> = seats.iter().map(was_woken).collect();
+        assert_eq!(
+            woken,
+            [false, false, false],
+            "the one task announced was taken"
+        );
+        assert!(
+            !seats[0].begin().claim,
+            "the group is known empty again: a claim sent again waits without a query"
+        );
+        // Two tasks: two waiters, and the group is empty once both took theirs.
+        hub.changed("t", "pay");
+        hub.changed("t", "pay");
+        let woken: Vec<bool> = seats.iter().map(was_woken).collect();
+        assert_eq!(woken, [true, true, false]);
+        let (t0, t1) = (seats[0].begin(), seats[1].begin());
+        seats[0].end(t0, 1, 1);
+        assert!(seats[2].begin().claim, "one announced task is left");
+        seats[1].end(t1, 1, 1);
+        assert!(!seats[2].begin().claim);
+    }
+
+    #[test]
+    fn after_a_recheck_or_a_change_with_no_waiter_free_a_full_claim_wakes_the_next() {
+        let hub = Arc::new(ClaimHub::default());
+        let a = hub.seat("t", &ops(&["pay"]));
+        let b = hub.seat("t", &ops(&["pay"]));
+        let turn = a.begin();
+        a.end(turn, 0, 1);
+        // A lost notification: the re-check's claim finds work, and there
+        // may be more.
+        hub.recheck_all();
+        let turn = a.begin();
+        a.end(turn, 1, 1);
+        assert!(was_woken(&b));
+        let turn = b.begin();
+        b.end(turn, 0, 1);
+        // Changes while every waiter is busy: more work than waiters woken.
+        let (ta, tb) = (a.begin(), b.begin());
+        hub.changed("t", "pay");
+        hub.changed("t", "pay");
+        hub.changed("t", "pay");
+        a.end(ta, 1, 1);
+        b.end(tb, 1, 1);
+        assert!(
+            a.begin().claim,
+            "three tasks, two taken: the group is not known empty"
+        );
+    }
+
+    #[test]
+    fn a_change_heard_from_another_instance_wakes_nobody_once_its_task_was_taken() {
+        let hub = Arc::new(ClaimHub::default());
+        let _a = hub.seat("t", &ops(&["pay"]));
+        assert!(hub.awaits("t", "pay") && !hub.awaits("t", "gen") && !hub.awaits("u", "pay"));
+        let (x, y) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+        let tx = hub.defer(x);
+        let ty = hub.defer(y);
+        hub.taken(x);
+        assert!(
+            !hub.deferred_due(x, tx),
+            "leased elsewhere: no claim query here"
+        );
+        assert!(
+            hub.deferred_due(y, ty),
+            "nobody took it: wake a waiter here"
+        );
+        assert!(!hub.deferred_due(y, ty), "once");
+        let old = hub.defer(y);
+        let new = hub.defer(y);
+        assert!(!hub.deferred_due(y, old) && hub.deferred_due(y, new));
     }
 
     #[test]

@@ -39,6 +39,7 @@ use idem_store::ops::{Authenticate, Call, Submit};
 use idem_store::{Clock, Result, SchemaWatch, ScopeHints, Store, StoreError, batch};
 use tokio::sync::mpsc;
 
+mod announce;
 mod error;
 mod feed;
 mod migrate;
@@ -141,6 +142,9 @@ pub struct PgBackend {
     /// Committed changes, heard on a listening connection of their own
     /// (`notify.rs`).
     listening: Arc<notify::Listening>,
+    /// Publishes what this store committed and announces it to the other
+    /// instances (`announce.rs`).
+    announcer: announce::Announcer,
     /// The last reading of the database's schema: another instance may
     /// migrate it to one this binary cannot serve ([`Backend::ping`] reads it
     /// again at most every [`idem_store::schema::SCHEMA_RECHECK`]).
@@ -200,13 +204,20 @@ fn session_config(url: &str, options: &PgOptions) -> Result<(tokio_postgres::Con
     // columns whose best plan does not depend on the values, and with array
     // parameters (`unnest`, `= ANY`) PostgreSQL otherwise re-plans the submit
     // key check and the replay read-back on every execution (custom plans look
-    // cheaper because they know the array length).
-    let ours = format!(
+    // cheaper because they know the array length). `idem.notify=off`: the
+    // `events` trigger sends nothing from these sessions (migration 14); the
+    // store announces what it committed itself, after the commit
+    // (`announce.rs`), unless the URL's options turn the trigger on
+    // ([`trigger_notifies`]).
+    let mut ours = format!(
         "-c synchronous_commit=on -c plan_cache_mode=force_generic_plan \
          -c statement_timeout={} -c idle_in_transaction_session_timeout={}",
         options.statement_timeout.as_millis(),
         options.idle_in_transaction_timeout.as_millis(),
     );
+    if !trigger_notifies(&cfg) {
+        ours.push_str(" -c idem.notify=off");
+    }
     let all = match cfg.get_options() {
         Some(theirs) if !theirs.trim().is_empty() => format!("{theirs} {ours}"),
         _ => ours,
@@ -221,6 +232,22 @@ fn session_config(url: &str, options: &PgOptions) -> Result<(tokio_postgres::Con
     Ok((cfg, target))
 }
 
+/// Whether the URL's `options` set `idem.notify=on` (`-c idem.notify=on`):
+/// then every data transaction notifies from the `events` trigger at its
+/// commit, as binaries before migration 14 did, and the store announces
+/// nothing itself. A fallback (and the comparison point of
+/// docs/benchmarks.md): each notifying commit then takes PostgreSQL's
+/// notification lock.
+fn trigger_notifies(cfg: &tokio_postgres::Config) -> bool {
+    cfg.get_options().is_some_and(|o| {
+        // `-c idem.notify=on`, `-cidem.notify=on` or `--idem.notify=on`.
+        o.split_whitespace().any(|w| {
+            let w = w.trim_start_matches('-');
+            w == "idem.notify=on" || w == "cidem.notify=on"
+        })
+    })
+}
+
 impl PgBackend {
     /// Builds the pool, checks that the database answers and applies pending
     /// migrations.
@@ -229,10 +256,17 @@ impl PgBackend {
     /// As [`connect`].
     pub async fn connect(url: &str, options: PgOptions) -> Result<PgBackend> {
         let (cfg, target) = session_config(url, &options)?;
+        let own = if trigger_notifies(&cfg) {
+            announce::OwnSession::trigger()
+        } else {
+            announce::OwnSession::default()
+        };
         let listening = Arc::new(notify::Listening::new(
             cfg.clone(),
             tls::connector(&target)?,
+            own.clone(),
         ));
+        let cfg_announce = cfg.clone();
         let manager = Manager::from_config(
             cfg,
             tls::connector(&target)?,
@@ -272,6 +306,16 @@ impl PgBackend {
         }
         let schema = Arc::new(SchemaWatch::new());
         let _ = schema.record(&options.clock, Ok(()));
+        let announcer = if own.trigger {
+            announce::Announcer::off()
+        } else {
+            announce::Announcer::start(
+                cfg_announce,
+                tls::connector(&target)?,
+                listening.changes.publisher(),
+                own,
+            )
+        };
         let (submits, queue) = batch::queue();
         let stored = Arc::new(StoredContracts::new());
         // Lanes hold a connection while work is queued: at most half the pool.
@@ -283,6 +327,7 @@ impl PgBackend {
                 options.operation_timeout,
                 Arc::clone(&queue),
                 Arc::clone(&stored),
+                announcer.clone(),
             ));
         }
         let (retries, queue) = batch::queue();
@@ -321,6 +366,7 @@ impl PgBackend {
             clock: options.clock,
             stored,
             listening,
+            announcer,
             schema,
         })
     }
@@ -347,5 +393,13 @@ mod tests {
         assert!(o.contains("synchronous_commit=on"), "{o}");
         assert!(o.contains("statement_timeout=10000"), "{o}");
         assert!(o.contains("plan_cache_mode=force_generic_plan"), "{o}");
+        assert!(o.contains("idem.notify=off"), "{o}");
+        let (cfg, _) = session_config(
+            "postgres://u@localhost:5432/db?options=-c%20idem.notify%3Don",
+            &PgOptions::default(),
+        )
+        .unwrap();
+        assert!(trigger_notifies(&cfg));
+        assert!(!cfg.get_options().unwrap().contains("idem.notify=off"));
     }
 }

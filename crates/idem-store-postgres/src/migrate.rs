@@ -30,6 +30,10 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration::contract(11, include_str!("../migrations/0011_console.sql")),
     Migration::expand(12, include_str!("../migrations/0012_attempt_released.sql")),
     Migration::expand(13, include_str!("../migrations/0013_shared_secrets.sql")),
+    Migration::expand(
+        14,
+        include_str!("../migrations/0014_notify_after_commit.sql"),
+    ),
 ];
 
 /// How long a migration statement waits for a table lock, ms, before the
@@ -232,10 +236,16 @@ pub(crate) async fn apply(
     let tx = client.transaction().await.map_err(map_pg_error)?;
     // `CREATE TABLE IF NOT EXISTS` below would log a NOTICE on every start; a
     // migration may build an index over a large table, which the session's
-    // `statement_timeout` (a pooled connection's) must not cut short.
-    tx.batch_execute("SET LOCAL client_min_messages = warning; SET LOCAL statement_timeout = 0")
-        .await
-        .map_err(migration_error)?;
+    // `statement_timeout` (a pooled connection's) must not cut short; and the
+    // events a migration writes are announced by the `events` trigger at its
+    // commit (migration 14: a pooled session starts with it off, and
+    // migrations are too rare for its commit-time lock to matter).
+    tx.batch_execute(
+        "SET LOCAL client_min_messages = warning; SET LOCAL statement_timeout = 0; \
+         SET LOCAL idem.notify = on",
+    )
+    .await
+    .map_err(migration_error)?;
     let started = std::time::Instant::now();
     let mut told = false;
     loop {

@@ -1,6 +1,10 @@
 //! The listening connection: one session per instance that runs `LISTEN
-//! idem_changes` and republishes each notification the `events` trigger sends
-//! (migration 8) into the store's [`Changes`] ([`idem_store::changes`]).
+//! idem_changes` and republishes each change the other instances announce
+//! (`announce.rs`; the `events` trigger of migration 9 for binaries that keep
+//! it on) into the store's [`Changes`] ([`idem_store::changes`]). It skips
+//! what this store's own announcer sent ([`OwnSession`]: published here at
+//! commit already), and a [`RESYNC_PAYLOAD`] tells every subscriber to read
+//! again.
 //!
 //! It is opened on the first subscription (or [`Changes::start`]), outside
 //! the pool (a pooled connection is reset and shared; this one stays in
@@ -29,10 +33,12 @@
 
 use std::time::Duration;
 
-use idem_store::changes::{CHANNEL, Change, Changes, Publisher};
+use idem_store::changes::{CHANNEL, Change, Changes, Publisher, RESYNC_PAYLOAD};
 use tokio::sync::watch;
 use tokio_postgres::AsyncMessage;
 use tokio_postgres_rustls::MakeRustlsConnect;
+
+use crate::announce::OwnSession;
 
 /// First wait before reconnecting a broken listening connection.
 pub const RECONNECT_MIN: Duration = Duration::from_millis(100);
@@ -78,15 +84,20 @@ pub(crate) struct Listening {
 }
 
 impl Listening {
-    /// Changes whose listener connects with `cfg` and `tls` once started.
-    pub(crate) fn new(mut cfg: tokio_postgres::Config, tls: MakeRustlsConnect) -> Listening {
+    /// Changes whose listener connects with `cfg` and `tls` once started and
+    /// skips what the session `own` names sent.
+    pub(crate) fn new(
+        mut cfg: tokio_postgres::Config,
+        tls: MakeRustlsConnect,
+        own: OwnSession,
+    ) -> Listening {
         let (stop, stopped) = watch::channel(());
         cfg.keepalives(true)
             .keepalives_idle(KEEPALIVE_IDLE)
             .keepalives_interval(KEEPALIVE_INTERVAL)
             .keepalives_retries(KEEPALIVE_RETRIES);
         let changes = Changes::with_starter(move |publisher| {
-            tokio::spawn(listen(cfg, tls, publisher, stopped));
+            tokio::spawn(listen(cfg, tls, publisher, own, stopped));
         });
         Listening {
             changes,
@@ -108,12 +119,13 @@ async fn listen(
     cfg: tokio_postgres::Config,
     tls: MakeRustlsConnect,
     publisher: Publisher,
+    own: OwnSession,
     mut stopped: watch::Receiver<()>,
 ) {
     let mut backoff = RECONNECT_MIN;
     let mut lost = false;
     loop {
-        match session(&cfg, &tls, &publisher, &mut stopped, lost).await {
+        match session(&cfg, &tls, &publisher, &own, &mut stopped, lost).await {
             Ended::Stopped => return,
             Ended::Lost(cause, lasted) => {
                 if lasted.is_some_and(|d| d >= STABLE_AFTER) {
@@ -139,6 +151,7 @@ async fn session(
     cfg: &tokio_postgres::Config,
     tls: &MakeRustlsConnect,
     publisher: &Publisher,
+    own: &OwnSession,
     stopped: &mut watch::Receiver<()>,
     lost: bool,
 ) -> Ended {
@@ -162,7 +175,7 @@ async fn session(
                 Err(e) => return Ended::Lost(e.to_string(), None),
             },
             m = std::future::poll_fn(|cx| connection.poll_message(cx)) => {
-                if let Some(cause) = handle(m, publisher) {
+                if let Some(cause) = handle(m, publisher, own) {
                     return Ended::Lost(cause, None);
                 }
             }
@@ -183,7 +196,7 @@ async fn session(
         tokio::select! {
             _ = stopped.changed() => return Ended::Stopped,
             m = std::future::poll_fn(|cx| connection.poll_message(cx)) => {
-                if let Some(cause) = handle(m, publisher) {
+                if let Some(cause) = handle(m, publisher, own) {
                     return Ended::Lost(cause, Some(since.elapsed()));
                 }
             }
@@ -214,15 +227,27 @@ async fn session(
     }
 }
 
-/// Publishes a notification; `Some(cause)` when the connection ended.
+/// Publishes a notification (unless this store's announcer sent it);
+/// `Some(cause)` when the connection ended.
 fn handle(
     message: Option<Result<AsyncMessage, tokio_postgres::Error>>,
     publisher: &Publisher,
+    own: &OwnSession,
 ) -> Option<String> {
     match message {
         Some(Ok(AsyncMessage::Notification(n))) => {
+            if own.sent(n.process_id()) {
+                return None;
+            }
+            if n.payload() == RESYNC_PAYLOAD {
+                publisher.resync();
+                return None;
+            }
             match Change::from_payload(n.payload()) {
-                Some(change) => publisher.publish(change),
+                Some(mut change) => {
+                    change.remote = !own.trigger;
+                    publisher.publish(change);
+                }
                 None => tracing::warn!(
                     payload = n.payload(),
                     "change notifications: a payload this binary cannot read (is the schema newer?); waiters re-check the store on their own"

@@ -396,7 +396,8 @@ impl<'e> EventArrays<'e> {
 /// events keep their `seq` order in the feed (`crate::feed`); rows are
 /// inserted in the arrays' order, so their positions (the column default,
 /// taken per row as it is inserted) follow it. An event whose task does not
-/// exist inserts no row.
+/// exist inserts no row. Answers each inserted row's tenant and class (the
+/// change to announce).
 pub(crate) const EVENTS_INSERT: &str = "INSERT INTO events (task_id, seq, type, at, data, tenant, operation, txid) \
      SELECT u.task_id, u.seq, u.type, u.at, u.data, t.tenant, t.operation, \
             greatest(pg_current_xact_id()::text::bigint, \
@@ -404,7 +405,8 @@ pub(crate) const EVENTS_INSERT: &str = "INSERT INTO events (task_id, seq, type, 
      FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::bigint[], $5::text[]) \
           WITH ORDINALITY AS u(task_id, seq, type, at, data, n) \
      JOIN tasks t ON t.id = u.task_id \
-     ORDER BY u.n";
+     ORDER BY u.n \
+     RETURNING tenant, operation";
 
 /// One contract row ($1 content id, $2 text), unless stored already.
 pub(crate) const CONTRACT_INSERT: &str =

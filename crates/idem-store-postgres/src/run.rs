@@ -20,6 +20,7 @@ use idem_store::{Backend, BoxFuture, Clock, Op, Result, StoreError, retries};
 use tokio::sync::mpsc;
 use tokio_postgres::IsolationLevel;
 
+use crate::announce::Announcer;
 use crate::tx::Pipelined;
 use crate::{AUTH_BATCH, LINGER_YIELDS, PgBackend, PgTx, SUBMIT_BATCH, error, map_pg_error};
 
@@ -131,6 +132,7 @@ pub(crate) async fn submit_lane(
     deadline: Duration,
     queue: Arc<Queue<Call<Submit>>>,
     stored: Arc<StoredContracts>,
+    announcer: Announcer,
 ) {
     let mut held = None;
     while let Some(batch) = queue
@@ -146,6 +148,7 @@ pub(crate) async fn submit_lane(
             max_retries,
             deadline,
             stored: &stored,
+            announcer: &announcer,
         };
         let results = batch::or_one_by_one(&subs, &mut run, |e| !e.is_retryable()).await;
         for (reply, result) in replies.into_iter().zip(results) {
@@ -187,6 +190,8 @@ struct LaneSubmits<'a> {
     deadline: Duration,
     /// The contracts the database is known to hold.
     stored: &'a StoredContracts,
+    /// Told what each committed batch wrote.
+    announcer: &'a Announcer,
 }
 
 impl batch::RunBatch<Submission> for LaneSubmits<'_> {
@@ -197,7 +202,7 @@ impl batch::RunBatch<Submission> for LaneSubmits<'_> {
             self.held,
             self.max_retries,
             self.deadline,
-            &Pipelined(subs, self.clock, self.stored),
+            &Pipelined(subs, self.clock, self.stored, self.announcer),
         )
         .await
     }
@@ -214,8 +219,9 @@ pub(crate) trait Work: Sync {
 /// An operation, run through [`Operation::run`]: reads in autocommit (one
 /// round trip per statement, no BEGIN/COMMIT: each statement of a READ
 /// COMMITTED transaction takes its own snapshot anyway), writes in one READ
-/// COMMITTED transaction; on the backend's clock.
-struct Generic<'o, O>(&'o O, &'o Clock);
+/// COMMITTED transaction whose events go to the announcer once it
+/// committed; on the backend's clock.
+struct Generic<'o, O>(&'o O, &'o Clock, &'o Announcer);
 
 impl<O: Operation> Work for Generic<'_, O> {
     type Out = O::Reply;
@@ -231,6 +237,7 @@ impl<O: Operation> Work for Generic<'_, O> {
             .map_err(map_pg_error)?;
         let mut pg = PgTx::new(tx, self.1);
         let res = self.0.run(&mut pg).await;
+        let changes = pg.take_changes();
         let Some(tx) = pg.into_inner() else {
             return Err(StoreError::Corrupt(
                 "a writing operation lost its transaction".into(),
@@ -239,6 +246,7 @@ impl<O: Operation> Work for Generic<'_, O> {
         match res {
             Ok(out) => {
                 tx.commit().await.map_err(map_pg_error)?;
+                self.2.committed(changes);
                 Ok(out)
             }
             Err(e) => {
@@ -255,13 +263,14 @@ impl Work for Pipelined<'_> {
     /// The submit plan pipelined; a batch with a revoked key runs as an
     /// ordinary transaction instead (it refuses that key's submissions only).
     async fn run_on(&self, client: &mut Object) -> Result<Vec<SubmitOutcome>> {
-        if let Some(outcomes) = PgTx::autocommit(client, self.1)
-            .submit_pipelined(self.0, self.2)
-            .await?
         {
-            return Ok(outcomes);
+            let mut pg = PgTx::autocommit(client, self.1);
+            if let Some(outcomes) = pg.submit_pipelined(self.0, self.2).await? {
+                self.3.committed(pg.take_changes());
+                return Ok(outcomes);
+            }
         }
-        Generic(&SubmitBatch(self.0.to_vec()), self.1)
+        Generic(&SubmitBatch(self.0.to_vec()), self.1, self.3)
             .run_on(client)
             .await
     }
@@ -355,6 +364,7 @@ fn backoff(n: u32) -> Duration {
 struct Pooled {
     pool: Pool,
     clock: Clock,
+    announcer: Announcer,
     max_retries: u32,
     deadline: Duration,
 }
@@ -367,7 +377,7 @@ impl Runner for Pooled {
             &mut held,
             self.max_retries,
             self.deadline,
-            &Generic(op, &self.clock),
+            &Generic(op, &self.clock, &self.announcer),
         )
         .await
     }
@@ -410,7 +420,7 @@ impl Backend for PgBackend {
                     &mut None,
                     self.max_retries,
                     self.operation_timeout,
-                    &Pipelined(&call.op.0, &self.clock, &self.stored),
+                    &Pipelined(&call.op.0, &self.clock, &self.stored, &self.announcer),
                 )
                 .await;
                 call.answer(res);
@@ -421,6 +431,7 @@ impl Backend for PgBackend {
                 let mut runner = Pooled {
                     pool: self.pool.clone(),
                     clock: self.clock.clone(),
+                    announcer: self.announcer.clone(),
                     max_retries: self.max_retries,
                     deadline: self.operation_timeout,
                 };
@@ -466,6 +477,10 @@ impl Backend for PgBackend {
 
     fn changes(&self) -> &idem_store::Changes {
         &self.listening.changes
+    }
+
+    fn announced(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.announcer.flushed())
     }
 }
 

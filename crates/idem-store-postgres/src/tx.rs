@@ -9,7 +9,7 @@ use idem_core::contract::FrozenContract;
 use idem_core::model::{ApiKey, Attempt, Event, EventKind, Evidence, Task, Timestamp};
 use idem_store::contracts::StoredContracts;
 use idem_store::ops::{Submission, SubmitOutcome, SubmitPlan};
-use idem_store::{Clock, ExistingScope, Result, ScopeRow, StoreError, Tx};
+use idem_store::{Change, Clock, ExistingScope, Result, ScopeRow, StoreError, Tx};
 use tokio_postgres::Row;
 use uuid::Uuid;
 
@@ -36,6 +36,9 @@ enum Conn<'a> {
 pub struct PgTx<'a> {
     conn: Conn<'a>,
     clock: &'a Clock,
+    /// The events written so far, as changes to announce once the
+    /// transaction commits ([`PgTx::take_changes`]).
+    changes: Vec<Change>,
 }
 
 impl std::fmt::Debug for PgTx<'_> {
@@ -50,6 +53,7 @@ impl<'a> PgTx<'a> {
         PgTx {
             conn: Conn::Tx(tx),
             clock,
+            changes: Vec::new(),
         }
     }
 
@@ -58,7 +62,15 @@ impl<'a> PgTx<'a> {
         PgTx {
             conn: Conn::Auto(client),
             clock,
+            changes: Vec::new(),
         }
+    }
+
+    /// The changes the events written so far make (taken: the next call
+    /// answers only what was written since). Announce them once the
+    /// transaction committed, never before ([`idem_store::changes`]).
+    pub fn take_changes(&mut self) -> Vec<Change> {
+        std::mem::take(&mut self.changes)
     }
 
     /// The transaction, to commit or roll back (`None` in autocommit).
@@ -168,6 +180,7 @@ pub(crate) struct Pipelined<'s>(
     pub(crate) &'s [Submission],
     pub(crate) &'s Clock,
     pub(crate) &'s StoredContracts,
+    pub(crate) &'s crate::announce::Announcer,
 );
 
 impl PgTx<'_> {
@@ -198,16 +211,18 @@ impl PgTx<'_> {
     /// [`StoreError::Unavailable`] (connection lost; if during `COMMIT`, the
     /// outcome is unknown), [`StoreError::Corrupt`].
     ///
+    /// Once committed, the new tasks' events are in [`PgTx::take_changes`].
+    ///
     /// The new tasks' contracts not in `stored` are written with the tasks,
     /// in the same statement, and remembered once committed; after an error
     /// `stored` is forgotten (a contract row may be missing: a restored
     /// database), so the batch run again writes them.
     pub(crate) async fn submit_pipelined(
-        &self,
+        &mut self,
         subs: &[Submission],
         stored: &StoredContracts,
     ) -> Result<Option<Vec<SubmitOutcome>>> {
-        let Conn::Auto(client) = &self.conn else {
+        let Conn::Auto(client) = self.conn else {
             return Err(StoreError::Corrupt(
                 "a pipelined submit opens its own transaction".into(),
             ));
@@ -222,7 +237,7 @@ impl PgTx<'_> {
     }
 
     async fn submit_pipelined_on(
-        &self,
+        &mut self,
         client: &deadpool_postgres::Client,
         subs: &[Submission],
         stored: &StoredContracts,
@@ -280,7 +295,9 @@ impl PgTx<'_> {
             tasks_written?;
             committed.map_err(map_pg_error)?;
             stored.remember(&contracts);
+            let changes = changes_of(created, journals);
             drop(lookup);
+            self.changes = changes;
             return accepted.answer_all(Vec::new()).map(Some);
         }
         if created.is_empty() {
@@ -312,11 +329,26 @@ impl PgTx<'_> {
         tasks_written?;
         let existing = existing_scopes(accepted.taken(), &existing.map_err(map_pg_error)?)?;
         drop(lookup);
+        let changes = changes_of(created, journals);
         let outcomes = accepted.answer_all(existing)?;
         client.batch_execute("COMMIT").await.map_err(map_pg_error)?;
         stored.remember(&contracts);
+        self.changes = changes;
         Ok(Some(outcomes))
     }
+}
+
+/// The changes new `tasks` and their `events` (`events[i]` of `tasks[i]`) make.
+fn changes_of(tasks: &[Task], events: &[Vec<Event>]) -> Vec<Change> {
+    tasks
+        .iter()
+        .zip(events)
+        .flat_map(|(t, events)| {
+            events
+                .iter()
+                .map(|e| Change::of_event(t.control.tenant.clone(), t.operation.clone(), t.id, e))
+        })
+        .collect()
 }
 
 // ---------------------------------------------------------------- Tx
@@ -547,7 +579,9 @@ impl Tx for PgTx<'_> {
             .cloned()
             .collect();
         self.insert_new_tasks(&stmt, tasks, events, &contracts)
-            .await
+            .await?;
+        self.changes.extend(changes_of(tasks, events));
+        Ok(())
     }
 
     async fn task(&mut self, id: Uuid, lock: bool) -> Result<Option<Task>> {
@@ -709,13 +743,20 @@ impl Tx for PgTx<'_> {
             return Ok(());
         }
         let arrays = EventArrays::new(events.iter().map(|e| (task_id, e)))?;
-        let n = self.exec(EVENTS_INSERT, &arrays.params()).await?;
-        if n != events.len() as u64 {
+        let rows = self.query(EVENTS_INSERT, &arrays.params()).await?;
+        let (Some(first), true) = (rows.first(), rows.len() == events.len()) else {
             return Err(corrupt(
                 &format!("events of task {task_id}"),
                 "the task row is missing",
             ));
-        }
+        };
+        let tenant: String = get(first, "tenant")?;
+        let operation: String = get(first, "operation")?;
+        self.changes.extend(
+            events
+                .iter()
+                .map(|e| Change::of_event(tenant.clone(), operation.clone(), task_id, e)),
+        );
         Ok(())
     }
 

@@ -1798,3 +1798,194 @@ async fn a_silent_listening_connection_is_replaced_within_its_bound() {
     let heard = heard.expect("a change committed after the replacement is heard");
     assert_eq!(heard.tenant, "acme");
 }
+
+/// A session that `LISTEN`s on `idem_changes` and hands over each
+/// notification as (sending backend's process id, payload).
+async fn raw_listener(url: &str) -> tokio::sync::mpsc::UnboundedReceiver<(i32, String)> {
+    let (client, mut conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let (ready_tx, ready) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let listen = client.batch_execute("LISTEN idem_changes");
+        tokio::pin!(listen);
+        let mut ready_tx = Some(ready_tx);
+        loop {
+            tokio::select! {
+                done = &mut listen, if ready_tx.is_some() => {
+                    done.unwrap();
+                    let _ = ready_tx.take().map(|r| r.send(()));
+                }
+                m = std::future::poll_fn(|cx| conn.poll_message(cx)) => match m {
+                    Some(Ok(tokio_postgres::AsyncMessage::Notification(n))) => {
+                        if tx.send((n.process_id(), n.payload().to_owned())).is_err() {
+                            return;
+                        }
+                    }
+                    Some(Ok(_)) => {}
+                    _ => return,
+                },
+            }
+        }
+    });
+    ready.await.unwrap();
+    rx
+}
+
+/// The notifications `rx` receives within `limit` until `done` holds for
+/// what was received.
+async fn notifications_until(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<(i32, String)>,
+    limit: std::time::Duration,
+    done: impl Fn(&[(i32, String)]) -> bool,
+) -> Vec<(i32, String)> {
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(limit, async {
+        while !done(&got) {
+            match rx.recv().await {
+                Some(n) => got.push(n),
+                None => return,
+            }
+        }
+    })
+    .await;
+    got
+}
+
+/// Data transactions notify nothing: each committed change is announced
+/// once, after its commit, by the store's announcer session alone (one
+/// process id for a submit batch, a claim and a report, which commit on
+/// several pooled connections), and another instance hears every one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_are_announced_once_each_from_outside_the_data_transactions() {
+    let url = fresh_database().await;
+    let writer = connect(&url, PgOptions::default()).await.unwrap();
+    let other = connect(&url, PgOptions::default()).await.unwrap();
+    let mut heard = other.changes().subscribe();
+    other.changes().heard().await;
+    let mut rx = raw_listener(&url).await;
+    let (key, _) = writer
+        .create_api_key("acme", Role::Admin, None)
+        .await
+        .unwrap();
+    let mut submits = Vec::new();
+    for k in keys("ann", 8) {
+        let w = writer.clone();
+        submits.push(tokio::spawn(async move {
+            w.submit(submission("acme", &k, key.id, 'a')).await.unwrap()
+        }));
+    }
+    for s in submits {
+        s.await.unwrap();
+    }
+    let claimed = writer.claim(claim_req(1, None)).await.unwrap();
+    let attempt = claimed[0].attempt.id;
+    let report = Report {
+        generation: claimed[0].attempt.generation,
+        outcome: Outcome::Succeeded,
+        result: Some(json!({"ok": true})),
+        failure_class: None,
+        message: None,
+        usage: Some(1),
+        external_txn_id: None,
+        body: json!({"outcome": "succeeded"}),
+    };
+    writer
+        .report("acme", attempt, report)
+        .await
+        .unwrap()
+        .unwrap();
+    writer.announced().await;
+    // 8 submitted, 1 leased, 1 delivered (at least: a report may write more).
+    let limit = std::time::Duration::from_secs(10);
+    let got = notifications_until(&mut rx, limit, |got| {
+        got.iter().any(|(_, p)| p.contains("\"delivered\"")) && got.len() >= 10
+    })
+    .await;
+    let submitted = got
+        .iter()
+        .filter(|(_, p)| p.contains("\"task_submitted\""))
+        .count();
+    assert_eq!(submitted, 8, "each submit announced once: {got:?}");
+    let senders: std::collections::BTreeSet<i32> = got.iter().map(|(pid, _)| *pid).collect();
+    assert_eq!(senders.len(), 1, "one announcing session: {got:?}");
+    let mut kinds = Vec::new();
+    while kinds.len() < got.len() {
+        match next_change(&mut heard, limit).await {
+            Some(c) => kinds.push(c.kind),
+            None => break,
+        }
+    }
+    assert_eq!(
+        kinds.len(),
+        got.len(),
+        "the other instance heard each change"
+    );
+}
+
+/// An instance hears what it committed once: published at commit, and its
+/// listening connection skips its own announcer's notification, while it
+/// hears what another instance commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_hears_its_own_changes_once() {
+    let url = fresh_database().await;
+    let a = connect(&url, PgOptions::default()).await.unwrap();
+    let b = connect(&url, PgOptions::default()).await.unwrap();
+    let mut heard = a.changes().subscribe();
+    a.changes().heard().await;
+    let (key, _) = a.create_api_key("acme", Role::Admin, None).await.unwrap();
+    let SubmitOutcome::Created(mine) = a
+        .submit(submission("acme", "mine", key.id, 'a'))
+        .await
+        .unwrap()
+    else {
+        panic!("created")
+    };
+    a.announced().await;
+    // Announced after a's announcement committed, so a's listening
+    // connection receives it after a's own.
+    let SubmitOutcome::Created(theirs) = b
+        .submit(submission("acme", "theirs", key.id, 'b'))
+        .await
+        .unwrap()
+    else {
+        panic!("created")
+    };
+    let limit = std::time::Duration::from_secs(10);
+    let first = next_change(&mut heard, limit).await.unwrap();
+    assert_eq!(first.task_id, mine.id);
+    let second = next_change(&mut heard, limit).await.unwrap();
+    assert_eq!(
+        second.task_id, theirs.id,
+        "a's own change was heard a second time"
+    );
+}
+
+/// Sessions that do not turn it off (binaries of the previous version,
+/// `psql`) still notify through the `events` trigger; sessions with
+/// `idem.notify = off` do not.
+#[tokio::test]
+async fn the_events_trigger_notifies_unless_the_session_turns_it_off() {
+    let (url, store, _key) = seeded(&["t"], 'a').await;
+    // The submit's announcement is sent before anything listens here.
+    store.announced().await;
+    let mut rx = raw_listener(&url).await;
+    let old = raw(&url).await;
+    let insert = "INSERT INTO events (task_id, seq, type, at, data, tenant, operation) \
+                  SELECT id, $1, $2, 0, '{}', tenant, operation FROM tasks LIMIT 1";
+    old.batch_execute("SET idem.notify = off").await.unwrap();
+    old.execute(insert, &[&100i64, &"task_woken"])
+        .await
+        .unwrap();
+    old.batch_execute("RESET idem.notify").await.unwrap();
+    old.execute(insert, &[&101i64, &"cancel_requested"])
+        .await
+        .unwrap();
+    let got = notifications_until(&mut rx, std::time::Duration::from_secs(10), |g| {
+        !g.is_empty()
+    })
+    .await;
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert!(got[0].1.contains("\"cancel_requested\""), "{got:?}");
+}

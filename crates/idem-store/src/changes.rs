@@ -2,20 +2,29 @@
 //! transaction committed, to every instance over the same database (SPEC §4,
 //! "Waiting" and "Live events").
 //!
-//! - PostgreSQL: a statement trigger on `events` sends one `NOTIFY
-//!   idem_changes` per event row ([`CHANNEL`], payload [`Change::from_payload`]);
-//!   PostgreSQL delivers notifications only when the transaction commits, to
-//!   every session that listens, on every instance. Each instance keeps one
-//!   listening connection and republishes what it hears here.
+//! - PostgreSQL: the instance that committed a transaction publishes its
+//!   events here right after `COMMIT`, and queues them for its announcer,
+//!   which sends them to the other instances from a connection of its own,
+//!   outside every data transaction: at most one statement every
+//!   `ANNOUNCE_EVERY` (idem-store-postgres), carrying all changes queued
+//!   since the last, one `NOTIFY idem_changes` ([`CHANNEL`]) per change
+//!   (payload [`Change::to_payload`]), or one [`RESYNC_PAYLOAD`] for a burst
+//!   too large to name. Each instance keeps one listening connection,
+//!   republishes here what the others announced, and skips what its own
+//!   announcer sent (published already). Binaries whose sessions do not turn
+//!   the `events` trigger off (`idem.notify`) still notify from inside each
+//!   data transaction, in the same payload form.
 //! - SQLite: one process writes, so the writer publishes the events of a
 //!   batch here right after its `COMMIT`.
 //!
 //! A notification is a hint, never the truth: a waiter that wakes reads the
 //! store again. A notification can be lost (the listening connection broke,
-//! a receiver fell behind): then every subscriber gets [`Notice::Resync`]
-//! and reads again, and each waiter also reads again after a bounded
-//! interval of its own, so a lost notification costs a late answer, never a
-//! hung request.
+//! a receiver fell behind, or the process stopped or lost its announcing
+//! connection between a `COMMIT` and the announcement): then either every
+//! subscriber gets [`Notice::Resync`] and reads again, or nobody is told;
+//! either way each waiter also reads again after a bounded interval of its
+//! own, so a lost notification costs a late answer (at most that interval),
+//! never a hung request.
 
 use std::sync::{Arc, Mutex};
 
@@ -23,8 +32,13 @@ use idem_core::model::{Event, EventKind};
 use tokio::sync::{broadcast, watch};
 use uuid::Uuid;
 
-/// The PostgreSQL notification channel the `events` trigger sends to.
+/// The PostgreSQL notification channel changes are announced on.
 pub const CHANNEL: &str = "idem_changes";
+
+/// The payload of an announcement that names no change: changes were
+/// committed that are not named (a burst larger than one announcement may
+/// carry), so every subscriber reads again ([`Notice::Resync`]).
+pub const RESYNC_PAYLOAD: &str = "resync";
 
 /// Notices a subscriber may fall behind by before it is told to resync
 /// ([`Notice::Resync`]) instead.
@@ -46,6 +60,9 @@ pub struct Change {
     /// `retry_scheduled`, `reconciliation_required`); `None`: at once, or not
     /// at all.
     pub due_in_ms: Option<u64>,
+    /// Whether another instance committed it (heard on the listening
+    /// connection) rather than this store handle (published at its commit).
+    pub remote: bool,
 }
 
 impl Change {
@@ -57,14 +74,30 @@ impl Change {
             task_id,
             kind: event.kind,
             due_in_ms: event.data["backoff_ms"].as_u64().filter(|ms| *ms > 0),
+            remote: false,
         }
+    }
+
+    /// The payload announcing this change: the JSON array `[tenant,
+    /// operation, task_id, type, backoff_ms]` (`backoff_ms`: [`Change::due_in_ms`]
+    /// or null), the form the `events` trigger sends since migration 9, so
+    /// that binaries of either kind read what the other announces.
+    pub fn to_payload(&self) -> String {
+        serde_json::json!([
+            self.tenant,
+            self.operation,
+            self.task_id,
+            self.kind.as_str(),
+            self.due_in_ms
+        ])
+        .to_string()
     }
 
     /// Decodes the payload of a PostgreSQL notification: the JSON array
     /// `[tenant, operation, task_id, type, backoff_ms]` the `events` trigger
     /// builds (migration 9; `backoff_ms` is the event's `data.backoff_ms` or
     /// null), or the `[tenant, operation, task_id, type]` of migration 8 (no
-    /// backoff known). `None` for anything else.
+    /// backoff known); [`Change::remote`]. `None` for anything else.
     pub fn from_payload(payload: &str) -> Option<Change> {
         #[derive(serde::Deserialize)]
         #[serde(untagged)]
@@ -83,6 +116,7 @@ impl Change {
             task_id,
             kind: kind.parse().ok()?,
             due_in_ms: backoff_ms.filter(|ms| *ms > 0),
+            remote: true,
         })
     }
 }
@@ -265,6 +299,25 @@ mod tests {
         assert!(Change::from_payload("{}").is_none());
     }
 
+    #[test]
+    fn payloads_announced_decode_to_the_same_change() {
+        for (kind, due_in_ms) in [
+            (EventKind::TaskSubmitted, None),
+            (EventKind::RetryScheduled, Some(250)),
+        ] {
+            let change = Change {
+                tenant: "t\"1".into(),
+                operation: "payout".into(),
+                task_id: Uuid::new_v4(),
+                kind,
+                due_in_ms,
+                remote: true,
+            };
+            assert_eq!(Change::from_payload(&change.to_payload()), Some(change));
+        }
+        assert!(Change::from_payload(RESYNC_PAYLOAD).is_none());
+    }
+
     #[tokio::test]
     async fn subscribers_hear_changes_and_the_starter_runs_once() {
         let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -282,6 +335,7 @@ mod tests {
             task_id: Uuid::nil(),
             kind: EventKind::TaskSubmitted,
             due_in_ms: None,
+            remote: false,
         };
         changes.publish(change.clone());
         for w in [&mut a, &mut b] {
@@ -303,6 +357,7 @@ mod tests {
                 task_id: Uuid::nil(),
                 kind: EventKind::TaskSubmitted,
                 due_in_ms: None,
+                remote: false,
             });
         }
         assert!(matches!(w.next().await, Notice::Resync));

@@ -45,4 +45,8 @@ impl<B: Backend, G: Send + Sync + 'static> Backend for Guarded<B, G> {
     fn changes(&self) -> &crate::Changes {
         self.backend.changes()
     }
+
+    fn announced(&self) -> BoxFuture<'_, ()> {
+        self.backend.announced()
+    }
 }

@@ -426,6 +426,13 @@ pub trait Backend: Send + Sync + 'static {
     fn clock(&self) -> &Clock;
     /// The committed changes of this database ([`changes`]).
     fn changes(&self) -> &changes::Changes;
+    /// Resolves once every change this handle committed so far has been
+    /// announced to the other instances over the database (or given up:
+    /// [`changes`]); at once where nothing else listens (SQLite). A process
+    /// that exits right after writing (the CLI) awaits it first.
+    fn announced(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
 }
 
 /// Business refusal of an operation (not a storage failure).

@@ -60,6 +60,13 @@ impl Store {
         self.backend.changes()
     }
 
+    /// Resolves once every change committed through this store so far has
+    /// been announced to the other instances ([`Backend::announced`]); call
+    /// it before a process that wrote exits.
+    pub async fn announced(&self) {
+        self.backend.announced().await;
+    }
+
     /// Readiness probe: the database answers and holds a schema this binary
     /// serves ([`crate::schema`]).
     ///

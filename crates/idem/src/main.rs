@@ -472,7 +472,10 @@ async fn run_command(cli: Cli, telemetry: telemetry::Telemetry) -> Result<()> {
         }
         Command::Task { command, store } => {
             let store = open_existing_store(&store).await?;
-            task::run(&store, command).await
+            let done = task::run(&store, command).await;
+            // Other instances' waiters hear of what the action changed.
+            store.announced().await;
+            done
         }
         Command::Migrate { store } => {
             log_store_location(&store)?;

@@ -275,6 +275,8 @@ pub(crate) async fn serve(
     .await?;
     let _ = stop_tx.send(true);
     let _ = sweeper.await;
+    // The last commits reach the other instances' waiters.
+    store.announced().await;
     telemetry.shutdown().await;
     tracing::info!("{STOPPED}");
     Ok(())
