@@ -30,6 +30,8 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration::contract(11, include_str!("../migrations/0011_console.sql")),
     Migration::expand(12, include_str!("../migrations/0012_attempt_released.sql")),
     Migration::expand(13, include_str!("../migrations/0013_shared_secrets.sql")),
+    Migration::expand(14, "SELECT 1"),
+    Migration::expand(15, include_str!("../migrations/0015_store_identity.sql")),
 ];
 
 /// How long a migration statement waits for a table lock, ms, before the

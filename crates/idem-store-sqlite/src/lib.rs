@@ -76,6 +76,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration::contract(10, include_str!("../migrations/0010_task_traceparent.sql")),
     Migration::contract(11, include_str!("../migrations/0011_console.sql")),
     Migration::expand(12, include_str!("../migrations/0012_shared_secrets.sql")),
+    Migration::expand(13, include_str!("../migrations/0013_store_identity.sql")),
 ];
 
 /// The schema of the database on `conn`: `PRAGMA user_version` and the

@@ -522,6 +522,9 @@ async fn run_command(cli: Cli, telemetry: telemetry::Telemetry) -> Result<()> {
         }
         Command::Gc { store } => {
             let s = open_existing_store(&store).await?;
+            s.check_identity()
+                .await
+                .context("checking the store's identity")?;
             let stats = s.sweep(10_000).await?;
             say(format_args!(
                 "expired {} leases, woke {} tasks, released {} idempotency keys",
