@@ -41,11 +41,13 @@ use idem_store::{Clock, Op, ScopeHints, Store, StoreError, batch};
 use rusqlite::Connection;
 use tokio::sync::mpsc;
 
+mod backup;
 mod contracts;
 mod tx;
 mod watch;
 mod writer;
 
+pub use backup::{BackupReport, backup};
 pub use watch::FileWatch;
 
 pub use tx::CLAIMABLE_IN_CLASS;
