@@ -842,7 +842,7 @@ impl Tx for PgTx<'_> {
         let row = self
             .query_opt(
                 "SELECT epoch, system_identifier, timeline, restored FROM store_identity \
-                 WHERE id = 1 FOR UPDATE",
+                 WHERE id = 1",
                 &[],
             )
             .await?;

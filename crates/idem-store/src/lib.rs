@@ -403,8 +403,9 @@ pub trait Tx: Send + ops::search::TaskSearch + ops::console::ConsoleTx {
     fn database_identity(
         &mut self,
     ) -> impl Future<Output = Result<Option<identity::DatabaseIdentity>>> + Send;
-    /// The identity row, locked until commit (`FOR UPDATE` on PostgreSQL);
-    /// `None` before one is recorded.
+    /// The identity row, not locked (a check that finds it unchanged writes
+    /// nothing, not even a row lock; [`Tx::record_identity`] is the
+    /// compare-and-set); `None` before one is recorded.
     fn recorded_identity(
         &mut self,
     ) -> impl Future<Output = Result<Option<identity::RecordedIdentity>>> + Send;
