@@ -36,13 +36,13 @@ sq() { python3 -c 'import sqlite3,sys; c=sqlite3.connect("file:"+sys.argv[1]+"?m
 export RUST_LOG=warn IDEM_STORE="sqlite://$D/idem.db"
 CLIENT=$("$IDEM_BIN" keys create --tenant acme --role client)
 EXEC=$("$IDEM_BIN" keys create --tenant acme --role executor)
-serve() { # serve STORE LOG: starts idem serve, prints its URL
+serve() { # serve STORE LOG: starts idem serve (in this shell, so cleanup stops it); sets URL
   "$IDEM_BIN" serve --store "$1" --listen 127.0.0.1:0 > "$2.out" 2> "$2" &
   PIDS+=($!)
   until grep -q "idem listening on" "$2.out" 2>/dev/null; do sleep 0.05; done
-  sed -n 's/^idem listening on //p' "$2.out"
+  URL=$(sed -n 's/^idem listening on //p' "$2.out")
 }
-URL=$(serve "$IDEM_STORE" "$D/serve.log")
+serve "$IDEM_STORE" "$D/serve.log"
 for i in $(seq 1 50); do
   curl -fs -o /dev/null -X POST "$URL/v1/tasks" -H "Authorization: Bearer $CLIENT" \
     -H "Idempotency-Key: \"payout-$i\"" \
@@ -72,7 +72,7 @@ missing=$(comm -23 "$D/before.txt" "$D/copy.txt" | wc -l)
 echo "tasks created before the backup began: $(wc -l < "$D/before.txt"); in the copy: $(wc -l < "$D/copy.txt"); missing from it: $missing"
 sq "$D/backup.db" "SELECT 'copy: integrity_check ' || (SELECT integrity_check FROM pragma_integrity_check) || ', restored = ' || restored FROM store_identity"
 S0=$(ms)
-serve "sqlite://$D/backup.db" "$D/restored.log" > /dev/null
+serve "sqlite://$D/backup.db" "$D/restored.log"
 echo "idem serve on the copy listened after $(( $(ms) - S0 )) ms (identity check and rewind included)"
 grep -o 'the store went back in time.*' "$D/restored.log" | head -1 || true
 grep -o 'tasks=[0-9]*' "$D/restored.log" | head -1 || true

@@ -56,13 +56,13 @@ q "$P1" postgres "CREATE DATABASE idem"
 STORE="postgres://postgres@127.0.0.1:$P1/idem"
 CLIENT=$("$IDEM_BIN" keys create --store "$STORE" --tenant acme --role client)
 EXEC=$("$IDEM_BIN" keys create --store "$STORE" --tenant acme --role executor)
-serve() { # serve STORE LOG: starts idem serve, prints its URL
+serve() { # serve STORE LOG: starts idem serve (in this shell, so cleanup stops it); sets URL
   "$IDEM_BIN" serve --store "$1" --listen 127.0.0.1:0 > "$2.out" 2> "$2" &
   PIDS+=($!)
   until grep -q "idem listening on" "$2.out" 2>/dev/null; do sleep 0.05; done
-  sed -n 's/^idem listening on //p' "$2.out"
+  URL=$(sed -n 's/^idem listening on //p' "$2.out")
 }
-URL=$(serve "$STORE" "$D/serve.log")
+serve "$STORE" "$D/serve.log"
 submit() { # submit PREFIX N
   for i in $(seq 1 "$2"); do
     curl -fs -o /dev/null -X POST "$URL/v1/tasks" -H "Authorization: Bearer $CLIENT" \
@@ -121,12 +121,13 @@ until [ "$(q "$P2" postgres "SELECT pg_is_in_recovery()")" = f ]; do sleep 0.1; 
 echo "== 8. idem serve on the restored database"
 STORE="postgres://postgres@127.0.0.1:$P2/idem"
 S0=$(date +%s%3N)
-URL=$(serve "$STORE" "$D/restored-serve.log")
+serve "$STORE" "$D/restored-serve.log"
 echo "listening after $(( $(date +%s%3N) - S0 )) ms; its log:"
 sed -n 's/.*WARN.*\(the store went back in time.*\)/  \1/p' "$D/restored-serve.log" | head -1
 grep -o 'from_timeline=[^ ]* to_timeline=[^ ]*\|tasks=[0-9]*' "$D/restored-serve.log" | sed 's/^/  /' | head -2
 echo "restored database: tasks by idempotency-key prefix and state"
 q "$P2" idem "SELECT split_part(idempotency_key, '-', 1) || '-' || split_part(idempotency_key, '-', 2) AS phase, state, count(*) FROM tasks GROUP BY 1, 2 ORDER BY 1, 2" | sed 's/^/  /'
+echo "  payments acknowledged after the restore point still there: $(q "$P2" idem "SELECT count(*) FROM tasks WHERE idempotency_key LIKE 'after-point-%'") of 50"
 echo "  store_rewound events: $(q "$P2" idem "SELECT count(*) FROM events WHERE data::jsonb->>'reason' = 'store_rewound'")"
 echo "  attempts ended by the rewind: $(q "$P2" idem "SELECT count(*) FROM events WHERE data::jsonb->>'reason' = 'store_rewound' AND data::jsonb->>'ended_attempt_id' IS NOT NULL")"
 echo "  recorded identity: $(q "$P2" idem "SELECT 'system ' || system_identifier || ', timeline ' || timeline FROM store_identity")"
