@@ -271,22 +271,37 @@ pub async fn rewind_keeps_tenants_apart(store: Store) {
             c.report(a, succeeded(a.generation)).await,
             "own late report",
         );
-        let feed = must(
-            store
-                .feed(&c.tenant, crate::feed::FeedCursor::START, 100)
-                .await,
-            "feed",
-        );
+        // The feed serves an event once no earlier one can still appear
+        // (PostgreSQL: below every open transaction), so it is read until
+        // the rewind shows, within PATIENCE.
+        let rewinds = |feed: &[crate::feed::FeedEvent]| {
+            feed.iter()
+                .filter(|e| {
+                    e.event.data.get("reason").and_then(Value::as_str)
+                        == Some(idem_core::machine::STORE_REWOUND)
+                })
+                .count()
+        };
+        let started = Instant::now();
+        let feed = loop {
+            let feed = must(
+                store
+                    .feed(&c.tenant, crate::feed::FeedCursor::START, 100)
+                    .await,
+                "feed",
+            );
+            if rewinds(&feed) > 0 || started.elapsed() > PATIENCE {
+                break feed;
+            }
+            sleep(Duration::from_millis(20)).await;
+        };
         assert!(
             feed.iter().all(|e| e.task_id == t.id),
             "{}'s feed holds only its own task: {feed:?}",
             c.tenant
         );
         assert_eq!(
-            feed.iter()
-                .filter(|e| e.event.data.get("reason").and_then(Value::as_str)
-                    == Some(idem_core::machine::STORE_REWOUND))
-                .count(),
+            rewinds(&feed),
             1,
             "{}'s feed shows its rewind once",
             c.tenant
