@@ -943,7 +943,9 @@ fn released_reconcile_attempt_keeps_reconciling() {
 #[test]
 fn store_rewound_moves_every_task_that_may_have_started() {
     let store = json!({"from": {"epoch": "a"}, "to": {"epoch": "b"}, "restored_backup": true});
-    let cases: &[(&str, TaskState, Option<(TaskState, EventKind)>)] = &[
+    /// The class, the state, and what a rewind makes of it (`None`: nothing).
+    type Case = (&'static str, TaskState, Option<(TaskState, EventKind)>);
+    let cases: &[Case] = &[
         (
             "payment.release",
             TaskState::Queued,
