@@ -816,6 +816,89 @@ pub fn expire_lease(task: &mut Task, attempt: &mut Attempt, j: &mut Journal, now
     }
 }
 
+/// Moves a task to reconcile-first after its store went back in time (SPEC
+/// §2.11): the store found itself on another PostgreSQL timeline or system,
+/// or an SQLite file restored from a backup, so writes it acknowledged after
+/// the restore point are gone, among them leases it granted. `store` says
+/// which identity the store had recorded and which it found; it is copied
+/// into the event.
+///
+/// Every non-terminal task may have had an attempt leased after the restore
+/// point (a task the store shows `queued` or `retry_wait` may have been
+/// claimed since), so:
+/// - terminal task: unchanged (`false`);
+/// - retry-safe class, no active attempt (`queued`, `retry_wait`): unchanged
+///   (`false`): its next execute attempt is allowed whatever ran before;
+/// - otherwise the active attempt, if any, ends (`expired`) and the
+///   generation is raised, so a report from before is stale evidence; then
+///   a class that is not retry-safe, and any task already `reconciling`, is
+///   moved to `reconciling` with a reconcile attempt ready now
+///   (`reconciliation_required`, reason `store_rewound`); a retry-safe class
+///   with a pending cancellation is cancelled (`cancel_confirmed`), else its
+///   next execute attempt is scheduled at once (`retry_scheduled`, reason
+///   `store_rewound`) within its limits (`task_failed` past them).
+///
+/// The event's data holds `store`, `ended_attempt_id` (the attempt ended,
+/// or `null`) and the raised `generation`.
+///
+/// `attempt` is the task's active attempt when it has one. Returns whether
+/// anything changed.
+pub fn store_rewound(
+    task: &mut Task,
+    attempt: Option<&mut Attempt>,
+    j: &mut Journal,
+    now: Timestamp,
+    store: &Value,
+) -> bool {
+    if task.state.is_terminal() {
+        return false;
+    }
+    let safe = task.contract.retry.safe;
+    let active =
+        attempt.filter(|a| a.state.is_active() && task.control.active_attempt_id == Some(a.id));
+    if safe && active.is_none() && task.state != TaskState::Reconciling {
+        return false;
+    }
+    let ended = active.map(|a| {
+        a.state = AttemptState::Expired;
+        a.id
+    });
+    task.control.active_attempt_id = None;
+    task.generation += 1;
+    if !safe || task.state == TaskState::Reconciling {
+        task.state = TaskState::Reconciling;
+        task.control.next_kind = Some(AttemptKind::Reconcile);
+        task.control.ready_at = now;
+        let data = json!({
+            "reason": STORE_REWOUND,
+            "store": store,
+            "ended_attempt_id": ended,
+            "generation": task.generation,
+            "backoff_ms": 0,
+            "ready_at": now,
+        });
+        j.record(task, now, EventKind::ReconciliationRequired, data);
+    } else {
+        let first = j.events.len();
+        if task.cancel_pending() {
+            confirm_cancel(task, j, now);
+        } else {
+            next_execute(task, j, now, false, STORE_REWOUND);
+        }
+        // The event that settled it says why, as `reconciliation_required`
+        // does above.
+        if let Some(Value::Object(data)) = j.events.get_mut(first).map(|e| &mut e.data) {
+            data.insert("store".into(), store.clone());
+            data.insert("ended_attempt_id".into(), json!(ended));
+            data.entry("generation").or_insert(json!(task.generation));
+        }
+    }
+    true
+}
+
+/// The `reason` of the event [`store_rewound`] records.
+pub const STORE_REWOUND: &str = "store_rewound";
+
 /// Requests cancellation (SPEC §2.7, CANCEL-01). Idempotent: a second request
 /// returns the existing record unchanged.
 ///

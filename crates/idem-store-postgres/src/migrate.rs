@@ -34,6 +34,7 @@ pub const MIGRATIONS: &[Migration] = &[
         14,
         include_str!("../migrations/0014_notify_after_commit.sql"),
     ),
+    Migration::expand(15, include_str!("../migrations/0015_store_identity.sql")),
 ];
 
 /// How long a migration statement waits for a table lock, ms, before the

@@ -847,3 +847,21 @@ pub(crate) fn existing_scopes(
     }
     Ok(out)
 }
+
+/// The database's identity now (`idem_store::identity`): the cluster's system
+/// identifier (decimal text) and the timeline the primary writes WAL on, read
+/// from the name of the current WAL file (its first 8 hex digits), which a
+/// promoted standby answers with its new timeline at once
+/// (`pg_control_checkpoint()` keeps the old one until the next checkpoint).
+/// Fails on a standby (`pg_current_wal_lsn()` during recovery).
+pub(crate) const DATABASE_IDENTITY: &str = "SELECT \
+     (SELECT system_identifier::text FROM pg_control_system()) AS system_identifier, \
+     ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint AS timeline";
+
+/// Whether the recorded identity is the database's now, or none is recorded
+/// (`Tx::identity_is_current`).
+pub(crate) const IDENTITY_IS_CURRENT: &str = "SELECT NOT EXISTS (SELECT 1 FROM store_identity \
+     WHERE restored \
+        OR system_identifier IS DISTINCT FROM (SELECT system_identifier::text FROM pg_control_system()) \
+        OR timeline IS DISTINCT FROM \
+           ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint) AS current";

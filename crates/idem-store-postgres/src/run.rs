@@ -403,6 +403,12 @@ impl PgBackend {
     }
 }
 
+/// The end-to-end deadline of an identity check ([`Op::CheckIdentity`]),
+/// whose rewind of every unfinished task runs in one transaction (about
+/// 0.8 ms per task on a loaded 2-core machine: 16 s for 20,000), in place
+/// of [`crate::PgOptions::operation_timeout`] when that is shorter.
+const REWIND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
 impl Backend for PgBackend {
     fn execute(&self, op: Op) -> BoxFuture<'_, ()> {
         match op {
@@ -424,6 +430,19 @@ impl Backend for PgBackend {
                 )
                 .await;
                 call.answer(res);
+            }),
+            // A rewind moves every unfinished task in one transaction
+            // (SPEC §2.11), about 1 ms per task: it may take longer than
+            // any other operation, and claims lease nothing until it
+            // commits, so it is not cut at the operation deadline.
+            Op::CheckIdentity(call) => Box::pin(async move {
+                let mut runner = Pooled {
+                    pool: self.pool.clone(),
+                    clock: self.clock.clone(),
+                    max_retries: self.max_retries,
+                    deadline: self.operation_timeout.max(REWIND_TIMEOUT),
+                };
+                call.run_with(&mut runner).await.send();
             }),
             // `Store` already runs writing operations on their own task, so a
             // dropped caller never cuts a transaction (or its COMMIT) short.

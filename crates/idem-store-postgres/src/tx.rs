@@ -863,4 +863,101 @@ impl Tx for PgTx<'_> {
         .map(|r| get(r, "id"))
         .collect()
     }
+
+    async fn database_identity(
+        &mut self,
+    ) -> Result<Option<idem_store::identity::DatabaseIdentity>> {
+        let rows = self.query(DATABASE_IDENTITY, &[]).await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| corrupt("database identity", "no row"))?;
+        Ok(Some(idem_store::identity::DatabaseIdentity {
+            system_identifier: get(row, "system_identifier")?,
+            timeline: get(row, "timeline")?,
+        }))
+    }
+
+    async fn recorded_identity(
+        &mut self,
+    ) -> Result<Option<idem_store::identity::RecordedIdentity>> {
+        let row = self
+            .query_opt(
+                "SELECT epoch, system_identifier, timeline, restored FROM store_identity \
+                 WHERE id = 1",
+                &[],
+            )
+            .await?;
+        row.map(|r| {
+            Ok(idem_store::identity::RecordedIdentity {
+                identity: idem_store::identity::StoreIdentity {
+                    epoch: get(&r, "epoch")?,
+                    system_identifier: get(&r, "system_identifier")?,
+                    timeline: get(&r, "timeline")?,
+                },
+                restored: get(&r, "restored")?,
+            })
+        })
+        .transpose()
+    }
+
+    async fn record_identity(
+        &mut self,
+        expected: Option<&idem_store::identity::StoreIdentity>,
+        new: &idem_store::identity::StoreIdentity,
+    ) -> Result<bool> {
+        let n =
+            match expected {
+                None => {
+                    self.exec(
+                        "INSERT INTO store_identity (id, epoch, system_identifier, timeline) \
+                     VALUES (1, $1, $2, $3) ON CONFLICT (id) DO NOTHING",
+                        &[&new.epoch, &new.system_identifier, &new.timeline],
+                    )
+                    .await?
+                }
+                Some(old) => {
+                    // Compare-and-set on the epoch: of two transactions that read
+                    // the same row, the second finds the epoch changed once the
+                    // first committed (READ COMMITTED re-checks the row) and
+                    // writes nothing.
+                    self.exec(
+                    "UPDATE store_identity SET epoch = $1, system_identifier = $2, timeline = $3, \
+                     restored = false, recorded_at = clock_timestamp() WHERE id = 1 AND epoch = $4",
+                    &[&new.epoch, &new.system_identifier, &new.timeline, &old.epoch],
+                )
+                .await?
+                }
+            };
+        Ok(n == 1)
+    }
+
+    async fn mark_restored(&mut self) -> Result<bool> {
+        let n = self
+            .exec(
+                "UPDATE store_identity SET restored = true WHERE id = 1",
+                &[],
+            )
+            .await?;
+        Ok(n == 1)
+    }
+
+    async fn identity_is_current(&mut self) -> Result<bool> {
+        let rows = self.query(IDENTITY_IS_CURRENT, &[]).await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| corrupt("store identity", "no row"))?;
+        get(row, "current")
+    }
+
+    async fn unfinished_tasks(&mut self, after: Option<Uuid>, limit: i64) -> Result<Vec<Uuid>> {
+        self.query(
+            "SELECT id FROM tasks WHERE state NOT IN ('succeeded', 'failed', 'cancelled') \
+             AND ($1::uuid IS NULL OR id > $1) ORDER BY id LIMIT $2",
+            &[&after, &limit],
+        )
+        .await?
+        .iter()
+        .map(|r| get(r, "id"))
+        .collect()
+    }
 }

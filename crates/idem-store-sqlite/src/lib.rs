@@ -41,11 +41,13 @@ use idem_store::{Clock, Op, ScopeHints, Store, StoreError, batch};
 use rusqlite::Connection;
 use tokio::sync::mpsc;
 
+mod backup;
 mod contracts;
 mod tx;
 mod watch;
 mod writer;
 
+pub use backup::{BackupReport, backup};
 pub use watch::FileWatch;
 
 pub use tx::CLAIMABLE_IN_CLASS;
@@ -76,6 +78,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration::contract(10, include_str!("../migrations/0010_task_traceparent.sql")),
     Migration::contract(11, include_str!("../migrations/0011_console.sql")),
     Migration::expand(12, include_str!("../migrations/0012_shared_secrets.sql")),
+    Migration::expand(13, include_str!("../migrations/0013_store_identity.sql")),
 ];
 
 /// The schema of the database on `conn`: `PRAGMA user_version` and the

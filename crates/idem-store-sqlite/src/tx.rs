@@ -824,6 +824,93 @@ impl Tx for SqliteTx<'_> {
             params![now.0, limit],
         )
     }
+
+    /// SQLite's file has no identity of its own (`idem_store::identity`).
+    async fn database_identity(
+        &mut self,
+    ) -> Result<Option<idem_store::identity::DatabaseIdentity>, StoreError> {
+        Ok(None)
+    }
+
+    async fn recorded_identity(
+        &mut self,
+    ) -> Result<Option<idem_store::identity::RecordedIdentity>, StoreError> {
+        let row = self
+            .conn
+            .prepare_cached("SELECT epoch, restored FROM store_identity WHERE id = 1")
+            .and_then(|mut s| {
+                s.query_row([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, bool>(1)?)))
+                    .optional()
+            })
+            .map_err(decode)?;
+        row.map(|(epoch, restored)| {
+            Ok(idem_store::identity::RecordedIdentity {
+                identity: idem_store::identity::StoreIdentity {
+                    epoch: uuid(&epoch).map_err(decode)?,
+                    system_identifier: None,
+                    timeline: None,
+                },
+                restored,
+            })
+        })
+        .transpose()
+    }
+
+    async fn record_identity(
+        &mut self,
+        expected: Option<&idem_store::identity::StoreIdentity>,
+        new: &idem_store::identity::StoreIdentity,
+    ) -> Result<bool, StoreError> {
+        let at = self.options.clock.process_now().0;
+        let n = match expected {
+            None => self
+                .conn
+                .prepare_cached(
+                    "INSERT INTO store_identity (id, epoch, restored, recorded_at) \
+                     VALUES (1, ?1, 0, ?2) ON CONFLICT (id) DO NOTHING",
+                )
+                .and_then(|mut s| s.execute(params![new.epoch.to_string(), at])),
+            Some(old) => self
+                .conn
+                .prepare_cached(
+                    "UPDATE store_identity SET epoch = ?1, restored = 0, recorded_at = ?2 \
+                     WHERE id = 1 AND epoch = ?3",
+                )
+                .and_then(|mut s| {
+                    s.execute(params![new.epoch.to_string(), at, old.epoch.to_string()])
+                }),
+        }
+        .map_err(db)?;
+        Ok(n == 1)
+    }
+
+    async fn mark_restored(&mut self) -> Result<bool, StoreError> {
+        let n = self
+            .conn
+            .prepare_cached("UPDATE store_identity SET restored = 1 WHERE id = 1")
+            .and_then(|mut s| s.execute([]))
+            .map_err(db)?;
+        Ok(n == 1)
+    }
+
+    async fn identity_is_current(&mut self) -> Result<bool, StoreError> {
+        self.conn
+            .prepare_cached("SELECT NOT EXISTS (SELECT 1 FROM store_identity WHERE restored = 1)")
+            .and_then(|mut s| s.query_row([], |r| r.get::<_, bool>(0)))
+            .map_err(decode)
+    }
+
+    async fn unfinished_tasks(
+        &mut self,
+        after: Option<Uuid>,
+        limit: i64,
+    ) -> Result<Vec<Uuid>, StoreError> {
+        self.ids(
+            "SELECT id FROM tasks WHERE state NOT IN ('succeeded', 'failed', 'cancelled') \
+             AND (?1 IS NULL OR id > ?1) ORDER BY id LIMIT ?2",
+            params![after.map(|a| a.to_string()), limit],
+        )
+    }
 }
 
 /// Every task column as an SQL value, at its [`Col`] position.

@@ -28,7 +28,7 @@
 //! share ([`contract`], [`params`], [`submission`], a tenant context and the
 //! history check every case ends with); the cases live in one submodule per
 //! part of SPEC §2 (scope, claims, failures, concurrency, cancel, audit,
-//! release) and
+//! release, rewind) and
 //! of SPEC §4, "Live events" (feed), and are re-exported here, so each is `conformance::<case>`.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -156,6 +156,9 @@ macro_rules! store_conformance {
             console_sessions_expire_end_and_follow_their_key,
             console_overview_counts_and_lists_the_tenants_tasks,
             store_now_is_the_clock_leases_run_out_by,
+            rewind_moves_tasks_that_may_have_started_to_reconcile_first,
+            concurrent_identity_checks_rewind_once,
+            rewind_keeps_tenants_apart,
         );
     };
     (@cases $make:expr; $($case:ident),+ $(,)?) => {
@@ -178,6 +181,7 @@ mod failures;
 mod feed;
 mod operator;
 mod release;
+mod rewind;
 mod scope;
 mod search;
 mod search_bench;
@@ -192,6 +196,7 @@ pub use failures::*;
 pub use feed::*;
 pub use operator::*;
 pub use release::*;
+pub use rewind::*;
 pub use scope::*;
 pub use search::*;
 pub use search_bench::*;
@@ -662,7 +667,7 @@ impl Ctx {
 /// starting with `task_submitted`; attempts numbered 1..n with strictly
 /// increasing generations; at most one active lease, none once terminal;
 /// `task.generation` equals the newest attempt's, or more after a confirmed
-/// cancellation or an operator's resolve or redrive; usage is the sum of the attempts'; delivery, failure and
+/// cancellation, an operator's resolve or redrive or a rewind; usage is the sum of the attempts'; delivery, failure and
 /// cancellation agree with the state.
 async fn assert_history(store: &Store, id: Uuid) {
     let task = ok2(store.get_task(None, id).await, "get_task");
@@ -719,7 +724,12 @@ async fn assert_history(store: &Store, id: Uuid) {
         .as_ref()
         .is_some_and(|c| c.status == CancelStatus::Confirmed);
     // An operator's resolve or redrive raises it too, until the next claim.
-    let raised = count(&events, "operator_resolved") + count(&events, "operator_redriven") > 0;
+    // A store that went back in time raises it too (SPEC §2.11).
+    let rewound = events.iter().any(|e| {
+        e.data.get("reason").and_then(Value::as_str) == Some(idem_core::machine::STORE_REWOUND)
+    });
+    let raised =
+        count(&events, "operator_resolved") + count(&events, "operator_redriven") > 0 || rewound;
     if confirmed {
         assert!(
             task.generation > last,

@@ -24,6 +24,8 @@
 //! - [`Backend`]: runs one [`Op`] in one transaction (retrying on serialization
 //!   failures where the database asks for it) and answers through the op's
 //!   reply channel.
+//! - [`identity`]: the identity a store records of its database, and how
+//!   it notices that the database went back in time.
 //! - [`spans`]: idem's trace spans (request, store operation, attempt),
 //!   built only when a subscriber asks for them.
 //! - [`sweeper`]: the background sweep a server runs (lease expiry, backoff
@@ -52,6 +54,7 @@ pub mod conformance;
 pub mod contracts;
 pub mod feed;
 mod guarded;
+pub mod identity;
 pub mod ops;
 pub mod plan;
 pub mod retries;
@@ -392,6 +395,44 @@ pub trait Tx: Send + ops::search::TaskSearch + ops::console::ConsoleTx {
     fn expired_scopes(
         &mut self,
         now: Timestamp,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<Uuid>>> + Send;
+
+    /// What the database says about itself now ([`identity`]): PostgreSQL's
+    /// system identifier and the timeline the primary writes on; `None` on
+    /// SQLite, whose identity is only the recorded one.
+    fn database_identity(
+        &mut self,
+    ) -> impl Future<Output = Result<Option<identity::DatabaseIdentity>>> + Send;
+    /// The identity row, not locked (a check that finds it unchanged writes
+    /// nothing, not even a row lock; [`Tx::record_identity`] is the
+    /// compare-and-set); `None` before one is recorded.
+    fn recorded_identity(
+        &mut self,
+    ) -> impl Future<Output = Result<Option<identity::RecordedIdentity>>> + Send;
+    /// Records `new` (and clears `restored`): with `expected` `None` only if
+    /// no identity is recorded (`INSERT … ON CONFLICT DO NOTHING`), else only
+    /// if the recorded epoch is still `expected.epoch` (compare-and-set).
+    /// Answers whether this call wrote it.
+    fn record_identity(
+        &mut self,
+        expected: Option<&identity::StoreIdentity>,
+        new: &identity::StoreIdentity,
+    ) -> impl Future<Output = Result<bool>> + Send;
+    /// Marks the recorded identity as a restored backup's (`restored`): the
+    /// next identity check records a new epoch and rewinds. Answers whether
+    /// an identity was recorded to mark.
+    fn mark_restored(&mut self) -> impl Future<Output = Result<bool>> + Send;
+    /// Whether leases may be granted: no identity is recorded, or the
+    /// recorded one is the database's now and not a restored backup's. A
+    /// claim made between a failover and the identity check that follows it
+    /// leases nothing, so no task is re-executed before it was rewound.
+    fn identity_is_current(&mut self) -> impl Future<Output = Result<bool>> + Send;
+    /// Up to `limit` ids of tasks that are not terminal, after `after` in id
+    /// order (all tenants).
+    fn unfinished_tasks(
+        &mut self,
+        after: Option<Uuid>,
         limit: i64,
     ) -> impl Future<Output = Result<Vec<Uuid>>> + Send;
 }

@@ -515,6 +515,52 @@ impl Store {
         .await
     }
 
+    /// Checks the store's identity (SPEC §2.11, [`crate::identity`]): records
+    /// it on first use; when the database went back in time (another
+    /// PostgreSQL timeline or system, an SQLite file restored from a backup)
+    /// records the new one and moves every task that may have started to
+    /// reconcile-first, in one transaction. A server runs it at start and
+    /// with every sweep; a writing CLI command before it writes.
+    ///
+    /// # Errors
+    /// Storage failures ([`StoreError`]); nothing was written.
+    pub async fn check_identity(&self) -> Result<crate::identity::IdentityCheck> {
+        let check = self
+            .call_ending(ops::CheckIdentity {
+                fresh_epoch: Uuid::new_v4(),
+            })
+            .await?;
+        if let crate::identity::IdentityCheck::Rewound {
+            from,
+            to,
+            restored,
+            tasks,
+        } = &check
+        {
+            tracing::warn!(
+                from_epoch = %from.epoch,
+                to_epoch = %to.epoch,
+                from_timeline = ?from.timeline,
+                to_timeline = ?to.timeline,
+                from_system = ?from.system_identifier,
+                to_system = ?to.system_identifier,
+                restored_backup = restored,
+                tasks,
+                "the store went back in time: tasks that may have started were moved to reconcile-first"
+            );
+        }
+        Ok(check)
+    }
+
+    /// Marks the store as restored from a backup ([`ops::MarkRestored`]):
+    /// the next [`Store::check_identity`] rewinds.
+    ///
+    /// # Errors
+    /// Storage failures ([`StoreError`]).
+    pub async fn mark_restored(&self) -> Result<bool> {
+        self.call(ops::MarkRestored).await
+    }
+
     /// One sweep: expire leases, wake backoffs, remove keys past retention.
     ///
     /// # Errors

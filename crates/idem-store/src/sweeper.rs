@@ -1,5 +1,6 @@
-//! The sweeper: one [`Store::sweep`] (lease expiry, backoff wake-ups,
-//! retention; SPEC §2.3, §2.5, §2.9) every interval, for as long as a server
+//! The sweeper: one [`Store::check_identity`] (SPEC §2.11) and one
+//! [`Store::sweep`] (lease expiry, backoff wake-ups, retention; SPEC §2.3,
+//! §2.5, §2.9) every interval, for as long as a server
 //! runs. What it does is counted in Prometheus counters (through the
 //! `metrics` facade: the server's recorder exports them) and its failures are
 //! logged.
@@ -40,7 +41,14 @@ pub async fn run_sweeper(
             () = &mut shutdown => return,
             _ = tick.tick() => {}
         }
-        match store.sweep(SWEEP_BATCH).await {
+        // The identity check first (SPEC §2.11): a failover changes the
+        // timeline while the server runs, and claims lease nothing until
+        // the check has rewound what the new primary lost.
+        let swept = match store.check_identity().await {
+            Ok(_) => store.sweep(SWEEP_BATCH).await,
+            Err(e) => Err(e),
+        };
+        match swept {
             Ok(s) => {
                 if failing.take().is_some() {
                     tracing::info!("sweeps work again");

@@ -145,6 +145,18 @@ enum Command {
         #[command(flatten)]
         store: StoreArgs,
     },
+    /// Copy an SQLite store to a new file while it serves (`VACUUM INTO`),
+    /// check the copy (`PRAGMA integrity_check`) and mark it as a backup: a
+    /// store started on it moves the tasks that may have started to
+    /// reconcile-first. PostgreSQL: base backups with WAL archiving
+    /// (docs/deployment.md, "Backups").
+    Backup {
+        /// The copy to write; must not exist.
+        #[arg(long)]
+        to: PathBuf,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
     /// One sweep: expire leases, wake backoffs, remove keys past retention.
     Gc {
         #[command(flatten)]
@@ -523,8 +535,46 @@ async fn run_command(cli: Cli, telemetry: telemetry::Telemetry) -> Result<()> {
             }
             Ok(())
         }
+        Command::Backup { to, store } => {
+            if is_postgres(&store.store) {
+                bail!(
+                    "idem backup copies SQLite stores; back a PostgreSQL store up with the \
+                     database's own tools: a base backup (pg_basebackup) with WAL archiving, \
+                     restored to a point in time (docs/deployment.md, \"Backups\"). A store \
+                     restored that way is on a new timeline, and idem moves the tasks that may \
+                     have started to reconcile-first when it finds it"
+                );
+            }
+            let Some(path) = store.store.strip_prefix("sqlite://") else {
+                bail!(
+                    "--store must start with sqlite://, postgres:// or postgresql://, got `{}`",
+                    store.store
+                );
+            };
+            let source = PathBuf::from(path);
+            let target = to.clone();
+            let report =
+                tokio::task::spawn_blocking(move || idem_store_sqlite::backup(&source, &target))
+                    .await?
+                    .with_context(|| format!("backing up {path} to {}", to.display()))?;
+            say(format_args!(
+                "backed up {path} to {}: {} tasks, {} bytes, schema version {}; copied in {} ms, \
+                 integrity_check ok in {} ms; marked as a backup (a store opened on it moves the \
+                 tasks that may have started to reconcile-first)",
+                report.path.display(),
+                report.tasks,
+                report.bytes,
+                report.schema_version,
+                report.copy_ms,
+                report.check_ms
+            ))?;
+            Ok(())
+        }
         Command::Gc { store } => {
             let s = open_existing_store(&store).await?;
+            s.check_identity()
+                .await
+                .context("checking the store's identity")?;
             let stats = s.sweep(10_000).await?;
             say(format_args!(
                 "expired {} leases, woke {} tasks, released {} idempotency keys",

@@ -24,9 +24,16 @@ pub(crate) async fn open_existing_store(args: &StoreArgs) -> Result<Store> {
     open_store_with(args, false).await
 }
 
-/// Opens the store of `args`, creating it and applying pending migrations.
+/// Opens the store of `args`, creating it and applying pending migrations,
+/// and checks its identity (SPEC §2.11): a store that went back in time is
+/// rewound before anything is written to it.
 pub(crate) async fn open_store(args: &StoreArgs) -> Result<Store> {
-    open_store_with(args, true).await
+    let store = open_store_with(args, true).await?;
+    store
+        .check_identity()
+        .await
+        .context("checking the store's identity")?;
+    Ok(store)
 }
 
 /// Opens the store of `args`; with `migrate` false it changes no schema and

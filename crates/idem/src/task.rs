@@ -3,7 +3,7 @@
 //! filters and checks), and the operator actions ([`crate::task_action`]),
 //! each through the store.
 
-use anyhow::{Result, anyhow};
+use anyhow::{Context, Result, anyhow};
 use clap::{Args, Subcommand};
 use idem_store::Store;
 use uuid::Uuid;
@@ -127,6 +127,14 @@ pub(crate) async fn run(store: &Store, command: TaskCommand) -> Result<()> {
                 next_cursor: page.next_cursor.map(|c| key.seal(&tenant, &c)),
             })
         }
-        TaskCommand::Action(action) => crate::task_action::run(store, action).await,
+        TaskCommand::Action(action) => {
+            // A store that went back in time is rewound before an operator
+            // changes a task in it (SPEC §2.11).
+            store
+                .check_identity()
+                .await
+                .context("checking the store's identity")?;
+            crate::task_action::run(store, action).await
+        }
     }
 }

@@ -593,3 +593,132 @@ fn released_reconcile_attempt_keeps_reconciling() {
         CancelStatus::Requested
     );
 }
+
+/// `store_rewound` in every state of both classes: what changes, the state
+/// reached, the generation's rise and the event that says why.
+#[test]
+fn store_rewound_moves_every_task_that_may_have_started() {
+    let store = json!({"from": {"epoch": "a"}, "to": {"epoch": "b"}, "restored_backup": true});
+    /// The class, the state, and what a rewind makes of it (`None`: nothing).
+    type Case = (&'static str, TaskState, Option<(TaskState, EventKind)>);
+    let cases: &[Case] = &[
+        (
+            "payment.release",
+            TaskState::Queued,
+            Some((TaskState::Reconciling, EventKind::ReconciliationRequired)),
+        ),
+        (
+            "payment.release",
+            TaskState::Running,
+            Some((TaskState::Reconciling, EventKind::ReconciliationRequired)),
+        ),
+        (
+            "payment.release",
+            TaskState::Reconciling,
+            Some((TaskState::Reconciling, EventKind::ReconciliationRequired)),
+        ),
+        ("payment.release", TaskState::Succeeded, None),
+        ("payment.release", TaskState::Failed, None),
+        ("payment.release", TaskState::Cancelled, None),
+        ("generation.dispatch", TaskState::Queued, None),
+        ("generation.dispatch", TaskState::RetryWait, None),
+        (
+            "generation.dispatch",
+            TaskState::Running,
+            Some((TaskState::Queued, EventKind::RetryScheduled)),
+        ),
+        (
+            "generation.dispatch",
+            TaskState::Reconciling,
+            Some((TaskState::Reconciling, EventKind::ReconciliationRequired)),
+        ),
+        ("generation.dispatch", TaskState::Succeeded, None),
+    ];
+    for (class, state, expected) in cases {
+        let (mut t, mut a) = in_state(*state, class);
+        let before = t.clone();
+        let was_live = a.as_ref().is_some_and(|a| a.state.is_active());
+        let mut j = Journal::default();
+        let now = T0.plus_ms(20);
+        let changed = store_rewound(&mut t, a.as_mut(), &mut j, now, &store);
+        let what = format!("{class} {state}");
+        match expected {
+            None => {
+                assert!(!changed, "{what}: unchanged");
+                assert_eq!(t, before, "{what}: unchanged");
+                assert!(j.events.is_empty(), "{what}: no event");
+            }
+            Some((to, kind)) => {
+                assert!(changed, "{what}: changed");
+                assert_eq!(t.state, *to, "{what}: state");
+                assert_eq!(t.generation, before.generation + 1, "{what}: generation");
+                assert_eq!(t.control.active_attempt_id, None, "{what}: no live attempt");
+                assert_eq!(t.control.ready_at, now, "{what}: due at once");
+                assert_eq!(j.events.len(), 1, "{what}: one event");
+                let e = &j.events[0];
+                assert_eq!(e.kind, *kind, "{what}: event");
+                assert_eq!(e.data["reason"], json!(STORE_REWOUND), "{what}");
+                assert_eq!(e.data["store"], store, "{what}");
+                assert_eq!(e.data["generation"], json!(t.generation), "{what}");
+                let ended = a.as_ref().filter(|_| was_live).map(|a| a.id);
+                assert_eq!(e.data["ended_attempt_id"], json!(ended), "{what}");
+                if was_live {
+                    let a = a.as_ref().unwrap();
+                    assert_eq!(a.state, AttemptState::Expired, "{what}: attempt ended");
+                    // A report from before is stale evidence.
+                    let mut a = a.clone();
+                    let mut j = Journal::default();
+                    let late = rep(a.generation, Outcome::Succeeded);
+                    let r = report(&mut t, &mut a, &mut j, &late, now);
+                    assert!(
+                        matches!(r, Err(Rejection::StaleGeneration { .. })),
+                        "{what}: {r:?}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A retry-safe class whose running attempt the rewind ends: a pending
+/// cancellation is confirmed; past its attempt limit the task fails.
+#[test]
+fn store_rewound_on_a_safe_class_confirms_a_cancellation_or_ends_at_its_limit() {
+    let store = json!({"restored_backup": false});
+    let (mut t, mut a) = in_state(TaskState::Running, "generation.dispatch");
+    let mut j = Journal::default();
+    cancel(&mut t, &mut j, T0.plus_ms(1));
+    let mut j = Journal::default();
+    assert!(store_rewound(
+        &mut t,
+        a.as_mut(),
+        &mut j,
+        T0.plus_ms(2),
+        &store
+    ));
+    assert_eq!(t.state, TaskState::Cancelled);
+    assert_eq!(
+        j.events.last().map(|e| e.kind),
+        Some(EventKind::CancelConfirmed)
+    );
+    assert_eq!(j.events[0].data["store"], store);
+
+    let (mut t, mut a) = in_state(TaskState::Running, "generation.dispatch");
+    t.control.execute_count = t.execute_limit();
+    let mut j = Journal::default();
+    assert!(store_rewound(
+        &mut t,
+        a.as_mut(),
+        &mut j,
+        T0.plus_ms(2),
+        &store
+    ));
+    assert_eq!(t.state, TaskState::Failed);
+    assert_eq!(j.events[0].kind, EventKind::TaskFailed);
+    assert_eq!(
+        j.events[0].data["reason"],
+        json!(null),
+        "task_failed keeps its own data"
+    );
+    assert_eq!(j.events[0].data["store"], store);
+}

@@ -543,6 +543,16 @@ fn check_task(
     for e in events {
         let aid = event_attempt(e);
         let g = event_generation(e);
+        // A store that went back in time ends the attempt it knew (SPEC
+        // §2.11): the event that moved the task on names it.
+        let ended = e
+            .data
+            .get("ended_attempt_id")
+            .and_then(Value::as_str)
+            .and_then(|s| s.parse::<Uuid>().ok());
+        if ended.is_some() && ended == active {
+            active = None;
+        }
         match e.kind.as_str() {
             "attempt_leased" => {
                 let g = g.unwrap_or(-1);

@@ -44,6 +44,11 @@ impl Operation for Claim {
     const WRITES: bool = true;
     async fn run<T: Tx>(&self, tx: &mut T) -> Result<Vec<Claimed>> {
         let req = &self.0;
+        if !tx.identity_is_current().await? {
+            // The database changed under the recorded identity (SPEC §2.11):
+            // nothing is leased until the identity check has rewound.
+            return Ok(Vec::new());
+        }
         let now = tx.now().await?;
         let max = req.max.max(1);
         let mut out = Vec::new();

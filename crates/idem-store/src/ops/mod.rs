@@ -21,7 +21,7 @@
 //! [`search`] (a tenant's tasks in pages), [`operator`] (an admin's
 //! retry-now, cancel, resolve, redrive), [`feed`] (a task's history with its
 //! state, the tenant feed), [`console`] (the operator console's sessions and
-//! overview) and [`sweep`].
+//! overview), [`sweep`] and [`identity`] (the store's identity check).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -37,6 +37,7 @@ pub mod attempts;
 pub mod claim;
 pub mod console;
 pub mod feed;
+pub mod identity;
 pub mod keys;
 pub mod operator;
 pub mod search;
@@ -51,6 +52,7 @@ pub use console::{
     OverviewQuery, TaskCount, TaskOverview,
 };
 pub use feed::{ReadFeed, TaskHistory};
+pub use identity::{CheckIdentity, MarkRestored};
 pub use keys::{Authenticate, CreateApiKey, ListApiKeys, RevokeApiKey};
 pub use operator::{OperatorCancel, Redrive, Resolve, RetryNow};
 pub use search::{CursorKey, SearchTasks, TaskCursor, TaskPage, TaskQuery};
@@ -257,6 +259,10 @@ operations! {
     AcknowledgeDelivery,
     /// [`Sweep`].
     Sweep,
+    /// [`CheckIdentity`].
+    CheckIdentity,
+    /// [`MarkRestored`].
+    MarkRestored,
     /// [`RetryNow`].
     RetryNow,
     /// [`OperatorCancel`].

@@ -5,6 +5,7 @@
 // Helpers outside `#[test]` functions panic on setup failures by design.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
+mod backup;
 mod bench_waiters;
 mod cancel;
 mod cli;

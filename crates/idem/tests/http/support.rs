@@ -225,6 +225,14 @@ impl Server {
         Server::launch(dir, opts, None, keys)
     }
 
+    /// Starts a server with `opts` on a copy of the SQLite file `db` (moved
+    /// into a new temporary directory), whose API keys are `keys`.
+    pub fn start_on_file(db: &Path, opts: Options, keys: Keys) -> Server {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::rename(db, dir.path().join("idem.db")).expect("move the database file");
+        Server::launch(dir, opts, None, keys)
+    }
+
     /// Writes `opts`' configuration into `dir` and starts the server.
     fn launch(
         dir: tempfile::TempDir,
