@@ -202,13 +202,12 @@ async fn other_tables(tx: &tokio_postgres::Transaction<'_>, target: &Target) -> 
         listed.push_str(", …");
     }
     Err(StoreError::Migration(format!(
-        "database {} at {}:{} already holds {} table(s) that are not idem's ({listed}) and no idem \
+        "database {} at {} already holds {} table(s) that are not idem's ({listed}) and no idem \
          schema; refusing to create idem's tables next to them. Check the database name in the \
          store URL; if this database really is meant for idem, run `idem migrate` with the same \
          --store first",
         target.database,
-        target.host,
-        target.port,
+        target.address_list(),
         names.len()
     )))
 }

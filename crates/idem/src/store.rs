@@ -88,15 +88,19 @@ pub(crate) fn log_store_location(args: &StoreArgs) -> Result<()> {
             .context("reading the PostgreSQL store URL")?;
         tracing::info!(
             store = "postgres",
-            host = %target.host,
-            port = target.port,
+            hosts = %target.address_list(),
+            read_write = target.read_write,
             database = %target.database,
             user = %target.user.as_deref().unwrap_or("-"),
             sslmode = %target.ssl_mode.as_str(),
-            "store: PostgreSQL database {} at {}:{}",
+            "store: PostgreSQL database {} at {}{}",
             target.database,
-            target.host,
-            target.port
+            target.address_list(),
+            if target.addresses.len() > 1 {
+                " (the one that accepts writes)"
+            } else {
+                ""
+            }
         );
         return Ok(());
     }
