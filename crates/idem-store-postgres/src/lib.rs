@@ -45,6 +45,7 @@ mod migrate;
 pub mod notify;
 mod rows;
 mod run;
+pub mod standby;
 mod target;
 mod tls;
 mod tx;
@@ -54,6 +55,7 @@ pub mod testing;
 pub use error::map_pg_error;
 pub use idem_store::Migration;
 pub use migrate::{MIGRATION_LOCK_TIMEOUT_MS, MIGRATIONS, migrate};
+pub use standby::{SyncStandby, SyncStandbyWatch};
 pub use target::{RootCerts, SslMode, Target};
 pub use tx::PgTx;
 

@@ -120,6 +120,12 @@ enum Command {
         /// with it). Unset: nothing is exported.
         #[arg(long, env = "IDEM_OTLP_ENDPOINT")]
         otlp_endpoint: Option<String>,
+        /// PostgreSQL: answer `/readyz` and submits with 503 `NO_SYNC_STANDBY`
+        /// while no synchronous standby is attached to the primary
+        /// (`pg_stat_replication`, checked every second; the role needs
+        /// `pg_monitor`). Refused with a SQLite store.
+        #[arg(long, env = "IDEM_REQUIRE_SYNC_STANDBY", value_parser = clap::builder::BoolishValueParser::new(), default_value_t = false, num_args = 0..=1, default_missing_value = "true")]
+        require_sync_standby: bool,
         #[command(flatten)]
         console: serve::ConsoleArgs,
         #[command(flatten)]
@@ -385,6 +391,7 @@ async fn run_command(cli: Cli, telemetry: telemetry::Telemetry) -> Result<()> {
             idle_timeout_ms,
             max_connections,
             otlp_endpoint: _,
+            require_sync_standby,
             console,
             store,
         } => {
@@ -398,6 +405,7 @@ async fn run_command(cli: Cli, telemetry: telemetry::Telemetry) -> Result<()> {
                 body_timeout: Duration::from_millis(body_timeout_ms),
                 idle_timeout: Duration::from_millis(idle_timeout_ms),
                 max_connections,
+                require_sync_standby,
                 console: console.config(),
             };
             serve(args, store, telemetry).await

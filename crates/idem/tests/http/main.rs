@@ -12,6 +12,7 @@ mod console;
 mod contract;
 mod events;
 mod executor;
+mod failover;
 mod grants;
 mod messages;
 mod multi_pg;
