@@ -169,7 +169,9 @@ const LISTED_TABLES: usize = 5;
 /// Refuses a database whose current schema (`current_schema()`, normally
 /// `public`) holds tables, views or sequences but no `schema_migrations`: an
 /// application's database, most likely reached through a mistyped URL. An
-/// empty database and an idem database pass.
+/// empty database and an idem database pass, and so does one whose only
+/// such objects belong to an extension (`pg_stat_statements`' views, which
+/// pg_auto_failover creates in the database it makes).
 ///
 /// # Errors
 /// [`StoreError::Migration`] naming the database, a few of its tables and the
@@ -179,6 +181,9 @@ async fn other_tables(tx: &tokio_postgres::Transaction<'_>, target: &Target) -> 
         .query(
             "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
               WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p', 'v', 'm', 'f', 'S')
+                AND NOT EXISTS (SELECT 1 FROM pg_depend d
+                                 WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid
+                                   AND d.deptype = 'e')
               ORDER BY c.relname",
             &[],
         )

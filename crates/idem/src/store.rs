@@ -88,11 +88,13 @@ pub(crate) fn log_store_location(args: &StoreArgs) -> Result<()> {
             .context("reading the PostgreSQL store URL")?;
         tracing::info!(
             store = "postgres",
-            hosts = %target.address_list(),
-            read_write = target.read_write,
+            host = %target.host,
+            port = target.port,
             database = %target.database,
             user = %target.user.as_deref().unwrap_or("-"),
             sslmode = %target.ssl_mode.as_str(),
+            hosts = %target.address_list(),
+            read_write = target.read_write,
             "store: PostgreSQL database {} at {}{}",
             target.database,
             target.address_list(),
