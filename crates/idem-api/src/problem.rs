@@ -81,6 +81,10 @@ problem_codes! {
         /// busy for as long as the request may wait for one; nothing was
         /// written. Sent with `Retry-After` (seconds): retry no sooner.
         Overloaded => "OVERLOADED",
+        /// 503: the server requires a synchronous standby
+        /// (`IDEM_REQUIRE_SYNC_STANDBY`) and none is attached to the primary;
+        /// nothing was written. Sent with `Retry-After` (seconds).
+        NoSyncStandby => "NO_SYNC_STANDBY",
         /// 500: an internal error.
         Internal => "INTERNAL",
     }

@@ -172,6 +172,7 @@ pub fn chaos_config() -> Result<Config, ConfigError> {
 }
 
 mod check;
+mod failover;
 mod forward;
 pub mod netns;
 mod network;
@@ -184,6 +185,7 @@ mod skew;
 mod workload;
 
 pub use check::*;
+pub use failover::*;
 pub use network::*;
 pub use plan::*;
 pub use provider::*;

@@ -95,7 +95,15 @@ pub struct AppState {
     /// claims, `Prefer: wait` and event streams answer or end at once
     /// instead of holding the shutdown.
     draining: Arc<watch::Sender<bool>>,
+    /// With [`AppState::require_sync_standby`]: why writes are refused now
+    /// (`None` while a synchronous standby is attached), read from a cached
+    /// check, never the database.
+    sync_standby: Option<SyncStandbyGate>,
 }
+
+/// Why submits are refused now, `None` while they are not: a cached reading
+/// (`IDEM_REQUIRE_SYNC_STANDBY`: no synchronous standby attached).
+pub type SyncStandbyGate = Arc<dyn Fn() -> Option<String> + Send + Sync>;
 
 impl AppState {
     /// New state over `store` and `config`.
@@ -118,7 +126,21 @@ impl AppState {
             keys: Arc::new(auth::KeyCache::default()),
             prepared: Arc::new(prepared::PreparedBodies::default()),
             draining: Arc::new(watch::Sender::new(false)),
+            sync_standby: None,
         }
+    }
+
+    /// Makes `/readyz` and submits answer 503 `NO_SYNC_STANDBY` (with
+    /// `Retry-After`, nothing written) while `gate` gives a reason (SPEC §5,
+    /// `IDEM_REQUIRE_SYNC_STANDBY`). `gate` is called on every submit: it
+    /// must read a cached value.
+    pub fn require_sync_standby(&mut self, gate: SyncStandbyGate) {
+        self.sync_standby = Some(gate);
+    }
+
+    /// Why submits are refused now ([`AppState::require_sync_standby`]).
+    pub(crate) fn sync_standby_refusal(&self) -> Option<String> {
+        self.sync_standby.as_ref().and_then(|gate| gate())
     }
 
     /// Starts draining for a graceful shutdown: every waiting long-poll claim

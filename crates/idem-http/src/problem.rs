@@ -21,6 +21,11 @@ pub struct Problem {
 /// is back, and the client's own backoff spaces further ones.
 pub const UNAVAILABLE_RETRY_AFTER_S: u32 = 1;
 
+/// `Retry-After` of a 503 `NO_SYNC_STANDBY`, seconds: a standby that
+/// reconnects takes a few seconds to catch up and be synchronous again, and
+/// the server checks every second.
+pub const NO_SYNC_STANDBY_RETRY_AFTER_S: u32 = 2;
+
 /// `Retry-After` of a 503 `OVERLOADED`, seconds. The request already queued
 /// for a connection for the pool's whole wait bound (`PgOptions::pool_timeout`,
 /// 5 s by default) without getting one, so work arrives faster than the pool
@@ -153,6 +158,22 @@ pub fn shorten(text: &str) -> std::borrow::Cow<'_, str> {
         let mut cut: String = text.chars().take(MAX_QUOTED_CHARS - 1).collect();
         cut.push('…');
         std::borrow::Cow::Owned(cut)
+    }
+}
+
+impl Problem {
+    /// 503 `NO_SYNC_STANDBY` with `Retry-After`: `why` names what the last
+    /// check of the primary found; nothing was written.
+    pub fn no_sync_standby(why: &str) -> Problem {
+        let mut p = Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ProblemCode::NoSyncStandby,
+            format!(
+                "{why}; nothing was written: retry after {NO_SYNC_STANDBY_RETRY_AFTER_S} s (a submit with the same Idempotency-Key)"
+            ),
+        );
+        p.retry_after = Some(NO_SYNC_STANDBY_RETRY_AFTER_S);
+        p
     }
 }
 

@@ -108,8 +108,9 @@ pub(crate) fn connect_error(e: deadpool_postgres::PoolError, target: &Target) ->
     match e {
         deadpool_postgres::PoolError::Backend(e) => connect_pg_error(e, target),
         other => StoreError::Unavailable(format!(
-            "PostgreSQL at {}:{} (database {}): connection pool: {other}",
-            target.host, target.port, target.database
+            "PostgreSQL at {} (database {}): connection pool: {other}",
+            target.address_list(),
+            target.database
         )),
     }
 }
@@ -117,8 +118,9 @@ pub(crate) fn connect_error(e: deadpool_postgres::PoolError, target: &Target) ->
 /// As [`connect_error`], for a connection made without the pool.
 pub(crate) fn connect_pg_error(e: tokio_postgres::Error, target: &Target) -> StoreError {
     let at = format!(
-        "PostgreSQL at {}:{} (database {})",
-        target.host, target.port, target.database
+        "PostgreSQL at {} (database {})",
+        target.address_list(),
+        target.database
     );
     if is_tls_failure(&e) {
         return StoreError::Config(format!(

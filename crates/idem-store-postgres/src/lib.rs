@@ -46,6 +46,7 @@ mod migrate;
 pub mod notify;
 mod rows;
 mod run;
+pub mod standby;
 mod target;
 mod tls;
 mod tx;
@@ -55,6 +56,7 @@ pub mod testing;
 pub use error::map_pg_error;
 pub use idem_store::Migration;
 pub use migrate::{MIGRATION_LOCK_TIMEOUT_MS, MIGRATIONS, migrate};
+pub use standby::{SyncStandby, SyncStandbyWatch};
 pub use target::{RootCerts, SslMode, Target};
 pub use tx::PgTx;
 
@@ -184,6 +186,25 @@ const LINGER_YIELDS: usize = 4;
 /// Most authentications one lookup answers together.
 pub const AUTH_BATCH: usize = 128;
 
+/// The least time a connection attempt to one host of the URL is given.
+pub const MIN_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How long data sent on a pooled connection may stay unacknowledged by the
+/// server's host before the kernel gives up on the connection (Linux
+/// `TCP_USER_TIMEOUT`; a live server's kernel acknowledges at once, however
+/// busy the server is).
+pub const TCP_USER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// TCP keepalive of pooled connections: probes start after this much idle
+/// time …
+pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
+/// … one every this long …
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
+/// … and the kernel drops the connection after this many unanswered ones
+/// (an idle connection to a vanished host is dropped within 10 + 3 × 2 =
+/// 16 s, before the pool could hand it out).
+pub const KEEPALIVE_RETRIES: u32 = 3;
+
 /// Connects to `url` (`postgres://user@host:port/db`), applies pending
 /// migrations and returns the store.
 ///
@@ -227,8 +248,25 @@ fn session_config(url: &str, options: &PgOptions) -> Result<(tokio_postgres::Con
         cfg.application_name("idem");
     }
     if cfg.get_connect_timeout().is_none() {
-        cfg.connect_timeout(options.pool_timeout);
+        // The driver tries the hosts one after the other, each within this:
+        // all of them within the pool's timeout, so that a first host that
+        // no longer answers (a failed primary) leaves time for the next.
+        let hosts = u32::try_from(target.addresses.len().max(1)).unwrap_or(u32::MAX);
+        cfg.connect_timeout((options.pool_timeout / hosts).max(MIN_CONNECT_TIMEOUT));
     }
+    // A server that vanished without closing its connections (a host gone,
+    // a dropped route: no FIN, no RST) is noticed by the kernel: a request
+    // left unacknowledged for `TCP_USER_TIMEOUT`, or an idle pooled
+    // connection whose keepalive probes go unanswered, fails its socket, so
+    // the pool opens a new connection (to the new primary) instead of
+    // waiting out the operation's deadline on the old one.
+    if cfg.get_tcp_user_timeout().is_none() {
+        cfg.tcp_user_timeout(TCP_USER_TIMEOUT);
+    }
+    cfg.keepalives(true)
+        .keepalives_idle(KEEPALIVE_IDLE)
+        .keepalives_interval(KEEPALIVE_INTERVAL)
+        .keepalives_retries(KEEPALIVE_RETRIES);
     Ok((cfg, target))
 }
 

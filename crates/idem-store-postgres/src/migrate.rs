@@ -174,7 +174,9 @@ const LISTED_TABLES: usize = 5;
 /// Refuses a database whose current schema (`current_schema()`, normally
 /// `public`) holds tables, views or sequences but no `schema_migrations`: an
 /// application's database, most likely reached through a mistyped URL. An
-/// empty database and an idem database pass.
+/// empty database and an idem database pass, and so does one whose only
+/// such objects belong to an extension (`pg_stat_statements`' views, which
+/// pg_auto_failover creates in the database it makes).
 ///
 /// # Errors
 /// [`StoreError::Migration`] naming the database, a few of its tables and the
@@ -184,6 +186,9 @@ async fn other_tables(tx: &tokio_postgres::Transaction<'_>, target: &Target) -> 
         .query(
             "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
               WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p', 'v', 'm', 'f', 'S')
+                AND NOT EXISTS (SELECT 1 FROM pg_depend d
+                                 WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid
+                                   AND d.deptype = 'e')
               ORDER BY c.relname",
             &[],
         )
@@ -207,13 +212,12 @@ async fn other_tables(tx: &tokio_postgres::Transaction<'_>, target: &Target) -> 
         listed.push_str(", …");
     }
     Err(StoreError::Migration(format!(
-        "database {} at {}:{} already holds {} table(s) that are not idem's ({listed}) and no idem \
+        "database {} at {} already holds {} table(s) that are not idem's ({listed}) and no idem \
          schema; refusing to create idem's tables next to them. Check the database name in the \
          store URL; if this database really is meant for idem, run `idem migrate` with the same \
          --store first",
         target.database,
-        target.host,
-        target.port,
+        target.address_list(),
         names.len()
     )))
 }

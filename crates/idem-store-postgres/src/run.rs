@@ -278,8 +278,13 @@ impl Work for Pipelined<'_> {
 
 /// Runs `work` on the held connection (taken from the pool when there is
 /// none), again after a short backoff on contention, at most `max_retries`
-/// times; after any error the connection goes back to the pool, which checks
-/// it before reuse.
+/// times. After contention or a refused value the connection goes back to the
+/// pool, which checks it before reuse; after [`StoreError::Unavailable`] (the
+/// connection closed, the server shutting down (`57P01`), a server that no
+/// longer accepts writes (`25006`, as after a failover), a timeout) it is
+/// closed instead ([`forget`]): such a connection can pass the pool's check
+/// and fail again, and the next one the pool opens looks for the primary
+/// among the URL's hosts.
 async fn run_held<W: Work>(
     pool: &Pool,
     held: &mut Option<Object>,
@@ -301,7 +306,11 @@ async fn run_held<W: Work>(
                 tokio::time::sleep(backoff(retries)).await;
             }
             Err(e) => {
-                *held = None;
+                if matches!(e, StoreError::Unavailable(_)) {
+                    forget(held);
+                } else {
+                    *held = None;
+                }
                 return Err(e);
             }
         }

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use idem_store::StoreError;
-use tokio_postgres::config::{Host, SslMode as DriverSslMode};
+use tokio_postgres::config::{Host, SslMode as DriverSslMode, TargetSessionAttrs};
 
 /// `sslmode` of a store URL (libpq's names; `allow` is not supported).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,7 +75,7 @@ pub(crate) enum Verify {
 }
 
 /// Where a PostgreSQL store URL points and how it connects. `Display` gives
-/// `host:port/database` (never the password).
+/// `host:port[,host:port…]/database` (never the password).
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct Target {
@@ -83,6 +83,16 @@ pub struct Target {
     pub host: String,
     /// The port (of the first host; 5432 when the URL gives none).
     pub port: u16,
+    /// Every host with its port (`host:port`), in the URL's order: the order
+    /// in which connections try them.
+    pub addresses: Vec<String>,
+    /// Whether a connection is kept only on a server that accepts writes
+    /// (`target_session_attrs=read-write`, libpq's convention: after
+    /// connecting, `SHOW transaction_read_only` must answer `off`, else the
+    /// next host is tried). A URL naming several hosts gets it unless it says
+    /// `target_session_attrs=any`: idem writes on every connection, and a
+    /// standby would refuse every write.
+    pub read_write: bool,
     /// The database.
     pub database: String,
     /// The role, when the URL names one.
@@ -95,7 +105,7 @@ pub struct Target {
 
 impl std::fmt::Display for Target {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}:{}/{}", self.host, self.port, self.database)
+        write!(f, "{}/{}", self.addresses.join(","), self.database)
     }
 }
 
@@ -119,6 +129,11 @@ impl Target {
         }
     }
 
+    /// `HOST:PORT` of every host, joined with `,` (for messages).
+    pub fn address_list(&self) -> String {
+        self.addresses.join(",")
+    }
+
     /// `sslmode=…` and where the root certificates come from, for messages.
     pub fn tls_description(&self) -> String {
         let mut text = format!("sslmode={}", self.ssl_mode.as_str());
@@ -135,8 +150,9 @@ impl Target {
 }
 
 /// Parses a `postgres://` / `postgresql://` URL: the driver's configuration
-/// (with `sslmode` reduced to what the driver knows, `sslrootcert` taken out)
-/// and the [`Target`].
+/// (with `sslmode` reduced to what the driver knows, `sslrootcert` taken out,
+/// and `target_session_attrs=read-write` when the URL names several hosts and
+/// no `target_session_attrs`) and the [`Target`].
 ///
 /// # Errors
 /// [`StoreError::Config`] when the URL does not parse, names no host or no
@@ -152,6 +168,7 @@ pub fn parse(url: &str) -> Result<(tokio_postgres::Config, Target), StoreError> 
     };
     let mut ssl_mode = None;
     let mut root_certs = None;
+    let mut session_attrs_given = false;
     let mut kept = Vec::new();
     for pair in query.into_iter().flat_map(|q| q.split('&')) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
@@ -162,6 +179,10 @@ pub fn parse(url: &str) -> Result<(tokio_postgres::Config, Target), StoreError> 
             "sslmode" => ssl_mode = Some(SslMode::parse(&value)?),
             "sslrootcert" if value == "system" => root_certs = Some(RootCerts::System),
             "sslrootcert" => root_certs = Some(RootCerts::File(PathBuf::from(value.as_ref()))),
+            "target_session_attrs" => {
+                session_attrs_given = true;
+                kept.push(pair);
+            }
             _ => kept.push(pair),
         }
     }
@@ -223,9 +244,28 @@ pub fn parse(url: &str) -> Result<(tokio_postgres::Config, Target), StoreError> 
             )));
         }
     };
+    if hosts.len() > 1 && !session_attrs_given {
+        cfg.target_session_attrs(TargetSessionAttrs::ReadWrite);
+    }
+    // The driver's rule: one port for every host, or one port per host.
+    let ports = cfg.get_ports();
+    let addresses = hosts
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let port = match ports.len() {
+                0 => 5432,
+                1 => ports[0],
+                _ => ports.get(i).copied().unwrap_or(5432),
+            };
+            format!("{h}:{port}")
+        })
+        .collect();
     let target = Target {
         host: hosts.join(","),
         port: cfg.get_ports().first().copied().unwrap_or(5432),
+        addresses,
+        read_write: cfg.get_target_session_attrs() == TargetSessionAttrs::ReadWrite,
         database,
         user: cfg.get_user().map(str::to_owned),
         ssl_mode,
@@ -318,6 +358,31 @@ mod tests {
         assert_eq!(t.host, "h1,h2");
         let (cfg, _) = parse("postgres://u@h/db?application_name=a@b").unwrap();
         assert_eq!(cfg.get_application_name(), Some("a@b"));
+    }
+
+    /// Several hosts: each with its own port (or the one port of all), and
+    /// `target_session_attrs=read-write` unless the URL says otherwise.
+    #[test]
+    fn several_hosts_look_for_the_primary() {
+        let (cfg, t) =
+            parse("postgres://u@10.0.0.1:5433,10.0.0.2:5434/app?sslmode=disable").unwrap();
+        assert_eq!(t.to_string(), "10.0.0.1:5433,10.0.0.2:5434/app");
+        assert_eq!(t.address_list(), "10.0.0.1:5433,10.0.0.2:5434");
+        assert!(t.read_write);
+        assert_eq!(
+            cfg.get_target_session_attrs(),
+            TargetSessionAttrs::ReadWrite
+        );
+        let (cfg, t) = parse("postgres://u@a,b:6432/app?target_session_attrs=any").unwrap();
+        assert_eq!(t.address_list(), "a:5432,b:6432");
+        assert!(!t.read_write);
+        assert_eq!(cfg.get_target_session_attrs(), TargetSessionAttrs::Any);
+        let (_, t) = parse("postgres://u@a/app?target_session_attrs=read-write").unwrap();
+        assert!(t.read_write);
+        let (cfg, t) = parse("postgres://u@a:5433/app").unwrap();
+        assert!(!t.read_write);
+        assert_eq!(cfg.get_target_session_attrs(), TargetSessionAttrs::Any);
+        assert_eq!(t.to_string(), "a:5433/app");
     }
 
     #[test]

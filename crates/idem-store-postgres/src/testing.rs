@@ -330,6 +330,12 @@ impl Cluster {
         append(&data.join("postgresql.conf"), conf)?;
         std::fs::write(data.join("pg_hba.conf"), hba)
             .map_err(|e| format!("writing pg_hba.conf: {e}"))?;
+        self.start()
+    }
+
+    /// `pg_ctl start` on the data directory (`<dir>/data`).
+    fn start(&mut self) -> std::result::Result<(), String> {
+        let data = self.dir.join("data");
         run(self
             .pg_command("pg_ctl")
             .arg("-D")
@@ -404,6 +410,178 @@ impl Drop for Cluster {
                 .status();
         }
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A primary and a streaming standby made from it (`pg_basebackup -R`), two
+/// throwaway clusters on `127.0.0.1` (ports of their own, data under the
+/// system temp dir), for failover tests. With `synchronous`, the primary's
+/// `postgresql.conf` says `synchronous_standby_names = '*'` (a commit waits
+/// for the standby), and the standby inherits that line, as a base backup
+/// does. Both are stopped and removed on drop.
+#[derive(Debug)]
+pub struct StandbyPair {
+    primary: Cluster,
+    standby: Cluster,
+}
+
+impl StandbyPair {
+    /// Initialises and starts the primary, then the standby, and waits until
+    /// the standby streams (and, with `synchronous`, is the synchronous one).
+    ///
+    /// # Errors
+    /// Which step failed, with the tool's output.
+    pub fn start(synchronous: bool) -> std::result::Result<StandbyPair, String> {
+        let mut primary = Cluster::new("idem-test-primary")?;
+        let mut standby = Cluster::new("idem-test-standby")?;
+        let conf = |c: &Cluster| {
+            format!(
+                "\nlisten_addresses = '127.0.0.1'\nport = {}\n\
+                 unix_socket_directories = '{}/sock'\n\
+                 fsync = off\nfull_page_writes = off\n\
+                 shared_buffers = 32MB\nmax_connections = 100\n",
+                c.port,
+                c.dir.display()
+            )
+        };
+        let sync = if synchronous {
+            "synchronous_standby_names = '*'\n"
+        } else {
+            ""
+        };
+        primary.init_and_start(
+            &format!("{}{sync}", conf(&primary)),
+            "local all all trust\nhost all all 127.0.0.1/32 trust\n\
+             host replication all 127.0.0.1/32 trust\n",
+        )?;
+        if standby.as_postgres {
+            run(std::process::Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(&standby.dir))?;
+        }
+        run(standby
+            .pg_command("pg_basebackup")
+            .args(["-h", "127.0.0.1", "-U", "postgres", "-R", "-X", "stream"])
+            .args(["--no-sync", "-p", &primary.port.to_string(), "-D"])
+            .arg(standby.dir.join("data")))?;
+        // The later line wins: the standby's own port and socket directory.
+        append(&standby.dir.join("data/postgresql.conf"), &conf(&standby))?;
+        standby.start()?;
+        let pair = StandbyPair { primary, standby };
+        let wanted = if synchronous { "sync" } else { "async" };
+        for _ in 0..300 {
+            if pair.psql(
+                pair.primary.port,
+                "SELECT sync_state FROM pg_stat_replication",
+            )? == wanted
+            {
+                return Ok(pair);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        Err(format!("the standby did not become {wanted} within 15 s"))
+    }
+
+    /// The primary's port.
+    pub fn primary_port(&self) -> u16 {
+        self.primary.port
+    }
+
+    /// The standby's port.
+    pub fn standby_port(&self) -> u16 {
+        self.standby.port
+    }
+
+    /// `postgres://postgres@127.0.0.1:P,127.0.0.1:S/{database}?target_session_attrs=read-write`:
+    /// both hosts, the primary first.
+    pub fn url(&self, database: &str) -> String {
+        format!(
+            "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/{database}?target_session_attrs=read-write",
+            self.primary.port, self.standby.port
+        )
+    }
+
+    /// Runs `sql` with `psql` on the cluster at `port` (database `postgres`)
+    /// and returns its unaligned, tuples-only output, trimmed.
+    ///
+    /// # Errors
+    /// psql's output when it fails.
+    pub fn psql(&self, port: u16, sql: &str) -> std::result::Result<String, String> {
+        self.psql_in(port, "postgres", sql)
+    }
+
+    /// As [`StandbyPair::psql`], in `database`.
+    ///
+    /// # Errors
+    /// psql's output when it fails.
+    pub fn psql_in(
+        &self,
+        port: u16,
+        database: &str,
+        sql: &str,
+    ) -> std::result::Result<String, String> {
+        let out = std::process::Command::new(self.primary.bin.join("psql"))
+            .args(["-h", "127.0.0.1", "-U", "postgres", "-d", database, "-XAtq"])
+            .args(["-p", &port.to_string(), "-v", "ON_ERROR_STOP=1", "-c", sql])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .map_err(|e| format!("psql: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "psql -c {sql:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    }
+
+    /// Kills the primary's postmaster and every process of it with SIGKILL
+    /// (a crash: nothing is flushed or shut down cleanly; the kernel closes
+    /// their sockets).
+    ///
+    /// # Errors
+    /// The postmaster's pid cannot be read, or `kill` fails.
+    pub fn kill_primary(&mut self) -> std::result::Result<(), String> {
+        let pid_file = self.primary.dir.join("data/postmaster.pid");
+        let text = std::fs::read_to_string(&pid_file)
+            .map_err(|e| format!("{}: {e}", pid_file.display()))?;
+        let pid = text.lines().next().unwrap_or_default().trim().to_owned();
+        let children = std::process::Command::new("ps")
+            .args(["-o", "pid=", "--ppid", &pid])
+            .output()
+            .map_err(|e| format!("ps: {e}"))?;
+        let children = String::from_utf8_lossy(&children.stdout).into_owned();
+        run(std::process::Command::new("kill")
+            .arg("-9")
+            .arg(&pid)
+            .args(children.split_whitespace()))?;
+        self.primary.started = false;
+        Ok(())
+    }
+
+    /// Promotes the standby (`pg_ctl promote -w`: returns once it accepts
+    /// writes). With `drop_sync_names` it then clears the
+    /// `synchronous_standby_names` it inherited (`ALTER SYSTEM` and a
+    /// reload), as a failover manager does when no standby is left:
+    /// otherwise every commit on it waits for a standby that does not exist.
+    ///
+    /// # Errors
+    /// The tool's output.
+    pub fn promote(&self, drop_sync_names: bool) -> std::result::Result<(), String> {
+        run(self
+            .standby
+            .pg_command("pg_ctl")
+            .arg("-D")
+            .arg(self.standby.dir.join("data"))
+            .args(["-w", "-t", "60", "promote"]))?;
+        if drop_sync_names {
+            self.psql(
+                self.standby.port,
+                "ALTER SYSTEM SET synchronous_standby_names = ''",
+            )?;
+            self.psql(self.standby.port, "SELECT pg_reload_conf()")?;
+        }
+        Ok(())
     }
 }
 

@@ -120,6 +120,12 @@ enum Command {
         /// with it). Unset: nothing is exported.
         #[arg(long, env = "IDEM_OTLP_ENDPOINT")]
         otlp_endpoint: Option<String>,
+        /// PostgreSQL: answer `/readyz` and submits with 503 `NO_SYNC_STANDBY`
+        /// while no synchronous standby is attached to the primary
+        /// (`pg_stat_replication`, checked every second; the role needs
+        /// `pg_monitor`). Refused with a SQLite store.
+        #[arg(long, env = "IDEM_REQUIRE_SYNC_STANDBY", value_parser = clap::builder::BoolishValueParser::new(), default_value_t = false, num_args = 0..=1, default_missing_value = "true")]
+        require_sync_standby: bool,
         #[command(flatten)]
         console: serve::ConsoleArgs,
         #[command(flatten)]
@@ -310,6 +316,28 @@ enum Command {
         /// libfaketime for `--clock-skew-ms`; default: the usual install paths.
         #[arg(long)]
         libfaketime: Option<PathBuf>,
+        /// A database failover half-way through the operations (PostgreSQL on
+        /// a multi-host URL): this shell command kills the primary, then
+        /// `--failover-promote` promotes the standby. The run's own server
+        /// faults are left out; 5xx answers must fall between the kill and
+        /// the promotion plus `--failover-bound-ms`, and every acknowledged
+        /// submit and report must be in the promoted database
+        /// (`scripts/failover.sh`).
+        #[arg(long, requires = "failover_promote")]
+        failover_kill: Option<String>,
+        /// Shell command that promotes the standby (returns once it accepts writes).
+        #[arg(long, requires = "failover_kill")]
+        failover_promote: Option<String>,
+        /// Pause between the kill and the promotion, ms.
+        #[arg(long, default_value_t = 1000)]
+        failover_delay_ms: u64,
+        /// How long after the promotion 5xx answers may still come, ms.
+        #[arg(long, default_value_t = 5000)]
+        failover_bound_ms: u64,
+        /// The standby is asynchronous: acknowledged writes missing afterwards
+        /// are counted, not violations.
+        #[arg(long)]
+        failover_async: bool,
     },
 }
 
@@ -397,6 +425,7 @@ async fn run_command(cli: Cli, telemetry: telemetry::Telemetry) -> Result<()> {
             idle_timeout_ms,
             max_connections,
             otlp_endpoint: _,
+            require_sync_standby,
             console,
             store,
         } => {
@@ -410,6 +439,7 @@ async fn run_command(cli: Cli, telemetry: telemetry::Telemetry) -> Result<()> {
                 body_timeout: Duration::from_millis(body_timeout_ms),
                 idle_timeout: Duration::from_millis(idle_timeout_ms),
                 max_connections,
+                require_sync_standby,
                 console: console.config(),
             };
             serve(args, store, telemetry).await
@@ -715,6 +745,11 @@ async fn run_command(cli: Cli, telemetry: telemetry::Telemetry) -> Result<()> {
             netns_check,
             clock_skew_ms,
             libfaketime,
+            failover_kill,
+            failover_promote,
+            failover_delay_ms,
+            failover_bound_ms,
+            failover_async,
         } => {
             if netns_check {
                 tokio::task::spawn_blocking(idem_harness::chaos::netns::probe).await??;
@@ -732,6 +767,15 @@ async fn run_command(cli: Cli, telemetry: telemetry::Telemetry) -> Result<()> {
                 netns,
                 clock_skew_ms,
                 libfaketime,
+                failover: failover_kill.zip(failover_promote).map(|(kill, promote)| {
+                    idem_harness::chaos::Failover {
+                        kill,
+                        promote,
+                        delay: Duration::from_millis(failover_delay_ms),
+                        bound: Duration::from_millis(failover_bound_ms),
+                        expect_no_loss: !failover_async,
+                    }
+                }),
             })
             .await?;
             if json {

@@ -2,6 +2,7 @@
 //! grace period, and the server's run from start-up to its last log line.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -156,6 +157,8 @@ pub(crate) struct ServeArgs {
     pub(crate) body_timeout: Duration,
     pub(crate) idle_timeout: Duration,
     pub(crate) max_connections: Option<u64>,
+    /// `IDEM_REQUIRE_SYNC_STANDBY` (PostgreSQL only).
+    pub(crate) require_sync_standby: bool,
     /// The operator console's configuration; `None`: not served.
     pub(crate) console: Option<idem_console::ConsoleConfig>,
 }
@@ -181,14 +184,35 @@ pub(crate) async fn serve(
         body_timeout,
         idle_timeout,
         max_connections,
+        require_sync_standby,
         console,
     } = args;
     let config = load_config(config.as_ref())?;
     log_store_location(&store_args)?;
+    if require_sync_standby && !crate::store::is_postgres(&store_args.store) {
+        bail!("IDEM_REQUIRE_SYNC_STANDBY needs a PostgreSQL store (a SQLite store has no standby)");
+    }
     let _serve_lock = lock_sqlite_for_serve(&store_args)?;
     let store = open_store_waiting(&store_args, store_wait).await?;
     let version = config.version();
-    let state = idem_http::AppState::new(store.clone(), config);
+    let mut state = idem_http::AppState::new(store.clone(), config);
+    if require_sync_standby {
+        let watch = Arc::new(
+            idem_store_postgres::SyncStandbyWatch::start(
+                &store_args.store,
+                idem_store_postgres::standby::SYNC_STANDBY_CHECK_EVERY,
+            )
+            .await
+            .context("checking for a synchronous standby")?,
+        );
+        match watch.current().refusal() {
+            None => tracing::info!(standby = ?watch.current(), "a synchronous standby is attached"),
+            Some(why) => {
+                tracing::warn!(%why, "submits are refused until a synchronous standby is attached")
+            }
+        }
+        state.require_sync_standby(Arc::new(move || watch.current().refusal()));
+    }
     let draining = state.clone();
     // Before "listening" is printed: whoever starts us may signal from then on.
     let mut signals = ShutdownSignals::install()?;

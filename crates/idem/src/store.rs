@@ -100,10 +100,16 @@ pub(crate) fn log_store_location(args: &StoreArgs) -> Result<()> {
             database = %target.database,
             user = %target.user.as_deref().unwrap_or("-"),
             sslmode = %target.ssl_mode.as_str(),
-            "store: PostgreSQL database {} at {}:{}",
+            hosts = %target.address_list(),
+            read_write = target.read_write,
+            "store: PostgreSQL database {} at {}{}",
             target.database,
-            target.host,
-            target.port
+            target.address_list(),
+            if target.addresses.len() > 1 {
+                " (the one that accepts writes)"
+            } else {
+                ""
+            }
         );
         return Ok(());
     }

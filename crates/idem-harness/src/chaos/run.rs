@@ -29,6 +29,10 @@ pub struct ChaosOptions {
     pub clock_skew_ms: i64,
     /// libfaketime for `clock_skew_ms`; `None`: the usual places.
     pub libfaketime: Option<PathBuf>,
+    /// A database failover half-way through (PostgreSQL on a multi-host
+    /// URL); the run's own server faults are then left out. See
+    /// [`super::failover`].
+    pub failover: Option<Failover>,
 }
 
 /// Figures of a run.
@@ -101,6 +105,9 @@ pub struct ChaosReport {
     /// With `--clock-skew-ms`: the shifted instance and its clock checks.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub clock_skew: Option<SkewReport>,
+    /// With `--failover-kill`: what the failover did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failover: Option<FailoverReport>,
     /// Figures.
     pub stats: Stats,
     /// The command that replays the same plan.
@@ -196,6 +203,13 @@ async fn run_to_end(opts: ChaosOptions) -> Result<ChaosReport> {
     }
     if opts.clock_skew_ms != 0 {
         plan = plan.with_clock_skew(opts.clock_skew_ms);
+    }
+    if opts.failover.is_some() {
+        if !postgres {
+            bail!("--failover-kill needs a PostgreSQL store (--store postgres://HOST1,HOST2/…)");
+        }
+        // Every 5xx answer is then the failover's.
+        plan.server_faults.clear();
     }
     let plan = Arc::new(plan);
     let dir = tempfile::Builder::new().prefix("idem-chaos-").tempdir()?;
@@ -323,7 +337,18 @@ async fn run_to_end(opts: ChaosOptions) -> Result<ChaosReport> {
         effect_requests,
     };
     let invariants = check(&input);
-    let violations = invariants.iter().map(|r| r.violations).sum();
+    let failover = match &opts.failover {
+        Some(f) => Some(failover_report(
+            f,
+            log.failover,
+            &log.errors_5xx,
+            &input,
+            &log.accepted_reports,
+        )?),
+        None => None,
+    };
+    let violations = invariants.iter().map(|r| r.violations).sum::<u64>()
+        + failover.as_ref().map_or(0, FailoverReport::violations);
     let stats = stats(&input, provider_lookups, log.unexpected);
     let mut reproduce = format!("idem chaos --seed {} --ops {}", opts.seed, opts.ops);
     if let Some(s) = &opts.store {
@@ -334,6 +359,16 @@ async fn run_to_end(opts: ChaosOptions) -> Result<ChaosReport> {
     }
     if opts.clock_skew_ms != 0 {
         reproduce.push_str(&format!(" --clock-skew-ms {}", opts.clock_skew_ms));
+    }
+    if let Some(f) = &opts.failover {
+        reproduce.push_str(&format!(
+            " --failover-kill '{}' --failover-promote '{}' --failover-delay-ms {} --failover-bound-ms {}{}",
+            f.kill,
+            f.promote,
+            f.delay.as_millis(),
+            f.bound.as_millis(),
+            if f.expect_no_loss { "" } else { " --failover-async" }
+        ));
     }
     let clock_skew = servers.skew.as_ref().map(|s| SkewReport {
         instance: SKEWED_SERVER,
@@ -361,6 +396,7 @@ async fn run_to_end(opts: ChaosOptions) -> Result<ChaosReport> {
             episodes: log.network,
         }),
         clock_skew,
+        failover,
         stats,
         reproduce,
     })
@@ -393,6 +429,11 @@ async fn drive(
     let n = ctx.plan.ops.len();
     let step = (n / 10).max(1);
     for i in 0..n {
+        if i == n / 2
+            && let Some(f) = &opts.failover
+        {
+            faults.spawn(run_failover(ctx.clone(), f.clone()));
+        }
         while let Some((at, fault)) = ctx.plan.server_faults.get(next_fault)
             && *at <= i
         {
@@ -639,6 +680,9 @@ pub fn render(r: &ChaosReport) -> String {
     }
     if let Some(n) = &r.network {
         render_network(&mut out, n);
+    }
+    if let Some(f) = &r.failover {
+        render_failover(&mut out, f);
     }
     if let Some(k) = &r.clock_skew {
         let checks = k

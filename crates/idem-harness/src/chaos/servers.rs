@@ -144,15 +144,35 @@ impl Targets {
     }
 }
 
+/// The run's own view of the store. PostgreSQL: a connection that is
+/// opened again when it was lost, through the URL's hosts (after a failover,
+/// on the promoted standby).
 pub(super) enum Db {
     Sqlite(PathBuf),
-    Pg(tokio_postgres::Client),
+    Pg(
+        Box<tokio_postgres::Config>,
+        tokio::sync::Mutex<Option<Arc<tokio_postgres::Client>>>,
+    ),
 }
 
 impl Db {
     pub(super) async fn connect_pg(url: &str) -> Result<Db> {
         let mut cfg: tokio_postgres::Config = url.parse().context("parsing the PostgreSQL URL")?;
         cfg.application_name("idem-chaos");
+        let db = Db::Pg(Box::new(cfg), tokio::sync::Mutex::new(None));
+        db.pg().await?;
+        Ok(db)
+    }
+
+    /// The PostgreSQL connection, opened again when it was closed.
+    async fn pg(&self) -> Result<Arc<tokio_postgres::Client>> {
+        let Db::Pg(cfg, held) = self else {
+            bail!("not a PostgreSQL store");
+        };
+        let mut held = held.lock().await;
+        if let Some(c) = held.as_ref().filter(|c| !c.is_closed()) {
+            return Ok(Arc::clone(c));
+        }
         let (client, conn) = cfg
             .connect(tokio_postgres::NoTls)
             .await
@@ -160,7 +180,9 @@ impl Db {
         tokio::spawn(async move {
             let _ = conn.await;
         });
-        Ok(Db::Pg(client))
+        let client = Arc::new(client);
+        *held = Some(Arc::clone(&client));
+        Ok(client)
     }
 
     pub(super) async fn list(&self, tenant: &str) -> Result<Vec<DbTask>> {
@@ -199,7 +221,8 @@ impl Db {
                 })
                 .await?
             }
-            Db::Pg(c) => {
+            Db::Pg(..) => {
+                let c = self.pg().await?;
                 let rows = c
                     .query(
                         "SELECT id, operation, idempotency_key, state FROM tasks WHERE tenant = $1",
@@ -223,7 +246,8 @@ impl Db {
     pub(super) async fn terminate_idem_connections(&self) -> Result<u64> {
         match self {
             Db::Sqlite(_) => Ok(0),
-            Db::Pg(c) => {
+            Db::Pg(..) => {
+                let c = self.pg().await?;
                 let row = c
                     .query_one(
                         "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity \

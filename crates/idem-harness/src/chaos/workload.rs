@@ -13,6 +13,12 @@ pub(super) struct RunLog {
     pub(super) realized: BTreeMap<String, u64>,
     pub(super) unexpected: BTreeMap<String, u64>,
     pub(super) network: Vec<NetEpisodeRun>,
+    /// When each 5xx answer came (`--failover-…`).
+    pub(super) errors_5xx: Vec<Instant>,
+    /// Attempts whose report was answered 200.
+    pub(super) accepted_reports: Vec<Uuid>,
+    /// When the failover's steps happened.
+    pub(super) failover: Option<FailoverTimes>,
 }
 
 /// `faults_realized` key: a submit answered with a retryable error (timeout,
@@ -78,6 +84,13 @@ impl Ctx {
         self.log().realized.get(kind).copied().unwrap_or(0)
     }
 
+    /// Notes when a 5xx answer came.
+    fn answered(&self, e: &ClientError) {
+        if e.status().is_some_and(|s| s >= 500) {
+            self.log().errors_5xx.push(Instant::now());
+        }
+    }
+
     fn unexpected(&self, what: &str, e: &ClientError) {
         let key = format!(
             "{what}: {} {}",
@@ -121,7 +134,11 @@ impl Ctx {
         let deadline = Instant::now() + CLIENT_PATIENCE;
         let mut pause = Duration::from_millis(20);
         while let Some(ep) = self.targets.wait_pick(deadline).await {
-            match ep.client.submit(class.operation(), params, key).await {
+            let answer = ep.client.submit(class.operation(), params, key).await;
+            if let Err(e) = &answer {
+                self.answered(e);
+            }
+            match answer {
                 Ok(s) => return Ctx::accepted(class, &s.task, s.replayed, false),
                 Err(e) if e.code() == Some("IDEMPOTENCY_CONFLICT") => {
                     return SubmitAnswer::Conflict {
@@ -147,7 +164,11 @@ impl Ctx {
         }
         let deadline = Instant::now() + Duration::from_secs(10);
         while let Some(ep) = self.targets.wait_pick(deadline).await {
-            match ep.client.find_task(class.operation(), key).await {
+            let found = ep.client.find_task(class.operation(), key).await;
+            if let Err(e) = &found {
+                self.answered(e);
+            }
+            match found {
                 Ok(t) => return Ctx::accepted(class, &t, true, true),
                 Err(e) if e.status() == Some(404) => return SubmitAnswer::NoAnswer,
                 Err(_) if Instant::now() < deadline => {
@@ -162,7 +183,11 @@ impl Ctx {
     async fn cancel(&self, task_id: Uuid) -> Option<CancelStatus> {
         let deadline = Instant::now() + CLIENT_PATIENCE;
         while let Some(ep) = self.targets.wait_pick(deadline).await {
-            match ep.client.cancel(task_id).await {
+            let answer = ep.client.cancel(task_id).await;
+            if let Err(e) = &answer {
+                self.answered(e);
+            }
+            match answer {
                 Ok(r) => return Some(r.cancellation.status),
                 Err(e) if e.is_retryable() && Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -179,8 +204,13 @@ impl Ctx {
     async fn report(&self, attempt_id: Uuid, body: &ReportBody) -> Sent {
         let deadline = Instant::now() + REPORT_PATIENCE;
         while let Some(ep) = self.targets.wait_pick(deadline).await {
-            match ep.exec.report(attempt_id, body).await {
+            let answer = ep.exec.report(attempt_id, body).await;
+            if let Err(e) = &answer {
+                self.answered(e);
+            }
+            match answer {
                 Ok(_) => {
+                    self.log().accepted_reports.push(attempt_id);
                     if let Some(u) = body.usage {
                         let mut log = self.log();
                         let e = log.accepted_usage.entry(attempt_id).or_default();
@@ -221,7 +251,11 @@ impl Ctx {
     ) -> Result<HeartbeatAck, Sent> {
         let deadline = sent + EFFECT_WITHIN;
         while let Some(ep) = self.targets.wait_pick(deadline).await {
-            match ep.exec.heartbeat(attempt_id, generation, Some(usage)).await {
+            let answer = ep.exec.heartbeat(attempt_id, generation, Some(usage)).await;
+            if let Err(e) = &answer {
+                self.answered(e);
+            }
+            match answer {
                 Ok(ack) => {
                     let mut log = self.log();
                     let e = log.accepted_usage.entry(attempt_id).or_default();
@@ -348,6 +382,7 @@ pub(super) async fn executor_loop(ctx: Arc<Ctx>, n: usize) {
                 }
             }
             Err(e) => {
+                ctx.answered(&e);
                 if e.is_retryable() {
                     ctx.realized(EXECUTOR_RETRY, 1);
                 }

@@ -52,7 +52,7 @@ fn request_id(headers: &HeaderMap) -> String {
         (status = 403, body = Problem, content_type = "application/problem+json"),
         (status = 413, body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "IDEMPOTENCY_CONFLICT: same scope, different fingerprint", body = Problem, content_type = "application/problem+json"),
-        (status = 503, body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "UNAVAILABLE, OVERLOADED, NO_SYNC_STANDBY (with `Retry-After`)", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn submit_task(
     State(st): St,
@@ -80,6 +80,10 @@ async fn submit_inner(
             // a revoked key learns nothing but 401.
             Err(p) => return Err(submitter.confirm(st, p).await),
         };
+    // Refused before the store sees it: nothing written, nothing replayed.
+    if let Some(why) = st.sync_standby_refusal() {
+        return Err(Problem::no_sync_standby(&why));
+    }
     let key = submission.idempotency_key.clone();
     let outcome = match schema_refusal {
         None => st.store.submit(submission).await?,

@@ -13,6 +13,7 @@ mod console;
 mod contract;
 mod events;
 mod executor;
+mod failover;
 mod grants;
 mod messages;
 mod multi_pg;

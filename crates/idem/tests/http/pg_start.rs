@@ -210,6 +210,30 @@ async fn start_up_logs_where_the_data_goes() {
     );
 }
 
+/// A database whose only other objects belong to an extension (the views of
+/// `pg_stat_statements`, as in the database pg_auto_failover makes) is
+/// created into by `serve` without `idem migrate`.
+#[tokio::test]
+async fn an_extensions_views_do_not_make_a_database_an_applications() {
+    let db = fresh_database().await;
+    let (client, conn) = tokio_postgres::connect(&db, NoTls).await.unwrap();
+    tokio::spawn(conn);
+    client
+        .batch_execute("CREATE EXTENSION pg_stat_statements")
+        .await
+        .unwrap();
+    let keys = Server::create_keys(&db);
+    let server = Server::start_pg(&db, &keys, &[]).await;
+    server
+        .new_task(&ikey(), "payment.release", payment(3))
+        .await;
+    drop(server);
+    client
+        .batch_execute("DROP EXTENSION pg_stat_statements")
+        .await
+        .unwrap();
+}
+
 /// `serve` refuses to create idem's schema in a database that holds other
 /// tables (and creates nothing); `idem migrate` accepts it, leaves the other
 /// tables alone, and `serve` runs on it afterwards.

@@ -62,7 +62,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Readiness: the store answers. */
+        /**
+         * Readiness: the store answers (and, with `IDEM_REQUIRE_SYNC_STANDBY`, a
+         *     synchronous standby is attached: else 503 `NO_SYNC_STANDBY`).
+         */
         get: operations["readyz"];
         put?: never;
         post?: never;
@@ -841,7 +844,7 @@ export interface components {
          * @description Stable machine-readable code of a problem (SPEC §4 status table).
          * @enum {string}
          */
-        ProblemCode: "IDEMPOTENCY_KEY_MISSING" | "IDEMPOTENCY_KEY_INVALID" | "IDEMPOTENCY_CONFLICT" | "INVALID_REQUEST" | "UNAUTHENTICATED" | "PERMISSION_DENIED" | "NOT_FOUND" | "METHOD_NOT_ALLOWED" | "STALE_GENERATION" | "ATTEMPT_ALREADY_REPORTED" | "NOT_DELIVERED" | "INVALID_STATE" | "SUBMITTER_REVOKED" | "CONFLICT" | "REQUEST_TIMEOUT" | "PAYLOAD_TOO_LARGE" | "UNAVAILABLE" | "OVERLOADED" | "INTERNAL";
+        ProblemCode: "IDEMPOTENCY_KEY_MISSING" | "IDEMPOTENCY_KEY_INVALID" | "IDEMPOTENCY_CONFLICT" | "INVALID_REQUEST" | "UNAUTHENTICATED" | "PERMISSION_DENIED" | "NOT_FOUND" | "METHOD_NOT_ALLOWED" | "STALE_GENERATION" | "ATTEMPT_ALREADY_REPORTED" | "NOT_DELIVERED" | "INVALID_STATE" | "SUBMITTER_REVOKED" | "CONFLICT" | "REQUEST_TIMEOUT" | "PAYLOAD_TOO_LARGE" | "UNAVAILABLE" | "OVERLOADED" | "NO_SYNC_STANDBY" | "INTERNAL";
         /** @description `{"reason": "…"}`: the body of `retry-now`, `redrive` and an admin's `cancel`. */
         ReasonBody: {
             /**
@@ -1819,7 +1822,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description Service Unavailable */
+            /** @description UNAVAILABLE, OVERLOADED, NO_SYNC_STANDBY (with `Retry-After`) */
             503: {
                 headers: {
                     [name: string]: unknown;
