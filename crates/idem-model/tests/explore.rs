@@ -1,8 +1,9 @@
 //! The model explored at the test suite's bound ([`Bounds::small`]): no
 //! counterexample, every witness reached, and liveness actually evaluated;
-//! built with a seeded defect of idem-core (`--features broken-fencing`,
-//! `--features broken-reconcile`), the counterexample the defect causes,
-//! for the property it breaks, printed as a trace.
+//! built with a seeded defect (idem-core's `--features broken-fencing`,
+//! `--features broken-reconcile`, idem-store's `--features
+//! broken-same-request`), the counterexample the defect causes, for the
+//! property it breaks, printed as a trace.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -34,13 +35,17 @@ fn verdict<'r>(report: &'r Report, name: &str) -> &'r Verdict {
         .verdict
 }
 
-#[cfg(not(any(feature = "broken-fencing", feature = "broken-reconcile")))]
+#[cfg(not(any(
+    feature = "broken-fencing",
+    feature = "broken-reconcile",
+    feature = "broken-same-request"
+)))]
 mod sound {
     use std::sync::OnceLock;
 
     use idem_model::model::IdemModel;
+    use idem_model::setup::{OperatorAction, Sent};
     use idem_model::state::State;
-    use idem_model::store::OperatorAction;
     use idem_model::{Action, Classes};
     use stateright::Model;
 
@@ -73,8 +78,10 @@ mod sound {
 
     /// The `sometimes` properties: deliveries, reconciliations, stale
     /// reports kept, cancellations racing delivery both ways, expired
-    /// leases and released attempts all happen within the bound, so the invariants are not
-    /// checked over a model where nothing interesting happens.
+    /// leases, released attempts, a repeated report answered as before and
+    /// a task ended by its key's revocation all happen within the bound, so
+    /// the invariants are not checked over a model where nothing
+    /// interesting happens.
     #[test]
     fn every_witness_is_reached() {
         let report = small();
@@ -83,7 +90,7 @@ mod sound {
             .iter()
             .filter(|p| p.kind == "sometimes")
             .collect();
-        assert_eq!(witnesses.len(), 7);
+        assert_eq!(witnesses.len(), 9);
         for p in witnesses {
             assert_eq!(p.verdict, Verdict::Reached, "{}", p.name);
         }
@@ -110,7 +117,7 @@ mod sound {
             &[
                 Action::Submit {
                     key: 0,
-                    changed: false,
+                    sent: Sent::Original,
                 },
                 Action::Claim { executor: 0 },
             ],
@@ -142,13 +149,14 @@ mod sound {
             &[
                 Action::Submit {
                     key: 0,
-                    changed: false,
+                    sent: Sent::Original,
                 },
                 Action::Claim { executor: 0 },
                 Action::PerformEffect { executor: 0 },
                 Action::Report {
                     executor: 0,
-                    what: idem_model::store::Reported::Succeeded,
+                    what: idem_model::setup::Reported::Succeeded,
+                    lost: false,
                 },
                 Action::Tick,
                 Action::Tick,
@@ -199,7 +207,7 @@ mod sound {
             &[
                 Action::Submit {
                     key: 0,
-                    changed: false,
+                    sent: Sent::Original,
                 },
                 Action::Claim { executor: 0 },
             ],
@@ -254,5 +262,34 @@ fn broken_reconcile_is_found() {
             }
             other => panic!("{name}: {other:?}"),
         }
+    }
+}
+
+/// The request comparison broken (idem-store `broken-same-request`): a
+/// changed request under a taken scope is answered as a replay of the task
+/// accepted for another one.
+#[cfg(feature = "broken-same-request")]
+#[test]
+fn broken_same_request_is_found() {
+    let report = explore(Bounds::small());
+    match verdict(&report, model::SAME_REQUEST_REPLAYS) {
+        Verdict::Counterexample { trace } => {
+            eprintln!("{trace}");
+            assert!(
+                trace.contains("client: submit under key-0 (the original request) → 201 created"),
+                "{trace}"
+            );
+            assert!(
+                trace.contains(
+                    "(a changed request: same key, other amount) → replay of the original task"
+                ),
+                "{trace}"
+            );
+            assert!(trace.ends_with(&format!(
+                "property failed: {}\n",
+                model::SAME_REQUEST_REPLAYS
+            )));
+        }
+        other => panic!("{other:?}"),
     }
 }
