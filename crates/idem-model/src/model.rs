@@ -97,7 +97,7 @@ impl Bounds {
             operator: 1,
             horizon: 2,
             tenants: 1,
-            lost: 1,
+            lost: 0,
         }
     }
 
@@ -329,6 +329,21 @@ impl IdemModel {
     /// fails keeps nothing of its transaction (the state is `s` again) and
     /// is recorded as a violation.
     pub fn step(&self, s: &State, action: Action) -> Option<(State, Answer)> {
+        let (n, answer) = self.outcome(s, action)?;
+        let changed = n.tasks != s.tasks
+            || n.scopes != s.scopes
+            || n.revoked != s.revoked
+            || n.executors != s.executors
+            || n.ledger != s.ledger
+            || n.clock != s.clock
+            || n.violations != s.violations;
+        changed.then_some((n, answer))
+    }
+
+    /// [`IdemModel::step`] also when nothing changed (a replay, a
+    /// conflict): the state after `action` and the store's answer, or
+    /// `None` when the action does not apply.
+    pub fn outcome(&self, s: &State, action: Action) -> Option<(State, Answer)> {
         let mut n = s.clone();
         let answer = match self.apply(s, &mut n, action)? {
             Ok(answer) => answer,
@@ -339,14 +354,7 @@ impl IdemModel {
             }
         };
         self.check_transition(s, &mut n);
-        let changed = n.tasks != s.tasks
-            || n.scopes != s.scopes
-            || n.revoked != s.revoked
-            || n.executors != s.executors
-            || n.ledger != s.ledger
-            || n.clock != s.clock
-            || n.violations != s.violations;
-        changed.then_some((n, answer))
+        Some((n, answer))
     }
 
     fn apply(

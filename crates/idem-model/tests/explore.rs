@@ -44,7 +44,7 @@ mod sound {
     use std::sync::OnceLock;
 
     use idem_model::model::IdemModel;
-    use idem_model::setup::{OperatorAction, Sent};
+    use idem_model::setup::{Answer, OperatorAction, Reported, Sent};
     use idem_model::state::State;
     use idem_model::{Action, Classes};
     use stateright::Model;
@@ -139,6 +139,138 @@ mod sound {
         }
     }
 
+    /// The steps of `actions` from the initial state, with the store's answers.
+    fn answers(m: &IdemModel, actions: &[Action]) -> (State, Vec<Answer>) {
+        let mut s = m.initial();
+        let mut out = Vec::new();
+        for a in actions {
+            let (n, answer) = m
+                .step(&s, *a)
+                .unwrap_or_else(|| panic!("{a:?} does not apply"));
+            out.push(answer);
+            s = n;
+        }
+        (s, out)
+    }
+
+    /// Submits run `ops::Submit`: the original request again and the same
+    /// request fingerprinted under a changed configuration are replays
+    /// (`same_request_as_accepted`), a changed request a conflict, and
+    /// none of them writes.
+    #[test]
+    fn submits_replay_the_accepted_request_and_conflict_for_another() {
+        let m = IdemModel::new(Bounds::small()).unwrap();
+        let submit = |sent| Action::Submit { key: 0, sent };
+        let mut s = m.initial();
+        let (n, created) = m.step(&s, submit(Sent::Original)).unwrap();
+        assert_eq!(created, Answer::Created);
+        s = n;
+        for (sent, answer) in [
+            (Sent::Original, Answer::Replayed),
+            (Sent::Reconfigured, Answer::Replayed),
+            (Sent::Changed, Answer::Conflict),
+        ] {
+            // Nothing changed: no successor state.
+            assert!(m.step(&s, submit(sent)).is_none(), "{sent:?}");
+            let (after, got) = m.outcome(&s, submit(sent)).unwrap();
+            assert_eq!(got, answer, "{sent:?}");
+            assert_eq!(after, s, "{sent:?}");
+        }
+    }
+
+    /// A revoked key (`ops::RevokeApiKey`): its submits are refused, and its
+    /// queued task ends `permission_denied` at the next claim.
+    #[test]
+    fn a_revoked_key_is_refused_and_its_task_ends_at_the_claim() {
+        let m = IdemModel::new(Bounds {
+            keys: 2,
+            tasks: 2,
+            ..Bounds::small()
+        })
+        .unwrap();
+        let (s, got) = answers(
+            &m,
+            &[
+                Action::Submit {
+                    key: 0,
+                    sent: Sent::Original,
+                },
+                Action::RevokeKey { tenant: 0 },
+                Action::Claim { executor: 0 },
+            ],
+        );
+        assert_eq!(got[1], Answer::Ok);
+        assert_eq!(got[2], Answer::EndedInstead);
+        let t = &s.tasks[0].task;
+        assert_eq!(t.state, idem_core::model::TaskState::Failed);
+        assert_eq!(
+            t.failure.as_ref().map(|f| f.class),
+            Some(idem_core::model::FailureClass::PermissionDenied)
+        );
+        let (after, got) = m
+            .outcome(
+                &s,
+                Action::Submit {
+                    key: 1,
+                    sent: Sent::Original,
+                },
+            )
+            .unwrap();
+        assert_eq!(got, Answer::KeyRevoked);
+        assert_eq!(after, s, "a revoked key's submit wrote");
+    }
+
+    /// An exact repeat of an applied report (its answer lost) is answered
+    /// `ok`, changes nothing, and its evidence is kept as a repeat.
+    #[test]
+    fn a_repeated_report_is_answered_as_before() {
+        let m = IdemModel::new(Bounds::small()).unwrap();
+        let (s, got) = answers(
+            &m,
+            &[
+                Action::Submit {
+                    key: 0,
+                    sent: Sent::Original,
+                },
+                Action::Claim { executor: 0 },
+                Action::PerformEffect { executor: 0 },
+                Action::Report {
+                    executor: 0,
+                    what: Reported::Succeeded,
+                    lost: true,
+                },
+                Action::RepeatReport { executor: 0 },
+            ],
+        );
+        assert_eq!(got[3], Answer::Ok);
+        assert_eq!(got[4], Answer::Ok);
+        assert!(s.tasks[0].repeat_kept);
+        assert_eq!(s.violations, 0);
+        assert_eq!(
+            s.tasks[0].task.state,
+            idem_core::model::TaskState::Succeeded
+        );
+    }
+
+    /// Ids come from `Tx::new_id`: the same history gives the same ids, and
+    /// they count up from 1 (task, then its attempt).
+    #[test]
+    fn ids_are_the_same_for_the_same_history() {
+        let m = IdemModel::new(Bounds::small()).unwrap();
+        let history = [
+            Action::Submit {
+                key: 0,
+                sent: Sent::Original,
+            },
+            Action::Claim { executor: 1 },
+        ];
+        let a = walk(&m, &history);
+        let b = walk(&m, &history);
+        assert_eq!(a, b);
+        assert_eq!(a.tasks[0].task.id, uuid::Uuid::from_u128(1));
+        assert_eq!(a.tasks[0].attempts[0].id, uuid::Uuid::from_u128(2));
+    }
+
     /// Liveness is evaluated: a drained run ends in a state with no
     /// successor (stateright checks `eventually` there), with every task terminal.
     #[test]
@@ -155,7 +287,7 @@ mod sound {
                 Action::PerformEffect { executor: 0 },
                 Action::Report {
                     executor: 0,
-                    what: idem_model::setup::Reported::Succeeded,
+                    what: Reported::Succeeded,
                     lost: false,
                 },
                 Action::Tick,
