@@ -6,7 +6,7 @@ use serde::Serialize;
 use stateright::{Checker, Expectation, HasDiscoveries, Model};
 
 use crate::model::{Bounds, IdemModel};
-use crate::store::SetupError;
+use crate::setup::SetupError;
 
 /// How the state space is walked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

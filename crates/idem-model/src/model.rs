@@ -3,11 +3,22 @@
 
 use std::fmt;
 
-use idem_core::model::{AttemptKind, AttemptState, CancelStatus, TaskState};
+use idem_core::machine::operator::Resolution;
+use idem_core::model::{AttemptKind, AttemptState, CancelStatus, FailureClass, TaskState};
+use idem_store::ops::{
+    self, AcknowledgeDelivery, Cancel, Claim, ClaimRequest, Heartbeat, OperatorCancel, Redrive,
+    Release, Resolve, RetryNow, RevokeApiKey, Submission, Submit, SubmitOutcome, Sweep,
+};
+use idem_store::{Refusal, StoreError};
+use serde_json::json;
 use stateright::{Model, Property};
 
+use crate::memory;
+use crate::setup::{
+    self, Answer, OperatorAction, Reported, SAFE_CLASS, Sent, Setup, SetupError, TENANTS,
+    UNSAFE_CLASS, api_key_id,
+};
 use crate::state::{Executor, Held, State, TaskRow, violation};
-use crate::store::{self, Answer, OperatorAction, Reported, SAFE_CLASS, Setup, UNSAFE_CLASS};
 
 /// Which operation classes the keys use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,6 +75,11 @@ pub struct Bounds {
     /// Ticks of the clock (100 ms each) during which faults happen; then
     /// the run drains (see [`IdemModel`]).
     pub horizon: u8,
+    /// Tenants (1 or 2): key `k` and executor `e` belong to tenant
+    /// `k % tenants` and `e % tenants`.
+    pub tenants: u8,
+    /// Report answers lost in all (the executor sends the same report again).
+    pub lost: u8,
 }
 
 impl Bounds {
@@ -80,6 +96,8 @@ impl Bounds {
             crashes: 1,
             operator: 1,
             horizon: 2,
+            tenants: 1,
+            lost: 0,
         }
     }
 
@@ -96,6 +114,8 @@ impl Bounds {
             crashes: 1,
             operator: 1,
             horizon: 2,
+            tenants: 1,
+            lost: 1,
         }
     }
 
@@ -113,12 +133,12 @@ impl Bounds {
 /// An action of one actor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Action {
-    /// A client submits under key `key`: the original request, or a changed one.
+    /// A client submits under key `key`.
     Submit {
         /// Key index.
         key: u8,
-        /// The request differs in a material field.
-        changed: bool,
+        /// Which request.
+        sent: Sent,
     },
     /// The client cancels task `task`.
     Cancel {
@@ -161,6 +181,14 @@ pub enum Action {
         executor: u8,
         /// What it reports.
         what: Reported,
+        /// The answer is lost on the way back: the executor sends the
+        /// same report again.
+        lost: bool,
+    },
+    /// The executor whose report's answer was lost sends it again, exactly.
+    RepeatReport {
+        /// Executor index.
+        executor: u8,
     },
     /// The executor gives back an attempt it has not started (a worker
     /// shutting down): an execute attempt before the effect and the device
@@ -183,6 +211,11 @@ pub enum Action {
     Tick,
     /// The sweeper runs.
     Sweep,
+    /// An admin revokes tenant `tenant`'s API key (`idem keys revoke`).
+    RevokeKey {
+        /// Tenant index.
+        tenant: u8,
+    },
     /// An operator acts on a task.
     Operator {
         /// Task index.
@@ -212,10 +245,10 @@ impl IdemModel {
     /// The model of `bounds`.
     ///
     /// # Errors
-    /// [`store::SetupError`] when the model's own configuration is wrong.
-    pub fn new(bounds: Bounds) -> Result<IdemModel, store::SetupError> {
+    /// [`SetupError`] when the model's own configuration is wrong.
+    pub fn new(bounds: Bounds) -> Result<IdemModel, SetupError> {
         let classes: Vec<&'static str> = (0..bounds.keys).map(|k| bounds.class_of(k)).collect();
-        let setup = Setup::new(&classes)?;
+        let setup = Setup::new(&classes, bounds.tenants)?;
         Ok(IdemModel { bounds, setup })
     }
 
@@ -224,10 +257,13 @@ impl IdemModel {
         State {
             clock: 0,
             tasks: Vec::new(),
+            scopes: Vec::new(),
+            revoked: 0,
             executors: vec![Executor::Idle; usize::from(self.bounds.executors)],
             ledger: Vec::new(),
             crashes_left: self.bounds.crashes,
             operator_left: self.bounds.operator,
+            lost_left: self.bounds.lost,
             violations: 0,
         }
     }
@@ -261,57 +297,204 @@ impl IdemModel {
                 continue;
             }
             if t.control.active_attempt_id.is_none() && t.control.next_kind.is_some() {
-                consider(store::tick_of(t.control.ready_at));
+                consider(setup::tick_of(t.control.ready_at));
             }
             for a in &row.attempts {
                 if a.state.is_active() {
-                    consider(store::tick_of(a.lease_expires_at));
+                    consider(setup::tick_of(a.lease_expires_at));
                 }
             }
         }
         next
     }
 
+    /// The tenant index executor `executor` works for.
+    fn tenant_of_executor(&self, executor: u8) -> u8 {
+        executor % self.bounds.tenants.max(1)
+    }
+
+    /// Runs `op` as one transaction on `n` ([`memory::run`]); claims offer
+    /// only tasks below `claim_bound` attempts.
+    fn run<O: ops::Operation>(
+        &self,
+        n: &mut State,
+        claim_bound: Option<i64>,
+        op: &O,
+    ) -> Result<O::Reply, StoreError> {
+        memory::run(n, &self.setup, claim_bound, op)
+    }
+
     /// Applies `action` to a copy of `s`: the new state and the store's
-    /// answer, or `None` when the action does not apply.
+    /// answer, or `None` when the action does not apply. An operation that
+    /// fails keeps nothing of its transaction (the state is `s` again) and
+    /// is recorded as a violation.
     pub fn step(&self, s: &State, action: Action) -> Option<(State, Answer)> {
+        let (n, answer) = self.outcome(s, action)?;
+        let changed = n.tasks != s.tasks
+            || n.scopes != s.scopes
+            || n.revoked != s.revoked
+            || n.executors != s.executors
+            || n.ledger != s.ledger
+            || n.clock != s.clock
+            || n.violations != s.violations;
+        changed.then_some((n, answer))
+    }
+
+    /// [`IdemModel::step`] also when nothing changed (a replay, a
+    /// conflict): the state after `action` and the store's answer, or
+    /// `None` when the action does not apply.
+    pub fn outcome(&self, s: &State, action: Action) -> Option<(State, Answer)> {
         let mut n = s.clone();
+        let answer = match self.apply(s, &mut n, action)? {
+            Ok(answer) => answer,
+            Err(e) => {
+                n = s.clone();
+                n.violations |= violation::STORE_FAILED;
+                Answer::StoreFailed(e.to_string())
+            }
+        };
+        self.check_transition(s, &mut n);
+        Some((n, answer))
+    }
+
+    fn apply(
+        &self,
+        s: &State,
+        n: &mut State,
+        action: Action,
+    ) -> Option<Result<Answer, StoreError>> {
         let now = s.clock;
-        let answer = match action {
-            Action::Submit { key, changed } => {
-                let answer = store::submit(&mut n, &self.setup, key, changed, now);
-                if matches!(answer, Answer::Replayed | Answer::Conflict)
-                    && (n.tasks != s.tasks || n.ledger != s.ledger)
+        Some(Ok(match action {
+            Action::Submit { key, sent } => {
+                let k = self.setup.keys.get(usize::from(key))?;
+                let req = k.request(sent);
+                let submission = Submission {
+                    tenant: TENANTS[usize::from(k.tenant)].to_owned(),
+                    operation: k.class.to_owned(),
+                    idempotency_key: k.idempotency_key.clone(),
+                    fingerprint: req.fingerprint.clone(),
+                    canonical_request: req.canonical.clone(),
+                    params: req.params.clone(),
+                    contract: req.contract.clone(),
+                    api_key_id: api_key_id(k.tenant),
+                    grant: None,
+                    traceparent: None,
+                };
+                let outcome = match self.run(n, None, &Submit(submission)) {
+                    Ok(o) => o,
+                    Err(e) => return Some(Err(e)),
+                };
+                // A taken scope answers a replay exactly for the request its
+                // task was accepted with (the same params), else a conflict.
+                let (answer, wrong) = match &outcome {
+                    SubmitOutcome::Created(_) => (Answer::Created, false),
+                    SubmitOutcome::Replayed(t) => (Answer::Replayed, t.params != req.params),
+                    SubmitOutcome::Conflict { task } => {
+                        (Answer::Conflict, task.params == req.params)
+                    }
+                    SubmitOutcome::KeyRevoked { .. } => (Answer::KeyRevoked, false),
+                };
+                if wrong {
+                    n.violations |= violation::WRONG_SUBMIT_ANSWER;
+                }
+                if answer != Answer::Created
+                    && (n.tasks != s.tasks || n.ledger != s.ledger || n.scopes != s.scopes)
                 {
                     n.violations |= violation::SUBMIT_CHANGED_STORE;
                 }
                 answer
             }
-            Action::Cancel { task } => store::cancel(&mut n, usize::from(task), now),
+            Action::Cancel { task } => {
+                let row = s.tasks.get(usize::from(task))?;
+                let op = Cancel {
+                    tenant: row.task.control.tenant.clone(),
+                    grant: None,
+                    task_id: row.task.id,
+                };
+                match self.run(n, None, &op) {
+                    Ok(Ok((_, c))) => Answer::Cancellation(c.status),
+                    Ok(Err(r)) => refusal(r),
+                    Err(e) => return Some(Err(e)),
+                }
+            }
             Action::AcknowledgeDelivery { task } => {
-                store::acknowledge_delivery(&mut n, usize::from(task), now)
+                let row = s.tasks.get(usize::from(task))?;
+                let op = AcknowledgeDelivery {
+                    tenant: row.task.control.tenant.clone(),
+                    grant: None,
+                    task_id: row.task.id,
+                };
+                match self.run(n, None, &op) {
+                    Ok(Ok(_)) => Answer::Ok,
+                    Ok(Err(r)) => refusal(r),
+                    Err(e) => return Some(Err(e)),
+                }
             }
             Action::Claim { executor } => {
-                let draining = self.draining(s);
-                let bound = i64::from(self.bounds.attempts);
-                let answer = store::claim(&mut n, usize::from(executor), now, |r| {
-                    draining || r.task.attempt_count < bound
+                let bound = (!self.draining(s)).then_some(i64::from(self.bounds.attempts));
+                let op = Claim(ClaimRequest {
+                    tenant: TENANTS[usize::from(self.tenant_of_executor(executor))].to_owned(),
+                    operations: vec![UNSAFE_CLASS.to_owned(), SAFE_CLASS.to_owned()],
+                    executor_id: format!("executor-{executor}"),
+                    max: 1,
+                    lease_ms: None,
                 });
-                if let (Answer::Leased { kind, .. }, Executor::Holding(h)) =
-                    (&answer, &n.executors[usize::from(executor)])
-                    && *kind == AttemptKind::Execute
-                {
-                    let row = &mut n.tasks[usize::from(h.task)];
+                let claimed = match self.run(n, bound, &op) {
+                    Ok(c) => c,
+                    Err(e) => return Some(Err(e)),
+                };
+                let Some(c) = claimed.into_iter().next() else {
+                    return Some(Ok(if n.tasks != s.tasks {
+                        Answer::EndedInstead
+                    } else {
+                        Answer::NothingClaimable
+                    }));
+                };
+                let index = n.task_index(c.task.id)?;
+                let a = c.attempt;
+                n.executors[usize::from(executor)] = Executor::Holding(Held {
+                    task: index as u8,
+                    attempt_id: a.id,
+                    number: a.number,
+                    generation: a.generation,
+                    kind: a.kind,
+                    lease_end: setup::tick_of(a.lease_expires_at),
+                    usage: 0,
+                    effect_done: false,
+                    acknowledged: false,
+                    observed: None,
+                    cancel_heard: false,
+                });
+                if a.kind == AttemptKind::Execute {
+                    let row = &mut n.tasks[index];
                     if row.effect_possible && !row.safe() {
                         n.violations |= violation::REPEAT_WITHOUT_RECONCILE;
                     }
                     row.effect_possible = true;
                 }
-                answer
+                Answer::Leased {
+                    number: a.number,
+                    generation: a.generation,
+                    kind: a.kind,
+                }
             }
             Action::Heartbeat { executor } => {
-                let held = self.held(s, executor)?.clone();
-                let answer = store::heartbeat(&mut n, &held, now);
+                let held = self.holding(s, executor)?.clone();
+                let op = Heartbeat {
+                    tenant: self.tenant(executor),
+                    grant: None,
+                    attempt_id: held.attempt_id,
+                    generation: held.generation,
+                    usage: Some(held.usage),
+                };
+                let answer = match self.run(n, None, &op) {
+                    Ok(Ok(ack)) => Answer::Heartbeat {
+                        lease_end: setup::tick_of(ack.lease_expires_at),
+                        cancel_requested: ack.cancel_requested,
+                    },
+                    Ok(Err(r)) => refusal(r),
+                    Err(e) => return Some(Err(e)),
+                };
                 let e = &mut n.executors[usize::from(executor)];
                 match &answer {
                     Answer::Heartbeat {
@@ -326,20 +509,31 @@ impl IdemModel {
                     // A stale executor stops.
                     _ => *e = Executor::Idle,
                 }
-                self.check_stale(s, &mut n, &held);
+                self.check_stale(s, n, &held);
                 answer
             }
             Action::Acknowledge { executor } => {
-                let held = self.held(s, executor)?.clone();
-                let answer = store::acknowledge(&mut n, &held, now);
+                let held = self.holding(s, executor)?.clone();
+                let op = ops::Acknowledge {
+                    tenant: self.tenant(executor),
+                    grant: None,
+                    attempt_id: held.attempt_id,
+                    generation: held.generation,
+                    body: json!({"generation": held.generation}),
+                };
+                let answer = match self.run(n, None, &op) {
+                    Ok(Ok(_)) => Answer::Ok,
+                    Ok(Err(r)) => refusal(r),
+                    Err(e) => return Some(Err(e)),
+                };
                 if let Executor::Holding(h) = &mut n.executors[usize::from(executor)] {
                     h.acknowledged = true;
                 }
-                self.check_stale(s, &mut n, &held);
+                self.check_stale(s, n, &held);
                 answer
             }
             Action::PerformEffect { executor } => {
-                let held = self.held(s, executor)?.clone();
+                let held = self.holding(s, executor)?.clone();
                 let l = &mut n.ledger[usize::from(held.task)];
                 if l.applied {
                     l.repeats = l.repeats.saturating_add(1);
@@ -353,7 +547,7 @@ impl IdemModel {
                 Answer::Local("the provider performs the effect (idempotent by task id)")
             }
             Action::QueryProvider { executor } => {
-                let held = self.held(s, executor)?.clone();
+                let held = self.holding(s, executor)?.clone();
                 let applied = n.ledger[usize::from(held.task)].applied;
                 if let Executor::Holding(h) = &mut n.executors[usize::from(executor)] {
                     h.observed = Some(applied);
@@ -364,9 +558,16 @@ impl IdemModel {
                     "the provider's ledger has no effect"
                 })
             }
-            Action::Report { executor, what } => {
-                let held = self.held(s, executor)?.clone();
-                let answer = store::report(&mut n, &held, what, now);
+            Action::Report {
+                executor,
+                what,
+                lost,
+            } => {
+                let held = self.holding(s, executor)?.clone();
+                let answer = match self.report(n, executor, &held, what) {
+                    Ok(a) => a,
+                    Err(e) => return Some(Err(e)),
+                };
                 if !matches!(answer, Answer::Rejected(_)) {
                     let row = &mut n.tasks[usize::from(held.task)];
                     let settled_not_done = match what {
@@ -380,29 +581,68 @@ impl IdemModel {
                         row.effect_possible = false;
                     }
                 }
+                n.executors[usize::from(executor)] = if lost {
+                    n.lost_left = n.lost_left.saturating_sub(1);
+                    Executor::Repeating(held.clone(), what)
+                } else {
+                    Executor::Idle
+                };
+                self.check_stale(s, n, &held);
+                answer
+            }
+            Action::RepeatReport { executor } => {
+                let Some(Executor::Repeating(held, what)) = s.executors.get(usize::from(executor))
+                else {
+                    return None;
+                };
+                let (held, what) = (held.clone(), *what);
+                let answer = match self.report(n, executor, &held, what) {
+                    Ok(a) => a,
+                    Err(e) => return Some(Err(e)),
+                };
+                let i = usize::from(held.task);
+                let body = setup::report_of(&held, what).body;
+                let applied = s.tasks[i].attempts.iter().any(|a| {
+                    a.id == held.attempt_id && a.report.as_ref().is_some_and(|r| r.body == body)
+                });
+                if applied && (answer != Answer::Ok || !unchanged(&s.tasks[i], &n.tasks[i])) {
+                    n.violations |= violation::REPEAT_CHANGED;
+                }
                 n.executors[usize::from(executor)] = Executor::Idle;
-                self.check_stale(s, &mut n, &held);
+                self.check_stale(s, n, &held);
                 answer
             }
             Action::Release { executor } => {
-                let held = self.held(s, executor)?.clone();
-                let answer = store::release(&mut n, &held, now);
+                let held = self.holding(s, executor)?.clone();
+                let op = Release {
+                    tenant: self.tenant(executor),
+                    grant: None,
+                    attempt_id: held.attempt_id,
+                    generation: held.generation,
+                };
+                let answer = match self.run(n, None, &op) {
+                    Ok(r) => match r.reply {
+                        Ok(_) => Answer::Ok,
+                        Err(r) => refusal(r),
+                    },
+                    Err(e) => return Some(Err(e)),
+                };
                 if answer == Answer::Ok && held.kind == AttemptKind::Execute {
                     // The executor declared, truly, that it never started.
                     n.tasks[usize::from(held.task)].effect_possible = false;
                 }
                 // Released or refused: either way nothing is left to do.
                 n.executors[usize::from(executor)] = Executor::Idle;
-                self.check_stale(s, &mut n, &held);
+                self.check_stale(s, n, &held);
                 answer
             }
             Action::Abandon { executor } => {
-                self.held(s, executor)?;
+                self.holding(s, executor)?;
                 n.executors[usize::from(executor)] = Executor::Idle;
                 Answer::Local("its lease ended: the executor stops")
             }
             Action::Crash { executor } => {
-                self.held(s, executor)?;
+                self.holding(s, executor)?;
                 n.executors[usize::from(executor)] = Executor::Idle;
                 n.crashes_left = n.crashes_left.saturating_sub(1);
                 Answer::Local("crashed; restarts with nothing")
@@ -415,35 +655,139 @@ impl IdemModel {
                 };
                 Answer::Local("time passes")
             }
-            Action::Sweep => store::sweep(&mut n, now),
+            Action::Sweep => match self.run(n, None, &Sweep { limit: 100 }) {
+                Ok(e) => Answer::Swept {
+                    expired: e.reply.expired,
+                    woken: e.reply.woken,
+                    released: e.reply.keys_released,
+                },
+                Err(e) => return Some(Err(e)),
+            },
+            Action::RevokeKey { tenant } => {
+                n.operator_left = n.operator_left.saturating_sub(1);
+                let op = RevokeApiKey {
+                    id: api_key_id(tenant),
+                };
+                match self.run(n, None, &op) {
+                    Ok(Some(_)) => Answer::Ok,
+                    Ok(None) => Answer::NotFound,
+                    Err(e) => return Some(Err(e)),
+                }
+            }
             Action::Operator { task, action } => {
                 n.operator_left = n.operator_left.saturating_sub(1);
-                let answer = store::operator(&mut n, &self.setup, usize::from(task), action, now);
-                if action == OperatorAction::Resolve
-                    && answer == Answer::Ok
-                    && !n.ledger[usize::from(task)].applied
+                let i = usize::from(task);
+                let task_id = s.tasks.get(i)?.task.id;
+                let by = self.setup.by.clone();
+                let res = match action {
+                    OperatorAction::RetryNow => self
+                        .run(
+                            n,
+                            None,
+                            &RetryNow {
+                                tenant: None,
+                                grant: None,
+                                task_id,
+                                by,
+                            },
+                        )
+                        .map(|r| r.map(|_| Answer::Ok)),
+                    OperatorAction::Cancel => self
+                        .run(
+                            n,
+                            None,
+                            &OperatorCancel {
+                                tenant: None,
+                                grant: None,
+                                task_id,
+                                by,
+                            },
+                        )
+                        .map(|r| r.map(|(_, c)| Answer::Cancellation(c.status))),
+                    OperatorAction::Resolve => {
+                        // As the provider's ledger says, as an operator who
+                        // looked would.
+                        let resolution = if s.ledger[i].applied {
+                            Resolution::Committed {
+                                result: json!({"receipt": format!("r-{task}")}),
+                                external_txn_id: Some(format!("txn-{task}")),
+                            }
+                        } else {
+                            Resolution::NotCommitted
+                        };
+                        self.run(
+                            n,
+                            None,
+                            &Resolve {
+                                tenant: None,
+                                grant: None,
+                                task_id,
+                                by,
+                                resolution,
+                            },
+                        )
+                        .map(|r| r.reply.map(|_| Answer::Ok))
+                    }
+                    OperatorAction::Redrive => self
+                        .run(
+                            n,
+                            None,
+                            &Redrive {
+                                tenant: None,
+                                grant: None,
+                                task_id,
+                                by,
+                            },
+                        )
+                        .map(|r| r.map(|_| Answer::Ok)),
+                };
+                let answer = match res {
+                    Ok(Ok(a)) => a,
+                    // A refused action has no successor state.
+                    Ok(Err(Refusal::Operator(_))) => return None,
+                    Ok(Err(r)) => refusal(r),
+                    Err(e) => return Some(Err(e)),
+                };
+                if action == OperatorAction::Resolve && answer == Answer::Ok && !n.ledger[i].applied
                 {
-                    n.tasks[usize::from(task)].effect_possible = false;
-                }
-                if matches!(answer, Answer::Refused(_)) {
-                    return None;
+                    n.tasks[i].effect_possible = false;
                 }
                 answer
             }
-        };
-        self.check_transition(s, &mut n);
-        let changed = n.tasks != s.tasks
-            || n.executors != s.executors
-            || n.ledger != s.ledger
-            || n.clock != s.clock
-            || n.violations != s.violations;
-        changed.then_some((n, answer))
+        }))
     }
 
-    fn held<'a>(&self, s: &'a State, executor: u8) -> Option<&'a Held> {
+    /// `/report` of `what` by the executor holding `held`.
+    fn report(
+        &self,
+        n: &mut State,
+        executor: u8,
+        held: &Held,
+        what: Reported,
+    ) -> Result<Answer, StoreError> {
+        let op = ops::Report {
+            tenant: self.tenant(executor),
+            grant: None,
+            attempt_id: held.attempt_id,
+            report: setup::report_of(held, what),
+        };
+        Ok(match self.run(n, None, &op)?.reply {
+            Ok(_) => Answer::Ok,
+            Err(r) => refusal(r),
+        })
+    }
+
+    /// The tenant name executor `executor` works for.
+    fn tenant(&self, executor: u8) -> String {
+        TENANTS[usize::from(self.tenant_of_executor(executor))].to_owned()
+    }
+
+    /// The attempt executor `executor` holds and works on (not while it
+    /// sends a report again).
+    fn holding<'a>(&self, s: &'a State, executor: u8) -> Option<&'a Held> {
         match s.executors.get(usize::from(executor))? {
             Executor::Holding(h) => Some(h),
-            Executor::Idle => None,
+            _ => None,
         }
     }
 
@@ -462,28 +806,7 @@ impl IdemModel {
         if holds {
             return;
         }
-        let after = &n.tasks[i];
-        let same_task = {
-            let (a, b) = (&before.task, &after.task);
-            a.state == b.state
-                && a.generation == b.generation
-                && a.usage == b.usage
-                && a.cancellation == b.cancellation
-                && a.delivery == b.delivery
-                && a.failure == b.failure
-                && a.control.next_kind == b.control.next_kind
-                && a.control.active_attempt_id == b.control.active_attempt_id
-                && a.control.ready_at == b.control.ready_at
-                && a.control.execute_count == b.control.execute_count
-        };
-        let same_attempts = before.attempts.len() == after.attempts.len()
-            && before.attempts.iter().zip(&after.attempts).all(|(a, b)| {
-                a.state == b.state
-                    && a.usage == b.usage
-                    && a.lease_expires_at == b.lease_expires_at
-                    && a.report == b.report
-            });
-        if !(same_task && same_attempts) {
+        if !unchanged(before, &n.tasks[i]) {
             n.violations |= violation::STALE_CHANGED_STATE;
         }
     }
@@ -527,6 +850,41 @@ impl IdemModel {
     }
 }
 
+/// Whether a call left the task and its attempts as they were: every task
+/// field a transition decides (state, generation, usage, cancellation,
+/// delivery, failure, next attempt, readiness) and every attempt; the
+/// evidence it kept aside.
+fn unchanged(before: &TaskRow, after: &TaskRow) -> bool {
+    let (a, b) = (&before.task, &after.task);
+    let same_task = a.state == b.state
+        && a.generation == b.generation
+        && a.usage == b.usage
+        && a.cancellation == b.cancellation
+        && a.delivery == b.delivery
+        && a.failure == b.failure
+        && a.control.next_kind == b.control.next_kind
+        && a.control.active_attempt_id == b.control.active_attempt_id
+        && a.control.ready_at == b.control.ready_at
+        && a.control.execute_count == b.control.execute_count;
+    same_task
+        && before.attempts.len() == after.attempts.len()
+        && before.attempts.iter().zip(&after.attempts).all(|(a, b)| {
+            a.state == b.state
+                && a.usage == b.usage
+                && a.lease_expires_at == b.lease_expires_at
+                && a.report == b.report
+        })
+}
+
+/// The answer of a business refusal.
+fn refusal(r: Refusal) -> Answer {
+    match r {
+        Refusal::Machine(r) => Answer::Rejected(r),
+        Refusal::Operator(r) => Answer::Refused(r),
+        _ => Answer::NotFound,
+    }
+}
+
 impl Model for IdemModel {
     type State = State;
     type Action = Action;
@@ -543,11 +901,20 @@ impl Model for IdemModel {
                 if held || s.tasks.len() < usize::from(self.bounds.tasks) {
                     actions.push(Action::Submit {
                         key,
-                        changed: false,
+                        sent: Sent::Original,
                     });
                 }
                 if held {
-                    actions.push(Action::Submit { key, changed: true });
+                    for sent in [Sent::Changed, Sent::Reconfigured] {
+                        actions.push(Action::Submit { key, sent });
+                    }
+                }
+            }
+            if s.operator_left > 0 {
+                for tenant in 0..self.bounds.tenants.max(1) {
+                    if s.revoked & (1 << tenant) == 0 {
+                        actions.push(Action::RevokeKey { tenant });
+                    }
                 }
             }
             for (i, row) in s.tasks.iter().enumerate() {
@@ -591,8 +958,13 @@ impl Model for IdemModel {
                     actions.push(Action::Claim { executor });
                     continue;
                 }
+                Executor::Repeating(..) => {
+                    actions.push(Action::RepeatReport { executor });
+                    continue;
+                }
                 Executor::Holding(h) => h,
             };
+            let mut reports: Vec<Reported> = Vec::new();
             let live = now < h.lease_end;
             actions.push(Action::Heartbeat { executor });
             // Releases happen before the horizon only: each one lets another
@@ -618,7 +990,7 @@ impl Model for IdemModel {
                     if live && !h.effect_done {
                         actions.push(Action::PerformEffect { executor });
                     }
-                    let reports: &[Reported] = if h.effect_done {
+                    let choices: &[Reported] = if h.effect_done {
                         &[Reported::Succeeded, Reported::Unknown]
                     } else if h.cancel_heard {
                         &[
@@ -634,35 +1006,38 @@ impl Model for IdemModel {
                             Reported::Unknown,
                         ]
                     };
-                    for &what in reports {
-                        actions.push(Action::Report { executor, what });
-                    }
+                    reports.extend_from_slice(choices);
                 }
                 AttemptKind::Reconcile => {
                     if live && h.observed.is_none() {
                         actions.push(Action::QueryProvider { executor });
                     }
                     match h.observed {
-                        Some(true) => actions.push(Action::Report {
-                            executor,
-                            what: Reported::Committed,
-                        }),
-                        Some(false) => actions.push(Action::Report {
-                            executor,
-                            what: Reported::NotCommitted,
-                        }),
+                        Some(true) => reports.push(Reported::Committed),
+                        Some(false) => reports.push(Reported::NotCommitted),
                         None => {}
                     }
                     if !draining {
-                        actions.push(Action::Report {
-                            executor,
-                            what: Reported::FailedTransient,
-                        });
-                        actions.push(Action::Report {
-                            executor,
-                            what: Reported::Unknown,
-                        });
+                        reports.push(Reported::FailedTransient);
+                        reports.push(Reported::Unknown);
                     }
+                }
+            }
+            // An answer may be lost before the horizon, a bounded number
+            // of times: the executor then sends the same report again.
+            let lose = !draining && s.lost_left > 0;
+            for what in reports {
+                actions.push(Action::Report {
+                    executor,
+                    what,
+                    lost: false,
+                });
+                if lose {
+                    actions.push(Action::Report {
+                        executor,
+                        what,
+                        lost: true,
+                    });
                 }
             }
         }
@@ -675,14 +1050,23 @@ impl Model for IdemModel {
     }
 
     fn format_action(&self, action: &Action) -> String {
-        crate::trace::describe(action)
+        crate::trace::describe(self, action)
     }
 
     fn properties(&self) -> Vec<Property<Self>> {
-        vec![
+        let mut properties = vec![
             Property::always(ONE_TASK_PER_SCOPE, |_, s: &State| one_task_per_scope(s)),
             Property::always(SUBMIT_CHANGES_NOTHING, |_, s: &State| {
                 s.violations & violation::SUBMIT_CHANGED_STORE == 0
+            }),
+            Property::always(SAME_REQUEST_REPLAYS, |_, s: &State| {
+                s.violations & violation::WRONG_SUBMIT_ANSWER == 0
+            }),
+            Property::always(REPEAT_ANSWERED_AS_BEFORE, |_, s: &State| {
+                s.violations & violation::REPEAT_CHANGED == 0
+            }),
+            Property::always(STORE_NEVER_FAILS, |_, s: &State| {
+                s.violations & violation::STORE_FAILED == 0
             }),
             Property::always(NO_CHANGE_FROM_OLD_GENERATION, |_, s: &State| {
                 s.violations & violation::STALE_CHANGED_STATE == 0
@@ -731,7 +1115,47 @@ impl Model for IdemModel {
                     .iter()
                     .any(|r| r.attempts.iter().any(|a| a.state == AttemptState::Expired))
             }),
-        ]
+        ];
+        // Witnesses of what only some bounds explore.
+        let b = &self.bounds;
+        if b.lost > 0 {
+            properties.push(Property::sometimes(REACHED_REPEAT, |_, s: &State| {
+                s.tasks.iter().any(|r| r.repeat_kept)
+            }));
+        }
+        if b.operator > 0 {
+            properties.push(Property::sometimes(REACHED_REVOKED, |_, s: &State| {
+                s.tasks.iter().any(|r| {
+                    r.task
+                        .failure
+                        .as_ref()
+                        .is_some_and(|f| f.class == FailureClass::PermissionDenied)
+                })
+            }));
+        }
+        if b.tasks > b.keys {
+            properties.push(Property::sometimes(REACHED_RESUBMIT, |_, s: &State| {
+                s.tasks
+                    .iter()
+                    .enumerate()
+                    .any(|(i, r)| s.tasks[..i].iter().any(|e| e.key == r.key))
+            }));
+        }
+        if b.tenants > 1 && b.keys > 1 {
+            properties.push(Property::sometimes(
+                REACHED_TWO_TENANTS,
+                |m: &IdemModel, s: &State| {
+                    let tenants: std::collections::HashSet<&str> = s
+                        .tasks
+                        .iter()
+                        .filter(|r| r.task.delivery.is_some())
+                        .map(|r| r.task.control.tenant.as_str())
+                        .collect();
+                    tenants.len() > 1 && m.bounds.tenants > 1
+                },
+            ));
+        }
+        properties
     }
 }
 
@@ -740,6 +1164,14 @@ pub const ONE_TASK_PER_SCOPE: &str = "one task per scope (SPEC §2.1)";
 /// SPEC §2.2, §2.3.
 pub const SUBMIT_CHANGES_NOTHING: &str =
     "a replay or a conflicting submit changes nothing (SPEC §2.2, §2.3)";
+/// SPEC §2.2, §2.3.
+pub const SAME_REQUEST_REPLAYS: &str = "a submit to a taken scope replays exactly the accepted request, and conflicts for any other (SPEC §2.2, §2.3)";
+/// SPEC §4 "Details".
+pub const REPEAT_ANSWERED_AS_BEFORE: &str =
+    "an exact repeat of an applied report is answered as before and changes nothing (SPEC §4)";
+/// The in-memory store.
+pub const STORE_NEVER_FAILS: &str =
+    "every operation commits or refuses: none fails on the in-memory store";
 /// SPEC §2.4.
 pub const NO_CHANGE_FROM_OLD_GENERATION: &str =
     "no state change from an old generation (SPEC §2.4)";
@@ -773,14 +1205,30 @@ pub const REACHED_CANCEL_CONFIRMED: &str =
 /// Witness.
 pub const REACHED_LEASE_EXPIRED: &str = "reached: a lease expires";
 /// Witness.
+pub const REACHED_REPEAT: &str =
+    "reached: a report whose answer was lost is sent again and answered as before";
+/// Witness.
+pub const REACHED_REVOKED: &str =
+    "reached: a task ends at a claim because its submitting key was revoked";
+/// Witness.
+pub const REACHED_RESUBMIT: &str =
+    "reached: a key released after retention is submitted again and makes a new task";
+/// Witness.
+pub const REACHED_TWO_TENANTS: &str =
+    "reached: tasks of two tenants under the same idempotency key are both delivered";
+/// Witness.
 pub const REACHED_RELEASE: &str =
     "reached: a task with a released attempt ends (the attempt given back unstarted)";
 
+/// No two scope rows of one key, and each names a task of its key.
 fn one_task_per_scope(s: &State) -> bool {
     let mut seen = 0u64;
-    for r in s.tasks.iter().filter(|r| r.key_held) {
-        let bit = 1u64 << (r.key % 64);
-        if seen & bit != 0 {
+    for sc in &s.scopes {
+        let bit = 1u64 << (sc.key % 64);
+        let names_own = s
+            .task_index(sc.task_id)
+            .is_some_and(|i| s.tasks[i].key == sc.key);
+        if seen & bit != 0 || !names_own {
             return false;
         }
         seen |= bit;

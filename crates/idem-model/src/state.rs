@@ -8,12 +8,19 @@
 //! only bookkeeping that none reads: the compare-and-set `version`, the event
 //! sequence number, `updated_at`, `created_at`, `leased_at`, the failure's
 //! message text and the result document (fixed per task by the model).
-//! Equality compares every field, so equal states always hash alike.
+//! Ids are hashed by position, not value: a task by its index (the store
+//! hands out ids in increasing order, so index order is id order), an
+//! attempt by its number within its task. Two histories that reach the same
+//! records with ids handed out in another order are one state to the
+//! checker; nothing the store does depends on an id's value beyond that
+//! order. Equality compares every field, so equal states always hash alike.
 
 use std::hash::{Hash, Hasher};
 
 use idem_core::model::{Attempt, AttemptKind, Task};
 use uuid::Uuid;
+
+use crate::setup::Reported;
 
 /// Milliseconds per tick of the model clock.
 pub const TICK_MS: i64 = 100;
@@ -28,9 +35,6 @@ pub struct TaskRow {
     pub task: Task,
     /// Its attempts in number order (attempt rows, without evidence).
     pub attempts: Vec<Attempt>,
-    /// Whether the scope row still names this task (the retention sweeper
-    /// removes it, SPEC §2.9).
-    pub key_held: bool,
     /// Evidence table: a report from an old generation or an ended lease was
     /// kept with disposition `stale_generation` (SPEC §2.4).
     pub stale_report_kept: bool,
@@ -44,6 +48,9 @@ pub struct TaskRow {
     pub cancel_lost_to_delivery: bool,
     /// Ghost: a pending cancellation (requested while an attempt ran) was confirmed.
     pub pending_cancel_confirmed: bool,
+    /// Evidence table: an exact repeat of an applied report (its answer was
+    /// lost) was kept with disposition `repeat` (SPEC §4 "Details").
+    pub repeat_kept: bool,
 }
 
 impl TaskRow {
@@ -59,7 +66,6 @@ impl TaskRow {
 }
 
 fn hash_attempt<H: Hasher>(a: &Attempt, h: &mut H) {
-    a.id.hash(h);
     a.number.hash(h);
     a.generation.hash(h);
     a.kind.hash(h);
@@ -83,7 +89,6 @@ impl Hash for TaskRow {
     fn hash<H: Hasher>(&self, h: &mut H) {
         let t = &self.task;
         self.key.hash(h);
-        t.id.hash(h);
         t.operation.hash(h);
         t.fingerprint.hash(h);
         t.state.hash(h);
@@ -113,7 +118,10 @@ impl Hash for TaskRow {
         c.execute_count.hash(h);
         c.attempts_granted.hash(h);
         c.next_kind.hash(h);
-        c.active_attempt_id.hash(h);
+        // The active attempt by its number.
+        c.active_attempt_id
+            .map(|id| self.attempts.iter().position(|a| a.id == id))
+            .hash(h);
         c.ready_at.hash(h);
         c.deadline_at.hash(h);
         c.terminal_at.hash(h);
@@ -122,8 +130,8 @@ impl Hash for TaskRow {
         for a in &self.attempts {
             hash_attempt(a, h);
         }
-        self.key_held.hash(h);
         self.stale_report_kept.hash(h);
+        self.repeat_kept.hash(h);
         self.effect_possible.hash(h);
         self.deliveries.hash(h);
         self.cancel_lost_to_delivery.hash(h);
@@ -131,8 +139,9 @@ impl Hash for TaskRow {
     }
 }
 
-/// What an executor knows about the attempt it holds.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// What an executor knows about the attempt it holds (hashed without the
+/// attempt's id: the task index and the number name it).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Held {
     /// Index of the task in the store.
     pub task: u8,
@@ -158,13 +167,54 @@ pub struct Held {
     pub cancel_heard: bool,
 }
 
-/// An executor: idle, or holding one attempt.
+impl Hash for Held {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        self.task.hash(h);
+        self.number.hash(h);
+        self.generation.hash(h);
+        self.kind.hash(h);
+        self.lease_end.hash(h);
+        self.usage.hash(h);
+        self.effect_done.hash(h);
+        self.acknowledged.hash(h);
+        self.observed.hash(h);
+        self.cancel_heard.hash(h);
+    }
+}
+
+/// An executor: idle, holding one attempt, or sending a report again.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Executor {
     /// Ready to claim.
     Idle,
     /// Working on an attempt.
     Holding(Held),
+    /// It sent this report and the answer was lost on the way back: it
+    /// sends the same report again (SPEC §4 "Details").
+    Repeating(Held, Reported),
+}
+
+impl Executor {
+    /// The attempt the executor holds, if any.
+    pub fn held(&self) -> Option<&Held> {
+        match self {
+            Executor::Idle => None,
+            Executor::Holding(h) | Executor::Repeating(h, _) => Some(h),
+        }
+    }
+}
+
+/// A scope row of the store: the idempotency key (by its index in the
+/// model's setup, which names tenant, class and key), the fingerprint it
+/// was bound with, and the task it names (hashed by the task's index).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scope {
+    /// Index of the key in the model's setup.
+    pub key: u8,
+    /// The fingerprint bound to the key.
+    pub fingerprint: String,
+    /// The task the row names.
+    pub task_id: Uuid,
 }
 
 /// The provider's ledger for one task: idempotent, keyed by task id (the
@@ -196,30 +246,78 @@ pub mod violation {
     /// An execute attempt of a non-safe class was leased while an earlier
     /// effect may have happened unreconciled (SPEC §2.5).
     pub const REPEAT_WITHOUT_RECONCILE: u16 = 1 << 5;
+    /// A submit to a taken scope was answered a replay for another request,
+    /// or a conflict for the accepted request (SPEC §2.2, §2.3).
+    pub const WRONG_SUBMIT_ANSWER: u16 = 1 << 6;
+    /// An exact repeat of an applied report was not answered as the report
+    /// was, or changed the task or attempt (SPEC §4 "Details").
+    pub const REPEAT_CHANGED: u16 = 1 << 7;
+    /// An operation failed with a storage error (the in-memory store has
+    /// none, so an operation that fails there is wrong).
+    pub const STORE_FAILED: u16 = 1 << 8;
 }
 
 /// The whole model state.
-#[derive(Debug, Clone, PartialEq, Hash)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct State {
     /// Model clock, ticks of [`TICK_MS`].
     pub clock: i64,
-    /// The store's tasks, by index (task ids are `Uuid::from_u128(index + 1)`).
+    /// The store's tasks, in the order they were inserted.
     pub tasks: Vec<TaskRow>,
+    /// The store's scope rows (SPEC §2.1), in the order they were inserted.
+    pub scopes: Vec<Scope>,
+    /// The store's API keys: bit `t` is set once tenant `t`'s key is revoked.
+    pub revoked: u8,
     /// The executors.
     pub executors: Vec<Executor>,
     /// The provider's ledger, by task index.
     pub ledger: Vec<Ledger>,
     /// Executor crashes still allowed.
     pub crashes_left: u8,
-    /// Operator actions still allowed.
+    /// Operator actions (key revocations included) still allowed.
     pub operator_left: u8,
+    /// Report answers that may still be lost.
+    pub lost_left: u8,
     /// Ghost: transition checks that failed ([`violation`] bits).
     pub violations: u16,
+}
+
+impl Hash for State {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        self.clock.hash(h);
+        self.tasks.hash(h);
+        self.scopes.len().hash(h);
+        for sc in &self.scopes {
+            sc.key.hash(h);
+            sc.fingerprint.hash(h);
+            self.task_index(sc.task_id).hash(h);
+        }
+        self.revoked.hash(h);
+        self.executors.hash(h);
+        self.ledger.hash(h);
+        self.crashes_left.hash(h);
+        self.operator_left.hash(h);
+        self.lost_left.hash(h);
+        self.violations.hash(h);
+    }
 }
 
 impl State {
     /// The task holding scope `key` (its scope row), if any.
     pub fn scope(&self, key: u8) -> Option<usize> {
-        self.tasks.iter().position(|r| r.key == key && r.key_held)
+        let sc = self.scopes.iter().find(|sc| sc.key == key)?;
+        self.task_index(sc.task_id)
+    }
+
+    /// Whether a scope row names the task at `index`.
+    pub fn key_held(&self, index: usize) -> bool {
+        self.tasks
+            .get(index)
+            .is_some_and(|r| self.scopes.iter().any(|sc| sc.task_id == r.task.id))
+    }
+
+    /// The index of the task with id `id`.
+    pub fn task_index(&self, id: Uuid) -> Option<usize> {
+        self.tasks.iter().position(|r| r.task.id == id)
     }
 }

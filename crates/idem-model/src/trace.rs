@@ -6,20 +6,37 @@
 use std::fmt::Write as _;
 
 use crate::model::{Action, IdemModel};
+use crate::setup::{OperatorAction, Sent, tick_of};
 use crate::state::{Executor, State};
-use crate::store::OperatorAction;
 
 /// The actor and action of `a`, e.g. `executor-1: report \`unknown\``.
-pub fn describe(a: &Action) -> String {
+pub fn describe(m: &IdemModel, a: &Action) -> String {
     match a {
-        Action::Submit { key, changed } => format!(
-            "client: submit under key-{key} ({})",
-            if *changed {
-                "a changed request: same key, other amount"
-            } else {
-                "the original request"
-            }
-        ),
+        Action::Submit { key, sent } => {
+            let who = m.setup.keys.get(usize::from(*key)).map_or_else(
+                || format!("key {key}"),
+                |k| {
+                    if m.bounds.tenants > 1 {
+                        format!(
+                            "{} of {}",
+                            k.idempotency_key,
+                            crate::setup::TENANTS[usize::from(k.tenant)]
+                        )
+                    } else {
+                        k.idempotency_key.clone()
+                    }
+                },
+            );
+            format!(
+                "client: submit under {who} ({})",
+                match sent {
+                    Sent::Original => "the original request",
+                    Sent::Changed => "a changed request: same key, other amount",
+                    Sent::Reconfigured =>
+                        "the original request, fingerprinted after the configuration made the payee material",
+                }
+            )
+        }
         Action::Cancel { task } => format!("client: cancel task {}", task + 1),
         Action::AcknowledgeDelivery { task } => {
             format!("client: acknowledge the delivery of task {}", task + 1)
@@ -35,7 +52,25 @@ pub fn describe(a: &Action) -> String {
         Action::QueryProvider { executor } => {
             format!("executor-{executor}: reconcile: ask the provider's ledger")
         }
-        Action::Report { executor, what } => format!("executor-{executor}: report `{what}`"),
+        Action::Report {
+            executor,
+            what,
+            lost,
+        } => format!(
+            "executor-{executor}: report `{what}`{}",
+            if *lost {
+                " (the answer is lost on the way back)"
+            } else {
+                ""
+            }
+        ),
+        Action::RepeatReport { executor } => {
+            format!("executor-{executor}: send the same report again")
+        }
+        Action::RevokeKey { tenant } => format!(
+            "admin: revoke the API key of tenant {}",
+            crate::setup::TENANTS[usize::from(*tenant) % crate::setup::TENANTS.len()]
+        ),
         Action::Release { executor } => {
             format!("executor-{executor}: release the attempt it has not started")
         }
@@ -67,8 +102,9 @@ pub fn summary(m: &IdemModel, s: &State) -> String {
         let t = &r.task;
         let _ = write!(
             out,
-            "     task {} ({}, {}): {}, generation {}, usage {}",
+            "     task {} ({} {}, {}): {}, generation {}, usage {}",
             i + 1,
+            t.control.tenant,
             t.idempotency_key,
             t.operation,
             t.state,
@@ -84,7 +120,7 @@ pub fn summary(m: &IdemModel, s: &State) -> String {
         if let Some(f) = &t.failure {
             let _ = write!(out, ", failure {}", f.class);
         }
-        if !r.key_held {
+        if !s.key_held(i) {
             out.push_str(", key released");
         }
         out.push('\n');
@@ -96,7 +132,7 @@ pub fn summary(m: &IdemModel, s: &State) -> String {
                 a.kind,
                 a.generation,
                 a.state,
-                crate::store::tick_of(a.lease_expires_at),
+                tick_of(a.lease_expires_at),
                 a.executor_id
             );
         }
@@ -118,6 +154,14 @@ pub fn summary(m: &IdemModel, s: &State) -> String {
         }
     }
     for (e, ex) in s.executors.iter().enumerate() {
+        if let Executor::Repeating(h, what) = ex {
+            let _ = writeln!(
+                out,
+                "     executor-{e} is to send `{what}` for task {} attempt #{} again",
+                h.task + 1,
+                h.number
+            );
+        }
         if let Executor::Holding(h) = ex {
             let _ = writeln!(
                 out,
@@ -148,12 +192,12 @@ pub fn render(m: &IdemModel, actions: &[Action], failed: &str) -> String {
     for (i, a) in actions.iter().enumerate() {
         match m.step(&s, *a) {
             Some((n, answer)) => {
-                let _ = writeln!(out, "{:>3}. {} → {}", i + 1, describe(a), answer);
+                let _ = writeln!(out, "{:>3}. {} → {}", i + 1, describe(m, a), answer);
                 out.push_str(&summary(m, &n));
                 s = n;
             }
             None => {
-                let _ = writeln!(out, "{:>3}. {} → (no change)", i + 1, describe(a));
+                let _ = writeln!(out, "{:>3}. {} → (no change)", i + 1, describe(m, a));
             }
         }
     }

@@ -1,8 +1,9 @@
 //! The model explored at the test suite's bound ([`Bounds::small`]): no
 //! counterexample, every witness reached, and liveness actually evaluated;
-//! built with a seeded defect of idem-core (`--features broken-fencing`,
-//! `--features broken-reconcile`), the counterexample the defect causes,
-//! for the property it breaks, printed as a trace.
+//! built with a seeded defect (idem-core's `--features broken-fencing`,
+//! `--features broken-reconcile`, idem-store's `--features
+//! broken-same-request`), the counterexample the defect causes, for the
+//! property it breaks, printed as a trace.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -34,13 +35,17 @@ fn verdict<'r>(report: &'r Report, name: &str) -> &'r Verdict {
         .verdict
 }
 
-#[cfg(not(any(feature = "broken-fencing", feature = "broken-reconcile")))]
+#[cfg(not(any(
+    feature = "broken-fencing",
+    feature = "broken-reconcile",
+    feature = "broken-same-request"
+)))]
 mod sound {
     use std::sync::OnceLock;
 
     use idem_model::model::IdemModel;
+    use idem_model::setup::{Answer, OperatorAction, Reported, Sent};
     use idem_model::state::State;
-    use idem_model::store::OperatorAction;
     use idem_model::{Action, Classes};
     use stateright::Model;
 
@@ -73,8 +78,10 @@ mod sound {
 
     /// The `sometimes` properties: deliveries, reconciliations, stale
     /// reports kept, cancellations racing delivery both ways, expired
-    /// leases and released attempts all happen within the bound, so the invariants are not
-    /// checked over a model where nothing interesting happens.
+    /// leases, released attempts, a repeated report answered as before and
+    /// a task ended by its key's revocation all happen within the bound, so
+    /// the invariants are not checked over a model where nothing
+    /// interesting happens.
     #[test]
     fn every_witness_is_reached() {
         let report = small();
@@ -83,7 +90,7 @@ mod sound {
             .iter()
             .filter(|p| p.kind == "sometimes")
             .collect();
-        assert_eq!(witnesses.len(), 7);
+        assert_eq!(witnesses.len(), 9);
         for p in witnesses {
             assert_eq!(p.verdict, Verdict::Reached, "{}", p.name);
         }
@@ -110,7 +117,7 @@ mod sound {
             &[
                 Action::Submit {
                     key: 0,
-                    changed: false,
+                    sent: Sent::Original,
                 },
                 Action::Claim { executor: 0 },
             ],
@@ -132,6 +139,138 @@ mod sound {
         }
     }
 
+    /// The steps of `actions` from the initial state, with the store's answers.
+    fn answers(m: &IdemModel, actions: &[Action]) -> (State, Vec<Answer>) {
+        let mut s = m.initial();
+        let mut out = Vec::new();
+        for a in actions {
+            let (n, answer) = m
+                .step(&s, *a)
+                .unwrap_or_else(|| panic!("{a:?} does not apply"));
+            out.push(answer);
+            s = n;
+        }
+        (s, out)
+    }
+
+    /// Submits run `ops::Submit`: the original request again and the same
+    /// request fingerprinted under a changed configuration are replays
+    /// (`same_request_as_accepted`), a changed request a conflict, and
+    /// none of them writes.
+    #[test]
+    fn submits_replay_the_accepted_request_and_conflict_for_another() {
+        let m = IdemModel::new(Bounds::small()).unwrap();
+        let submit = |sent| Action::Submit { key: 0, sent };
+        let mut s = m.initial();
+        let (n, created) = m.step(&s, submit(Sent::Original)).unwrap();
+        assert_eq!(created, Answer::Created);
+        s = n;
+        for (sent, answer) in [
+            (Sent::Original, Answer::Replayed),
+            (Sent::Reconfigured, Answer::Replayed),
+            (Sent::Changed, Answer::Conflict),
+        ] {
+            // Nothing changed: no successor state.
+            assert!(m.step(&s, submit(sent)).is_none(), "{sent:?}");
+            let (after, got) = m.outcome(&s, submit(sent)).unwrap();
+            assert_eq!(got, answer, "{sent:?}");
+            assert_eq!(after, s, "{sent:?}");
+        }
+    }
+
+    /// A revoked key (`ops::RevokeApiKey`): its submits are refused, and its
+    /// queued task ends `permission_denied` at the next claim.
+    #[test]
+    fn a_revoked_key_is_refused_and_its_task_ends_at_the_claim() {
+        let m = IdemModel::new(Bounds {
+            keys: 2,
+            tasks: 2,
+            ..Bounds::small()
+        })
+        .unwrap();
+        let (s, got) = answers(
+            &m,
+            &[
+                Action::Submit {
+                    key: 0,
+                    sent: Sent::Original,
+                },
+                Action::RevokeKey { tenant: 0 },
+                Action::Claim { executor: 0 },
+            ],
+        );
+        assert_eq!(got[1], Answer::Ok);
+        assert_eq!(got[2], Answer::EndedInstead);
+        let t = &s.tasks[0].task;
+        assert_eq!(t.state, idem_core::model::TaskState::Failed);
+        assert_eq!(
+            t.failure.as_ref().map(|f| f.class),
+            Some(idem_core::model::FailureClass::PermissionDenied)
+        );
+        let (after, got) = m
+            .outcome(
+                &s,
+                Action::Submit {
+                    key: 1,
+                    sent: Sent::Original,
+                },
+            )
+            .unwrap();
+        assert_eq!(got, Answer::KeyRevoked);
+        assert_eq!(after, s, "a revoked key's submit wrote");
+    }
+
+    /// An exact repeat of an applied report (its answer lost) is answered
+    /// `ok`, changes nothing, and its evidence is kept as a repeat.
+    #[test]
+    fn a_repeated_report_is_answered_as_before() {
+        let m = IdemModel::new(Bounds::small()).unwrap();
+        let (s, got) = answers(
+            &m,
+            &[
+                Action::Submit {
+                    key: 0,
+                    sent: Sent::Original,
+                },
+                Action::Claim { executor: 0 },
+                Action::PerformEffect { executor: 0 },
+                Action::Report {
+                    executor: 0,
+                    what: Reported::Succeeded,
+                    lost: true,
+                },
+                Action::RepeatReport { executor: 0 },
+            ],
+        );
+        assert_eq!(got[3], Answer::Ok);
+        assert_eq!(got[4], Answer::Ok);
+        assert!(s.tasks[0].repeat_kept);
+        assert_eq!(s.violations, 0);
+        assert_eq!(
+            s.tasks[0].task.state,
+            idem_core::model::TaskState::Succeeded
+        );
+    }
+
+    /// Ids come from `Tx::new_id`: the same history gives the same ids, and
+    /// they count up from 1 (task, then its attempt).
+    #[test]
+    fn ids_are_the_same_for_the_same_history() {
+        let m = IdemModel::new(Bounds::small()).unwrap();
+        let history = [
+            Action::Submit {
+                key: 0,
+                sent: Sent::Original,
+            },
+            Action::Claim { executor: 1 },
+        ];
+        let a = walk(&m, &history);
+        let b = walk(&m, &history);
+        assert_eq!(a, b);
+        assert_eq!(a.tasks[0].task.id, uuid::Uuid::from_u128(1));
+        assert_eq!(a.tasks[0].attempts[0].id, uuid::Uuid::from_u128(2));
+    }
+
     /// Liveness is evaluated: a drained run ends in a state with no
     /// successor (stateright checks `eventually` there), with every task terminal.
     #[test]
@@ -142,13 +281,14 @@ mod sound {
             &[
                 Action::Submit {
                     key: 0,
-                    changed: false,
+                    sent: Sent::Original,
                 },
                 Action::Claim { executor: 0 },
                 Action::PerformEffect { executor: 0 },
                 Action::Report {
                     executor: 0,
-                    what: idem_model::store::Reported::Succeeded,
+                    what: Reported::Succeeded,
+                    lost: false,
                 },
                 Action::Tick,
                 Action::Tick,
@@ -199,7 +339,7 @@ mod sound {
             &[
                 Action::Submit {
                     key: 0,
-                    changed: false,
+                    sent: Sent::Original,
                 },
                 Action::Claim { executor: 0 },
             ],
@@ -254,5 +394,34 @@ fn broken_reconcile_is_found() {
             }
             other => panic!("{name}: {other:?}"),
         }
+    }
+}
+
+/// The request comparison broken (idem-store `broken-same-request`): a
+/// changed request under a taken scope is answered as a replay of the task
+/// accepted for another one.
+#[cfg(feature = "broken-same-request")]
+#[test]
+fn broken_same_request_is_found() {
+    let report = explore(Bounds::small());
+    match verdict(&report, model::SAME_REQUEST_REPLAYS) {
+        Verdict::Counterexample { trace } => {
+            eprintln!("{trace}");
+            assert!(
+                trace.contains("client: submit under key-0 (the original request) → 201 created"),
+                "{trace}"
+            );
+            assert!(
+                trace.contains(
+                    "(a changed request: same key, other amount) → replay of the original task"
+                ),
+                "{trace}"
+            );
+            assert!(trace.ends_with(&format!(
+                "property failed: {}\n",
+                model::SAME_REQUEST_REPLAYS
+            )));
+        }
+        other => panic!("{other:?}"),
     }
 }

@@ -151,6 +151,15 @@ pub type ExistingScope = Option<(ScopeRow, Option<Task>)>;
 ///
 /// Times are epoch ms. All futures are `Send`.
 pub trait Tx: Send + ops::search::TaskSearch + ops::console::ConsoleTx {
+    /// A fresh id for a row this transaction may insert (a task named by its
+    /// scope row, an attempt, an API key). The databases' default is a UUID
+    /// v7 (time-ordered, random below the millisecond); an in-memory store
+    /// may answer deterministic ids instead, so that the same history gives
+    /// the same records.
+    fn new_id(&mut self) -> Uuid {
+        Uuid::now_v7()
+    }
+
     /// The clock that decides leases and backoff: the database clock for
     /// PostgreSQL, the process clock for SQLite (single process), each plus
     /// the offset of the backend's [`Clock`].

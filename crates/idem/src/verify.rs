@@ -40,6 +40,13 @@ pub(crate) struct VerifyArgs {
     /// Operator actions (retry-now, cancel, resolve, redrive) in all.
     #[arg(long)]
     operator: Option<u8>,
+    /// Tenants (1 or 2): keys and executors alternate between them, and
+    /// with two the same idempotency key is used by both.
+    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=2))]
+    tenants: Option<u8>,
+    /// Report answers lost in all (the executor sends the same report again).
+    #[arg(long)]
+    lost: Option<u8>,
     /// Clock horizon in ticks of 100 ms: faults happen before it, then the
     /// run drains and liveness is checked.
     #[arg(long, value_parser = clap::value_parser!(u8).range(1..=32))]
@@ -65,8 +72,9 @@ pub(crate) struct VerifyArgs {
 const MAX_THREADS: i64 = 256;
 
 /// The bounds of the acceptance run (`idem verify` without `--ci`): one key
-/// of the non-safe class, three executors, three attempts per task, two
-/// crashes, two operator actions, 3 ticks (about 10^7 distinct states;
+/// of the non-safe class, one tenant, three executors, three attempts per
+/// task, two crashes, two operator actions (a key revocation among their
+/// choices), no lost answers, 3 ticks (about 10^7 distinct states;
 /// docs/verification.md, "Bounds and figures").
 fn full() -> Bounds {
     Bounds {
@@ -78,6 +86,8 @@ fn full() -> Bounds {
         crashes: 2,
         operator: 2,
         horizon: 3,
+        tenants: 1,
+        lost: 0,
     }
 }
 
@@ -105,6 +115,8 @@ impl VerifyArgs {
             crashes: self.crashes.unwrap_or(base.crashes),
             operator: self.operator.unwrap_or(base.operator),
             horizon: self.horizon.unwrap_or(base.horizon),
+            tenants: self.tenants.unwrap_or(base.tenants),
+            lost: self.lost.unwrap_or(base.lost),
         }
     }
 }
@@ -140,6 +152,8 @@ pub(crate) async fn verify(args: VerifyArgs) -> Result<()> {
                 "crashes": bounds.crashes,
                 "operator": bounds.operator,
                 "horizon": bounds.horizon,
+                "tenants": bounds.tenants,
+                "lost": bounds.lost,
                 "threads": threads,
                 "strategy": args.strategy(),
             },
@@ -170,15 +184,17 @@ pub(crate) async fn verify(args: VerifyArgs) -> Result<()> {
 
 fn render_bounds(b: &Bounds, threads: usize, args: &VerifyArgs) -> String {
     format!(
-        "idem verify: model checking idem_core::machine (stateright, {strategy})\n\
-         bounds: keys {}, tasks {}, classes {}, executors {}, attempts per task {}, crashes {}, operator actions {}, horizon {} ticks of 100 ms; threads {threads}",
+        "idem verify: model checking idem_store::ops over an in-memory store (stateright, {strategy})\n\
+         bounds: keys {}, tasks {}, classes {}, tenants {}, executors {}, attempts per task {}, crashes {}, operator actions {}, lost answers {}, horizon {} ticks of 100 ms; threads {threads}",
         b.keys,
         b.tasks,
         b.classes,
+        b.tenants,
         b.executors,
         b.attempts,
         b.crashes,
         b.operator,
+        b.lost,
         b.horizon,
         strategy = match args.strategy() {
             Strategy::Bfs => "breadth first",

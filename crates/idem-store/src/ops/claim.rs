@@ -2,7 +2,6 @@
 
 use idem_core::machine::{self, Authority, Journal};
 use idem_core::model::{Attempt, Task};
-use uuid::Uuid;
 
 use super::{Operation, persist};
 use crate::{Result, Tx};
@@ -82,7 +81,7 @@ impl Operation for Claim {
                     _ => Authority::Revoked,
                 };
                 let mut j = Journal::default();
-                let attempt_id = Uuid::now_v7();
+                let attempt_id = tx.new_id();
                 match machine::claim(
                     &mut task,
                     &mut j,

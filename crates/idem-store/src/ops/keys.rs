@@ -25,7 +25,7 @@ impl Operation for CreateApiKey {
         let now = tx.now().await?;
         let plain = generate_api_key();
         let key = ApiKey {
-            id: Uuid::now_v7(),
+            id: tx.new_id(),
             tenant: self.tenant.clone(),
             role: self.role,
             operations: self.operations.clone(),

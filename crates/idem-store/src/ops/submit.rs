@@ -142,8 +142,15 @@ pub struct SubmitPlan<'s> {
 }
 
 impl<'s> SubmitPlan<'s> {
-    /// The plan of `subs`, every key assumed live.
+    /// The plan of `subs`, every key assumed live, each scope row naming a
+    /// fresh UUID v7.
     pub fn new(subs: &'s [Submission]) -> SubmitPlan<'s> {
+        SubmitPlan::with_ids(subs, Uuid::now_v7)
+    }
+
+    /// The plan of `subs`, every key assumed live, each scope row naming
+    /// the next id of `new_id` (in request order; [`Tx::new_id`]).
+    pub fn with_ids(subs: &'s [Submission], mut new_id: impl FnMut() -> Uuid) -> SubmitPlan<'s> {
         let mut keys: Vec<Uuid> = subs.iter().map(|s| s.api_key_id).collect();
         keys.sort_unstable();
         keys.dedup();
@@ -151,7 +158,7 @@ impl<'s> SubmitPlan<'s> {
             subs,
             keys,
             live: (0..subs.len()).collect(),
-            rows: subs.iter().map(scope_row).collect(),
+            rows: subs.iter().map(|s| scope_row(s, new_id())).collect(),
         }
     }
 
@@ -162,7 +169,7 @@ impl<'s> SubmitPlan<'s> {
     /// Any [`StoreError`] of the statements; [`StoreError::Contention`] when a
     /// taken scope row vanished before it was read back (retry the batch).
     pub async fn run<T: Tx>(tx: &mut T, subs: &[Submission]) -> Result<Vec<SubmitOutcome>> {
-        let mut plan = SubmitPlan::new(subs);
+        let mut plan = SubmitPlan::with_ids(subs, || tx.new_id());
         let (now, live) = tx.now_and_live_api_keys(plan.keys()).await?;
         plan.check_keys(&live);
         let won = if plan.scope_rows().is_empty() {
@@ -280,14 +287,14 @@ impl<'s> SubmitPlan<'s> {
     }
 }
 
-/// The scope row of `s`, naming a fresh task id.
-fn scope_row(s: &Submission) -> ScopeRow {
+/// The scope row of `s`, naming the fresh task id `task_id`.
+fn scope_row(s: &Submission, task_id: Uuid) -> ScopeRow {
     ScopeRow {
         tenant: s.tenant.clone(),
         operation: s.operation.clone(),
         idempotency_key: s.idempotency_key.clone(),
         fingerprint: s.fingerprint.clone(),
-        task_id: Uuid::now_v7(),
+        task_id,
     }
 }
 
@@ -390,6 +397,13 @@ impl Accepted<'_> {
     }
 }
 
+/// Whether the request comparison is broken on purpose: every request of the
+/// task's operation is taken for the accepted one, so a changed request under
+/// a taken scope is answered as a replay (SPEC §2.3 broken). Only the
+/// `broken-same-request` feature sets it, which exists so the model checker
+/// can show it finds the break (`idem verify`); no release build enables it.
+const BROKEN_SAME_REQUEST: bool = cfg!(feature = "broken-same-request");
+
 /// Whether `s` is the request `task` was accepted with, as a submit to its
 /// scope judges it: the same fingerprint, or the same request under the
 /// material fields frozen in its contract (`same_request_as_accepted`).
@@ -409,6 +423,9 @@ pub fn is_same_request(task: &Task, s: &Submission) -> bool {
 fn same_request_as_accepted(task: &Task, s: &Submission) -> bool {
     if task.operation != s.operation {
         return false;
+    }
+    if BROKEN_SAME_REQUEST {
+        return true;
     }
     match &task.contract.fingerprint {
         Some(material) => canonical_request(&s.operation, &s.params, material)

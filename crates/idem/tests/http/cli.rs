@@ -741,12 +741,14 @@ fn verify_explores_a_small_bound_and_reports_each_property() {
         String::from_utf8_lossy(&out.stderr)
     );
     for line in [
-        "bounds: keys 1, tasks 1, classes unsafe, executors 1, attempts per task 2, crashes 1, operator actions 1, horizon 1 ticks",
+        "bounds: keys 1, tasks 1, classes unsafe, tenants 1, executors 1, attempts per task 2, crashes 1, operator actions 1, lost answers 0, horizon 1 ticks",
         "distinct states: ",
         "states generated: ",
         "max depth: ",
         "holds                        no state change from an old generation (SPEC §2.4)",
         "holds                        every task ends terminal once faults stop",
+        "holds                        a submit to a taken scope replays exactly the accepted request",
+        "reached                      reached: a task ends at a claim because its submitting key was revoked",
     ] {
         assert!(text.contains(line), "missing {line:?} in\n{text}");
     }
@@ -763,7 +765,7 @@ fn verify_explores_a_small_bound_and_reports_each_property() {
         "{v}"
     );
     let properties = v["report"]["properties"].as_array().expect("properties");
-    assert_eq!(properties.len(), 17);
+    assert_eq!(properties.len(), 21);
     // One attempt per task: no report can go stale, so that witness is never
     // reached and the run fails rather than pass vacuously.
     let out = Command::new(BIN)
