@@ -28,6 +28,7 @@ use idem_core::model::{
     ApiKey, Attempt, Disposition, Event, Evidence, EvidenceOutcome, Task, TaskState, Timestamp,
 };
 use idem_store::feed::{FeedCursor, FeedRead};
+use idem_store::identity::{DatabaseIdentity, RecordedIdentity, StoreIdentity};
 use idem_store::ops::console::{ConsoleSession, ConsoleTx, TaskCount};
 use idem_store::ops::search::TaskSearch;
 use idem_store::ops::{Operation, TaskQuery};
@@ -416,6 +417,38 @@ impl Tx for MemTx<'_> {
         found.sort_by_key(|f| f.0);
         found.truncate(usize::try_from(limit).unwrap_or(0));
         Ok(found.into_iter().map(|(_, id)| id).collect())
+    }
+
+    // The store's identity (the rewind after a database went back in time)
+    // is not modelled: the model's store never changes database, so its
+    // identity is always current and nothing is recorded.
+
+    async fn database_identity(&mut self) -> Result<Option<DatabaseIdentity>> {
+        Ok(None)
+    }
+
+    async fn recorded_identity(&mut self) -> Result<Option<RecordedIdentity>> {
+        Ok(None)
+    }
+
+    async fn record_identity(
+        &mut self,
+        _expected: Option<&StoreIdentity>,
+        _new: &StoreIdentity,
+    ) -> Result<bool> {
+        not_modelled("recording the store's identity")
+    }
+
+    async fn mark_restored(&mut self) -> Result<bool> {
+        not_modelled("marking a store restored")
+    }
+
+    async fn identity_is_current(&mut self) -> Result<bool> {
+        Ok(true)
+    }
+
+    async fn unfinished_tasks(&mut self, _after: Option<Uuid>, _limit: i64) -> Result<Vec<Uuid>> {
+        not_modelled("the rewind's walk over unfinished tasks")
     }
 }
 

@@ -335,7 +335,10 @@ pub(crate) async fn apply(
             .map_err(|e| step_error(m.version, &e))?;
         tx.execute(
             "INSERT INTO schema_migrations (version, compatible_from) VALUES ($1, $2)",
-            &[&m.version, &m.compatible_from],
+            &[
+                &m.version,
+                &idem_store::schema::recorded_compatible_from(MIGRATIONS, m.version),
+            ],
         )
         .await
         .map_err(migration_error)?;

@@ -448,6 +448,7 @@ impl Backend for PgBackend {
                 let mut runner = Pooled {
                     pool: self.pool.clone(),
                     clock: self.clock.clone(),
+                    announcer: self.announcer.clone(),
                     max_retries: self.max_retries,
                     deadline: self.operation_timeout.max(REWIND_TIMEOUT),
                 };

@@ -176,6 +176,51 @@ impl Pair {
         );
     }
 
+    /// One value `sql` answers on the cluster at `port`, database `idem`.
+    fn sql(&self, port: u16, sql: &str) -> String {
+        let mut psql = self.tool("psql");
+        psql.args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", "postgres"])
+            .args(["-qtAXc", sql, "idem"]);
+        let out = psql.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{sql}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    /// Waits until the standby replayed everything the primary wrote so far.
+    fn standby_caught_up(&self) {
+        let lsn = self.sql(self.primary, "SELECT pg_current_wal_lsn()");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let check = format!("SELECT pg_last_wal_replay_lsn() >= '{lsn}'::pg_lsn");
+        while self.sql(self.standby, &check) != "t" {
+            assert!(
+                Instant::now() < deadline,
+                "the standby never replayed {lsn}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Cuts the standby off: it stops receiving WAL (an asynchronous standby
+    /// that fell behind), so what the primary commits from now on is lost at
+    /// a failover.
+    fn stop_streaming(&self) {
+        let data = self.data("standby");
+        append(
+            &data.join("postgresql.auto.conf"),
+            "\nprimary_conninfo = ''\n",
+        );
+        self.pg_ctl(&data, &["reload"]);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.sql(self.standby, "SELECT count(*) FROM pg_stat_wal_receiver") != "0" {
+            assert!(Instant::now() < deadline, "the standby kept streaming");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Stops the primary at once and promotes the standby.
     fn fail_over(&self) {
         self.pg_ctl(&self.data("primary"), &["-m", "immediate", "stop"]);
@@ -351,4 +396,127 @@ async fn a_promoted_standby_is_noticed_while_serving_and_rewinds() {
         store.check_identity().await.unwrap(),
         IdentityCheck::Unchanged(id) if id.timeline == Some(2)
     ));
+}
+
+/// An asynchronous standby that fell behind loses what the primary
+/// acknowledged last: here a lease (the executor started the payment) and a
+/// whole submit. After the failover the store shows the task `queued`, as if
+/// nothing had started; the identity check moves it to reconcile-first, so
+/// the next attempt asks the provider instead of paying again, and the lost
+/// attempt's report finds nothing to change. The lost submit is gone (SPEC
+/// §2.11: keys acknowledged after the restore point are lost).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_lost_with_an_asynchronous_standby_reconciles_before_anything_runs_again() {
+    let pair = Pair::start();
+    let primary = connect(&Pair::url(pair.primary, "idem"), PgOptions::default())
+        .await
+        .unwrap();
+    assert!(matches!(
+        primary.check_identity().await.unwrap(),
+        IdentityCheck::Recorded(_)
+    ));
+    let (key, _) = primary
+        .create_api_key("acme", Role::Client, None)
+        .await
+        .unwrap();
+    let submit = |k: &str| {
+        submission(
+            "acme",
+            NON_SAFE,
+            k,
+            params(NON_SAFE, 1),
+            contract(NON_SAFE),
+            &key,
+        )
+    };
+    let SubmitOutcome::Created(paid) = primary.submit(submit("paid")).await.unwrap() else {
+        panic!("created");
+    };
+    pair.start_standby();
+    pair.standby_caught_up();
+    pair.stop_streaming();
+    // Acknowledged by the primary alone: the lease (the executor pays) and a submit.
+    let leased = primary.claim(claim("acme")).await.unwrap();
+    assert_eq!(leased.len(), 1);
+    let lost_attempt = leased[0].attempt.clone();
+    assert_eq!(lost_attempt.task_id, paid.id);
+    assert_eq!(lost_attempt.kind, AttemptKind::Execute);
+    let SubmitOutcome::Created(lost) = primary.submit(submit("lost")).await.unwrap() else {
+        panic!("created");
+    };
+    drop(primary);
+    pair.fail_over();
+
+    let store = {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match connect(&Pair::url(pair.standby, "idem"), PgOptions::default()).await {
+                Ok(s) if s.ping().await.is_ok() => break s,
+                _ if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(100)).await
+                }
+                other => panic!("the promoted standby answers: {other:?}"),
+            }
+        }
+    };
+    let before = store.get_task(None, paid.id).await.unwrap().unwrap();
+    assert_eq!(
+        (before.state, before.generation),
+        (TaskState::Queued, paid.generation),
+        "the lease was lost with the primary"
+    );
+    assert!(
+        store.get_task(None, lost.id).await.unwrap().is_err(),
+        "the submit acknowledged after the standby fell behind is gone"
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let check = loop {
+        match store.check_identity().await {
+            Ok(c) => break c,
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(e) => panic!("identity check on the promoted standby: {e}"),
+        }
+    };
+    assert!(
+        matches!(check, IdentityCheck::Rewound { tasks: 1, .. }),
+        "{check:?}"
+    );
+    let after = store.get_task(None, paid.id).await.unwrap().unwrap();
+    assert_eq!(after.state, TaskState::Reconciling);
+    let next = store.claim(claim("acme")).await.unwrap();
+    assert_eq!(next.len(), 1);
+    assert_eq!(
+        next[0].attempt.kind,
+        AttemptKind::Reconcile,
+        "the provider is asked before anything runs again"
+    );
+    assert!(
+        next[0].attempt.generation > lost_attempt.generation,
+        "the reconcile attempt's generation is above the lost attempt's"
+    );
+    let late = store
+        .report(
+            "acme",
+            lost_attempt.id,
+            idem_core::machine::Report {
+                generation: lost_attempt.generation,
+                outcome: idem_core::model::Outcome::Succeeded,
+                result: Some(serde_json::json!({})),
+                failure_class: None,
+                message: None,
+                usage: None,
+                external_txn_id: None,
+                body: serde_json::json!({"generation": lost_attempt.generation, "outcome": "succeeded", "result": {}}),
+            },
+        )
+        .await
+        .unwrap();
+    assert!(
+        late.is_err(),
+        "the lost attempt's report changes nothing: {late:?}"
+    );
+    let task = store.get_task(None, paid.id).await.unwrap().unwrap();
+    assert_eq!(task.state, TaskState::Reconciling);
 }

@@ -357,7 +357,10 @@ fn migrate_in_transaction(conn: &mut Connection) -> Result<Vec<i64>, StoreError>
             .map_err(|e| migration_step_error(version, e))?;
         tx.execute(
             "INSERT OR REPLACE INTO schema_migrations (version, compatible_from) VALUES (?1, ?2)",
-            [m.version, m.compatible_from],
+            [
+                m.version,
+                idem_store::schema::recorded_compatible_from(MIGRATIONS, m.version),
+            ],
         )
         .map_err(mig)?;
         tx.pragma_update(None, "user_version", version)

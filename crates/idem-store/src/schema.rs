@@ -86,6 +86,25 @@ pub fn check_declarations(migrations: &[Migration]) -> std::result::Result<(), S
     Ok(())
 }
 
+/// The `compatible_from` a store records for migration `version` of
+/// `migrations` (a list [`check_declarations`] accepts): a contract step's
+/// own version; an expand step's is what the schema it declares compatible
+/// is served by, so the binaries that served the schema before a run of
+/// expand steps serve it after all of them (two expand steps in one release
+/// do not shut out the release before).
+pub fn recorded_compatible_from(migrations: &[Migration], version: i32) -> i32 {
+    let mut v = version;
+    loop {
+        let Some(m) = usize::try_from(v - 1).ok().and_then(|i| migrations.get(i)) else {
+            return v.max(0);
+        };
+        if m.compatible_from >= m.version {
+            return m.version;
+        }
+        v = m.compatible_from;
+    }
+}
+
 /// A database's schema as its migrations recorded it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SchemaVersion {
@@ -222,6 +241,25 @@ mod tests {
         let mut lowered = ok;
         lowered[2].compatible_from = 1;
         assert!(check_declarations(&lowered).is_err());
+    }
+
+    #[test]
+    fn expand_steps_in_a_row_keep_what_the_last_contract_step_recorded() {
+        let list = [
+            Migration::contract(1, ""),
+            Migration::contract(2, ""),
+            Migration::expand(3, ""),
+            Migration::expand(4, ""),
+            Migration::expand(5, ""),
+            Migration::contract(6, ""),
+            Migration::expand(7, ""),
+        ];
+        let recorded: Vec<i32> = (1..=7)
+            .map(|v| recorded_compatible_from(&list, v))
+            .collect();
+        assert_eq!(recorded, [1, 2, 2, 2, 2, 6, 6]);
+        let first = [Migration::expand(1, "")];
+        assert_eq!(recorded_compatible_from(&first, 1), 0);
     }
 
     #[test]

@@ -62,6 +62,8 @@ fn claim_now(t: &mut Task, j: &mut Journal, n: u128, now: Timestamp) -> Attempt 
 
 mod table;
 
+use table::in_state;
+
 #[test]
 fn generations_strictly_increase_and_stale_reports_are_evidence() {
     let (mut t, mut j) = new_task("generation.dispatch");

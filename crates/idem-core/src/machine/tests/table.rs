@@ -6,7 +6,7 @@
 use super::*;
 
 /// Builds a task in `state` (with its latest attempt) through legal transitions only.
-fn in_state(state: TaskState, class: &str) -> (Task, Option<Attempt>) {
+pub(super) fn in_state(state: TaskState, class: &str) -> (Task, Option<Attempt>) {
     let (mut t, mut j) = new_task(class);
     let now = T0;
     let a = match state {
