@@ -132,8 +132,11 @@ async fn bench_waiters_counts_transactions_on_postgres() {
     // Each task: its submit, its claim and its report are events.
     let listeners = &r["listeners"];
     assert!(listeners["events"].as_i64().unwrap() >= 3 * 10, "{r}");
+    // An estimate (the listening sessions' transactions less the background
+    // rate, which the sweeps' identity checks also move): a figure, never a
+    // bound, so only its presence is checked.
     let per_event = listeners["tx_per_event_per_instance"].as_f64().unwrap();
-    assert!(per_event > 0.0, "{r}");
+    assert!(per_event >= 0.0, "{r}");
 }
 
 /// Options a run cannot honour are refused before anything starts, naming

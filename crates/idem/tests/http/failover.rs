@@ -67,11 +67,14 @@ async fn held_waits_and_long_polls_carry_on_across_a_failover() {
     assert_eq!(attempts.len(), 1, "{}", claimed.text);
     assert_eq!(attempts[0]["task_id"], json!(new_id));
 
+    // The promotion started a new timeline: the task queued before it is
+    // reconciled first (SPEC §2.11), then delivered by the reconciliation.
     let a = srv.claim_one("payment.release", None).await;
     assert_eq!(a["task_id"], json!(id));
+    assert_eq!(a["kind"], json!("reconcile"), "{a}");
     srv.report(
         &s(&a["id"]),
-        json!({"generation": a["generation"], "outcome": "succeeded", "result": {"ok": true}, "usage": 1}),
+        json!({"generation": a["generation"], "outcome": "committed", "result": {"ok": true}}),
     )
     .await
     .ok(200);
