@@ -84,8 +84,9 @@ pub struct Bounds {
 
 impl Bounds {
     /// The bound `idem verify --ci` explores: one key of the non-safe class,
-    /// two executors, three attempts, one crash, one operator action, 2 ticks
-    /// (`--classes safe` for the safe class).
+    /// one tenant, two executors, three attempts, one crash, one operator
+    /// action, no lost report answer, 2 ticks (`--classes safe` for the safe
+    /// class).
     pub fn ci() -> Bounds {
         Bounds {
             keys: 1,
@@ -102,8 +103,9 @@ impl Bounds {
     }
 
     /// The bound of the test suite: one key of the non-safe class, two
-    /// executors, two attempts, one crash, one operator action, 2 ticks
-    /// (about 50,000 distinct states; seconds in a debug build).
+    /// executors, two attempts, one crash, one operator action, one lost
+    /// report answer, 2 ticks (about 240,000 distinct states; under a
+    /// minute of CPU in a debug build).
     pub fn small() -> Bounds {
         Bounds {
             keys: 1,
