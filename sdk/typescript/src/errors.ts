@@ -183,6 +183,11 @@ export class OverloadedError extends IdemError {
   static override readonly code = "OVERLOADED" as const;
   static override readonly status = 503;
 }
+/** 503: the server requires a synchronous standby (`IDEM_REQUIRE_SYNC_STANDBY`) and none is attached; nothing was written. Retry no sooner than `retryAfterMs`. */
+export class NoSyncStandbyError extends IdemError {
+  static override readonly code = "NO_SYNC_STANDBY" as const;
+  static override readonly status = 503;
+}
 /** 500: an internal error. */
 export class InternalError extends IdemError {
   static override readonly code = "INTERNAL" as const;
@@ -209,6 +214,7 @@ const ERRORS: { [C in ProblemCode]: typeof IdemError } = {
   PAYLOAD_TOO_LARGE: PayloadTooLargeError,
   UNAVAILABLE: UnavailableError,
   OVERLOADED: OverloadedError,
+  NO_SYNC_STANDBY: NoSyncStandbyError,
   INTERNAL: InternalError,
 };
 

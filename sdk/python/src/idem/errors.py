@@ -151,6 +151,12 @@ class OverloadedError(IdemError):
     time; nothing was written. Retry no sooner than ``retry_after`` seconds."""
 
 
+class NoSyncStandbyError(IdemError):
+    """503 ``NO_SYNC_STANDBY``: the server requires a synchronous standby
+    (``IDEM_REQUIRE_SYNC_STANDBY``) and none is attached; nothing was written.
+    Retry no sooner than ``retry_after`` seconds."""
+
+
 class InternalError(IdemError):
     """500 ``INTERNAL``."""
 
@@ -175,6 +181,7 @@ ERRORS_BY_CODE: dict[str, type[IdemError]] = {
     "PAYLOAD_TOO_LARGE": PayloadTooLargeError,
     "UNAVAILABLE": UnavailableError,
     "OVERLOADED": OverloadedError,
+    "NO_SYNC_STANDBY": NoSyncStandbyError,
     "INTERNAL": InternalError,
 }
 
