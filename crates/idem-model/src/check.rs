@@ -5,7 +5,8 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use stateright::{Checker, Expectation, HasDiscoveries, Model};
 
-use crate::model::{Bounds, IdemModel};
+use crate::bounds::Bounds;
+use crate::model::IdemModel;
 use crate::setup::SetupError;
 
 /// How the state space is walked.

@@ -26,12 +26,18 @@
 //! clock of 100 ms ticks with a horizon; ids are deterministic
 //! ([`idem_store::Tx::new_id`] counts up).
 
+pub mod action;
+pub mod bounds;
 pub mod check;
 pub mod memory;
 pub mod model;
+pub mod properties;
 pub mod setup;
 pub mod state;
 pub mod trace;
+mod transition;
 
+pub use action::Action;
+pub use bounds::{Bounds, Classes};
 pub use check::{Options, Report, Strategy, Verdict, run};
-pub use model::{Action, Bounds, Classes, IdemModel};
+pub use model::IdemModel;

@@ -1,10 +1,8 @@
 //! The protocol as a [`stateright::Model`]: actors, actions, and the
 //! properties of SPEC §2 checked over every state the bounds allow.
 
-use std::fmt;
-
 use idem_core::machine::operator::Resolution;
-use idem_core::model::{AttemptKind, AttemptState, CancelStatus, FailureClass, TaskState};
+use idem_core::model::{AttemptKind, AttemptState, FailureClass};
 use idem_store::ops::{
     self, AcknowledgeDelivery, Cancel, Claim, ClaimRequest, Heartbeat, OperatorCancel, Redrive,
     Release, Resolve, RetryNow, RevokeApiKey, Submission, Submit, SubmitOutcome, Sweep,
@@ -13,219 +11,15 @@ use idem_store::{Refusal, StoreError};
 use serde_json::json;
 use stateright::{Model, Property};
 
+use crate::action::Action;
+use crate::bounds::Bounds;
 use crate::memory;
+use crate::properties::*;
 use crate::setup::{
-    self, Answer, OperatorAction, Reported, SAFE_CLASS, Sent, Setup, SetupError, TENANTS,
-    UNSAFE_CLASS, api_key_id,
+    self, Answer, OperatorAction, SAFE_CLASS, Sent, Setup, SetupError, TENANTS, UNSAFE_CLASS,
+    api_key_id,
 };
-use crate::state::{Executor, Held, State, TaskRow, violation};
-
-/// Which operation classes the keys use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Classes {
-    /// Every key is `payment.release` (not safe to repeat).
-    Unsafe,
-    /// Every key is `generation.dispatch` (safe to repeat).
-    Safe,
-    /// Keys alternate: key 0 `payment.release`, key 1 `generation.dispatch`, …
-    Both,
-}
-
-impl std::str::FromStr for Classes {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Classes, String> {
-        match s {
-            "unsafe" => Ok(Classes::Unsafe),
-            "safe" => Ok(Classes::Safe),
-            "both" => Ok(Classes::Both),
-            _ => Err(format!("`{s}`: expected unsafe, safe or both")),
-        }
-    }
-}
-
-impl fmt::Display for Classes {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Classes::Unsafe => "unsafe",
-            Classes::Safe => "safe",
-            Classes::Both => "both",
-        })
-    }
-}
-
-/// The bounds of one exploration.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Bounds {
-    /// Idempotency keys (scopes) clients submit under.
-    pub keys: u8,
-    /// Tasks the store may accept in all (more than `keys` once retention
-    /// released a key and the key is submitted again).
-    pub tasks: u8,
-    /// Classes of the keys.
-    pub classes: Classes,
-    /// Executors.
-    pub executors: u8,
-    /// Attempts (execute and reconcile) executors may claim per task before
-    /// the horizon.
-    pub attempts: u8,
-    /// Executor crashes in all.
-    pub crashes: u8,
-    /// Operator actions in all.
-    pub operator: u8,
-    /// Ticks of the clock (100 ms each) during which faults happen; then
-    /// the run drains (see [`IdemModel`]).
-    pub horizon: u8,
-    /// Tenants (1 or 2): key `k` and executor `e` belong to tenant
-    /// `k % tenants` and `e % tenants`.
-    pub tenants: u8,
-    /// Report answers lost in all (the executor sends the same report again).
-    pub lost: u8,
-}
-
-impl Bounds {
-    /// The bound `idem verify --ci` explores: one key of the non-safe class,
-    /// one tenant, two executors, three attempts, one crash, one operator
-    /// action, no lost report answer, 2 ticks (`--classes safe` for the safe
-    /// class).
-    pub fn ci() -> Bounds {
-        Bounds {
-            keys: 1,
-            tasks: 1,
-            classes: Classes::Unsafe,
-            executors: 2,
-            attempts: 3,
-            crashes: 1,
-            operator: 1,
-            horizon: 2,
-            tenants: 1,
-            lost: 0,
-        }
-    }
-
-    /// The bound of the test suite: one key of the non-safe class, two
-    /// executors, two attempts, one crash, one operator action, one lost
-    /// report answer, 2 ticks (about 240,000 distinct states; under a
-    /// minute of CPU in a debug build).
-    pub fn small() -> Bounds {
-        Bounds {
-            keys: 1,
-            tasks: 1,
-            classes: Classes::Unsafe,
-            executors: 2,
-            attempts: 2,
-            crashes: 1,
-            operator: 1,
-            horizon: 2,
-            tenants: 1,
-            lost: 1,
-        }
-    }
-
-    /// The class of key `k`.
-    pub fn class_of(&self, k: u8) -> &'static str {
-        match self.classes {
-            Classes::Unsafe => UNSAFE_CLASS,
-            Classes::Safe => SAFE_CLASS,
-            Classes::Both if k.is_multiple_of(2) => UNSAFE_CLASS,
-            Classes::Both => SAFE_CLASS,
-        }
-    }
-}
-
-/// An action of one actor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Action {
-    /// A client submits under key `key`.
-    Submit {
-        /// Key index.
-        key: u8,
-        /// Which request.
-        sent: Sent,
-    },
-    /// The client cancels task `task`.
-    Cancel {
-        /// Task index.
-        task: u8,
-    },
-    /// The client acknowledges the delivery of task `task`.
-    AcknowledgeDelivery {
-        /// Task index.
-        task: u8,
-    },
-    /// Executor `executor` claims one attempt.
-    Claim {
-        /// Executor index.
-        executor: u8,
-    },
-    /// The executor heartbeats its attempt.
-    Heartbeat {
-        /// Executor index.
-        executor: u8,
-    },
-    /// The executor sends the device acknowledgment of its execute attempt.
-    Acknowledge {
-        /// Executor index.
-        executor: u8,
-    },
-    /// The executor performs the effect at the provider (within its lease).
-    PerformEffect {
-        /// Executor index.
-        executor: u8,
-    },
-    /// The executor of a reconcile attempt asks the provider's ledger.
-    QueryProvider {
-        /// Executor index.
-        executor: u8,
-    },
-    /// The executor reports an outcome (late when its lease ran out).
-    Report {
-        /// Executor index.
-        executor: u8,
-        /// What it reports.
-        what: Reported,
-        /// The answer is lost on the way back: the executor sends the
-        /// same report again.
-        lost: bool,
-    },
-    /// The executor whose report's answer was lost sends it again, exactly.
-    RepeatReport {
-        /// Executor index.
-        executor: u8,
-    },
-    /// The executor gives back an attempt it has not started (a worker
-    /// shutting down): an execute attempt before the effect and the device
-    /// acknowledgment, a reconcile attempt before it asked the ledger.
-    Release {
-        /// Executor index.
-        executor: u8,
-    },
-    /// The executor stops working on an attempt whose lease it saw end.
-    Abandon {
-        /// Executor index.
-        executor: u8,
-    },
-    /// The executor crashes and restarts with nothing (before or after the effect).
-    Crash {
-        /// Executor index.
-        executor: u8,
-    },
-    /// The clock advances.
-    Tick,
-    /// The sweeper runs.
-    Sweep,
-    /// An admin revokes tenant `tenant`'s API key (`idem keys revoke`).
-    RevokeKey {
-        /// Tenant index.
-        tenant: u8,
-    },
-    /// An operator acts on a task.
-    Operator {
-        /// Task index.
-        task: u8,
-        /// The action.
-        action: OperatorAction,
-    },
-}
+use crate::state::{Executor, Held, Reported, State, violation};
 
 /// The model: bounds and the store's fixed setup. Time runs in two phases.
 /// Before the horizon every actor acts, faults included (crashes, late
@@ -607,7 +401,7 @@ impl IdemModel {
                 let applied = s.tasks[i].attempts.iter().any(|a| {
                     a.id == held.attempt_id && a.report.as_ref().is_some_and(|r| r.body == body)
                 });
-                if applied && (answer != Answer::Ok || !unchanged(&s.tasks[i], &n.tasks[i])) {
+                if applied && (answer != Answer::Ok || !n.tasks[i].unchanged_from(&s.tasks[i])) {
                     n.violations |= violation::REPEAT_CHANGED;
                 }
                 n.executors[usize::from(executor)] = Executor::Idle;
@@ -792,90 +586,6 @@ impl IdemModel {
             _ => None,
         }
     }
-
-    /// SPEC §2.4: a call whose generation no longer holds the lease (an
-    /// older generation, or an attempt that ended) changes no task or
-    /// attempt; only its evidence is kept.
-    fn check_stale(&self, s: &State, n: &mut State, held: &Held) {
-        let i = usize::from(held.task);
-        let before = &s.tasks[i];
-        let holds = held.generation == before.task.generation
-            && before.task.control.active_attempt_id == Some(held.attempt_id)
-            && before
-                .attempts
-                .iter()
-                .any(|a| a.id == held.attempt_id && a.state.is_active());
-        if holds {
-            return;
-        }
-        if !unchanged(before, &n.tasks[i]) {
-            n.violations |= violation::STALE_CHANGED_STATE;
-        }
-    }
-
-    /// Checks every transition: generations and usage never go down, a
-    /// delivery record never changes (its acknowledgment aside), and keeps
-    /// the ghost counters.
-    fn check_transition(&self, s: &State, n: &mut State) {
-        for (i, after) in n.tasks.iter_mut().enumerate() {
-            let Some(before) = s.tasks.get(i) else {
-                continue;
-            };
-            let (b, a) = (&before.task, &after.task);
-            if a.generation < b.generation {
-                n.violations |= violation::GENERATION_DECREASED;
-            }
-            if a.usage < b.usage {
-                n.violations |= violation::USAGE_DECREASED;
-            }
-            match (&b.delivery, &a.delivery) {
-                (None, Some(_)) => after.deliveries = after.deliveries.saturating_add(1),
-                (Some(x), Some(y)) => {
-                    let mut y = y.clone();
-                    y.acknowledged_at = x.acknowledged_at;
-                    if *x != y {
-                        n.violations |= violation::DELIVERY_CHANGED;
-                    }
-                }
-                (Some(_), None) => n.violations |= violation::DELIVERY_CHANGED,
-                (None, None) => {}
-            }
-            let status = |t: &idem_core::model::Task| t.cancellation.as_ref().map(|c| c.status);
-            if status(b) == Some(CancelStatus::Requested) {
-                match status(a) {
-                    Some(CancelStatus::TooLate) => after.cancel_lost_to_delivery = true,
-                    Some(CancelStatus::Confirmed) => after.pending_cancel_confirmed = true,
-                    _ => {}
-                }
-            }
-        }
-    }
-}
-
-/// Whether a call left the task and its attempts as they were: every task
-/// field a transition decides (state, generation, usage, cancellation,
-/// delivery, failure, next attempt, readiness) and every attempt; the
-/// evidence it kept aside.
-fn unchanged(before: &TaskRow, after: &TaskRow) -> bool {
-    let (a, b) = (&before.task, &after.task);
-    let same_task = a.state == b.state
-        && a.generation == b.generation
-        && a.usage == b.usage
-        && a.cancellation == b.cancellation
-        && a.delivery == b.delivery
-        && a.failure == b.failure
-        && a.control.next_kind == b.control.next_kind
-        && a.control.active_attempt_id == b.control.active_attempt_id
-        && a.control.ready_at == b.control.ready_at
-        && a.control.execute_count == b.control.execute_count;
-    same_task
-        && before.attempts.len() == after.attempts.len()
-        && before.attempts.iter().zip(&after.attempts).all(|(a, b)| {
-            a.state == b.state
-                && a.usage == b.usage
-                && a.lease_expires_at == b.lease_expires_at
-                && a.report == b.report
-        })
 }
 
 /// The answer of a business refusal.
@@ -1052,7 +762,7 @@ impl Model for IdemModel {
     }
 
     fn format_action(&self, action: &Action) -> String {
-        crate::trace::describe(self, action)
+        action.describe(&self.setup, self.bounds.tenants)
     }
 
     fn properties(&self) -> Vec<Property<Self>> {
@@ -1159,129 +869,4 @@ impl Model for IdemModel {
         }
         properties
     }
-}
-
-/// SPEC §2.1.
-pub const ONE_TASK_PER_SCOPE: &str = "one task per scope (SPEC §2.1)";
-/// SPEC §2.2, §2.3.
-pub const SUBMIT_CHANGES_NOTHING: &str =
-    "a replay or a conflicting submit changes nothing (SPEC §2.2, §2.3)";
-/// SPEC §2.2, §2.3.
-pub const SAME_REQUEST_REPLAYS: &str = "a submit to a taken scope replays exactly the accepted request, and conflicts for any other (SPEC §2.2, §2.3)";
-/// SPEC §4 "Details".
-pub const REPEAT_ANSWERED_AS_BEFORE: &str =
-    "an exact repeat of an applied report is answered as before and changes nothing (SPEC §4)";
-/// The in-memory store.
-pub const STORE_NEVER_FAILS: &str =
-    "every operation commits or refuses: none fails on the in-memory store";
-/// SPEC §2.4.
-pub const NO_CHANGE_FROM_OLD_GENERATION: &str =
-    "no state change from an old generation (SPEC §2.4)";
-/// SPEC §2.4.
-pub const GENERATIONS_INCREASE: &str = "generations strictly increase (SPEC §2.4)";
-/// SPEC §2.6.
-pub const DELIVERY_ONCE: &str = "at most one delivery and one charge (SPEC §2.6)";
-/// SPEC §2.5 and "not promised".
-pub const EFFECT_ONCE: &str = "at most one effect per non-safe task at the provider, and a delivery only for an effect (SPEC §2.5)";
-/// SPEC §2.5.
-pub const RECONCILE_BEFORE_REPEAT: &str =
-    "reconcile before any repeat after an unknown outcome (SPEC §2.5)";
-/// SPEC §2.7.
-pub const CANCEL_XOR_DELIVERY: &str = "cancellation and delivery never both (SPEC §2.7)";
-/// SPEC §2.7, §2.10.
-pub const USAGE_KEPT: &str = "usage is kept: never lost, never lowered (SPEC §2.7, §2.10)";
-/// Liveness.
-pub const EVERY_TASK_ENDS: &str =
-    "every task ends terminal once faults stop (liveness, drained runs)";
-/// Witness.
-pub const REACHED_DELIVERY: &str = "reached: a task is delivered";
-/// Witness.
-pub const REACHED_RECONCILE: &str = "reached: a reconcile attempt settles an unknown outcome";
-/// Witness.
-pub const REACHED_STALE_REPORT: &str = "reached: a stale report is kept as evidence";
-/// Witness.
-pub const REACHED_CANCEL_LOST: &str = "reached: a pending cancellation loses to delivery";
-/// Witness.
-pub const REACHED_CANCEL_CONFIRMED: &str =
-    "reached: a pending cancellation is confirmed after the attempt stopped";
-/// Witness.
-pub const REACHED_LEASE_EXPIRED: &str = "reached: a lease expires";
-/// Witness.
-pub const REACHED_REPEAT: &str =
-    "reached: a report whose answer was lost is sent again and answered as before";
-/// Witness.
-pub const REACHED_REVOKED: &str =
-    "reached: a task ends at a claim because its submitting key was revoked";
-/// Witness.
-pub const REACHED_RESUBMIT: &str =
-    "reached: a key released after retention is submitted again and makes a new task";
-/// Witness.
-pub const REACHED_TWO_TENANTS: &str =
-    "reached: tasks of two tenants under the same idempotency key are both delivered";
-/// Witness.
-pub const REACHED_RELEASE: &str =
-    "reached: a task with a released attempt ends (the attempt given back unstarted)";
-
-/// No two scope rows of one key, and each names a task of its key.
-fn one_task_per_scope(s: &State) -> bool {
-    let mut seen = 0u64;
-    for sc in &s.scopes {
-        let bit = 1u64 << (sc.key % 64);
-        let names_own = s
-            .task_index(sc.task_id)
-            .is_some_and(|i| s.tasks[i].key == sc.key);
-        if seen & bit != 0 || !names_own {
-            return false;
-        }
-        seen |= bit;
-    }
-    true
-}
-
-fn generations_increase(s: &State) -> bool {
-    s.violations & violation::GENERATION_DECREASED == 0
-        && s.tasks.iter().all(|r| {
-            r.attempts
-                .windows(2)
-                .all(|w| w[0].number < w[1].number && w[0].generation < w[1].generation)
-                && r.attempts.iter().all(|a| a.generation <= r.task.generation)
-        })
-}
-
-fn delivery_once(s: &State) -> bool {
-    s.violations & violation::DELIVERY_CHANGED == 0
-        && s.tasks.iter().all(|r: &TaskRow| {
-            r.deliveries <= 1
-                && r.task.delivery.as_ref().is_none_or(|d| {
-                    d.charge == r.task.contract.price
-                        && r.task.cancellation.as_ref().is_none_or(|c| {
-                            c.status != CancelStatus::TooLate || c.fee == Some(d.charge)
-                        })
-                })
-        })
-}
-
-fn effect_once(s: &State) -> bool {
-    s.tasks
-        .iter()
-        .zip(&s.ledger)
-        .all(|(r, l)| (r.safe() || l.repeats == 0) && (r.task.delivery.is_none() || l.applied))
-}
-
-fn cancel_xor_delivery(s: &State) -> bool {
-    s.tasks.iter().all(|r| {
-        let confirmed = r.task.state == TaskState::Cancelled
-            || r.task
-                .cancellation
-                .as_ref()
-                .is_some_and(|c| c.status == CancelStatus::Confirmed);
-        !(confirmed && r.task.delivery.is_some())
-    })
-}
-
-fn usage_kept(s: &State) -> bool {
-    s.violations & violation::USAGE_DECREASED == 0
-        && s.tasks
-            .iter()
-            .all(|r| r.task.usage == r.attempts.iter().map(|a| a.usage).sum::<i64>())
 }

@@ -10,11 +10,11 @@ use idem_core::contract::FrozenContract;
 use idem_core::fingerprint::canonical_request;
 use idem_core::machine::operator::{Actor, By, Reason, Refused};
 use idem_core::machine::{self, Rejection};
-use idem_core::model::{ApiKey, AttemptKind, CancelStatus, Outcome, Role, Timestamp};
+use idem_core::model::{ApiKey, AttemptKind, CancelStatus, Role, Timestamp};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::state::{Held, TICK_MS};
+use crate::state::{Held, Reported, TICK_MS};
 
 /// The model's own setup is wrong (a class missing from its configuration,
 /// params that do not fingerprint). Never a finding about idem.
@@ -257,48 +257,6 @@ pub fn at(t: i64) -> Timestamp {
 /// The tick of instant `ts` (rounded up: a lease ending inside a tick has ended at the next).
 pub fn tick_of(ts: Timestamp) -> i64 {
     (ts.0 + TICK_MS - 1).div_euclid(TICK_MS)
-}
-
-/// What an executor reports (SPEC §4 `/report`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Reported {
-    /// `succeeded` with the result (execute).
-    Succeeded,
-    /// `failed` / `transient`.
-    FailedTransient,
-    /// `failed` / `invalid_input`.
-    FailedInvalidInput,
-    /// `unknown`.
-    Unknown,
-    /// `cancelled` (execute, answering a pending cancellation).
-    Cancelled,
-    /// `committed` with the result (reconcile: the ledger has the effect).
-    Committed,
-    /// `not_committed` (reconcile: the ledger has no effect).
-    NotCommitted,
-}
-
-impl Reported {
-    /// The outcome word.
-    pub fn outcome(self) -> Outcome {
-        match self {
-            Reported::Succeeded => Outcome::Succeeded,
-            Reported::FailedTransient | Reported::FailedInvalidInput => Outcome::Failed,
-            Reported::Unknown => Outcome::Unknown,
-            Reported::Cancelled => Outcome::Cancelled,
-            Reported::Committed => Outcome::Committed,
-            Reported::NotCommitted => Outcome::NotCommitted,
-        }
-    }
-
-    fn failure_class(self) -> Option<idem_core::model::FailureClass> {
-        use idem_core::model::FailureClass;
-        match self {
-            Reported::FailedTransient => Some(FailureClass::Transient),
-            Reported::FailedInvalidInput => Some(FailureClass::InvalidInput),
-            _ => None,
-        }
-    }
 }
 
 impl fmt::Display for Reported {

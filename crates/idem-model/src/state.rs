@@ -17,10 +17,8 @@
 
 use std::hash::{Hash, Hasher};
 
-use idem_core::model::{Attempt, AttemptKind, Task};
+use idem_core::model::{Attempt, AttemptKind, Outcome, Task};
 use uuid::Uuid;
-
-use crate::setup::Reported;
 
 /// Milliseconds per tick of the model clock.
 pub const TICK_MS: i64 = 100;
@@ -319,5 +317,75 @@ impl State {
     /// The index of the task with id `id`.
     pub fn task_index(&self, id: Uuid) -> Option<usize> {
         self.tasks.iter().position(|r| r.task.id == id)
+    }
+}
+
+/// What an executor reports (SPEC §4 `/report`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reported {
+    /// `succeeded` with the result (execute).
+    Succeeded,
+    /// `failed` / `transient`.
+    FailedTransient,
+    /// `failed` / `invalid_input`.
+    FailedInvalidInput,
+    /// `unknown`.
+    Unknown,
+    /// `cancelled` (execute, answering a pending cancellation).
+    Cancelled,
+    /// `committed` with the result (reconcile: the ledger has the effect).
+    Committed,
+    /// `not_committed` (reconcile: the ledger has no effect).
+    NotCommitted,
+}
+
+impl Reported {
+    /// The outcome word.
+    pub fn outcome(self) -> Outcome {
+        match self {
+            Reported::Succeeded => Outcome::Succeeded,
+            Reported::FailedTransient | Reported::FailedInvalidInput => Outcome::Failed,
+            Reported::Unknown => Outcome::Unknown,
+            Reported::Cancelled => Outcome::Cancelled,
+            Reported::Committed => Outcome::Committed,
+            Reported::NotCommitted => Outcome::NotCommitted,
+        }
+    }
+
+    pub(crate) fn failure_class(self) -> Option<idem_core::model::FailureClass> {
+        use idem_core::model::FailureClass;
+        match self {
+            Reported::FailedTransient => Some(FailureClass::Transient),
+            Reported::FailedInvalidInput => Some(FailureClass::InvalidInput),
+            _ => None,
+        }
+    }
+}
+
+impl TaskRow {
+    /// Whether a call left the task and its attempts as they were in `before`: every task
+    /// field a transition decides (state, generation, usage, cancellation,
+    /// delivery, failure, next attempt, readiness) and every attempt; the
+    /// evidence it kept aside.
+    pub fn unchanged_from(&self, before: &TaskRow) -> bool {
+        let (a, b) = (&before.task, &self.task);
+        let same_task = a.state == b.state
+            && a.generation == b.generation
+            && a.usage == b.usage
+            && a.cancellation == b.cancellation
+            && a.delivery == b.delivery
+            && a.failure == b.failure
+            && a.control.next_kind == b.control.next_kind
+            && a.control.active_attempt_id == b.control.active_attempt_id
+            && a.control.ready_at == b.control.ready_at
+            && a.control.execute_count == b.control.execute_count;
+        same_task
+            && before.attempts.len() == self.attempts.len()
+            && before.attempts.iter().zip(&self.attempts).all(|(a, b)| {
+                a.state == b.state
+                    && a.usage == b.usage
+                    && a.lease_expires_at == b.lease_expires_at
+                    && a.report == b.report
+            })
     }
 }

@@ -5,90 +5,10 @@
 
 use std::fmt::Write as _;
 
-use crate::model::{Action, IdemModel};
-use crate::setup::{OperatorAction, Sent, tick_of};
+use crate::action::Action;
+use crate::model::IdemModel;
+use crate::setup::tick_of;
 use crate::state::{Executor, State};
-
-/// The actor and action of `a`, e.g. `executor-1: report \`unknown\``.
-pub fn describe(m: &IdemModel, a: &Action) -> String {
-    match a {
-        Action::Submit { key, sent } => {
-            let who = m.setup.keys.get(usize::from(*key)).map_or_else(
-                || format!("key {key}"),
-                |k| {
-                    if m.bounds.tenants > 1 {
-                        format!(
-                            "{} of {}",
-                            k.idempotency_key,
-                            crate::setup::TENANTS[usize::from(k.tenant)]
-                        )
-                    } else {
-                        k.idempotency_key.clone()
-                    }
-                },
-            );
-            format!(
-                "client: submit under {who} ({})",
-                match sent {
-                    Sent::Original => "the original request",
-                    Sent::Changed => "a changed request: same key, other amount",
-                    Sent::Reconfigured =>
-                        "the original request, fingerprinted after the configuration made the payee material",
-                }
-            )
-        }
-        Action::Cancel { task } => format!("client: cancel task {}", task + 1),
-        Action::AcknowledgeDelivery { task } => {
-            format!("client: acknowledge the delivery of task {}", task + 1)
-        }
-        Action::Claim { executor } => format!("executor-{executor}: claim an attempt"),
-        Action::Heartbeat { executor } => format!("executor-{executor}: heartbeat"),
-        Action::Acknowledge { executor } => {
-            format!("executor-{executor}: device acknowledgment (/ack)")
-        }
-        Action::PerformEffect { executor } => {
-            format!("executor-{executor}: perform the effect at the provider")
-        }
-        Action::QueryProvider { executor } => {
-            format!("executor-{executor}: reconcile: ask the provider's ledger")
-        }
-        Action::Report {
-            executor,
-            what,
-            lost,
-        } => format!(
-            "executor-{executor}: report `{what}`{}",
-            if *lost {
-                " (the answer is lost on the way back)"
-            } else {
-                ""
-            }
-        ),
-        Action::RepeatReport { executor } => {
-            format!("executor-{executor}: send the same report again")
-        }
-        Action::RevokeKey { tenant } => format!(
-            "admin: revoke the API key of tenant {}",
-            crate::setup::TENANTS[usize::from(*tenant) % crate::setup::TENANTS.len()]
-        ),
-        Action::Release { executor } => {
-            format!("executor-{executor}: release the attempt it has not started")
-        }
-        Action::Abandon { executor } => {
-            format!("executor-{executor}: its lease ended; stop working on the attempt")
-        }
-        Action::Crash { executor } => format!("executor-{executor}: crash"),
-        Action::Tick => "clock: advance".to_owned(),
-        Action::Sweep => "sweeper: expire leases, wake backoffs, release keys".to_owned(),
-        Action::Operator { task, action } => {
-            let what = match action {
-                OperatorAction::Resolve => "resolve (as the provider's ledger says)".to_owned(),
-                other => other.to_string(),
-            };
-            format!("operator: {what} task {}", task + 1)
-        }
-    }
-}
 
 /// Every task, executor and ledger entry of `s`, indented.
 pub fn summary(m: &IdemModel, s: &State) -> String {
@@ -192,12 +112,23 @@ pub fn render(m: &IdemModel, actions: &[Action], failed: &str) -> String {
     for (i, a) in actions.iter().enumerate() {
         match m.step(&s, *a) {
             Some((n, answer)) => {
-                let _ = writeln!(out, "{:>3}. {} → {}", i + 1, describe(m, a), answer);
+                let _ = writeln!(
+                    out,
+                    "{:>3}. {} → {}",
+                    i + 1,
+                    a.describe(&m.setup, m.bounds.tenants),
+                    answer
+                );
                 out.push_str(&summary(m, &n));
                 s = n;
             }
             None => {
-                let _ = writeln!(out, "{:>3}. {} → (no change)", i + 1, describe(m, a));
+                let _ = writeln!(
+                    out,
+                    "{:>3}. {} → (no change)",
+                    i + 1,
+                    a.describe(&m.setup, m.bounds.tenants)
+                );
             }
         }
     }

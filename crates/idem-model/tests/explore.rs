@@ -8,7 +8,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use idem_model::check::{Options, Report, Strategy, Verdict};
-use idem_model::{Bounds, model};
+use idem_model::{Bounds, properties};
 
 /// Explores `bounds` to the end (every property's verdict is final).
 fn explore(bounds: Bounds) -> Report {
@@ -44,7 +44,8 @@ mod sound {
     use std::sync::OnceLock;
 
     use idem_model::model::IdemModel;
-    use idem_model::setup::{Answer, OperatorAction, Reported, Sent};
+    use idem_model::setup::{Answer, OperatorAction, Sent};
+    use idem_model::state::Reported;
     use idem_model::state::State;
     use idem_model::{Action, Classes};
     use stateright::Model;
@@ -299,7 +300,7 @@ mod sound {
         let live = m
             .properties()
             .into_iter()
-            .find(|p| p.name == model::EVERY_TASK_ENDS)
+            .find(|p| p.name == properties::EVERY_TASK_ENDS)
             .unwrap();
         assert!((live.condition)(&m, &s));
     }
@@ -313,7 +314,7 @@ mod sound {
             classes: Classes::Safe,
             ..Bounds::small()
         });
-        match verdict(&report, model::EVERY_TASK_ENDS) {
+        match verdict(&report, properties::EVERY_TASK_ENDS) {
             Verdict::Counterexample { trace } => {
                 assert!(trace.contains("client: submit under key-0"), "{trace}");
                 assert!(trace.contains("queued"), "{trace}");
@@ -364,14 +365,14 @@ mod sound {
 #[test]
 fn broken_fencing_is_found() {
     let report = explore(Bounds::small());
-    match verdict(&report, model::NO_CHANGE_FROM_OLD_GENERATION) {
+    match verdict(&report, properties::NO_CHANGE_FROM_OLD_GENERATION) {
         Verdict::Counterexample { trace } => {
             eprintln!("{trace}");
             assert!(trace.contains(". client: submit under key-0"), "{trace}");
             assert!(trace.contains("generation"), "{trace}");
             assert!(trace.ends_with(&format!(
                 "property failed: {}\n",
-                model::NO_CHANGE_FROM_OLD_GENERATION
+                properties::NO_CHANGE_FROM_OLD_GENERATION
             )));
         }
         other => panic!("{other:?}"),
@@ -385,7 +386,7 @@ fn broken_fencing_is_found() {
 #[test]
 fn broken_reconcile_is_found() {
     let report = explore(Bounds::small());
-    for name in [model::RECONCILE_BEFORE_REPEAT, model::EFFECT_ONCE] {
+    for name in [properties::RECONCILE_BEFORE_REPEAT, properties::EFFECT_ONCE] {
         match verdict(&report, name) {
             Verdict::Counterexample { trace } => {
                 eprintln!("{trace}");
@@ -404,7 +405,7 @@ fn broken_reconcile_is_found() {
 #[test]
 fn broken_same_request_is_found() {
     let report = explore(Bounds::small());
-    match verdict(&report, model::SAME_REQUEST_REPLAYS) {
+    match verdict(&report, properties::SAME_REQUEST_REPLAYS) {
         Verdict::Counterexample { trace } => {
             eprintln!("{trace}");
             assert!(
@@ -419,7 +420,7 @@ fn broken_same_request_is_found() {
             );
             assert!(trace.ends_with(&format!(
                 "property failed: {}\n",
-                model::SAME_REQUEST_REPLAYS
+                properties::SAME_REQUEST_REPLAYS
             )));
         }
         other => panic!("{other:?}"),
