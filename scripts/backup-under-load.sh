@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `idem backup` of an SQLite store under a steady submit load (SPEC §2.11,
 # docs/deployment.md "Backups"): one `idem serve` on a new SQLite file, 50
-# payments of which 20 are leased (running), then `idem bench --mode new`
+# payments of which 20 are leased (running), then `idem-lab bench --mode new`
 # (32 clients) submitting new tasks while `idem backup` copies the store.
 # Prints the submit rate while the backup ran, the backup's own line, whether
 # the copy holds every task created before the backup began (created_at more
@@ -11,8 +11,9 @@
 # state, judged from the store.
 #
 # usage: scripts/backup-under-load.sh
-# env: IDEM_BIN (default: builds `cargo build --release -p idem` and uses
-#      $CARGO_TARGET_DIR/release/idem, or target/release/idem),
+# env: IDEM_BIN (default: builds `cargo build --release -p idem -p idem-harness
+#      --bin idem --bin idem-lab` and uses $CARGO_TARGET_DIR/release/idem, or
+#      target/release/idem), IDEM_LAB_BIN (default: idem-lab beside IDEM_BIN),
 #      WARMUP_S (default 3: load before the backup), COUNT (default 400000:
 #      submits the bench may send; it is stopped after the backup)
 set -euo pipefail
@@ -20,9 +21,10 @@ cd "$(dirname "$0")/.."
 WARMUP_S=${WARMUP_S:-3}
 COUNT=${COUNT:-400000}
 if [ -z "${IDEM_BIN:-}" ]; then
-  cargo build --release -p idem --quiet
+  cargo build --release -p idem -p idem-harness --bin idem --bin idem-lab --quiet
   IDEM_BIN="${CARGO_TARGET_DIR:-./target}/release/idem"
 fi
+IDEM_LAB_BIN=${IDEM_LAB_BIN:-$(dirname "$IDEM_BIN")/idem-lab}
 D=$(mktemp -d)
 PIDS=()
 cleanup() {
@@ -52,7 +54,7 @@ for i in $(seq 1 20); do
   curl -fs -o /dev/null -X POST "$URL/v1/attempts/claim" -H "Authorization: Bearer $EXEC" \
     -d '{"executor_id":"worker-1","operations":["payment.release"],"lease_ms":300000}'
 done
-"$IDEM_BIN" bench --mode new --url "$URL" --api-key "$CLIENT" --count "$COUNT" \
+"$IDEM_LAB_BIN" bench --mode new --url "$URL" --api-key "$CLIENT" --count "$COUNT" \
   --concurrency 32 --no-baseline > "$D/bench.out" 2>&1 &
 BENCH=$!
 PIDS+=($BENCH)

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # CPU time per request of each process on the machine: the `idem serve`
-# process, the load generator (`idem bench --url`) and every PostgreSQL backend.
+# process, the load generator (`idem-lab bench --url`) and every PostgreSQL backend.
 # Shows where a throughput ceiling comes from when everything shares two cores.
 #
 # usage: scripts/cpu-per-request.sh STORE MODE COUNT
 #   STORE  sqlite:///tmp/x/idem.db or postgres://postgres@127.0.0.1:5432/idem_cpu
 #   MODE   new | replay | conflict | storm | mixed
 #   COUNT  requests measured (after 2,000 warm-up requests)
-# env: IDEM_BIN (default $CARGO_TARGET_DIR or target, then dist/idem: the packaged build, `cargo build --profile dist`), PORT (default 18787)
+# env: IDEM_BIN (default $CARGO_TARGET_DIR or target, then dist/idem: the packaged build, `cargo build --profile dist`), IDEM_LAB_BIN (default: idem-lab beside IDEM_BIN, `cargo build --profile dist -p idem-harness --bin idem-lab`), PORT (default 18787)
 set -euo pipefail
 STORE=$1; MODE=$2; COUNT=$3
 BIN=${IDEM_BIN:-"${CARGO_TARGET_DIR:-$(dirname "$0")/../target}/dist/idem"}
+LAB=${IDEM_LAB_BIN:-$(dirname "$BIN")/idem-lab}
 PORT=${PORT:-18787}
 KEY=$("$BIN" keys create --tenant bench --role client --store "$STORE" 2>/dev/null)
 "$BIN" serve --store "$STORE" --listen "127.0.0.1:$PORT" >/dev/null 2>&1 &
@@ -29,10 +30,10 @@ pg_ticks() {
   echo "$s"
 }
 busy() { awk '/^cpu /{print $2+$3+$4+$7+$8, $5+$6}' /proc/stat; }
-"$BIN" bench --url "http://127.0.0.1:$PORT" --api-key "$KEY" --mode "$MODE" --count 2000 --no-baseline >/dev/null 2>&1
+"$LAB" bench --url "http://127.0.0.1:$PORT" --api-key "$KEY" --mode "$MODE" --count 2000 --no-baseline >/dev/null 2>&1
 s0=$(ticks $SPID); p0=$(pg_ticks); read -r b0 i0 < <(busy)
 TIMES=$(mktemp)
-/usr/bin/time -f "%U %S" -o "$TIMES" "$BIN" bench --url "http://127.0.0.1:$PORT" --api-key "$KEY" \
+/usr/bin/time -f "%U %S" -o "$TIMES" "$LAB" bench --url "http://127.0.0.1:$PORT" --api-key "$KEY" \
   --mode "$MODE" --count "$COUNT" --no-baseline | grep -E "^$MODE"
 s1=$(ticks $SPID); p1=$(pg_ticks); read -r b1 i1 < <(busy)
 read -r bu bs < "$TIMES"; rm -f "$TIMES"

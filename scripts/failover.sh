@@ -2,12 +2,12 @@
 # A database failover under the chaos workload (docs/deployment.md, "Failover").
 #
 # Each run: a primary and a streaming standby made from it with pg_basebackup -R (two throwaway
-# clusters on 127.0.0.1, under a temp dir); two `idem serve` instances (started by `idem chaos`)
+# clusters on 127.0.0.1, under a temp dir); two `idem serve` instances (started by `idem-lab chaos`)
 # on the multi-host URL postgres://…@127.0.0.1:P,127.0.0.1:S/idem?target_session_attrs=read-write;
 # half-way through the operations the primary is killed with SIGKILL (postmaster and every
 # backend), and after --delay-ms the standby is promoted (pg_ctl promote -w) and its inherited
 # synchronous_standby_names cleared, as a failover manager does when no standby is left. Then
-# `idem chaos` checks every SPEC §2 invariant, that every acknowledged submit and report is in the
+# `idem-lab chaos` checks every SPEC §2 invariant, that every acknowledged submit and report is in the
 # promoted database, and that 5xx answers came only between the kill and the promotion plus
 # --bound-ms.
 #
@@ -18,7 +18,8 @@
 #
 # Options: --ops N (chaos operations per run, default 1500), --seed S (first seed, default 1; run i
 # uses S+i), --delay-ms N (kill to promote, default 1000), --bound-ms N (default 5000).
-# The idem binary: $IDEM_BIN, else $CARGO_TARGET_DIR/debug/idem (or target/debug/idem).
+# The idem binary: $IDEM_BIN, else $CARGO_TARGET_DIR/debug/idem (or target/debug/idem); idem-lab:
+# $IDEM_LAB_BIN, else idem-lab beside that idem.
 # PostgreSQL's binaries: $PG_BIN, else the newest /usr/lib/postgresql/*/bin; as root they run as
 # `postgres` (runuser). Exit status: 1 when a synchronous run has a violation.
 set -euo pipefail
@@ -39,6 +40,8 @@ done
 
 idem=${IDEM_BIN:-${CARGO_TARGET_DIR:-target}/debug/idem}
 [ -x "$idem" ] || { echo "no idem binary at $idem (cargo build -p idem, or set IDEM_BIN)" >&2; exit 2; }
+lab=${IDEM_LAB_BIN:-$(dirname "$idem")/idem-lab}
+[ -x "$lab" ] || { echo "no idem-lab binary at $lab (cargo build -p idem-harness --bin idem-lab, or set IDEM_LAB_BIN)" >&2; exit 2; }
 pg_bin=${PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)}
 [ -x "$pg_bin/initdb" ] || { echo "no PostgreSQL binaries (set PG_BIN)" >&2; exit 2; }
 as_pg=()
@@ -106,7 +109,7 @@ PROMOTE
   url="postgres://postgres@127.0.0.1:$p1,127.0.0.1:$p2/idem?target_session_attrs=read-write"
   s=$((seed + i - 1))
   set +e
-  "$idem" chaos --seed "$s" --ops "$ops" --store "$url" --json \
+  "$lab" chaos --idem-bin "$idem" --seed "$s" --ops "$ops" --store "$url" --json \
     --failover-kill "$run/kill.sh" --failover-promote "$run/promote.sh" \
     --failover-delay-ms "$delay_ms" --failover-bound-ms "$bound_ms" ${async:+--failover-async} \
     > "$run/report.json" 2> "$run/chaos.log"

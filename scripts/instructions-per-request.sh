@@ -10,10 +10,11 @@
 #   STORE  sqlite:///tmp/x/idem.db (a fresh file) or postgres://…/db (a fresh database)
 #   MODE   new | replay | conflict | storm | mixed
 #   COUNT  requests measured (after 500 warm-up requests), 8 clients
-# env: IDEM_BIN (default $CARGO_TARGET_DIR or target, then dist/idem: the packaged build, `cargo build --profile dist`), PORT (default 18789)
+# env: IDEM_BIN (default $CARGO_TARGET_DIR or target, then dist/idem: the packaged build, `cargo build --profile dist`), IDEM_LAB_BIN (default: idem-lab beside IDEM_BIN, `cargo build --profile dist -p idem-harness --bin idem-lab`), PORT (default 18789)
 set -euo pipefail
 STORE=$1; MODE=$2; COUNT=$3
 BIN=${IDEM_BIN:-"${CARGO_TARGET_DIR:-$(dirname "$0")/../target}/dist/idem"}
+LAB=${IDEM_LAB_BIN:-$(dirname "$BIN")/idem-lab}
 PORT=${PORT:-18789}
 OUT=$(mktemp -d)
 trap 'kill "$SPID" 2>/dev/null || true; rm -rf "$OUT"' EXIT
@@ -23,7 +24,7 @@ valgrind --tool=callgrind --callgrind-out-file="$OUT/cg.%p" \
 SPID=$!
 for _ in $(seq 1 300); do curl -fsS "http://127.0.0.1:$PORT/readyz" >/dev/null 2>&1 && break; sleep 0.2; done
 load() {
-  "$BIN" bench --url "http://127.0.0.1:$PORT" --api-key "$KEY" --mode "$MODE" --count "$1" \
+  "$LAB" bench --url "http://127.0.0.1:$PORT" --api-key "$KEY" --mode "$MODE" --count "$1" \
     --concurrency 8 --no-baseline >/dev/null 2>&1
 }
 load 500

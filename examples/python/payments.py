@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The payment story of ``idem demo``, told by an executor written with the
+"""The payment story of ``idem-lab demo``, told by an executor written with the
 Python SDK against a real ``idem serve`` and the fake provider of
 examples/provider.
 

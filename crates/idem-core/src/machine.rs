@@ -28,7 +28,7 @@ const FENCING: bool = !cfg!(feature = "broken-fencing");
 
 /// Whether an `unknown` outcome is reconciled before anything is repeated
 /// (SPEC §2.5). Only the `broken-reconcile` feature, which exists so the model
-/// checker (`idem verify`) can prove it finds a repeat without reconciliation,
+/// checker (`idem-lab verify`) can prove it finds a repeat without reconciliation,
 /// turns it off; no release build enables it.
 const RECONCILE_UNKNOWN: bool = !cfg!(feature = "broken-reconcile");
 

@@ -1,4 +1,4 @@
-//! `idem bench`: submit throughput and latency over real HTTP, with the raw
+//! `idem-lab bench`: submit throughput and latency over real HTTP, with the raw
 //! database baseline measured in the same run at the same concurrency.
 //!
 //! Baselines (what "writing the key row yourself" costs):

@@ -1,4 +1,4 @@
-//! `idem chaos`: a seeded, reproducible fault-injection run against real
+//! `idem-lab chaos`: a seeded, reproducible fault-injection run against real
 //! `idem serve` processes, followed by a checker of the invariants of SPEC §2.
 //!
 //! What the seed fixes (the [`Plan`], identical for the same seed, operation
@@ -99,7 +99,7 @@ const QUIESCE_STALL: Duration = Duration::from_secs(60);
 /// Attempts handled at once by all executors together.
 const MAX_INFLIGHT: usize = 512;
 
-/// How `idem chaos` changes the bundled classes for its servers: short leases
+/// How `idem-lab chaos` changes the bundled classes for its servers: short leases
 /// and backoffs, long windows (no key is removed during a run), one more
 /// attempt for payouts. Environment-override form (`IDEM_OPERATIONS__…`).
 pub const CHAOS_OVERRIDES: &[(&str, &str)] = &[
@@ -156,7 +156,7 @@ pub const CHAOS_OVERRIDES: &[(&str, &str)] = &[
     ),
 ];
 
-/// The configuration of `idem chaos`'s servers: the bundled classes with
+/// The configuration of `idem-lab chaos`'s servers: the bundled classes with
 /// [`CHAOS_OVERRIDES`].
 ///
 /// # Errors

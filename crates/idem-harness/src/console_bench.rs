@@ -1,4 +1,4 @@
-//! `idem bench-console`: how fast the console's pages answer with a large
+//! `idem-lab bench-console`: how fast the console's pages answer with a large
 //! tenant (target: p99 within 200 ms with 100,000 tasks), against a real
 //! `idem serve` child process.
 //!

@@ -1,4 +1,4 @@
-//! `idem demo`: the seeds' payment case, end to end over HTTP, as a readable report.
+//! `idem-lab demo`: the seeds' payment case, end to end over HTTP, as a readable report.
 //!
 //! An agent releases a payment through idem; executors carry it out at a
 //! simulated payout provider. The scenes show what idem promises when things go

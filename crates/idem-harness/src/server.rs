@@ -1,6 +1,6 @@
 //! An idem server inside this process, on a temporary SQLite file or a
-//! PostgreSQL URL, for `idem bench` and `idem demo`; and [`spawn_serve`], an
-//! `idem serve` child process, for `idem chaos` and `idem bench-waiters`.
+//! PostgreSQL URL, for `idem-lab bench` and `idem-lab demo`; and [`spawn_serve`], an
+//! `idem serve` child process, for `idem-lab chaos` and `idem-lab bench-waiters`.
 
 use std::ffi::OsString;
 use std::path::Path;

@@ -1,4 +1,4 @@
-//! `idem bench-waiters`: what executors long-polling for work cost the
+//! `idem-lab bench-waiters`: what executors long-polling for work cost the
 //! database and the submitters (SPEC §4, "Waiting executors at fleet
 //! scale"), against real `idem serve` processes on one store.
 //!

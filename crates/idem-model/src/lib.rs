@@ -5,7 +5,7 @@
 //! heartbeat, report, release, cancel, sweep, the operator actions, key
 //! revocation) on an in-memory store, so the checker explores every
 //! interleaving the bounds allow of the code that runs in production, not of
-//! a re-implementation (`idem verify`; docs/verification.md, "Model
+//! a re-implementation (`idem-lab verify`; docs/verification.md, "Model
 //! checking").
 //!
 //! - [`memory`]: [`idem_store::Tx`] over the model's state; operations run

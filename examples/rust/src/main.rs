@@ -1,4 +1,4 @@
-//! The payment story of `idem demo`, told by an executor written with
+//! The payment story of `idem-lab demo`, told by an executor written with
 //! `idem_client::worker` against a real `idem serve` and the fake provider of
 //! examples/provider (`python3` on the PATH).
 //!

@@ -1,4 +1,4 @@
-//! `idem chaos --failover-kill CMD --failover-promote CMD`: a database
+//! `idem-lab chaos --failover-kill CMD --failover-promote CMD`: a database
 //! failover in the middle of the run, driven by the operator's own commands
 //! (`scripts/failover.sh` kills the primary with SIGKILL and promotes its
 //! standby), and what it did to the answers.

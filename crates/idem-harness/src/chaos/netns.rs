@@ -1,4 +1,4 @@
-//! Network namespaces of `idem chaos --netns`: each `idem serve` instance in
+//! Network namespaces of `idem-lab chaos --netns`: each `idem serve` instance in
 //! a namespace of its own, joined to the root namespace by a veth pair, its
 //! database traffic carried by a TCP forwarder (the `forward` module), and an
 //! nftables table inside the namespace whose rules cut (partition) or thin
@@ -56,7 +56,7 @@ pub enum NetnsError {
     },
     /// The run's address block is already assigned (another run whose pid
     /// is equal modulo 8192).
-    #[error("address {0} is already assigned on this machine (another idem chaos run?)")]
+    #[error("address {0} is already assigned on this machine (another idem-lab chaos run?)")]
     AddressInUse(Ipv4Addr),
     /// The forwarder could not bind.
     #[error("binding the database forwarder on {addr}: {source}")]

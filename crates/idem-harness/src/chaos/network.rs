@@ -1,4 +1,4 @@
-//! Network faults of `idem chaos --netns`: the seeded episodes against one
+//! Network faults of `idem-lab chaos --netns`: the seeded episodes against one
 //! instance's database link at a time, and the runner that applies, holds
 //! and heals each one and measures what it did.
 //!

@@ -350,7 +350,7 @@ async fn run_to_end(opts: ChaosOptions) -> Result<ChaosReport> {
     let violations = invariants.iter().map(|r| r.violations).sum::<u64>()
         + failover.as_ref().map_or(0, FailoverReport::violations);
     let stats = stats(&input, provider_lookups, log.unexpected);
-    let mut reproduce = format!("idem chaos --seed {} --ops {}", opts.seed, opts.ops);
+    let mut reproduce = format!("idem-lab chaos --seed {} --ops {}", opts.seed, opts.ops);
     if let Some(s) = &opts.store {
         reproduce.push_str(&format!(" --store {s}"));
     }
@@ -631,7 +631,7 @@ pub fn render(r: &ChaosReport) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "idem chaos: seed {}, {} operations, {} store, {} server process(es), {:.1} s",
+        "idem-lab chaos: seed {}, {} operations, {} store, {} server process(es), {:.1} s",
         r.seed,
         r.ops,
         r.store,

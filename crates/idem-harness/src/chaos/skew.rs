@@ -1,4 +1,4 @@
-//! Clock skew of `idem chaos --clock-skew-ms N`: the second instance runs
+//! Clock skew of `idem-lab chaos --clock-skew-ms N`: the second instance runs
 //! under libfaketime (`LD_PRELOAD`, `FAKETIME="±N/1000"`), its wall clock
 //! shifted +N at its first start and the sign flipped at each restart, so one
 //! run sees both directions. Monotonic clocks are not shifted

@@ -180,7 +180,7 @@ impl Demo {
     pub(super) fn line(&mut self, s: impl Into<String>) {
         let s = s.into();
         if self.echo {
-            // A closed stdout (e.g. `idem demo | head`) must not end the run.
+            // A closed stdout (e.g. `idem-lab demo | head`) must not end the run.
             use std::io::Write as _;
             let _ = writeln!(std::io::stdout().lock(), "{s}");
         }
@@ -210,7 +210,7 @@ impl Demo {
 
     pub(super) fn header(&mut self, target: &Target) {
         self.line(
-            "idem demo: releasing a payment safely when networks, executors and clients misbehave",
+            "idem-lab demo: releasing a payment safely when networks, executors and clients misbehave",
         );
         self.line(format!("  idem      {}", target.description));
         self.line("  provider  a simulated payout provider that is itself idempotent by task id");

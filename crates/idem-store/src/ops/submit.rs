@@ -401,7 +401,7 @@ impl Accepted<'_> {
 /// task's operation is taken for the accepted one, so a changed request under
 /// a taken scope is answered as a replay (SPEC §2.3 broken). Only the
 /// `broken-same-request` feature sets it, which exists so the model checker
-/// can show it finds the break (`idem verify`); no release build enables it.
+/// can show it finds the break (`idem-lab verify`); no release build enables it.
 const BROKEN_SAME_REQUEST: bool = cfg!(feature = "broken-same-request");
 
 /// Whether `s` is the request `task` was accepted with, as a submit to its

@@ -6,7 +6,6 @@
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 mod backup;
-mod bench_waiters;
 mod cancel;
 mod cli;
 mod console;

@@ -1163,24 +1163,6 @@ async fn pg_clock_skew_behind_neither_expires_live_leases_nor_keeps_dead_ones() 
     clock_skew_case(-600_000).await;
 }
 
-/// `idem bench` on an in-process server over PostgreSQL, with pgbench as the
-/// same-run baseline: every mode answers as expected, with the documented fields.
-#[tokio::test]
-async fn bench_runs_on_postgres_with_the_pgbench_baseline() {
-    let url = fresh_database().await;
-    let rows = crate::cli::bench_json(&[
-        "--mode",
-        "new,replay,conflict,storm,mixed",
-        "--bench-store",
-        &url,
-    ]);
-    assert_eq!(rows.len(), 5);
-    assert!(
-        rows.iter().all(|r| r["store"] == json!("postgres")),
-        "{rows:?}"
-    );
-}
-
 /// `idem migrate` on PostgreSQL says which migrations it applied, and on a
 /// second run that there was nothing to apply.
 #[tokio::test]

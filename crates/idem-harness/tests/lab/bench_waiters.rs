@@ -1,27 +1,24 @@
-//! `idem bench-waiters` (what waiting executors cost):
+//! `idem-lab bench-waiters` (what waiting executors cost):
 //! the run end to end on a small scale, on SQLite and on a fresh PostgreSQL
 //! database, and its refusals.
-
-use std::process::Command;
 
 use idem_store_postgres::testing::fresh_database;
 use serde_json::Value;
 
-use crate::support::BIN;
+use crate::support::{lab, lab_serving};
 
-/// Runs `idem bench-waiters ARGS --json`; returns the report, after checking
+/// Runs `idem-lab bench-waiters ARGS --json`; returns the report, after checking
 /// the run succeeded.
 fn run(args: &[&str]) -> Value {
-    let out = Command::new(BIN)
+    let out = lab_serving()
         .arg("bench-waiters")
         .args(args)
         .arg("--json")
-        .env_remove("IDEM_STORE")
         .output()
-        .expect("run idem bench-waiters");
+        .expect("run idem-lab bench-waiters");
     assert!(
         out.status.success(),
-        "idem bench-waiters failed: {}",
+        "idem-lab bench-waiters failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).expect("one JSON object")
@@ -152,13 +149,37 @@ fn bench_waiters_refuses_what_it_cannot_run() {
         (&["--waiters", "4", "--classes", "5"][..], "--classes"),
         (&["--store", "mysql://x"][..], "--store"),
     ] {
-        let out = Command::new(BIN)
+        let out = lab_serving()
             .arg("bench-waiters")
             .args(args)
             .output()
-            .expect("run idem bench-waiters");
+            .expect("run idem-lab bench-waiters");
         assert!(!out.status.success(), "{args:?}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(says), "{args:?}: {err}");
+    }
+}
+
+/// An `idem` binary that is not there is named before anything starts, with
+/// the way to name another; `IDEM_BIN` and `--idem-bin` are the same option.
+#[test]
+fn a_missing_idem_binary_is_named() {
+    let missing = "/nonexistent/idem";
+    for out in [
+        lab()
+            .args(["bench-waiters", "--idem-bin", missing])
+            .output(),
+        lab()
+            .args(["chaos", "--ops", "10"])
+            .env("IDEM_BIN", missing)
+            .output(),
+    ] {
+        let out = out.expect("run idem-lab");
+        assert_eq!(out.status.code(), Some(1));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!("no idem binary at {missing}")) && err.contains("--idem-bin"),
+            "{err}"
+        );
     }
 }

@@ -1,4 +1,4 @@
-//! `idem verify`: explores the protocol model of `idem-model` with the
+//! `idem-lab verify`: explores the protocol model of `idem-model` with the
 //! stateright model checker (docs/verification.md, "Model checking").
 
 use anyhow::{Result, bail};
@@ -71,7 +71,7 @@ pub(crate) struct VerifyArgs {
 /// stateright, so a count far beyond any machine's cores is refused here.
 const MAX_THREADS: i64 = 256;
 
-/// The bounds of the acceptance run (`idem verify` without `--ci`): one key
+/// The bounds of the acceptance run (`idem-lab verify` without `--ci`): one key
 /// of the non-safe class, one tenant, three executors, three attempts per
 /// task, two crashes, two operator actions (a key revocation among their
 /// choices), no lost answers, 3 ticks (about 10^7 distinct states;
@@ -184,7 +184,7 @@ pub(crate) async fn verify(args: VerifyArgs) -> Result<()> {
 
 fn render_bounds(b: &Bounds, threads: usize, args: &VerifyArgs) -> String {
     format!(
-        "idem verify: model checking idem_store::ops over an in-memory store (stateright, {strategy})\n\
+        "idem-lab verify: model checking idem_store::ops over an in-memory store (stateright, {strategy})\n\
          bounds: keys {}, tasks {}, classes {}, tenants {}, executors {}, attempts per task {}, crashes {}, operator actions {}, lost answers {}, horizon {} ticks of 100 ms; threads {threads}",
         b.keys,
         b.tasks,

@@ -1,0 +1,11 @@
+//! Black-box tests of `idem-lab`: each test runs the binary as a process
+//! (`bench` and `verify` in this process's children alone, `bench-waiters`
+//! with the `idem serve` processes it starts from the `idem` binary).
+
+// Helpers outside `#[test]` functions panic on setup failures by design.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+mod bench;
+mod bench_waiters;
+mod support;
+mod verify;
