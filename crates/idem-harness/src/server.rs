@@ -106,7 +106,8 @@ pub async fn open_store(
 }
 
 /// Starts a server with `config` on `store_url` (see [`open_store`]), with a
-/// sweeper every `sweep`.
+/// sweeper every `sweep`: [`idem_server::App`] with `idem serve`'s limits and
+/// drain, without the console.
 ///
 /// The server runs on its own multi-threaded tokio runtime (one worker per
 /// core, as `idem serve`), not on the caller's: a load generator in this
@@ -124,27 +125,16 @@ pub async fn start(store_url: Option<&str>, config: Config, sweep: Duration) -> 
             let (store, dir, sqlite_path) = open_store(store_url.as_deref()).await?;
             let (_, client_key) = store.create_api_key("bench", Role::Client, None).await?;
             let (_, executor_key) = store.create_api_key("bench", Role::Executor, None).await?;
-            let state = idem_http::AppState::new(store.clone(), config);
-            state.start();
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-            let url = format!("http://{}", listener.local_addr()?);
-            let (sweep_stop, sweep_stopped) = oneshot::channel::<()>();
-            tokio::spawn(idem_store::sweeper::run_sweeper(
-                store.clone(),
-                sweep,
-                async move {
-                    let _ = sweep_stopped.await;
-                },
-            ));
-            let app = idem_http::router(state);
-            tokio::spawn(async move {
-                let _ = axum::serve(listener, app)
-                    .with_graceful_shutdown(async move {
-                        let _ = stopped.await;
-                        let _ = sweep_stop.send(());
-                    })
-                    .await;
-            });
+            let options = idem_server::Options {
+                sweep_interval: sweep,
+                console: None,
+                ..idem_server::Options::default()
+            };
+            let app = idem_server::App::build(store.clone(), config, options).await?;
+            let url = app.url();
+            tokio::spawn(app.run(async move {
+                let _ = stopped.await;
+            }));
             Ok::<_, anyhow::Error>(InProcess {
                 url,
                 store,

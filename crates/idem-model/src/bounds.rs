@@ -68,7 +68,7 @@ pub struct Bounds {
 }
 
 impl Bounds {
-    /// The bound `idem verify --ci` explores: one key of the non-safe class,
+    /// The bound `idem-lab verify --ci` explores: one key of the non-safe class,
     /// one tenant, two executors, three attempts, one crash, one operator
     /// action, no lost report answer, 2 ticks (`--classes safe` for the safe
     /// class).

@@ -195,8 +195,7 @@ pub(crate) async fn serve(
     let _serve_lock = lock_sqlite_for_serve(&store_args)?;
     let store = open_store_waiting(&store_args, store_wait).await?;
     let version = config.version();
-    let mut state = idem_http::AppState::new(store.clone(), config);
-    if require_sync_standby {
+    let sync_standby = if require_sync_standby {
         let watch = Arc::new(
             idem_store_postgres::SyncStandbyWatch::start(
                 &store_args.store,
@@ -211,13 +210,14 @@ pub(crate) async fn serve(
                 tracing::warn!(%why, "submits are refused until a synchronous standby is attached")
             }
         }
-        state.require_sync_standby(Arc::new(move || watch.current().refusal()));
-    }
-    let draining = state.clone();
+        let gate: idem_http::SyncStandbyGate = Arc::new(move || watch.current().refusal());
+        Some(gate)
+    } else {
+        None
+    };
     // Before "listening" is printed: whoever starts us may signal from then on.
     let mut signals = ShutdownSignals::install()?;
     let listener = bind(&listen).await?;
-    let addr = listener.local_addr()?;
     let pool = if store.kind() == "postgres" {
         store_args.pg_pool_size
     } else {
@@ -232,75 +232,51 @@ pub(crate) async fn serve(
             |n| usize::try_from(n).unwrap_or(usize::MAX),
         ),
     };
-    tracing::info!(
-        header_timeout_ms = header_timeout.as_millis() as u64,
-        body_timeout_ms = body_timeout.as_millis() as u64,
-        idle_timeout_ms = idle_timeout.as_millis() as u64,
-        max_connections = limits.max_connections,
-        open_file_limit = idem_http::open_file_limit(),
-        "connection limits"
-    );
+    let app = idem_server::App::build(
+        store.clone(),
+        config,
+        idem_server::Options {
+            listen: idem_server::Listen::Bound(listener),
+            limits,
+            sweep_interval: Duration::from_millis(sweep_ms),
+            console,
+            sync_standby,
+            shutdown_grace,
+        },
+    )
+    .await?;
+    let addr = app.addr();
     tracing::info!(%addr, store = store.kind(), config_version = %version, "idem listening on http://{addr}");
     say(format_args!("idem listening on http://{addr}"))?;
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    // The metrics recorder before the sweeper's first tick (at once), so that
-    // sweep's counts (after a restart, every lease that ran out meanwhile) are
-    // recorded too; the router would install it only later.
-    let _ = idem_http::metrics_handle();
-    // Listen for committed changes before the first request waits on them.
-    state.start();
-    let sweeper = tokio::spawn(idem_store::sweeper::run_sweeper(
-        store.clone(),
-        Duration::from_millis(sweep_ms.max(10)),
-        async move {
-            let mut rx = stop_rx;
-            let _ = rx.wait_for(|stop| *stop).await;
-        },
-    ));
     let (signalled, first_signal) = tokio::sync::oneshot::channel::<ShutdownSignals>();
-    // After the first signal: a second one, or the grace period running out,
-    // ends the process even if a request is still open (a client that stopped
-    // sending half-way would otherwise hold it for ever). Nothing is
-    // half-written either way: an unfinished transaction rolls back.
+    // After the first signal: a second one, or the grace period running out
+    // (`Stopped::GraceOutlasted`), ends the process even if a request is
+    // still open (a client that stopped sending half-way would otherwise
+    // hold it for ever). Nothing is half-written either way: an unfinished
+    // transaction rolls back.
     tokio::spawn(async move {
         let Ok(mut signals) = first_signal.await else {
             return;
         };
-        tokio::select! {
-            () = signals.next() => {
-                tracing::warn!("second signal: exiting without waiting for open requests");
-            }
-            () = tokio::time::sleep(shutdown_grace) => {
-                tracing::warn!(grace_ms = shutdown_grace.as_millis() as u64, "open requests outlasted the shutdown grace period: exiting");
-            }
-        }
+        signals.next().await;
+        tracing::warn!("second signal: exiting without waiting for open requests");
         tracing::warn!("{STOPPED_CUT}");
         std::process::exit(1);
     });
-    let router = match console {
-        Some(c) => {
-            tracing::info!(
-                session_ttl_s = c.session_ttl.as_secs(),
-                secure_cookie = c.secure_cookie,
-                "operator console on http://{addr}/console"
-            );
-            idem_http::router(state.clone()).merge(idem_console::router(state, c))
-        }
-        None => idem_http::router(state),
-    };
-    idem_http::serve(listener, router, limits, async move {
-        signals.next().await;
-        tracing::info!("shutting down: answering open requests");
-        // Long-polling claims, `Prefer: wait` and event streams answer or
-        // end now, so the shutdown does not wait them out.
-        draining.drain();
-        let _ = signalled.send(signals);
-    })
-    .await?;
-    let _ = stop_tx.send(true);
-    let _ = sweeper.await;
-    // The last commits reach the other instances' waiters.
-    store.announced().await;
+    let stopped = app
+        .run(async move {
+            signals.next().await;
+            let _ = signalled.send(signals);
+        })
+        .await?;
+    if stopped == idem_server::Stopped::GraceOutlasted {
+        tracing::warn!(
+            grace_ms = shutdown_grace.as_millis() as u64,
+            "open requests outlasted the shutdown grace period: exiting"
+        );
+        tracing::warn!("{STOPPED_CUT}");
+        std::process::exit(1);
+    }
     telemetry.shutdown().await;
     tracing::info!("{STOPPED}");
     Ok(())

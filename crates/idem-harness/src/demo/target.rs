@@ -71,25 +71,18 @@ impl Target {
         ]
         .map(|(k, v)| (k.to_owned(), v.to_owned()));
         let config = Config::from_toml_with_env(DEFAULT_TOML, overrides)?;
-        let state = idem_http::AppState::new(store.clone(), config);
-        state.start();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let url = format!("http://{}", listener.local_addr()?);
+        let options = idem_server::Options {
+            sweep_interval: Duration::from_millis(50),
+            console: None,
+            ..idem_server::Options::default()
+        };
+        let app = idem_server::App::build(store, config, options).await?;
+        let url = app.url();
         let (stop, stopped) = oneshot::channel::<()>();
-        let (sweep_stop, sweep_stopped) = oneshot::channel::<()>();
-        tokio::spawn(idem_store::sweeper::run_sweeper(
-            store,
-            Duration::from_millis(50),
-            async move {
-                let _ = sweep_stopped.await;
-            },
-        ));
-        let app = idem_http::router(state);
         let server = tokio::spawn(async move {
-            let _ = axum::serve(listener, app)
-                .with_graceful_shutdown(async move {
+            let _ = app
+                .run(async move {
                     let _ = stopped.await;
-                    let _ = sweep_stop.send(());
                 })
                 .await;
         });

@@ -4,7 +4,6 @@
 //! ([`Server::in_process`]), which the test moves ([`Server::advance`])
 //! instead of sleeping.
 
-use std::collections::HashSet;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
@@ -265,15 +264,15 @@ impl Server {
         Server::in_process_with(Options::moved()).await
     }
 
-    /// Starts the server in this process: `idem_http::serve` on 127.0.0.1:0
-    /// and the sweeper (every 50 ms, as `--sweep-interval-ms 50`) over a
-    /// SQLite store in its own temporary directory opened with a test clock;
+    /// Starts the server in this process: `idem_server::App` (as `idem
+    /// serve` assembles it, console included) on 127.0.0.1:0 with the sweeper
+    /// every 50 ms (as `--sweep-interval-ms 50`) over a SQLite store in its
+    /// own temporary directory opened with a test clock;
     /// `opts`' configuration with its `IDEM_OPERATIONS__…` variables applied
     /// (others are ignored). Stopped when dropped. The CLI helpers work on its
     /// store; the process helpers (signals, restart, log) do not apply.
     pub async fn in_process_with(opts: Options) -> Server {
         let dir = tempfile::tempdir().expect("tempdir");
-        let keys = Server::create_keys(&store_url(dir.path()));
         let clock = idem_store::Clock::test();
         let store = idem_store_sqlite::open(
             dir.path().join("idem.db"),
@@ -282,6 +281,7 @@ impl Server {
             },
         )
         .expect("open the SQLite store");
+        let keys = keys_in(&store).await;
         Server::in_process_over(dir, keys, store, clock, None, opts).await
     }
 
@@ -289,7 +289,6 @@ impl Server {
     /// the server) whose clock is a test clock.
     pub async fn in_process_pg() -> Server {
         let db = idem_store_postgres::testing::fresh_database().await;
-        let keys = Server::create_keys(&db);
         let clock = idem_store::Clock::test();
         let mut options = idem_store_postgres::PgOptions::default();
         options.clock = clock.clone();
@@ -297,6 +296,7 @@ impl Server {
         let store = idem_store_postgres::connect(&db, options)
             .await
             .expect("open the PostgreSQL store");
+        let keys = keys_in(&store).await;
         let dir = tempfile::tempdir().expect("tempdir");
         Server::in_process_over(dir, keys, store, clock, Some(db), Options::moved()).await
     }
@@ -316,31 +316,18 @@ impl Server {
             .unwrap_or_else(|| idem_core::config::DEFAULT_TOML.to_owned());
         let config = idem_core::config::Config::from_toml_with_env(&text, opts.env.clone())
             .expect("the configuration");
-        let state = idem_http::AppState::new(store.clone(), config);
-        state.start();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind 127.0.0.1:0");
-        let url = format!("http://{}", listener.local_addr().expect("local address"));
-        let (stop, stopped) = tokio::sync::watch::channel(false);
-        let until_stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-            let _ = rx.wait_for(|stop| *stop).await;
+        let options = idem_server::Options {
+            sweep_interval: Duration::from_millis(50),
+            ..idem_server::Options::default()
         };
-        tokio::spawn(idem_store::sweeper::run_sweeper(
-            store,
-            Duration::from_millis(50),
-            until_stopped(stopped.clone()),
-        ));
-        let router = idem_http::router(state.clone()).merge(idem_console::router(
-            state,
-            idem_console::ConsoleConfig::default(),
-        ));
-        tokio::spawn(idem_http::serve(
-            listener,
-            router,
-            idem_http::ServeLimits::with_defaults(0),
-            until_stopped(stopped),
-        ));
+        let app = idem_server::App::build(store, config, options)
+            .await
+            .expect("build the server");
+        let url = app.url();
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        tokio::spawn(app.run(async move {
+            let _ = stopped.wait_for(|stop| *stop).await;
+        }));
         Server {
             dir,
             child: None,
@@ -374,17 +361,8 @@ impl Server {
 
     /// Creates the standard keys ([`Keys`]) in the store at `store`.
     pub fn create_keys(store: &str) -> Keys {
-        let (acme_id, acme) = create_key_at(store, "acme", "client", None);
-        let (_, other) = create_key_at(store, "other", "client", None);
-        let (_, exec) = create_key_at(store, "acme", "executor", None);
-        let (_, exec_other) = create_key_at(store, "other", "executor", None);
-        Keys {
-            acme,
-            acme_id,
-            other,
-            exec,
-            exec_other,
-        }
+        let made = create_keys_at(store, &STANDARD_KEYS);
+        keys_of(made)
     }
 
     /// Starts a server with the fast configuration over a shared store
@@ -842,47 +820,114 @@ pub fn cli_at(store: &str, args: &[&str]) -> (bool, String, String) {
     )
 }
 
-fn key_ids(store: &str) -> HashSet<String> {
-    // `keys list` refuses a SQLite path where no database exists yet.
-    if let Some(path) = store.strip_prefix("sqlite://")
-        && !std::path::Path::new(path).exists()
-    {
-        return HashSet::new();
+/// The standard keys ([`Keys`]) as (tenant, role): acme client, other
+/// client, acme executor, other executor.
+const STANDARD_KEYS: [(&str, &str, Option<&str>); 4] = [
+    ("acme", "client", None),
+    ("other", "client", None),
+    ("acme", "executor", None),
+    ("other", "executor", None),
+];
+
+/// [`Keys`] from the (id, plain key) pairs of [`STANDARD_KEYS`], in order.
+fn keys_of(made: Vec<(String, String)>) -> Keys {
+    let [(acme_id, acme), (_, other), (_, exec), (_, exec_other)]: [(String, String); 4] =
+        made.try_into().expect("four standard keys");
+    Keys {
+        acme,
+        acme_id,
+        other,
+        exec,
+        exec_other,
     }
-    let (ok, out, err) = cli_at(store, &["keys", "list"]);
-    // … and a database without idem's schema (`keys create` makes it).
-    if !ok && (err.contains("not an idem database") || err.contains("not an idem store")) {
-        return HashSet::new();
-    }
-    assert!(ok, "keys list failed: {err}");
-    out.lines()
-        .filter_map(|l| l.split('\t').next())
-        .filter(|s| !s.is_empty())
-        .map(str::to_owned)
-        .collect()
 }
 
-/// Creates a key via the CLI; returns (id, plain).
+/// Creates the standard keys ([`Keys`]) in `store`.
+pub async fn keys_in(store: &idem_store::Store) -> Keys {
+    let mut made = Vec::new();
+    for (tenant, role, operations) in STANDARD_KEYS {
+        made.push(key_in(store, tenant, role, operations).await);
+    }
+    keys_of(made)
+}
+
+/// Creates a key in `store` with `Store::create_api_key`, as `idem keys
+/// create` does; `operations` comma-separated as its `--operations`.
+/// Returns (id, plain key).
+pub async fn key_in(
+    store: &idem_store::Store,
+    tenant: &str,
+    role: &str,
+    operations: Option<&str>,
+) -> (String, String) {
+    let role: idem_core::model::Role = role.parse().expect("client, executor or admin");
+    let operations = operations.map(|ops| ops.split(',').map(|o| o.trim().to_owned()).collect());
+    let (key, plain) = store
+        .create_api_key(tenant, role, operations)
+        .await
+        .expect("create an API key");
+    (key.id.to_string(), plain)
+}
+
+/// Creates the keys `specs` (tenant, role, operations) in the store at
+/// `store` (`sqlite://PATH` or `postgres://…`, opened and migrated as `idem
+/// keys create` opens it, then closed); returns their (id, plain key) in
+/// order. The store is opened on a runtime of its own on another thread, so
+/// that synchronous and asynchronous test code can call it alike.
+fn create_keys_at(store: &str, specs: &[(&str, &str, Option<&str>)]) -> Vec<(String, String)> {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("a runtime to create keys on");
+                runtime.block_on(async {
+                    let opened = open_store_at(store).await;
+                    let mut made = Vec::new();
+                    for (tenant, role, operations) in specs {
+                        made.push(key_in(&opened, tenant, role, *operations).await);
+                    }
+                    made
+                })
+            })
+            .join()
+            .expect("creating keys")
+    })
+}
+
+/// Opens (and migrates) the store at `store`, with a pool of one connection
+/// for PostgreSQL, and checks its identity, as `idem keys create` does.
+async fn open_store_at(store: &str) -> idem_store::Store {
+    let opened = match store.strip_prefix("sqlite://") {
+        Some(path) => {
+            idem_store_sqlite::open(path, Default::default()).expect("open the SQLite store")
+        }
+        None => {
+            let options = idem_store_postgres::PgOptions::default().with_max_size(1);
+            idem_store_postgres::connect(store, options)
+                .await
+                .expect("open the PostgreSQL store")
+        }
+    };
+    opened
+        .check_identity()
+        .await
+        .expect("check the store's identity");
+    opened
+}
+
+/// Creates a key in the store at `store` (see [`create_keys_at`]); returns
+/// (id, plain key).
 pub fn create_key_at(
     store: &str,
     tenant: &str,
     role: &str,
     operations: Option<&str>,
 ) -> (String, String) {
-    let before = key_ids(store);
-    let mut args = vec!["keys", "create", "--tenant", tenant, "--role", role];
-    if let Some(ops) = operations {
-        args.push("--operations");
-        args.push(ops);
-    }
-    let (ok, out, err) = cli_at(store, &args);
-    assert!(ok, "keys create failed: {err}");
-    let plain = out.trim().to_owned();
-    assert!(!plain.is_empty(), "keys create printed no key");
-    let after = key_ids(store);
-    let new: Vec<_> = after.difference(&before).cloned().collect();
-    assert_eq!(new.len(), 1, "exactly one new key id in `keys list`");
-    (new[0].clone(), plain)
+    create_keys_at(store, &[(tenant, role, operations)])
+        .pop()
+        .expect("one key")
 }
 
 /// Payment params.
