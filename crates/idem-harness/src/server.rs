@@ -198,11 +198,17 @@ pub async fn start_floor(answer: axum::body::Bytes) -> Result<Floor> {
                 }),
             );
             tokio::spawn(async move {
-                let _ = axum::serve(listener, app)
-                    .with_graceful_shutdown(async move {
+                // idem's own connection loop and limits: the floor differs
+                // from idem only by what is behind the route.
+                let _ = idem_http::serve(
+                    listener,
+                    app,
+                    idem_http::ServeLimits::with_defaults(0),
+                    async move {
                         let _ = stopped.await;
-                    })
-                    .await;
+                    },
+                )
+                .await;
             });
             Ok::<_, anyhow::Error>(url)
         })

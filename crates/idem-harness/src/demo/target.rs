@@ -141,7 +141,13 @@ impl FlakyLink {
         let lost = Arc::clone(&state.lost);
         let app = axum::Router::new().fallback(forward).with_state(state);
         let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
+            let _ = idem_http::serve(
+                listener,
+                app,
+                idem_http::ServeLimits::with_defaults(0),
+                std::future::pending(),
+            )
+            .await;
         });
         Ok(FlakyLink {
             url,
