@@ -15,7 +15,11 @@
 //!   answered 201/200 names a task the database has, each report answered
 //!   200 left its evidence on its attempt. With `expect_no_loss` (a
 //!   synchronous standby) a lost one is a violation; without it (an
-//!   asynchronous standby) they are counted.
+//!   asynchronous standby) they are counted;
+//! - what else the promoted database lacks, the tasks idem moved on because
+//!   the store went back in time, and whether an effect performed by a lost
+//!   attempt was repeated without a reconciliation ([`LossReport`]: a
+//!   repeat is a violation in both modes).
 
 use super::*;
 
@@ -68,17 +72,20 @@ pub struct FailoverReport {
     pub lost_reports: u64,
     /// Whether a lost write counts as a violation.
     pub expect_no_loss: bool,
+    /// The rest of what the promoted database lacks, and what idem did about it.
+    pub loss: LossReport,
 }
 
 impl FailoverReport {
-    /// Violations: 5xx outside the window, and lost writes when none may be lost.
+    /// Violations: 5xx outside the window, effects repeated without a
+    /// reconciliation after a lost attempt, and lost writes when none may be lost.
     pub fn violations(&self) -> u64 {
         let lost = if self.expect_no_loss {
             self.lost_submits + self.lost_reports
         } else {
             0
         };
-        self.errors_5xx_outside + lost
+        self.errors_5xx_outside + self.loss.repeated_without_reconcile + lost
     }
 }
 
@@ -131,6 +138,7 @@ pub(super) fn failover_report(
     errors_5xx: &[Instant],
     input: &CheckInput,
     accepted_reports: &[Uuid],
+    loss: LossReport,
 ) -> Result<FailoverReport> {
     let times = times.context("the failover did not run (fewer operations than its start?)")?;
     let end = times.promoted + f.bound;
@@ -178,6 +186,7 @@ pub(super) fn failover_report(
         acknowledged_reports: acknowledged.len() as u64,
         lost_reports: lost_reports as u64,
         expect_no_loss: f.expect_no_loss,
+        loss,
     })
 }
 
@@ -207,4 +216,5 @@ pub(super) fn render_failover(out: &mut String, f: &FailoverReport) {
             " (asynchronous standby: counted, not violations)"
         }
     );
+    render_loss(out, &f.loss);
 }

@@ -477,7 +477,9 @@ async fn execute(
         ctx.realized(TOO_SLOW_TO_ACT, 1);
         return;
     }
-    let e = ctx.provider.perform(ca.task_id, ca.id, class, &ca.params);
+    let e = ctx
+        .provider
+        .perform(ca.task_id, ca.id, &ca.idempotency_key, class, &ca.params);
     let body = ReportBody::succeeded(g, effect_result(&e))
         .with_usage(usage)
         .with_external_txn_id(e.txn.clone());
