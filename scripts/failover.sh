@@ -32,7 +32,8 @@
 # Options: --ops N (chaos operations per run, default 1500), --seed S (first seed, default 1; run i
 # uses S+i), --delay-ms N (kill to promote, default 1000), --bound-ms N (default 5000), --cut-ms N
 # (with --async: WAL receiver stopped this long before the kill, default 500; 0: no cut), --keep DIR
-# (each run's chaos report and log are copied there as run-N.json, run-N.log).
+# (each run's chaos report and log are copied there as run-N.json, run-N.log, and the rows of the
+# table as results.jsonl).
 # The idem binary: $IDEM_BIN, else $CARGO_TARGET_DIR/debug/idem (or target/debug/idem); the chaos
 # run is `$chaos` below (one place to change).
 # PostgreSQL's binaries: $PG_BIN, else the newest /usr/lib/postgresql/*/bin; as root they run as
@@ -186,6 +187,7 @@ print(json.dumps({
     "errors_5xx": f["errors_5xx"], "outside": f["errors_5xx_outside"],
     "submits": f["acknowledged_submits"], "lost_submits": f["lost_submits"],
     "reports": f["acknowledged_reports"], "lost_reports": f["lost_reports"],
+    "reports_in_cut": f["reports_acknowledged_during_kill"],
     "lost_cancels": l["lost_cancels"], "lost_deliveries": l["lost_deliveries"], "lost_usage": l["lost_usage"],
     "lost_tasks": l["lost_tasks"], "recreated": l["lost_tasks_recreated"],
     "lost_with_effect": l["lost_tasks_with_effect"], "executed_again": l["executed_again_after_loss"],
@@ -212,6 +214,7 @@ PY
   rm -rf "$run"
 done
 
+[ -n "$keep" ] && cp "$results" "$keep/results.jsonl"
 echo "mode: $([ -z "$async" ] && echo synchronous || echo "asynchronous (WAL receiver cut $cut_ms ms before the kill)") standby; $runs run(s) of $ops operations; kill→promote pause $delay_ms ms; bound $bound_ms ms after the promotion"
 python3 - "$results" <<'PY'
 import json, sys
@@ -219,7 +222,7 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 cols = [("run", "run"), ("seed", "seed"), ("cut_ms", "cut"), ("lag_bytes", "lag_B"),
         ("kill_to_promoted_ms", "kill→prom"), ("kill_to_last_5xx_ms", "kill→5xx"),
         ("promoted_to_last_5xx_ms", "prom→5xx"), ("errors_5xx", "5xx"), ("outside", "out"),
-        ("submits", "sub_ack"), ("lost_submits", "lost"), ("reports", "rep_ack"), ("lost_reports", "lost"),
+        ("submits", "sub_ack"), ("lost_submits", "lost"), ("reports", "rep_ack"), ("lost_reports", "lost"), ("reports_in_cut", "rep_in_kill"),
         ("lost_cancels", "canc_lost"), ("lost_deliveries", "deliv_lost"), ("lost_tasks", "tasks_lost"),
         ("recreated", "recreated"), ("lost_with_effect", "w/effect"), ("executed_again", "again"),
         ("rewound", "rewound"), ("rewound_reconcile", "→reconcile"), ("lost_attempt_effects", "lostatt_eff"),
