@@ -174,6 +174,7 @@ pub fn chaos_config() -> Result<Config, ConfigError> {
 mod check;
 mod failover;
 mod forward;
+mod loss;
 pub mod netns;
 mod network;
 mod plan;
@@ -186,6 +187,7 @@ mod workload;
 
 pub use check::*;
 pub use failover::*;
+pub use loss::*;
 pub use network::*;
 pub use plan::*;
 pub use provider::*;

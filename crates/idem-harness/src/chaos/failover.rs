@@ -15,7 +15,11 @@
 //!   answered 201/200 names a task the database has, each report answered
 //!   200 left its evidence on its attempt. With `expect_no_loss` (a
 //!   synchronous standby) a lost one is a violation; without it (an
-//!   asynchronous standby) they are counted.
+//!   asynchronous standby) they are counted;
+//! - what else the promoted database lacks, the tasks idem moved on because
+//!   the store went back in time, and whether an effect performed by a lost
+//!   attempt was repeated without a reconciliation ([`LossReport`]: a
+//!   repeat is a violation in both modes).
 
 use super::*;
 
@@ -39,6 +43,7 @@ pub struct Failover {
 #[derive(Debug, Clone, Copy)]
 pub(super) struct FailoverTimes {
     pub(super) kill_started: Instant,
+    pub(super) kill_done: Instant,
     pub(super) promoted: Instant,
 }
 
@@ -66,19 +71,25 @@ pub struct FailoverReport {
     pub acknowledged_reports: u64,
     /// … whose attempt has no evidence afterwards.
     pub lost_reports: u64,
+    /// Reports answered 200 while the kill command ran (with
+    /// `scripts/failover.sh --async`: while the standby's WAL stream was cut).
+    pub reports_acknowledged_during_kill: u64,
     /// Whether a lost write counts as a violation.
     pub expect_no_loss: bool,
+    /// The rest of what the promoted database lacks, and what idem did about it.
+    pub loss: LossReport,
 }
 
 impl FailoverReport {
-    /// Violations: 5xx outside the window, and lost writes when none may be lost.
+    /// Violations: 5xx outside the window, effects repeated without a
+    /// reconciliation after a lost attempt, and lost writes when none may be lost.
     pub fn violations(&self) -> u64 {
         let lost = if self.expect_no_loss {
             self.lost_submits + self.lost_reports
         } else {
             0
         };
-        self.errors_5xx_outside + lost
+        self.errors_5xx_outside + self.loss.repeated_without_reconcile + lost
     }
 }
 
@@ -88,6 +99,7 @@ pub(super) async fn run_failover(ctx: Arc<Ctx>, f: Failover) -> Result<()> {
     shell(&f.kill)
         .await
         .context("the failover's kill command")?;
+    let kill_done = Instant::now();
     tokio::time::sleep(f.delay).await;
     shell(&f.promote)
         .await
@@ -95,6 +107,7 @@ pub(super) async fn run_failover(ctx: Arc<Ctx>, f: Failover) -> Result<()> {
     let promoted = Instant::now();
     ctx.log().failover = Some(FailoverTimes {
         kill_started,
+        kill_done,
         promoted,
     });
     Ok(())
@@ -130,7 +143,8 @@ pub(super) fn failover_report(
     times: Option<FailoverTimes>,
     errors_5xx: &[Instant],
     input: &CheckInput,
-    accepted_reports: &[Uuid],
+    accepted_reports: &[(Uuid, Instant)],
+    loss: LossReport,
 ) -> Result<FailoverReport> {
     let times = times.context("the failover did not run (fewer operations than its start?)")?;
     let end = times.promoted + f.bound;
@@ -157,7 +171,11 @@ pub(super) fn failover_report(
         .filter(|a| !a.evidence.is_empty())
         .map(|a| a.id)
         .collect();
-    let acknowledged: BTreeSet<Uuid> = accepted_reports.iter().copied().collect();
+    let acknowledged: BTreeSet<Uuid> = accepted_reports.iter().map(|(id, _)| *id).collect();
+    let during_kill = accepted_reports
+        .iter()
+        .filter(|(_, t)| *t >= times.kill_started && *t <= times.kill_done)
+        .count();
     let lost_reports = acknowledged.difference(&reported).count();
     Ok(FailoverReport {
         kill_to_promoted_ms: ms(times.promoted.duration_since(times.kill_started)),
@@ -177,7 +195,9 @@ pub(super) fn failover_report(
         lost_submits,
         acknowledged_reports: acknowledged.len() as u64,
         lost_reports: lost_reports as u64,
+        reports_acknowledged_during_kill: during_kill as u64,
         expect_no_loss: f.expect_no_loss,
+        loss,
     })
 }
 
@@ -196,15 +216,17 @@ pub(super) fn render_failover(out: &mut String, f: &FailoverReport) {
     );
     let _ = writeln!(
         out,
-        "failover: acknowledged submits {} ({} lost), acknowledged reports {} ({} lost){}",
+        "failover: acknowledged submits {} ({} lost), acknowledged reports {} ({} lost; {} while the kill command ran){}",
         f.acknowledged_submits,
         f.lost_submits,
         f.acknowledged_reports,
         f.lost_reports,
+        f.reports_acknowledged_during_kill,
         if f.expect_no_loss {
             ""
         } else {
             " (asynchronous standby: counted, not violations)"
         }
     );
+    render_loss(out, &f.loss);
 }

@@ -25,6 +25,9 @@ pub struct EffectRequest {
     pub task_id: Uuid,
     /// Requesting attempt.
     pub attempt_id: Uuid,
+    /// The task's idempotency key (as the claimed attempt named it): which
+    /// scope an effect belongs to even when the task row is gone.
+    pub idempotency_key: String,
     /// Whether this request moved money (false: the ledger already had it).
     pub moved: bool,
 }
@@ -47,13 +50,22 @@ impl Provider {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Performs the effect of `params` for `task_id` once; a repeat returns the recorded one.
-    pub fn perform(&self, task_id: Uuid, attempt_id: Uuid, class: Class, params: &Value) -> Effect {
+    /// Performs the effect of `params` for `task_id` once; a repeat returns
+    /// the recorded one. `key` is the task's idempotency key, kept with the request.
+    pub fn perform(
+        &self,
+        task_id: Uuid,
+        attempt_id: Uuid,
+        key: &str,
+        class: Class,
+        params: &Value,
+    ) -> Effect {
         let mut l = self.ledger();
         if let Some(e) = l.effects.get(&task_id).cloned() {
             l.requests.push(EffectRequest {
                 task_id,
                 attempt_id,
+                idempotency_key: key.to_owned(),
                 moved: false,
             });
             return e;
@@ -74,6 +86,7 @@ impl Provider {
         l.requests.push(EffectRequest {
             task_id,
             attempt_id,
+            idempotency_key: key.to_owned(),
             moved: true,
         });
         e

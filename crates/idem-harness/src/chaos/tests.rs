@@ -238,6 +238,26 @@ impl Sim {
             EffectRequest {
                 task_id: self.task.id,
                 attempt_id: self.attempts[attempt].id,
+                idempotency_key: self.task.idempotency_key.clone(),
+                moved: true,
+            },
+        )
+    }
+
+    /// The effect of an attempt the records do not hold.
+    fn effect_placeholder(&self) -> (Effect, EffectRequest) {
+        (
+            Effect {
+                task_id: self.task.id,
+                attempt_id: Uuid::nil(),
+                class: self.class,
+                material: self.class.material(&self.task.params),
+                txn: "pay-1".into(),
+            },
+            EffectRequest {
+                task_id: self.task.id,
+                attempt_id: Uuid::nil(),
+                idempotency_key: self.task.idempotency_key.clone(),
                 moved: true,
             },
         )
@@ -595,6 +615,7 @@ fn a_second_delivery_or_charge_is_caught() {
             EffectRequest {
                 task_id: s2.task.id,
                 attempt_id: Uuid::from_u128(4001),
+                idempotency_key: s2.task.idempotency_key.clone(),
                 moved: true,
             },
         )
@@ -740,4 +761,111 @@ fn clock_skew_sizes() {
     for bad in [1, -4_999, 86_400_001, -86_400_001, i64::MAX, i64::MIN] {
         assert!(check_clock_skew(bad).is_err(), "{bad}");
     }
+}
+
+// ---------------------------------------------------------------------------
+// A failover to a standby that was behind
+// ---------------------------------------------------------------------------
+
+fn all_violations(input: &CheckInput) -> u64 {
+    check(input).iter().map(|r| r.violations).sum()
+}
+
+impl Sim {
+    /// What idem does when it finds the store on another timeline.
+    fn store_rewound(&mut self) {
+        self.tick(5);
+        let mut j = Journal::default();
+        assert!(machine::store_rewound(
+            &mut self.task,
+            None,
+            &mut j,
+            self.now,
+            &json!({"timeline": 2}),
+        ));
+        self.events.extend(j.events);
+    }
+}
+
+/// A task whose submit was acknowledged after the restore point is gone; the
+/// key submitted again makes a new task that pays again. idem cannot see it;
+/// the loss accounting names it, and the invariants hold for what survived.
+#[test]
+fn a_lost_task_executed_again_under_its_key_is_reported() {
+    let mut lost = Sim::new(Class::Payment, 1);
+    let i = lost.claim();
+    assert!(lost.report(i, 1, Outcome::Succeeded, 1, Some("pay-1")));
+    let (e1, r1) = lost.effect(i, "pay-1");
+
+    let mut again = Sim::new(Class::Payment, 1);
+    again.task.id = Uuid::from_u128(1001);
+    let k = again.claim();
+    assert!(again.report(k, 1, Outcome::Succeeded, 1, Some("pay-2")));
+    let (e2, r2) = again.effect(k, "pay-2");
+
+    let mut input = CheckInput::default();
+    input.tasks.push(again.record());
+    input.db_tasks.push(again.db());
+    input.submits.push(lost.created());
+    input.submits.push(again.created());
+    input.effects.extend([e1, e2]);
+    input.effect_requests.extend([r1, r2]);
+    // Taken at face value, the records break one scope, one task.
+    assert!(violations(&input, Invariant::OneScopeOneTask) > 0);
+
+    let (kept, loss) = split_losses(&input);
+    assert_eq!(loss.lost_tasks, 1);
+    assert_eq!(loss.lost_tasks_recreated, 1);
+    assert_eq!(loss.lost_tasks_with_effect, 1);
+    assert_eq!(loss.executed_again_after_loss, 1);
+    assert_eq!(loss.repeated_without_reconcile, 0);
+    assert_eq!(loss.examples.len(), 1);
+    assert_eq!(all_violations(&kept), 0);
+}
+
+/// The task survived but the attempt that paid is gone: idem moves the task
+/// to reconcile-first, the reconcile attempt finds the payment, nothing pays
+/// twice. Without the rewind a new execute attempt pays again: caught.
+#[test]
+fn an_effect_by_a_lost_attempt_is_reconciled_before_any_repeat() {
+    let lost_attempt = Uuid::from_u128(777);
+    let build = |rewind: bool| {
+        let mut s = Sim::new(Class::Payment, 1);
+        let mut input = CheckInput::default();
+        input.submits.push(s.created());
+        let (mut e, mut r) = s.effect_placeholder();
+        e.attempt_id = lost_attempt;
+        r.attempt_id = lost_attempt;
+        input.effects.push(e);
+        input.effect_requests.push(r.clone());
+        if rewind {
+            s.store_rewound();
+            let a = s.claim();
+            assert_eq!(s.attempts[a].kind, model::AttemptKind::Reconcile);
+            assert!(s.report(a, 2, Outcome::Committed, 1, Some("pay-1")));
+        } else {
+            let a = s.claim();
+            assert!(s.report(a, 1, Outcome::Succeeded, 1, Some("pay-1")));
+            let mut repeat = r;
+            repeat.attempt_id = s.attempts[a].id;
+            repeat.moved = false;
+            input.effect_requests.push(repeat);
+        }
+        input.tasks.push(s.record());
+        input.db_tasks.push(s.db());
+        input
+    };
+
+    let (kept, loss) = split_losses(&build(true));
+    assert_eq!(loss.rewound_tasks, 1);
+    assert_eq!(loss.rewound_to_reconcile, 1);
+    assert_eq!(loss.lost_attempts_with_effect, 1);
+    assert_eq!(loss.repeated_without_reconcile, 0);
+    assert_eq!(all_violations(&kept), 0);
+
+    let input = build(false);
+    let (kept, loss) = split_losses(&input);
+    assert_eq!(loss.lost_attempts_with_effect, 1);
+    assert_eq!(loss.repeated_without_reconcile, 1);
+    assert!(violations(&kept, Invariant::ReconcileBeforeRepeat) > 0);
 }

@@ -15,8 +15,8 @@ pub(super) struct RunLog {
     pub(super) network: Vec<NetEpisodeRun>,
     /// When each 5xx answer came (`--failover-…`).
     pub(super) errors_5xx: Vec<Instant>,
-    /// Attempts whose report was answered 200.
-    pub(super) accepted_reports: Vec<Uuid>,
+    /// Attempts whose report was answered 200, and when.
+    pub(super) accepted_reports: Vec<(Uuid, Instant)>,
     /// When the failover's steps happened.
     pub(super) failover: Option<FailoverTimes>,
 }
@@ -210,7 +210,9 @@ impl Ctx {
             }
             match answer {
                 Ok(_) => {
-                    self.log().accepted_reports.push(attempt_id);
+                    self.log()
+                        .accepted_reports
+                        .push((attempt_id, Instant::now()));
                     if let Some(u) = body.usage {
                         let mut log = self.log();
                         let e = log.accepted_usage.entry(attempt_id).or_default();
@@ -477,7 +479,9 @@ async fn execute(
         ctx.realized(TOO_SLOW_TO_ACT, 1);
         return;
     }
-    let e = ctx.provider.perform(ca.task_id, ca.id, class, &ca.params);
+    let e = ctx
+        .provider
+        .perform(ca.task_id, ca.id, &ca.idempotency_key, class, &ca.params);
     let body = ReportBody::succeeded(g, effect_result(&e))
         .with_usage(usage)
         .with_external_txn_id(e.txn.clone());
