@@ -2,10 +2,11 @@
 //!
 //! The storage contract of idem and the one implementation of its operations.
 //!
-//! - [`Tx`]: the primitives a backend offers inside one database transaction
-//!   (load a task with a row lock, compare-and-set update, insert attempt,
-//!   append events, claim scan with `SKIP LOCKED` …). SQLite and PostgreSQL each
-//!   implement it once.
+//! - [`tx`]: the driver seam, below the operations. [`Tx`] is the primitives
+//!   a backend offers inside one database transaction (load a task with a row
+//!   lock, compare-and-set update, insert attempt, append events, claim scan
+//!   with `SKIP LOCKED` …), with the search and console supertraits and the
+//!   records they take. SQLite and PostgreSQL each implement it once.
 //! - [`ops`]: every operation of the service (submit, claim, report, cancel,
 //!   sweep …), one struct each with its typed reply, written once generically
 //!   over [`Tx`] as "load → pure state machine ([`idem_core::machine`]) →
@@ -43,7 +44,7 @@ use std::future::Future;
 use std::pin::Pin;
 
 use idem_core::machine::Rejection;
-use idem_core::model::{ApiKey, Attempt, Event, Evidence, Task, Timestamp};
+use idem_core::model::Task;
 use uuid::Uuid;
 
 pub mod batch;
@@ -62,6 +63,7 @@ pub mod schema;
 pub mod spans;
 mod store;
 pub mod sweeper;
+pub mod tx;
 
 pub use changes::{Change, Changes, Notice, Watch};
 pub use clock::Clock;
@@ -70,6 +72,7 @@ pub use ops::Op;
 pub use retries::ScopeHints;
 pub use schema::{Migration, SchemaVersion, SchemaWatch, schema_mismatch};
 pub use store::Store;
+pub use tx::Tx;
 
 /// Errors of the storage layer. Business refusals (conflict, stale generation …)
 /// are not errors: they are part of each operation's output.
@@ -144,307 +147,6 @@ pub struct ScopeRow {
 /// A scope row found by [`Tx::scopes_with_tasks`] and the task it names
 /// (`None`: the scope is free).
 pub type ExistingScope = Option<(ScopeRow, Option<Task>)>;
-
-/// The primitives of one database transaction. Every method runs inside the
-/// transaction the backend opened for the current [`Op`]; nothing is visible to
-/// others before the backend commits.
-///
-/// Times are epoch ms. All futures are `Send`.
-pub trait Tx: Send + ops::search::TaskSearch + ops::console::ConsoleTx {
-    /// A fresh id for a row this transaction may insert (a task named by its
-    /// scope row, an attempt, an API key). The databases' default is a UUID
-    /// v7 (time-ordered, random below the millisecond); an in-memory store
-    /// may answer deterministic ids instead, so that the same history gives
-    /// the same records.
-    fn new_id(&mut self) -> Uuid {
-        Uuid::now_v7()
-    }
-
-    /// The clock that decides leases and backoff: the database clock for
-    /// PostgreSQL, the process clock for SQLite (single process), each plus
-    /// the offset of the backend's [`Clock`].
-    fn now(&mut self) -> impl Future<Output = Result<Timestamp>> + Send;
-
-    /// The shared secret `name`: the stored one, or `candidate` stored now
-    /// when there is none (`INSERT … ON CONFLICT DO NOTHING`, then a read,
-    /// so concurrent first uses agree on one value).
-    fn shared_secret(
-        &mut self,
-        name: &str,
-        candidate: &[u8; 32],
-        now: Timestamp,
-    ) -> impl Future<Output = Result<Vec<u8>>> + Send;
-
-    /// Inserts an API key with the SHA-256 hex of its plain value.
-    fn insert_api_key(
-        &mut self,
-        key: &ApiKey,
-        hash: &str,
-    ) -> impl Future<Output = Result<()>> + Send;
-    /// Finds a key by the SHA-256 hex of its plain value.
-    fn api_key_by_hash(
-        &mut self,
-        hash: &str,
-    ) -> impl Future<Output = Result<Option<ApiKey>>> + Send;
-    /// Finds a key by id.
-    fn api_key(&mut self, id: Uuid) -> impl Future<Output = Result<Option<ApiKey>>> + Send;
-    /// Sets `revoked_at` if unset; returns the key.
-    fn revoke_api_key(
-        &mut self,
-        id: Uuid,
-        at: Timestamp,
-    ) -> impl Future<Output = Result<Option<ApiKey>>> + Send;
-    /// All keys, oldest first.
-    fn list_api_keys(&mut self) -> impl Future<Output = Result<Vec<ApiKey>>> + Send;
-
-    /// `INSERT … ON CONFLICT DO NOTHING` of a scope row; `true` when this call inserted it.
-    fn insert_scope(&mut self, row: &ScopeRow) -> impl Future<Output = Result<bool>> + Send;
-    /// The scope row, in a new statement (new snapshot under READ COMMITTED).
-    fn scope(
-        &mut self,
-        tenant: &str,
-        operation: &str,
-        key: &str,
-    ) -> impl Future<Output = Result<Option<ScopeRow>>> + Send;
-    /// Removes the scope row of a task (retention sweeper, SPEC §2.9).
-    fn delete_scope(&mut self, task_id: Uuid) -> impl Future<Output = Result<()>> + Send;
-
-    /// Inserts a new task row.
-    fn insert_task(&mut self, task: &Task) -> impl Future<Output = Result<()>> + Send;
-
-    /// Inserts several scope rows (`INSERT … ON CONFLICT DO NOTHING`); answers, per
-    /// row and in order, whether this call inserted it. Backends may override the
-    /// default (one row at a time) with one multi-row statement.
-    fn insert_scopes(
-        &mut self,
-        rows: &[ScopeRow],
-    ) -> impl Future<Output = Result<Vec<bool>>> + Send {
-        async move {
-            let mut inserted = Vec::with_capacity(rows.len());
-            for row in rows {
-                inserted.push(self.insert_scope(row).await?);
-            }
-            Ok(inserted)
-        }
-    }
-
-    /// The clock ([`Tx::now`]) and, of `ids`, the API keys that exist and are
-    /// not revoked, read inside this transaction: a submit's key is checked where
-    /// its task is written, so a revoked key is refused by the database even if
-    /// the HTTP layer had it cached. Backends may override the default (the
-    /// clock, then one key at a time) with one statement.
-    fn now_and_live_api_keys(
-        &mut self,
-        ids: &[Uuid],
-    ) -> impl Future<Output = Result<(Timestamp, std::collections::HashSet<Uuid>)>> + Send {
-        async move {
-            let now = self.now().await?;
-            let mut live = std::collections::HashSet::new();
-            for id in ids {
-                if live.contains(id) {
-                    continue;
-                }
-                if let Some(key) = self.api_key(*id).await?
-                    && key.revoked_at.is_none()
-                {
-                    live.insert(*id);
-                }
-            }
-            Ok((now, live))
-        }
-    }
-
-    /// Inserts new tasks, each with its events (`events[i]` belongs to
-    /// `tasks[i]`). Backends may override the default (one task, then its
-    /// events, at a time) with one statement.
-    fn insert_tasks_with_events(
-        &mut self,
-        tasks: &[Task],
-        events: &[Vec<Event>],
-    ) -> impl Future<Output = Result<()>> + Send {
-        async move {
-            for (task, events) in tasks.iter().zip(events) {
-                self.insert_task(task).await?;
-                self.insert_events(task.id, events).await?;
-            }
-            Ok(())
-        }
-    }
-
-    /// For each submission, in order, its scope row and the task it names
-    /// when its API key is live; `None` when its key is revoked (or gone) or
-    /// its scope is free. For answering retries without a write
-    /// ([`retries::answer`]). Backends may override the default (the key
-    /// check, then [`Tx::scopes_with_tasks`] of the live keys' scopes) with
-    /// one statement.
-    fn live_scopes_with_tasks(
-        &mut self,
-        subs: &[ops::Submission],
-    ) -> impl Future<Output = Result<Vec<ExistingScope>>> + Send {
-        async move {
-            let mut keys: Vec<Uuid> = subs.iter().map(|s| s.api_key_id).collect();
-            keys.sort_unstable();
-            keys.dedup();
-            let (_, live) = self.now_and_live_api_keys(&keys).await?;
-            let asked: Vec<usize> = (0..subs.len())
-                .filter(|&i| live.contains(&subs[i].api_key_id))
-                .collect();
-            let scopes: Vec<(String, String, String)> =
-                asked.iter().map(|&i| subs[i].scope()).collect();
-            let found = if scopes.is_empty() {
-                Vec::new()
-            } else {
-                self.scopes_with_tasks(&scopes).await?
-            };
-            let mut out: Vec<ExistingScope> = vec![None; subs.len()];
-            for (i, f) in asked.into_iter().zip(found) {
-                out[i] = f;
-            }
-            Ok(out)
-        }
-    }
-
-    /// For each `(tenant, operation, key)`, its scope row and the task it names,
-    /// read in new statements (default: one scope at a time).
-    fn scopes_with_tasks(
-        &mut self,
-        scopes: &[(String, String, String)],
-    ) -> impl Future<Output = Result<Vec<ExistingScope>>> + Send {
-        async move {
-            let mut out = Vec::with_capacity(scopes.len());
-            for (tenant, operation, key) in scopes {
-                let found = match self.scope(tenant, operation, key).await? {
-                    Some(row) => {
-                        let task = self.task(row.task_id, false).await?;
-                        Some((row, task))
-                    }
-                    None => None,
-                };
-                out.push(found);
-            }
-            Ok(out)
-        }
-    }
-
-    /// Loads a task; `lock` takes a row lock until commit (`FOR UPDATE`).
-    fn task(&mut self, id: Uuid, lock: bool) -> impl Future<Output = Result<Option<Task>>> + Send;
-    /// Writes every column of `task` where the stored row still has `expected_version`
-    /// and `expected_generation` (compare-and-set; the fence is in the write itself).
-    ///
-    /// # Errors
-    /// [`StoreError::Contention`] when no row matched.
-    fn update_task(
-        &mut self,
-        task: &Task,
-        expected_version: i64,
-        expected_generation: i64,
-    ) -> impl Future<Output = Result<()>> + Send;
-
-    /// Inserts a new attempt (unique per task and number, and per task and generation).
-    fn insert_attempt(&mut self, attempt: &Attempt) -> impl Future<Output = Result<()>> + Send;
-    /// Writes an attempt's mutable columns (state, lease end, usage, external txn id, report).
-    fn update_attempt(&mut self, attempt: &Attempt) -> impl Future<Output = Result<()>> + Send;
-    /// Loads an attempt without its evidence.
-    fn attempt(&mut self, id: Uuid) -> impl Future<Output = Result<Option<Attempt>>> + Send;
-    /// All attempts of a task with their evidence, by number.
-    fn attempts(&mut self, task_id: Uuid) -> impl Future<Output = Result<Vec<Attempt>>> + Send;
-    /// Appends evidence.
-    fn insert_evidence(
-        &mut self,
-        task_id: Uuid,
-        attempt_id: Uuid,
-        ev: &Evidence,
-    ) -> impl Future<Output = Result<()>> + Send;
-    /// Appends events (primary key `(task_id, seq)`: a concurrent writer cannot interleave).
-    fn insert_events(
-        &mut self,
-        task_id: Uuid,
-        events: &[Event],
-    ) -> impl Future<Output = Result<()>> + Send;
-    /// The event history of a task, by sequence.
-    fn events(&mut self, task_id: Uuid) -> impl Future<Output = Result<Vec<Event>>> + Send;
-    /// Up to `limit` events of `tenant` after `after` in feed order, of the
-    /// classes in `operations` (`None`: all), each with its cursor; only
-    /// events before which no other can still appear ([`feed`]: below the
-    /// snapshot's xmin on PostgreSQL, committed on SQLite); with the feed's
-    /// head as the same read saw it ([`feed::FeedHead`]). Run outside a
-    /// writing transaction (its own id would hold the horizon back).
-    fn feed(
-        &mut self,
-        tenant: &str,
-        operations: Option<&[String]>,
-        after: feed::FeedCursor,
-        limit: i64,
-    ) -> impl Future<Output = Result<feed::FeedRead>> + Send;
-
-    /// Up to `limit` claimable task ids of `tenant` in `operations`, oldest `ready_at`
-    /// first, locked for this transaction and skipping rows other transactions hold
-    /// (`FOR UPDATE SKIP LOCKED`).
-    fn claimable(
-        &mut self,
-        tenant: &str,
-        operations: &[String],
-        now: Timestamp,
-        limit: i64,
-    ) -> impl Future<Output = Result<Vec<Uuid>>> + Send;
-    /// Up to `limit` `(task, attempt)` pairs whose active lease ended before `now`
-    /// (locked, skipping locked rows).
-    fn expired_leases(
-        &mut self,
-        now: Timestamp,
-        limit: i64,
-    ) -> impl Future<Output = Result<Vec<(Uuid, Uuid)>>> + Send;
-    /// Up to `limit` `retry_wait` task ids whose backoff has passed (locked, skip locked).
-    fn due_wakeups(
-        &mut self,
-        now: Timestamp,
-        limit: i64,
-    ) -> impl Future<Output = Result<Vec<Uuid>>> + Send;
-    /// Up to `limit` task ids whose scope row is past retention (locked, skip locked).
-    fn expired_scopes(
-        &mut self,
-        now: Timestamp,
-        limit: i64,
-    ) -> impl Future<Output = Result<Vec<Uuid>>> + Send;
-
-    /// What the database says about itself now ([`identity`]): PostgreSQL's
-    /// system identifier and the timeline the primary writes on; `None` on
-    /// SQLite, whose identity is only the recorded one.
-    fn database_identity(
-        &mut self,
-    ) -> impl Future<Output = Result<Option<identity::DatabaseIdentity>>> + Send;
-    /// The identity row, not locked (a check that finds it unchanged writes
-    /// nothing, not even a row lock; [`Tx::record_identity`] is the
-    /// compare-and-set); `None` before one is recorded.
-    fn recorded_identity(
-        &mut self,
-    ) -> impl Future<Output = Result<Option<identity::RecordedIdentity>>> + Send;
-    /// Records `new` (and clears `restored`): with `expected` `None` only if
-    /// no identity is recorded (`INSERT … ON CONFLICT DO NOTHING`), else only
-    /// if the recorded epoch is still `expected.epoch` (compare-and-set).
-    /// Answers whether this call wrote it.
-    fn record_identity(
-        &mut self,
-        expected: Option<&identity::StoreIdentity>,
-        new: &identity::StoreIdentity,
-    ) -> impl Future<Output = Result<bool>> + Send;
-    /// Marks the recorded identity as a restored backup's (`restored`): the
-    /// next identity check records a new epoch and rewinds. Answers whether
-    /// an identity was recorded to mark.
-    fn mark_restored(&mut self) -> impl Future<Output = Result<bool>> + Send;
-    /// Whether leases may be granted: no identity is recorded, or the
-    /// recorded one is the database's now and not a restored backup's. A
-    /// claim made between a failover and the identity check that follows it
-    /// leases nothing, so no task is re-executed before it was rewound.
-    fn identity_is_current(&mut self) -> impl Future<Output = Result<bool>> + Send;
-    /// Up to `limit` ids of tasks that are not terminal, after `after` in id
-    /// order (all tenants).
-    fn unfinished_tasks(
-        &mut self,
-        after: Option<Uuid>,
-        limit: i64,
-    ) -> impl Future<Output = Result<Vec<Uuid>>> + Send;
-}
 
 /// A database that runs [`Op`]s, each as one transaction (or one savepoint of
 /// a transaction it shares with others, answered after the shared commit).

@@ -26,53 +26,15 @@
 
 use std::collections::HashSet;
 
-use idem_core::contract::FrozenContract;
 use idem_core::fingerprint::canonical_request;
 use idem_core::machine::{self, NewTask};
 use idem_core::model::{Event, Task, Timestamp};
-use idem_core::trace::TraceParent;
-use serde_json::Value;
 use uuid::Uuid;
 
 use super::Operation;
 use crate::{ExistingScope, Result, ScopeRow, StoreError, Tx};
 
-/// A submission that passed validation and fingerprinting.
-#[derive(Debug, Clone)]
-pub struct Submission {
-    /// Tenant of the authenticated key.
-    pub tenant: String,
-    /// Operation class (known to the configuration).
-    pub operation: String,
-    /// Parsed idempotency key.
-    pub idempotency_key: String,
-    /// `sha256:<hex>` of the canonical request.
-    pub fingerprint: String,
-    /// RFC 8785 canonical request.
-    pub canonical_request: String,
-    /// Params as submitted.
-    pub params: Value,
-    /// Contract to freeze if the task is new.
-    pub contract: FrozenContract,
-    /// Submitting key.
-    pub api_key_id: Uuid,
-    /// The key's operation list at acceptance (`None` = all).
-    pub grant: Option<Vec<String>>,
-    /// The W3C `traceparent` the submit carried: kept on a new task, not part
-    /// of the fingerprint (a replay answers the task as it was accepted).
-    pub traceparent: Option<TraceParent>,
-}
-
-impl Submission {
-    /// The scope `(tenant, operation, idempotency key)`.
-    pub fn scope(&self) -> (String, String, String) {
-        (
-            self.tenant.clone(),
-            self.operation.clone(),
-            self.idempotency_key.clone(),
-        )
-    }
-}
+pub use crate::tx::Submission;
 
 /// What a submission did.
 #[derive(Debug, Clone, PartialEq)]
