@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use idem_store::conformance::corpus_cases;
+use idem_store::conformance::{check_event_corpus, corpus_cases};
 use idem_store_postgres::testing::fresh_database;
 use idem_store_postgres::{PgOptions, connect};
 use tokio_postgres::NoTls;
@@ -32,8 +32,5 @@ async fn stored_event_data_round_trips_byte_for_byte() {
         assert!(!read.is_empty(), "{name} stored no events");
         rows.extend(read);
     }
-    if let Ok(out) = std::env::var("IDEM_EVENT_CORPUS_OUT") {
-        let text: String = rows.iter().map(|(k, d)| format!("{k}\t{d}\n")).collect();
-        std::fs::write(out, text).unwrap();
-    }
+    check_event_corpus(&rows, include_str!("data/stored-events.tsv"));
 }

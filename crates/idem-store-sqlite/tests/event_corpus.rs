@@ -4,7 +4,7 @@
 //! served, unchanged).
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
-use idem_store::conformance::corpus_cases;
+use idem_store::conformance::{check_event_corpus, corpus_cases};
 use idem_store::{Clock, Store};
 use idem_store_sqlite::{SqliteBackend, SqliteOptions};
 
@@ -31,8 +31,5 @@ async fn stored_event_data_round_trips_byte_for_byte() {
         assert!(!read.is_empty(), "{name} stored no events");
         rows.extend(read);
     }
-    if let Ok(out) = std::env::var("IDEM_EVENT_CORPUS_OUT") {
-        let text: String = rows.iter().map(|(k, d)| format!("{k}\t{d}\n")).collect();
-        std::fs::write(out, text).unwrap();
-    }
+    check_event_corpus(&rows, include_str!("data/stored-events.tsv"));
 }

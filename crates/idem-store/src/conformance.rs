@@ -216,6 +216,12 @@ fn must<T, E: std::fmt::Debug>(r: Result<T, E>, what: &str) -> T {
     }
 }
 
+/// `v` as the JSON the store writes and the API serves.
+#[track_caller]
+fn json_of<T: serde::Serialize>(v: &T) -> Value {
+    must(serde_json::to_value(v), "to JSON")
+}
+
 /// Unwraps a store call that may also be refused: both layers must be `Ok`.
 #[track_caller]
 fn ok2<T>(r: crate::Result<Result<T, Refusal>>, what: &str) -> T {
@@ -727,9 +733,9 @@ async fn assert_history(store: &Store, id: Uuid) {
         .is_some_and(|c| c.status == CancelStatus::Confirmed);
     // An operator's resolve or redrive raises it too, until the next claim.
     // A store that went back in time raises it too (SPEC §2.11).
-    let rewound = events.iter().any(|e| {
-        e.data.get("reason").and_then(Value::as_str) == Some(idem_core::machine::STORE_REWOUND)
-    });
+    let rewound = events
+        .iter()
+        .any(|e| e.data.reason() == Some(idem_core::machine::STORE_REWOUND));
     let raised =
         count(&events, "operator_resolved") + count(&events, "operator_redriven") > 0 || rewound;
     if confirmed {
