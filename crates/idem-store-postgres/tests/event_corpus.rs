@@ -2,6 +2,10 @@
 //! serializes to the very text the store holds, for every event kind (SPEC
 //! §2.10: the history is append-only, so rows written by any release are
 //! read, and served, unchanged).
+//!
+//! `data/stored-events.tsv` holds the rows the same cases stored at commit
+//! ead98be, whose transitions built event data as `serde_json::Value`s (one
+//! `type<TAB>data` a line): rows this release reads and serves unchanged.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 

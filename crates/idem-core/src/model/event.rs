@@ -20,9 +20,9 @@
 //!   written by a newer release with a field this one does not know (or an
 //!   older one without a field it requires) is never cut down to what this
 //!   release knows: it reads as [`EventData::Other`] and serializes to the
-//!   same JSON value (SPEC "Upgrading": an older binary keeps serving while a
-//!   newer one writes). A `type` this release does not know is refused where
-//!   the row is read, as before: [`EventKind`] is closed.
+//!   same JSON value (`docs/operations.md`, "Upgrading": an older binary
+//!   keeps serving while a newer one writes). A `type` this release does not
+//!   know is refused where the row is read: [`EventKind`] is closed.
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -629,3 +629,6 @@ pub struct OperatorRedriven {
     /// The task's state before the action (`failed`).
     pub state: TaskState,
 }
+
+#[cfg(test)]
+mod tests;
