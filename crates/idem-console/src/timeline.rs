@@ -35,9 +35,10 @@
 
 use std::collections::BTreeMap;
 
+use idem_core::machine::operator::Actor;
 use idem_core::model::{
-    Attempt, AttemptKind, AttemptState, CancelStatus, Disposition, Event, EventKind, Evidence,
-    EvidenceOutcome, Task, Timestamp,
+    Attempt, AttemptKind, AttemptState, CancelStatus, Disposition, Event, EventData, EventKind,
+    Evidence, EvidenceOutcome, Task, TaskState, Timestamp,
 };
 use maud::{Markup, html};
 use serde_json::Value;

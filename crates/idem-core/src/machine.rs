@@ -10,14 +10,15 @@
 //! (a stale report is kept as evidence; an expired lease is expired first):
 //! the store persists them all the same, then answers with the error.
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use uuid::Uuid;
 
 use crate::config::MIN_LEASE_MS;
 use crate::contract::FrozenContract;
+use crate::model::event as ev;
 use crate::model::{
     AppliedReport, Attempt, AttemptKind, AttemptState, CancelStatus, Cancellation, Delivery,
-    Disposition, Event, EventKind, Evidence, EvidenceOutcome, Failure, FailureClass, Outcome, Task,
+    Disposition, Event, EventData, Evidence, EvidenceOutcome, Failure, FailureClass, Outcome, Task,
     TaskControl, TaskState, Timestamp,
 };
 
@@ -45,12 +46,12 @@ pub struct Journal {
 impl Journal {
     /// Appends an event to `task`'s history: assigns the next sequence number and
     /// touches `updated_at`.
-    pub fn record(&mut self, task: &mut Task, now: Timestamp, kind: EventKind, data: Value) {
+    pub fn record(&mut self, task: &mut Task, now: Timestamp, data: EventData) {
         task.control.event_seq += 1;
         task.updated_at = now;
         self.events.push(Event {
             seq: task.control.event_seq,
-            kind,
+            kind: data.kind(),
             at: now,
             data,
         });
@@ -177,21 +178,21 @@ pub fn accept(new: NewTask, now: Timestamp) -> (Task, Journal) {
         },
     };
     let mut j = Journal::default();
-    let data = json!({
-        "idempotency_key": task.idempotency_key,
-        "fingerprint": task.fingerprint,
-        "canonical_request": task.control.canonical_request,
-        "decision": {
-            "accepted": true,
-            "api_key_id": new.api_key_id,
-            "grant": new.grant,
-            "config_version": task.contract.config_version,
+    let data = EventData::TaskSubmitted(ev::TaskSubmitted {
+        canonical_request: task.control.canonical_request.clone(),
+        decision: ev::Decision {
+            accepted: true,
+            api_key_id: new.api_key_id,
+            config_version: task.contract.config_version.clone(),
+            grant: new.grant,
         },
+        fingerprint: task.fingerprint.clone(),
+        idempotency_key: task.idempotency_key.clone(),
         // The full contract is on the task row, which never changes it; the
         // event names its version and price.
-        "price": task.contract.price,
+        price: task.contract.price,
     });
-    j.record(&mut task, now, EventKind::TaskSubmitted, data);
+    j.record(&mut task, now, data);
     (task, j)
 }
 
@@ -291,16 +292,16 @@ pub fn claim(
         lease_ms,
         report: None,
     };
-    let data = json!({
-        "attempt_id": attempt.id,
-        "number": attempt.number,
-        "generation": attempt.generation,
-        "kind": kind,
-        "executor_id": executor_id,
-        "lease_expires_at": attempt.lease_expires_at,
-        "retry_count": task.control.execute_count - 1,
+    let data = EventData::AttemptLeased(ev::AttemptLeased {
+        attempt_id: attempt.id,
+        executor_id: executor_id.to_owned(),
+        generation: attempt.generation,
+        kind,
+        lease_expires_at: attempt.lease_expires_at,
+        number: attempt.number,
+        retry_count: task.control.execute_count - 1,
     });
-    j.record(task, now, EventKind::AttemptLeased, data);
+    j.record(task, now, data);
     Ok(Some(attempt))
 }
 
@@ -380,13 +381,13 @@ pub fn heartbeat(
     if attempt.usage != before {
         // The history holds usage (SPEC §2.10): a total raised by a heartbeat
         // is recorded when it is raised, not only with the report.
-        let data = json!({
-            "attempt_id": attempt.id,
-            "generation": generation,
-            "usage": attempt.usage,
-            "task_usage": task.usage,
+        let data = EventData::UsageRecorded(ev::UsageRecorded {
+            attempt_id: attempt.id,
+            generation,
+            task_usage: task.usage,
+            usage: attempt.usage,
         });
-        j.record(task, now, EventKind::UsageRecorded, data);
+        j.record(task, now, data);
     }
     attempt.lease_expires_at = now.plus_ms(attempt.lease_ms);
     task.updated_at = now;
@@ -418,8 +419,11 @@ pub fn acknowledge(
     if attempt.state == AttemptState::Leased {
         attempt.state = AttemptState::Acknowledged;
         j.evidence(attempt, ack(Disposition::Applied));
-        let data = json!({"attempt_id": attempt.id, "generation": generation});
-        j.record(task, now, EventKind::CommandAcknowledged, data);
+        let data = EventData::CommandAcknowledged(ev::CommandAcknowledged {
+            attempt_id: attempt.id,
+            generation,
+        });
+        j.record(task, now, data);
     } else {
         j.evidence(attempt, ack(Disposition::Repeat));
     }
@@ -478,15 +482,15 @@ pub fn release(
     if attempt.kind == AttemptKind::Execute {
         task.control.execute_count = (task.control.execute_count - 1).max(0);
     }
-    let data = json!({
-        "attempt_id": attempt.id,
-        "number": attempt.number,
-        "generation": generation,
-        "kind": attempt.kind,
-        "executor_id": attempt.executor_id,
-        "execute_count": task.control.execute_count,
+    let data = EventData::AttemptReleased(ev::AttemptReleased {
+        attempt_id: attempt.id,
+        execute_count: task.control.execute_count,
+        executor_id: attempt.executor_id.clone(),
+        generation,
+        kind: attempt.kind,
+        number: attempt.number,
     });
-    j.record(task, now, EventKind::AttemptReleased, data);
+    j.record(task, now, data);
     if attempt.kind == AttemptKind::Reconcile {
         // The unknown outcome it was to settle is still unknown, also with a
         // cancellation pending (SPEC §2.5, §2.7).
@@ -634,8 +638,12 @@ pub fn report(
                 Disposition::AlreadyReported,
             ),
         );
-        let data = json!({"attempt_id": attempt.id, "outcome": outcome, "existing": existing});
-        j.record(task, now, EventKind::DuplicateReport, data);
+        let data = EventData::DuplicateReport(ev::DuplicateReport {
+            attempt_id: attempt.id,
+            existing,
+            outcome,
+        });
+        j.record(task, now, data);
         return Err(Rejection::AlreadyReported { existing });
     }
     if let Err(e) = fence(task, attempt, j, r.generation, now) {
@@ -669,16 +677,16 @@ pub fn report(
         ),
     );
     task.control.active_attempt_id = None;
-    let observed = json!({
-        "attempt_id": attempt.id,
-        "generation": r.generation,
-        "kind": attempt.kind,
-        "outcome": outcome,
-        "failure_class": r.failure_class,
-        "message": r.message,
-        "usage": attempt.usage,
-        "external_txn_id": r.external_txn_id,
-    });
+    let observed = ev::ReportApplied {
+        attempt_id: attempt.id,
+        external_txn_id: r.external_txn_id.clone(),
+        failure_class: r.failure_class,
+        generation: r.generation,
+        kind: attempt.kind,
+        message: r.message.clone(),
+        outcome,
+        usage: attempt.usage,
+    };
     match r.outcome {
         Outcome::Succeeded | Outcome::Committed => {
             attempt.state = if r.outcome == Outcome::Succeeded {
@@ -686,18 +694,18 @@ pub fn report(
             } else {
                 AttemptState::Committed
             };
-            let kind = if r.outcome == Outcome::Committed {
-                EventKind::Reconciled
+            let data = if r.outcome == Outcome::Committed {
+                EventData::Reconciled(observed)
             } else {
-                EventKind::CompletionObserved
+                EventData::CompletionObserved(observed)
             };
-            j.record(task, now, kind, observed);
+            j.record(task, now, data);
             let result = r.result.clone().unwrap_or(Value::Null);
             deliver(task, j, now, result, r.external_txn_id.clone());
         }
         Outcome::Failed => {
             attempt.state = AttemptState::Failed;
-            j.record(task, now, EventKind::AttemptFailed, observed);
+            j.record(task, now, EventData::AttemptFailed(observed));
             let class = r.failure_class.unwrap_or(FailureClass::Transient);
             let message = r.message.clone().unwrap_or_default();
             if attempt.kind == AttemptKind::Reconcile {
@@ -714,7 +722,7 @@ pub fn report(
         }
         Outcome::Unknown => {
             attempt.state = AttemptState::Unknown;
-            j.record(task, now, EventKind::OutcomeUnknown, observed);
+            j.record(task, now, EventData::OutcomeUnknown(observed));
             if RECONCILE_UNKNOWN || attempt.kind == AttemptKind::Reconcile {
                 schedule_reconcile(task, j, now, "executor reported an unknown outcome");
             } else {
@@ -723,12 +731,12 @@ pub fn report(
         }
         Outcome::Cancelled => {
             attempt.state = AttemptState::Cancelled;
-            j.record(task, now, EventKind::AttemptCancelled, observed);
+            j.record(task, now, EventData::AttemptCancelled(observed));
             confirm_cancel(task, j, now);
         }
         Outcome::NotCommitted => {
             attempt.state = AttemptState::NotCommitted;
-            j.record(task, now, EventKind::Reconciled, observed);
+            j.record(task, now, EventData::Reconciled(observed));
             if task.cancel_pending() {
                 confirm_cancel(task, j, now);
             } else {
@@ -763,8 +771,13 @@ fn keep_stale_report(
             Disposition::StaleGeneration,
         ),
     );
-    let data = json!({"attempt_id": attempt.id, "generation": r.generation, "outcome": outcome, "current_generation": task.generation});
-    j.record(task, now, EventKind::StaleReport, data);
+    let data = EventData::StaleReport(ev::StaleReport {
+        attempt_id: attempt.id,
+        current_generation: task.generation,
+        generation: r.generation,
+        outcome,
+    });
+    j.record(task, now, data);
     e
 }
 
@@ -781,12 +794,12 @@ pub fn expire_lease(task: &mut Task, attempt: &mut Attempt, j: &mut Journal, now
     if task.control.active_attempt_id == Some(attempt.id) {
         task.control.active_attempt_id = None;
     }
-    let data = json!({
-        "attempt_id": attempt.id,
-        "generation": attempt.generation,
-        "lease_expires_at": attempt.lease_expires_at,
+    let data = EventData::LeaseExpired(ev::LeaseExpired {
+        attempt_id: attempt.id,
+        generation: attempt.generation,
+        lease_expires_at: attempt.lease_expires_at,
     });
-    j.record(task, now, EventKind::LeaseExpired, data);
+    j.record(task, now, data);
     if task.state.is_terminal() {
         return;
     }
@@ -869,15 +882,15 @@ pub fn store_rewound(
         task.state = TaskState::Reconciling;
         task.control.next_kind = Some(AttemptKind::Reconcile);
         task.control.ready_at = now;
-        let data = json!({
-            "reason": STORE_REWOUND,
-            "store": store,
-            "ended_attempt_id": ended,
-            "generation": task.generation,
-            "backoff_ms": 0,
-            "ready_at": now,
+        let data = EventData::ReconciliationRequired(ev::ReconciliationRequired {
+            backoff_ms: 0,
+            ended_attempt_id: Some(ended),
+            generation: Some(task.generation),
+            ready_at: now,
+            reason: STORE_REWOUND.to_owned(),
+            store: Some(store.clone()),
         });
-        j.record(task, now, EventKind::ReconciliationRequired, data);
+        j.record(task, now, data);
     } else {
         let first = j.events.len();
         if task.cancel_pending() {
@@ -887,10 +900,20 @@ pub fn store_rewound(
         }
         // The event that settled it says why, as `reconciliation_required`
         // does above.
-        if let Some(Value::Object(data)) = j.events.get_mut(first).map(|e| &mut e.data) {
-            data.insert("store".into(), store.clone());
-            data.insert("ended_attempt_id".into(), json!(ended));
-            data.entry("generation").or_insert(json!(task.generation));
+        let store = Some(store.clone());
+        match j.events.get_mut(first).map(|e| &mut e.data) {
+            Some(EventData::RetryScheduled(d)) => {
+                (d.store, d.ended_attempt_id) = (store, Some(ended));
+                d.generation.get_or_insert(task.generation);
+            }
+            Some(EventData::TaskFailed(d)) => {
+                (d.store, d.ended_attempt_id) = (store, Some(ended));
+                d.generation.get_or_insert(task.generation);
+            }
+            Some(EventData::CancelConfirmed(d)) => {
+                (d.store, d.ended_attempt_id) = (store, Some(ended));
+            }
+            _ => {}
         }
     }
     true
@@ -918,8 +941,12 @@ pub fn cancel(task: &mut Task, j: &mut Journal, now: Timestamp) -> Cancellation 
                 confirmed_at: Some(now),
                 fee: Some(fee),
             });
-            let data = json!({"status": "too_late", "fee": fee, "state": task.state});
-            j.record(task, now, EventKind::CancelTooLate, data);
+            let data = EventData::CancelTooLate(ev::CancelTooLate {
+                fee,
+                state: Some(task.state),
+                status: CancelStatus::TooLate,
+            });
+            j.record(task, now, data);
         }
         TaskState::Queued | TaskState::RetryWait => {
             task.cancellation = Some(Cancellation {
@@ -928,7 +955,10 @@ pub fn cancel(task: &mut Task, j: &mut Journal, now: Timestamp) -> Cancellation 
                 confirmed_at: None,
                 fee: None,
             });
-            j.record(task, now, EventKind::CancelRequested, json!({}));
+            let data = ev::CancelRequested {
+                active_attempt_id: None,
+            };
+            j.record(task, now, EventData::CancelRequested(data));
             confirm_cancel(task, j, now);
         }
         TaskState::Running | TaskState::Reconciling => {
@@ -938,8 +968,10 @@ pub fn cancel(task: &mut Task, j: &mut Journal, now: Timestamp) -> Cancellation 
                 confirmed_at: None,
                 fee: None,
             });
-            let data = json!({"active_attempt_id": task.control.active_attempt_id});
-            j.record(task, now, EventKind::CancelRequested, data);
+            let data = ev::CancelRequested {
+                active_attempt_id: Some(task.control.active_attempt_id),
+            };
+            j.record(task, now, EventData::CancelRequested(data));
         }
     }
     task.cancellation.clone().unwrap_or(Cancellation {
@@ -955,7 +987,7 @@ pub fn cancel(task: &mut Task, j: &mut Journal, now: Timestamp) -> Cancellation 
 pub fn wake(task: &mut Task, j: &mut Journal, now: Timestamp) -> bool {
     if task.state == TaskState::RetryWait && task.control.ready_at <= now {
         task.state = TaskState::Queued;
-        j.record(task, now, EventKind::TaskWoken, json!({}));
+        j.record(task, now, EventData::TaskWoken(ev::NoDetails {}));
         true
     } else {
         false
@@ -977,7 +1009,7 @@ pub fn acknowledge_delivery(
     };
     if d.acknowledged_at.is_none() {
         d.acknowledged_at = Some(now);
-        j.record(task, now, EventKind::DeliveryAcknowledged, json!({}));
+        j.record(task, now, EventData::DeliveryAcknowledged(ev::NoDetails {}));
     }
     Ok(())
 }
@@ -986,8 +1018,10 @@ pub fn acknowledge_delivery(
 /// Clears `key_expires_at`, so the sweeper never looks at the task again.
 pub fn release_key(task: &mut Task, j: &mut Journal, now: Timestamp) {
     task.control.key_expires_at = None;
-    let data = json!({"idempotency_key": task.idempotency_key});
-    j.record(task, now, EventKind::KeyReleased, data);
+    let data = EventData::KeyReleased(ev::KeyReleased {
+        idempotency_key: task.idempotency_key.clone(),
+    });
+    j.record(task, now, data);
 }
 
 fn deliver(
@@ -1006,16 +1040,23 @@ fn deliver(
         charge,
     });
     task.state = TaskState::Succeeded;
-    let data = json!({"charge": charge, "external_txn_id": external_txn_id});
-    j.record(task, now, EventKind::Delivered, data);
+    let data = EventData::Delivered(ev::Delivered {
+        charge,
+        external_txn_id,
+    });
+    j.record(task, now, data);
     if let Some(c) = task.cancellation.as_mut()
         && c.status == CancelStatus::Requested
     {
         c.status = CancelStatus::TooLate;
         c.confirmed_at = Some(now);
         c.fee = Some(charge);
-        let data = json!({"status": "too_late", "fee": charge});
-        j.record(task, now, EventKind::CancelTooLate, data);
+        let data = EventData::CancelTooLate(ev::CancelTooLate {
+            fee: charge,
+            state: None,
+            status: CancelStatus::TooLate,
+        });
+        j.record(task, now, data);
     }
     terminal(task, now);
 }
@@ -1037,8 +1078,14 @@ fn confirm_cancel(task: &mut Task, j: &mut Journal, now: Timestamp) {
     task.state = TaskState::Cancelled;
     // Retire all execution authority (CANCEL-01).
     task.generation += 1;
-    let data = json!({"fee": fee, "usage": task.usage, "generation": task.generation});
-    j.record(task, now, EventKind::CancelConfirmed, data);
+    let data = EventData::CancelConfirmed(ev::CancelConfirmed {
+        ended_attempt_id: None,
+        fee,
+        generation: task.generation,
+        store: None,
+        usage: task.usage,
+    });
+    j.record(task, now, data);
     terminal(task, now);
 }
 
@@ -1048,8 +1095,14 @@ fn fail(task: &mut Task, j: &mut Journal, now: Timestamp, class: FailureClass, m
         class,
         message: message.to_owned(),
     });
-    let data = json!({"class": class, "message": message});
-    j.record(task, now, EventKind::TaskFailed, data);
+    let data = EventData::TaskFailed(ev::TaskFailed {
+        class,
+        ended_attempt_id: None,
+        generation: None,
+        message: message.to_owned(),
+        store: None,
+    });
+    j.record(task, now, data);
     terminal(task, now);
 }
 
@@ -1070,9 +1123,15 @@ fn schedule_reconcile(task: &mut Task, j: &mut Journal, now: Timestamp, reason: 
         task.contract.retry.backoff.initial_ms
     };
     task.control.ready_at = now.plus_ms(backoff_ms);
-    let data =
-        json!({"reason": reason, "backoff_ms": backoff_ms, "ready_at": task.control.ready_at});
-    j.record(task, now, EventKind::ReconciliationRequired, data);
+    let data = EventData::ReconciliationRequired(ev::ReconciliationRequired {
+        backoff_ms,
+        ended_attempt_id: None,
+        generation: None,
+        ready_at: task.control.ready_at,
+        reason: reason.to_owned(),
+        store: None,
+    });
+    j.record(task, now, data);
 }
 
 fn retry_after_transient(task: &mut Task, j: &mut Journal, now: Timestamp, message: &str) {
@@ -1118,19 +1177,28 @@ fn next_execute(task: &mut Task, j: &mut Journal, now: Timestamp, backoff: bool,
         task.state = TaskState::RetryWait;
         task.control.next_kind = Some(AttemptKind::Execute);
         task.control.ready_at = now.plus_ms(delay);
-        let data =
-            json!({"reason": reason, "backoff_ms": delay, "ready_at": task.control.ready_at});
-        j.record(task, now, EventKind::RetryScheduled, data);
+        let data = EventData::RetryScheduled(ev::RetryScheduled {
+            backoff_ms: delay,
+            ended_attempt_id: None,
+            generation: None,
+            ready_at: Some(task.control.ready_at),
+            reason: reason.to_owned(),
+            store: None,
+        });
+        j.record(task, now, data);
     } else {
         task.state = TaskState::Queued;
         task.control.next_kind = Some(AttemptKind::Execute);
         task.control.ready_at = now;
-        j.record(
-            task,
-            now,
-            EventKind::RetryScheduled,
-            json!({"reason": reason, "backoff_ms": 0}),
-        );
+        let data = EventData::RetryScheduled(ev::RetryScheduled {
+            backoff_ms: 0,
+            ended_attempt_id: None,
+            generation: None,
+            ready_at: None,
+            reason: reason.to_owned(),
+            store: None,
+        });
+        j.record(task, now, data);
     }
 }
 

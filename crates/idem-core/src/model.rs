@@ -14,6 +14,9 @@ use uuid::Uuid;
 
 use crate::contract::FrozenContract;
 
+pub mod event;
+pub use event::EventData;
+
 /// A point in time as epoch milliseconds (UTC). Serialized as an RFC 3339
 /// string with millisecond precision (e.g. `2026-11-29T22:47:35.123Z`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -680,6 +683,7 @@ impl AppliedReport {
 
 /// An append-only audit event (SPEC §2.10).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(from = "EventRecord")]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Event {
     /// 1-based, gap-free sequence within the task.
@@ -690,7 +694,31 @@ pub struct Event {
     /// When it was written.
     pub at: Timestamp,
     /// Event details.
-    pub data: Value,
+    // Typed by `kind` ([`EventData`]); its JSON is the stored text. (A doc
+    // line here would change the OpenAPI description.)
+    #[cfg_attr(feature = "openapi", schema(value_type = Value))]
+    pub data: EventData,
+}
+
+/// An [`Event`] as read from JSON: the data is typed by the `type` member.
+#[derive(Deserialize)]
+struct EventRecord {
+    seq: i64,
+    #[serde(rename = "type")]
+    kind: EventKind,
+    at: Timestamp,
+    data: Value,
+}
+
+impl From<EventRecord> for Event {
+    fn from(r: EventRecord) -> Event {
+        Event {
+            seq: r.seq,
+            kind: r.kind,
+            at: r.at,
+            data: EventData::from_value(r.kind, r.data),
+        }
+    }
 }
 
 /// A stored API key (the plain key is never stored, only its SHA-256 hash).

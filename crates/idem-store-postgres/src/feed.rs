@@ -21,13 +21,12 @@
 //! (`events_position_seq`; one less while it has given none), so a cursor
 //! ahead of the head is found without another round trip.
 
-use idem_core::model::{Event, EventKind};
 use idem_store::Result;
 use idem_store::feed::{FeedCursor, FeedEvent, FeedHead, FeedRead};
 use tokio_postgres::Row;
 
 use crate::error::corrupt;
-use crate::rows::{get, json, ts, word};
+use crate::rows::{event_from_row, get};
 
 /// The feed's head (`head_txid`, `head_position`) and tenant `$1`'s events
 /// after `($2 txid, $3 position)`, of the classes in `$4` (NULL: all), at
@@ -74,11 +73,6 @@ fn feed_event(row: &Row) -> Result<FeedEvent> {
         },
         task_id: get(row, "task_id")?,
         operation: get(row, "operation")?,
-        event: Event {
-            seq: get(row, "seq")?,
-            kind: word::<EventKind>(row, "type")?,
-            at: ts(row, "at")?,
-            data: json(row, "data")?,
-        },
+        event: event_from_row(row)?,
     })
 }

@@ -6,8 +6,8 @@ use std::sync::LazyLock;
 
 use idem_core::contract::{ContractId, FrozenContract};
 use idem_core::model::{
-    ApiKey, AppliedReport, Attempt, AttemptKind, AttemptState, Disposition, Event, Evidence,
-    EvidenceOutcome, Role, Task, TaskControl, TaskState, Timestamp,
+    ApiKey, AppliedReport, Attempt, AttemptKind, AttemptState, Disposition, Event, EventData,
+    EventKind, Evidence, EvidenceOutcome, Role, Task, TaskControl, TaskState, Timestamp,
 };
 use idem_core::trace::TraceParent;
 use idem_store::{ExistingScope, Result, ScopeRow, StoreError};
@@ -107,6 +107,19 @@ where
 pub(crate) fn json<T: DeserializeOwned>(row: &Row, col: impl ColumnRef) -> Result<T> {
     let s: &str = get(row, col)?;
     serde_json::from_str(s).map_err(|e| corrupt(col.name(), e))
+}
+
+/// An event of a row with the columns `seq, type, at, data`: the data typed
+/// by the type ([`EventData::from_json`]).
+pub(crate) fn event_from_row(row: &Row) -> Result<Event> {
+    let kind = word::<EventKind>(row, "type")?;
+    let text: &str = get(row, "data")?;
+    Ok(Event {
+        seq: get(row, "seq")?,
+        kind,
+        at: ts(row, "at")?,
+        data: EventData::from_json(kind, text).map_err(|e| corrupt("data", e))?,
+    })
 }
 
 pub(crate) fn opt_json<T: DeserializeOwned>(row: &Row, col: impl ColumnRef) -> Result<Option<T>> {

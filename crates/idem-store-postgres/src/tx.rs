@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use deadpool_postgres::Transaction;
 use idem_core::contract::FrozenContract;
-use idem_core::model::{ApiKey, Attempt, Event, EventKind, Evidence, Task, Timestamp};
+use idem_core::model::{ApiKey, Attempt, Event, Evidence, Task, Timestamp};
 use idem_store::contracts::StoredContracts;
 use idem_store::ops::Submission;
 use idem_store::{Change, Clock, ExistingScope, Result, ScopeRow, StoreError, Tx};
@@ -621,14 +621,7 @@ impl Tx for PgTx<'_> {
         )
         .await?
         .iter()
-        .map(|row| {
-            Ok(Event {
-                seq: get(row, "seq")?,
-                kind: word::<EventKind>(row, "type")?,
-                at: ts(row, "at")?,
-                data: json(row, "data")?,
-            })
-        })
+        .map(crate::rows::event_from_row)
         .collect()
     }
 

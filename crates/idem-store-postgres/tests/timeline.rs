@@ -353,7 +353,7 @@ async fn a_promoted_standby_is_noticed_while_serving_and_rewinds() {
     sweeper.await.unwrap();
     assert_eq!(task.state, TaskState::Reconciling);
     let events = store.list_events(None, running).await.unwrap().unwrap();
-    let rewind = &events.last().unwrap().data;
+    let rewind = serde_json::to_value(&events.last().unwrap().data).unwrap();
     assert_eq!(rewind["reason"], "store_rewound");
     assert_eq!(rewind["store"]["from"]["timeline"], 1);
     assert_eq!(rewind["store"]["to"]["timeline"], 2);

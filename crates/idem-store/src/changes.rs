@@ -73,7 +73,11 @@ impl Change {
             operation,
             task_id,
             kind: event.kind,
-            due_in_ms: event.data["backoff_ms"].as_u64().filter(|ms| *ms > 0),
+            due_in_ms: event
+                .data
+                .backoff_ms()
+                .and_then(|ms| u64::try_from(ms).ok())
+                .filter(|ms| *ms > 0),
             remote: false,
         }
     }

@@ -177,6 +177,7 @@ mod changes;
 mod claims;
 mod concurrency;
 mod console;
+mod corpus;
 mod failures;
 mod feed;
 mod operator;
@@ -192,6 +193,7 @@ pub use changes::*;
 pub use claims::*;
 pub use concurrency::*;
 pub use console::*;
+pub use corpus::*;
 pub use failures::*;
 pub use feed::*;
 pub use operator::*;
@@ -212,6 +214,12 @@ fn must<T, E: std::fmt::Debug>(r: Result<T, E>, what: &str) -> T {
         Ok(v) => v,
         Err(e) => panic!("{what}: {e:?}"),
     }
+}
+
+/// `v` as the JSON the store writes and the API serves.
+#[track_caller]
+fn json_of<T: serde::Serialize>(v: &T) -> Value {
+    must(serde_json::to_value(v), "to JSON")
 }
 
 /// Unwraps a store call that may also be refused: both layers must be `Ok`.
@@ -725,9 +733,9 @@ async fn assert_history(store: &Store, id: Uuid) {
         .is_some_and(|c| c.status == CancelStatus::Confirmed);
     // An operator's resolve or redrive raises it too, until the next claim.
     // A store that went back in time raises it too (SPEC §2.11).
-    let rewound = events.iter().any(|e| {
-        e.data.get("reason").and_then(Value::as_str) == Some(idem_core::machine::STORE_REWOUND)
-    });
+    let rewound = events
+        .iter()
+        .any(|e| e.data.reason() == Some(idem_core::machine::STORE_REWOUND));
     let raised =
         count(&events, "operator_resolved") + count(&events, "operator_redriven") > 0 || rewound;
     if confirmed {

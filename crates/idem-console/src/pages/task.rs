@@ -12,7 +12,8 @@
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use idem_core::model::{Attempt, Event, Task, TaskState, Timestamp};
+use idem_core::machine::operator::Actor;
+use idem_core::model::{Attempt, Event, EventData, Task, TaskState, Timestamp};
 use maud::{Markup, html};
 use serde_json::Value;
 use uuid::Uuid;
@@ -252,7 +253,7 @@ pub fn body(s: &Story) -> Markup {
                             td.actor { (actor(&e.data)) }
                             // Focusable: a long payload scrolls within its 12rem
                             // (WCAG 2.1.1, axe `scrollable-region-focusable`).
-                            td.payload { pre tabindex="0" { (pretty(&e.data)) } }
+                            td.payload { pre tabindex="0" { (pretty(&data_json(&e.data))) } }
                         }
                     }
                 }
@@ -313,21 +314,23 @@ fn attempts_table(attempts: &[Attempt]) -> Markup {
 }
 
 /// The actor of an operator's event (`data.actor`), or a dash.
-fn actor(data: &Value) -> String {
-    match &data["actor"] {
-        Value::Object(a) => match (
-            a.get("type").and_then(Value::as_str),
-            a.get("api_key_id"),
-            a.get("user"),
-        ) {
-            (Some("api_key"), Some(id), _) => {
-                format!("api key {}", id.as_str().unwrap_or_default())
-            }
-            (Some("cli"), _, Some(u)) => format!("cli {}", u.as_str().unwrap_or_default()),
-            _ => data["actor"].to_string(),
-        },
-        _ => "—".to_owned(),
+fn actor(data: &EventData) -> String {
+    let actor = match data {
+        EventData::OperatorRetryNow(d) => &d.actor,
+        EventData::OperatorCancel(d) => &d.actor,
+        EventData::OperatorResolved(d) => &d.actor,
+        EventData::OperatorRedriven(d) => &d.actor,
+        _ => return "—".to_owned(),
+    };
+    match actor {
+        Actor::ApiKey(id) => format!("api key {id}"),
+        Actor::Cli { user } => format!("cli {user}"),
     }
+}
+
+/// Event data as the JSON the API serves (`null` if it had none).
+fn data_json(data: &EventData) -> Value {
+    serde_json::to_value(data).unwrap_or_default()
 }
 
 /// A JSON object as a definition list (nested objects as nested lists, other

@@ -93,10 +93,9 @@ pub(super) fn attempt_marks(a: &Attempt, events: &[&Event]) -> Vec<Mark> {
         .enumerate()
         .map(|(i, e)| evidence_mark(a, e, i as i64))
         .collect();
-    let id = a.id.to_string();
     let mine: Vec<&&Event> = events
         .iter()
-        .filter(|e| str_of(&e.data, "attempt_id").is_some_and(|s| s == id))
+        .filter(|e| e.data.attempt_id() == Some(a.id))
         .collect();
     let heartbeats = mine
         .iter()
@@ -104,26 +103,26 @@ pub(super) fn attempt_marks(a: &Attempt, events: &[&Event]) -> Vec<Mark> {
         .count();
     let mut beat = 0;
     for e in mine {
-        match e.kind {
-            EventKind::UsageRecorded => {
+        match &e.data {
+            EventData::UsageRecorded(d) => {
                 beat += 1;
-                let usage = int_of(&e.data, "usage");
+                let usage = d.usage;
                 let labelled = heartbeats <= LABELLED_HEARTBEATS || beat == heartbeats;
                 let mut m = Mark::new(e.at, e.seq, Shape::Dot, "heartbeat").title(
                     "heartbeat",
                     &[
-                        format!("attempt usage {}", opt(usage)),
-                        format!("task usage {}", opt(int_of(&e.data, "task_usage"))),
-                        format!("generation {}", opt(int_of(&e.data, "generation"))),
+                        format!("attempt usage {usage}"),
+                        format!("task usage {}", d.task_usage),
+                        format!("generation {}", d.generation),
                     ],
                 );
                 if labelled {
-                    m = m.label(&format!("usage {}", opt(usage))).optional();
+                    m = m.label(&format!("usage {usage}")).optional();
                 }
                 marks.push(m);
             }
-            EventKind::LeaseExpired => {
-                let ended = str_of(&e.data, "lease_expires_at").unwrap_or_default();
+            EventData::LeaseExpired(d) => {
+                let ended = d.lease_expires_at.to_rfc3339();
                 marks.push(
                     Mark::new(e.at, e.seq, Shape::Triangle, "expired")
                         .label("lease expired")
@@ -136,7 +135,7 @@ pub(super) fn attempt_marks(a: &Attempt, events: &[&Event]) -> Vec<Mark> {
                         ),
                 );
             }
-            EventKind::AttemptReleased => {
+            EventData::AttemptReleased(_) => {
                 marks.push(
                     Mark::new(e.at, e.seq, Shape::Triangle, "expired")
                         .label("released")

@@ -67,11 +67,8 @@ pub(super) fn describe(task: &Task, attempts: &[&Attempt], events: &[&Event]) ->
         k => parts.push(format!("{k} pieces of stale evidence kept")),
     }
     for e in events {
-        if e.kind == EventKind::OperatorResolved {
-            parts.push(format!(
-                "resolved {} by an operator",
-                str_of(&e.data, "outcome").unwrap_or_default()
-            ));
+        if let EventData::OperatorResolved(d) = &e.data {
+            parts.push(format!("resolved {} by an operator", d.outcome));
         }
     }
     if let Some(c) = &task.cancellation {

@@ -9,26 +9,18 @@ use super::*;
 pub(super) fn task_marks(events: &[&Event]) -> Vec<Mark> {
     let mut marks = Vec::new();
     for e in events {
-        let d = &e.data;
-        let reason = || format!("reason {}", str_of(d, "reason").unwrap_or_default());
         let mark = |shape, class: &str| Mark::new(e.at, e.seq, shape, class);
-        let m = match e.kind {
-            EventKind::TaskSubmitted => mark(Shape::Dot, "submitted").label("accepted").title(
+        let m = match &e.data {
+            EventData::TaskSubmitted(d) => mark(Shape::Dot, "submitted").label("accepted").title(
                 "task accepted",
                 &[
-                    format!(
-                        "idempotency key {}",
-                        str_of(d, "idempotency_key").unwrap_or_default()
-                    ),
-                    format!(
-                        "fingerprint {}",
-                        str_of(d, "fingerprint").unwrap_or_default()
-                    ),
-                    format!("price {} (minor units)", opt(int_of(d, "price"))),
+                    format!("idempotency key {}", d.idempotency_key),
+                    format!("fingerprint {}", d.fingerprint),
+                    format!("price {} (minor units)", d.price),
                 ],
             ),
-            EventKind::RetryScheduled => {
-                let backoff = int_of(d, "backoff_ms").unwrap_or(0);
+            EventData::RetryScheduled(d) => {
+                let backoff = d.backoff_ms;
                 let word = if backoff > 0 {
                     format!("retry in {}", duration(backoff))
                 } else {
@@ -37,38 +29,44 @@ pub(super) fn task_marks(events: &[&Event]) -> Vec<Mark> {
                 mark(Shape::Dot, "retry").label(&word).optional().title(
                     "another execute attempt may start",
                     &[
-                        reason(),
+                        format!("reason {}", d.reason),
                         format!("backoff {}", duration(backoff)),
-                        ready_at(d),
+                        ready_at(d.ready_at),
                     ],
                 )
             }
-            EventKind::ReconciliationRequired => mark(Shape::Diamond, "reconcile")
+            EventData::ReconciliationRequired(d) => mark(Shape::Diamond, "reconcile")
                 .label("reconciliation required")
                 .optional()
                 .title(
                     "reconciliation required: only reconcile attempts run",
-                    &[reason(), ready_at(d)],
+                    &[format!("reason {}", d.reason), ready_at(Some(d.ready_at))],
                 ),
-            EventKind::TaskWoken => mark(Shape::Dot, "woken").title("backoff over: queued", &[]),
-            EventKind::OperatorRetryNow => operator(e, "retry now", &[]),
-            EventKind::OperatorCancel => operator(e, "cancel", &[]),
-            EventKind::OperatorResolved => {
-                let outcome = str_of(d, "outcome").unwrap_or_default();
+            EventData::TaskWoken(_) => mark(Shape::Dot, "woken").title("backoff over: queued", &[]),
+            EventData::OperatorRetryNow(d) => {
+                operator(e, (&d.actor, &d.reason, d.state), "retry now", &[])
+            }
+            EventData::OperatorCancel(d) => {
+                operator(e, (&d.actor, &d.reason, d.state), "cancel", &[])
+            }
+            EventData::OperatorResolved(d) => {
+                let outcome = d.outcome;
                 let mut more = vec![format!("outcome {outcome}")];
-                if let Some(t) = str_of(d, "external_txn_id") {
+                if let Some(t) = &d.external_txn_id {
                     more.push(format!("external transaction id {t}"));
                 }
-                if let Some(r) = str_of(d, "retired_attempt_id") {
+                if let Some(r) = d.retired_attempt_id {
                     more.push(format!("retired attempt {r}"));
                 }
-                more.push(format!("generation {}", opt(int_of(d, "generation"))));
-                operator(e, &format!("resolved {outcome}"), &more)
+                more.push(format!("generation {}", d.generation));
+                let by = (&d.actor, d.reason.as_str(), d.state);
+                operator(e, by, &format!("resolved {outcome}"), &more)
             }
-            EventKind::OperatorRedriven => operator(
+            EventData::OperatorRedriven(d) => operator(
                 e,
+                (&d.actor, &d.reason, d.state),
                 "redrive",
-                &[format!("execute limit {}", opt(int_of(d, "execute_limit")))],
+                &[format!("execute limit {}", d.execute_limit)],
             ),
             _ => continue,
         };
@@ -77,32 +75,30 @@ pub(super) fn task_marks(events: &[&Event]) -> Vec<Mark> {
     marks
 }
 
-/// `ready at …` of an event that names when the task may be claimed again.
-pub(super) fn ready_at(d: &Value) -> String {
-    str_of(d, "ready_at").map_or_else(String::new, |t| format!("claimable from {t}"))
+/// `claimable from …` of an event that names when the task may be claimed
+/// again (empty when it does not).
+pub(super) fn ready_at(at: Option<Timestamp>) -> String {
+    at.map_or_else(String::new, |t| {
+        format!("claimable from {}", t.to_rfc3339())
+    })
 }
 
-/// An operator action's mark: actor and reason in the title.
-pub(super) fn operator(e: &Event, what: &str, more: &[String]) -> Mark {
-    let d = &e.data;
-    let actor = match d.get("actor") {
-        Some(a) => match str_of(a, "type").as_deref() {
-            Some("api_key") => {
-                let id = str_of(a, "api_key_id").unwrap_or_default();
-                format!("admin key {id}")
-            }
-            Some("cli") => {
-                let user = str_of(a, "user").unwrap_or_default();
-                format!("command line user {user}")
-            }
-            _ => a.to_string(),
-        },
-        None => "unknown".to_owned(),
+/// An operator action's mark: who acted, why, and the task's state before it
+/// in the title.
+pub(super) fn operator(
+    e: &Event,
+    (actor, reason, state): (&Actor, &str, TaskState),
+    what: &str,
+    more: &[String],
+) -> Mark {
+    let actor = match actor {
+        Actor::ApiKey(id) => format!("admin key {id}"),
+        Actor::Cli { user } => format!("command line user {user}"),
     };
     let mut lines = vec![
         format!("by {actor}"),
-        format!("reason {}", str_of(d, "reason").unwrap_or_default()),
-        format!("state before {}", str_of(d, "state").unwrap_or_default()),
+        format!("reason {reason}"),
+        format!("state before {state}"),
     ];
     lines.extend(more.iter().cloned());
     Mark::new(e.at, e.seq, Shape::Square, "operator")

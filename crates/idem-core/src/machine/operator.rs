@@ -14,12 +14,15 @@
 //! does not apply to changes nothing and is [`Refused::InvalidState`]
 //! (HTTP 409 `INVALID_STATE`).
 
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use uuid::Uuid;
 
 use super::{Authority, Journal, confirm_cancel, deliver, next_execute};
+use crate::model::event::{OperatorCancel, OperatorRedriven, OperatorResolved, OperatorRetryNow};
 use crate::model::{
-    Attempt, AttemptState, Cancellation, EventKind, FailureClass, Task, TaskState, Timestamp,
+    Attempt, AttemptState, Cancellation, EventData, FailureClass, Outcome, Task, TaskState,
+    Timestamp,
 };
 
 /// Longest [`Reason`], in characters.
@@ -134,8 +137,11 @@ impl ExternalTxnId {
     }
 }
 
-/// Who performed an operator action.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Who performed an operator action. In an event's `actor` member:
+/// `{"api_key_id": "…", "type": "api_key"}` or `{"type": "cli", "user": "…"}`
+/// (keys in byte order, as every event's data; see [`ActorRecord`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "ActorRecord", try_from = "ActorRecord")]
 pub enum Actor {
     /// An `admin` API key, over HTTP.
     ApiKey(Uuid),
@@ -147,13 +153,62 @@ pub enum Actor {
     },
 }
 
-impl Actor {
-    /// The event's `actor` member: `{"type": "api_key", "api_key_id": "…"}`
-    /// or `{"type": "cli", "user": "…"}`.
-    pub fn to_json(&self) -> Value {
-        match self {
-            Actor::ApiKey(id) => json!({"type": "api_key", "api_key_id": id}),
-            Actor::Cli { user } => json!({"type": "cli", "user": user}),
+/// The JSON form of an [`Actor`]: one object whose `type` says which of the
+/// other members it has.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ActorRecord {
+    /// The admin key (`api_key` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_id: Option<Uuid>,
+    /// `api_key` or `cli`.
+    #[serde(rename = "type")]
+    pub kind: ActorKind,
+    /// The operating-system user (`cli` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+}
+
+/// The `type` of an [`ActorRecord`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ActorKind {
+    /// An `admin` API key.
+    ApiKey,
+    /// The command line.
+    Cli,
+}
+
+/// An [`ActorRecord`] whose members do not fit its `type`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("an `api_key` actor has `api_key_id` alone, a `cli` actor `user` alone")]
+pub struct ActorRecordError;
+
+impl From<Actor> for ActorRecord {
+    fn from(actor: Actor) -> ActorRecord {
+        match actor {
+            Actor::ApiKey(id) => ActorRecord {
+                api_key_id: Some(id),
+                kind: ActorKind::ApiKey,
+                user: None,
+            },
+            Actor::Cli { user } => ActorRecord {
+                api_key_id: None,
+                kind: ActorKind::Cli,
+                user: Some(user),
+            },
+        }
+    }
+}
+
+impl TryFrom<ActorRecord> for Actor {
+    type Error = ActorRecordError;
+
+    fn try_from(r: ActorRecord) -> Result<Actor, ActorRecordError> {
+        match (r.kind, r.api_key_id, r.user) {
+            (ActorKind::ApiKey, Some(id), None) => Ok(Actor::ApiKey(id)),
+            (ActorKind::Cli, None, Some(user)) => Ok(Actor::Cli { user }),
+            _ => Err(ActorRecordError),
         }
     }
 }
@@ -165,22 +220,6 @@ pub struct By {
     pub actor: Actor,
     /// Why.
     pub reason: Reason,
-}
-
-impl By {
-    /// The event data of an action: `actor`, `reason`, the task's `state`
-    /// before it, and `extra`'s members.
-    fn data(&self, task: &Task, extra: Value) -> Value {
-        let mut data = json!({
-            "actor": self.actor.to_json(),
-            "reason": self.reason.as_str(),
-            "state": task.state,
-        });
-        if let (Some(d), Value::Object(more)) = (data.as_object_mut(), extra) {
-            d.extend(more);
-        }
-        data
-    }
 }
 
 /// Why an operator action was refused; nothing changed.
@@ -218,10 +257,15 @@ pub fn retry_now(task: &mut Task, j: &mut Journal, now: Timestamp, by: &By) -> R
     if task.state != TaskState::RetryWait {
         return Err(invalid("retry-now", task, "`retry_wait`"));
     }
-    let data = by.data(task, json!({"ready_at": task.control.ready_at}));
+    let data = EventData::OperatorRetryNow(OperatorRetryNow {
+        actor: by.actor.clone(),
+        ready_at: task.control.ready_at,
+        reason: by.reason.as_str().to_owned(),
+        state: task.state,
+    });
     task.state = TaskState::Queued;
     task.control.ready_at = now;
-    j.record(task, now, EventKind::OperatorRetryNow, data);
+    j.record(task, now, data);
     Ok(())
 }
 
@@ -233,8 +277,12 @@ pub fn retry_now(task: &mut Task, j: &mut Journal, now: Timestamp, by: &By) -> R
 /// record and nothing is written.
 pub fn cancel(task: &mut Task, j: &mut Journal, now: Timestamp, by: &By) -> Cancellation {
     if task.cancellation.is_none() {
-        let data = by.data(task, json!({}));
-        j.record(task, now, EventKind::OperatorCancel, data);
+        let data = EventData::OperatorCancel(OperatorCancel {
+            actor: by.actor.clone(),
+            reason: by.reason.as_str().to_owned(),
+            state: task.state,
+        });
+        j.record(task, now, data);
     }
     super::cancel(task, j, now)
 }
@@ -354,17 +402,19 @@ pub fn resolve(
     let (outcome, txn) = match &resolution {
         Resolution::Committed {
             external_txn_id, ..
-        } => ("committed", external_txn_id.clone()),
-        Resolution::NotCommitted => ("not_committed", None),
+        } => (Outcome::Committed, external_txn_id.clone()),
+        Resolution::NotCommitted => (Outcome::NotCommitted, None),
     };
-    let extra = json!({
-        "outcome": outcome,
-        "external_txn_id": txn,
-        "retired_attempt_id": retired,
-        "generation": task.generation,
+    let data = EventData::OperatorResolved(OperatorResolved {
+        actor: by.actor.clone(),
+        external_txn_id: txn,
+        generation: task.generation,
+        outcome,
+        reason: by.reason.as_str().to_owned(),
+        retired_attempt_id: retired,
+        state: task.state,
     });
-    let data = by.data(task, extra);
-    j.record(task, now, EventKind::OperatorResolved, data);
+    j.record(task, now, data);
     match resolution {
         Resolution::Committed {
             result,
@@ -456,17 +506,18 @@ pub fn redrive(
     task.control.deadline_at = now.plus_ms(task.contract.retry.deadline_ms);
     task.control.terminal_at = None;
     task.control.key_expires_at = None;
-    let extra = json!({
-        "failure": failure,
-        "attempts_granted": task.control.attempts_granted,
-        "execute_limit": task.execute_limit(),
-        "execute_count": task.control.execute_count,
-        "deadline_at": task.control.deadline_at,
-        "generation": task.generation,
+    let data = EventData::OperatorRedriven(OperatorRedriven {
+        actor: by.actor.clone(),
+        attempts_granted: task.control.attempts_granted,
+        deadline_at: task.control.deadline_at,
+        execute_count: task.control.execute_count,
+        execute_limit: task.execute_limit(),
+        failure,
+        generation: task.generation,
+        reason: by.reason.as_str().to_owned(),
+        state: TaskState::Failed,
     });
-    let mut data = by.data(task, extra);
-    data["state"] = json!(TaskState::Failed);
-    j.record(task, now, EventKind::OperatorRedriven, data);
+    j.record(task, now, data);
     Ok(())
 }
 

@@ -5,7 +5,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use idem_core::machine::{self, Authority, Journal, NewTask, Report};
-use idem_core::model::{self, Outcome, Timestamp};
+use idem_core::model::event::{AttemptReleased, Delivered, ReportApplied};
+use idem_core::model::{self, EventData, EvidenceOutcome, Outcome, Timestamp};
 
 use super::*;
 
@@ -85,6 +86,11 @@ struct Sim {
     attempts: Vec<model::Attempt>,
     events: Vec<model::Event>,
     now: Timestamp,
+}
+
+/// Event data as the API serves it.
+fn typed(data: EventData) -> Value {
+    serde_json::to_value(data).unwrap()
 }
 
 fn convert<T: serde::de::DeserializeOwned>(v: &impl Serialize) -> T {
@@ -496,13 +502,25 @@ fn a_state_change_from_an_old_generation_is_caught() {
         seq: n + 1,
         kind: "completion_observed".into(),
         at: "2026-01-01T00:00:00.000Z".into(),
-        data: json!({"attempt_id": old.id, "generation": 1, "outcome": "succeeded"}),
+        data: typed(EventData::CompletionObserved(ReportApplied {
+            attempt_id: old.id,
+            external_txn_id: None,
+            failure_class: None,
+            generation: 1,
+            kind: model::AttemptKind::Execute,
+            message: None,
+            outcome: EvidenceOutcome::Succeeded,
+            usage: 0,
+        })),
     });
     rec.events.push(Event {
         seq: n + 2,
         kind: "delivered".into(),
         at: "2026-01-01T00:00:00.000Z".into(),
-        data: json!({"charge": 100}),
+        data: typed(EventData::Delivered(Delivered {
+            charge: 100,
+            external_txn_id: None,
+        })),
     });
     let ev = rec.attempts[0]
         .evidence
@@ -547,7 +565,14 @@ fn a_release_counted_wrong_or_out_of_its_lease_is_caught() {
             seq: seq + 1,
             kind: "attempt_released".into(),
             at: "2026-01-01T00:00:00.000Z".into(),
-            data: json!({"attempt_id": first, "generation": 1, "kind": "execute"}),
+            data: typed(EventData::AttemptReleased(AttemptReleased {
+                attempt_id: first,
+                execute_count: 1,
+                executor_id: "w1".into(),
+                generation: 1,
+                kind: model::AttemptKind::Execute,
+                number: 1,
+            })),
         },
     );
     for (n, e) in rec.events.iter_mut().enumerate() {

@@ -7,13 +7,13 @@
 //! ([`idem_store::feed::FeedHead`]) is the largest stored position, one probe
 //! of the same index, read on the same connection as the page.
 
-use idem_core::model::{Event, Timestamp};
+use idem_core::model::{Event, EventData, EventKind, Timestamp};
 use idem_store::StoreError;
 use idem_store::feed::{FeedCursor, FeedEvent, FeedHead, FeedRead};
 use rusqlite::{OptionalExtension, params};
 use uuid::Uuid;
 
-use super::{SqliteTx, db, decode, from_json, to_json, uuid, word};
+use super::{SqliteTx, db, decode, to_json, uuid, word};
 
 /// One event of task `?1` (`seq`, `type`, `at`, `data`: `?2`–`?5`) with the
 /// task's tenant and class and the next position; answers the tenant and
@@ -74,11 +74,12 @@ impl SqliteTx<'_> {
             .map_err(db)?;
         let rows = stmt
             .query_map([task_id.to_string()], |r| {
+                let kind = word(&r.get::<_, String>(1)?)?;
                 Ok(Event {
                     seq: r.get(0)?,
-                    kind: word(&r.get::<_, String>(1)?)?,
+                    kind,
                     at: Timestamp(r.get(2)?),
-                    data: from_json(&r.get::<_, String>(3)?)?,
+                    data: event_data(kind, &r.get::<_, String>(3)?)?,
                 })
             })
             .map_err(db)?;
@@ -108,13 +109,14 @@ impl SqliteTx<'_> {
         let mut stmt = self.conn.prepare_cached(FEED_PAGE).map_err(db)?;
         let rows = stmt
             .query_map(params![tenant, after.position, classes, limit], |r| {
+                let kind = word(&r.get::<_, String>(2)?)?;
                 Ok(FeedEvent {
                     task_id: uuid(&r.get::<_, String>(0)?)?,
                     event: Event {
                         seq: r.get(1)?,
-                        kind: word(&r.get::<_, String>(2)?)?,
+                        kind,
                         at: Timestamp(r.get(3)?),
-                        data: from_json(&r.get::<_, String>(4)?)?,
+                        data: event_data(kind, &r.get::<_, String>(4)?)?,
                     },
                     operation: r.get(5)?,
                     cursor: FeedCursor {
@@ -127,4 +129,11 @@ impl SqliteTx<'_> {
         let events = rows.collect::<rusqlite::Result<Vec<_>>>().map_err(decode)?;
         Ok(FeedRead { head, events })
     }
+}
+
+/// An event's stored data typed by its kind ([`EventData::from_json`]).
+fn event_data(kind: EventKind, text: &str) -> rusqlite::Result<EventData> {
+    EventData::from_json(kind, text).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e))
+    })
 }

@@ -35,9 +35,10 @@ fn assert_recorded(events: &[Event], kind: EventKind, by: &By) -> Value {
     let Some(e) = events.iter().rev().find(|e| e.kind == kind) else {
         panic!("no {kind} event in {:?}", kinds(events));
     };
-    assert_eq!(e.data["actor"], by.actor.to_json(), "{kind}: actor");
-    assert_eq!(e.data["reason"], by.reason.as_str(), "{kind}: reason");
-    e.data.clone()
+    let data = json_of(&e.data);
+    assert_eq!(data["actor"], json_of(&by.actor), "{kind}: actor");
+    assert_eq!(data["reason"], by.reason.as_str(), "{kind}: reason");
+    data
 }
 
 /// A `payment.release` task whose execute attempt reported `unknown`, and

@@ -13,9 +13,7 @@ use super::*;
 fn rewound_once(events: &[Event], kind: &str) -> bool {
     let rewinds: Vec<&Event> = events
         .iter()
-        .filter(|e| {
-            e.data.get("reason").and_then(Value::as_str) == Some(idem_core::machine::STORE_REWOUND)
-        })
+        .filter(|e| e.data.reason() == Some(idem_core::machine::STORE_REWOUND))
         .collect();
     rewinds.len() == 1 && rewinds[0].kind.as_str() == kind
 }
@@ -116,7 +114,7 @@ pub async fn rewind_moves_tasks_that_may_have_started_to_reconcile_first(store: 
     assert_eq!(t.generation, before[1].generation + 1);
     let events = c.events(running.id).await;
     assert!(rewound_once(&events, "reconciliation_required"));
-    let rewind = events.last().map(|e| e.data.clone()).unwrap_or_default();
+    let rewind = events.last().map(|e| json_of(&e.data)).unwrap_or_default();
     assert_eq!(rewind["ended_attempt_id"], json!(run_a.id));
     assert_eq!(rewind["store"]["from"]["epoch"], json!(from.epoch));
     assert_eq!(rewind["store"]["to"]["epoch"], json!(to.epoch));
@@ -276,10 +274,7 @@ pub async fn rewind_keeps_tenants_apart(store: Store) {
         // the rewind shows, within PATIENCE.
         let rewinds = |feed: &[crate::feed::FeedEvent]| {
             feed.iter()
-                .filter(|e| {
-                    e.event.data.get("reason").and_then(Value::as_str)
-                        == Some(idem_core::machine::STORE_REWOUND)
-                })
+                .filter(|e| e.event.data.reason() == Some(idem_core::machine::STORE_REWOUND))
                 .count()
         };
         let started = Instant::now();

@@ -508,12 +508,13 @@ pub async fn first_event_records_acceptance_decision(store: Store) {
     };
     assert_eq!(first.seq, 1);
     assert_eq!(first.kind, EventKind::TaskSubmitted);
-    assert_eq!(first.data["fingerprint"], json!(s.fingerprint));
-    assert_eq!(first.data["canonical_request"], json!(s.canonical_request));
-    assert_eq!(first.data["idempotency_key"], json!("audit-1"));
-    assert_eq!(first.data["decision"]["api_key_id"], json!(c.key.id));
+    let data = json_of(&first.data);
+    assert_eq!(data["fingerprint"], json!(s.fingerprint));
+    assert_eq!(data["canonical_request"], json!(s.canonical_request));
+    assert_eq!(data["idempotency_key"], json!("audit-1"));
+    assert_eq!(data["decision"]["api_key_id"], json!(c.key.id));
     assert_eq!(
-        first.data["decision"]["config_version"],
+        data["decision"]["config_version"],
         json!(contract.config_version)
     );
     assert_eq!(t.control.canonical_request, s.canonical_request);

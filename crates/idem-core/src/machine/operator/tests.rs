@@ -7,7 +7,7 @@ use uuid::Uuid;
 use super::*;
 use crate::config::Config;
 use crate::machine::{NewTask, Report, accept, claim, report};
-use crate::model::{AttemptKind, CancelStatus, Outcome};
+use crate::model::{AttemptKind, CancelStatus, EventKind, Outcome};
 
 const T0: Timestamp = Timestamp(1_000_000);
 const PAY: &str = "payment.release";
@@ -135,12 +135,13 @@ fn failed(class: FailureClass) -> (Task, Option<Attempt>) {
 fn operator_event(j: &Journal, kind: EventKind) -> Value {
     let e = &j.events[0];
     assert_eq!(e.kind, kind);
+    let data = serde_json::to_value(&e.data).unwrap();
     assert_eq!(
-        e.data["actor"],
+        data["actor"],
         json!({"type": "api_key", "api_key_id": Uuid::from_u128(7)})
     );
-    assert_eq!(e.data["reason"], "provider dashboard shows it");
-    e.data.clone()
+    assert_eq!(data["reason"], "provider dashboard shows it");
+    data
 }
 
 #[test]
@@ -174,10 +175,24 @@ fn reasons_are_bounded_printable_text() {
             chars: MAX_REASON_CHARS + 1
         })
     );
+    let cli = Actor::Cli { user: "ops".into() };
     assert_eq!(
-        Actor::Cli { user: "ops".into() }.to_json(),
-        json!({"type": "cli", "user": "ops"})
+        serde_json::to_string(&cli).unwrap(),
+        r#"{"type":"cli","user":"ops"}"#
     );
+    let key = Actor::ApiKey(Uuid::from_u128(7));
+    let text = serde_json::to_string(&key).unwrap();
+    assert_eq!(
+        text,
+        r#"{"api_key_id":"00000000-0000-0000-0000-000000000007","type":"api_key"}"#
+    );
+    assert_eq!(serde_json::from_str::<Actor>(&text).unwrap(), key);
+    for mixed in [
+        r#"{"api_key_id":"00000000-0000-0000-0000-000000000007","type":"cli"}"#,
+        r#"{"type":"api_key","user":"ops"}"#,
+    ] {
+        assert!(serde_json::from_str::<Actor>(mixed).is_err(), "{mixed}");
+    }
 }
 
 #[test]
