@@ -98,6 +98,14 @@ impl SubmitCaller {
         })
     }
 
+    /// The answer to a request whose operation found this key revoked (or
+    /// gone) in its own transaction ([`idem_store::Store::claim_as`],
+    /// [`idem_store::Store::report_as`]): 401, and the key leaves the cache.
+    pub fn revoked(&self, state: &AppState) -> Problem {
+        state.keys.remove(&self.token_hash);
+        Problem::unauthenticated("this API key was revoked")
+    }
+
     /// The answer to send instead of `refusal`, a refusal made before the store
     /// checked the key: for a cached key, the database is asked first, and a
     /// key revoked (or gone) since it was cached gets 401 and leaves the cache,
@@ -135,12 +143,15 @@ impl FromRequestParts<AppState> for SubmitCaller {
     }
 }
 
-/// The key of a long-poll claim (`POST /v1/attempts/claim`): from this
-/// process's [`KeyCache`] when its token was seen before, else from the
-/// database. The claim asks the database again before each claim query it
-/// runs with a cached key ([`SubmitCaller::recheck`]), so a claim that finds
-/// its group known to be empty and waits costs the database nothing, and a
-/// revoked key never leases an attempt.
+/// The key of an executor's claim (`POST /v1/attempts/claim`, long-polled
+/// or not) or report (`POST /v1/attempts/{id}/report`): from this process's
+/// [`KeyCache`] when its token was seen before, else from the database. A
+/// claim query run with a cached key (or after the claim waited) and a
+/// report with a cached key check the key in their own transaction
+/// ([`idem_store::Store::claim_as`], [`idem_store::Store::report_as`]), so a
+/// claim that finds its group known to be empty and waits costs the database
+/// nothing, a revoked key never leases an attempt nor writes a report, and
+/// neither costs a lookup of its own.
 pub struct ClaimCaller(pub SubmitCaller);
 
 impl FromRequestParts<AppState> for ClaimCaller {

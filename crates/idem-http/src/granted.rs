@@ -104,14 +104,17 @@ impl Drop for Granted {
 
 /// Runs the claim query of `req` on `store` on a task of its own, so that
 /// the attempts it leases are released when the request that asked is gone
-/// before it hears of them (module docs).
+/// before it hears of them (module docs). With `key`, the claim's
+/// transaction first checks that this executor key is still live
+/// ([`Store::claim_as`]): `None`, nothing leased, when it is not.
 ///
 /// # Errors
 /// The store's failure ([`StoreError`]); nothing was leased.
 pub(crate) async fn claim(
     store: &Store,
     req: ClaimRequest,
-) -> Result<(Vec<Claimed>, Granted), StoreError> {
+    key: Option<uuid::Uuid>,
+) -> Result<Option<(Vec<Claimed>, Granted)>, StoreError> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     let store = store.clone();
     // In the request's span, so the store's span is its child as for any
@@ -119,9 +122,15 @@ pub(crate) async fn claim(
     let span = tracing::Span::current();
     let task = async move {
         let tenant = req.tenant.clone();
-        let answer = store.claim(req).await.map(|claimed| {
-            let granted = Granted::new(store.clone(), tenant, &claimed);
-            (claimed, granted)
+        let claimed = match key {
+            Some(key) => store.claim_as(key, req).await,
+            None => store.claim(req).await.map(Some),
+        };
+        let answer = claimed.map(|claimed| {
+            claimed.map(|claimed| {
+                let granted = Granted::new(store.clone(), tenant, &claimed);
+                (claimed, granted)
+            })
         });
         // A request that is gone drops the answer here: its `Granted`
         // releases the attempts.
@@ -235,7 +244,7 @@ mod tests {
     async fn an_answer_never_taken_releases_its_attempts() {
         let dir = tempfile::tempdir().unwrap();
         let (store, task) = store_with_a_task(&dir).await;
-        let (claimed, granted) = claim(&store, request()).await.unwrap();
+        let (claimed, granted) = claim(&store, request(), None).await.unwrap().unwrap();
         assert_eq!(claimed.len(), 1);
         drop(answer_with("the answer", granted));
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
@@ -244,7 +253,7 @@ mod tests {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
 
-        let (claimed, granted) = claim(&store, request()).await.unwrap();
+        let (claimed, granted) = claim(&store, request(), None).await.unwrap().unwrap();
         assert_eq!(claimed[0].attempt.generation, 2);
         let body = answer_with("the answer", granted).into_body();
         let bytes = http_body_util::BodyExt::collect(body).await.unwrap();

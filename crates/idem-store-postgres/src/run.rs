@@ -27,14 +27,48 @@ use crate::{AUTH_BATCH, LINGER_YIELDS, PgBackend, PgTx, SUBMIT_BATCH, error, map
 const SUBMITS_STOPPED: &str = "the submit batcher has stopped";
 const AUTHS_STOPPED: &str = "the authentication batcher has stopped";
 
-/// The lane's held connection, or a fresh one from the pool when it has none
-/// (or it was closed).
-async fn lane_client<'h>(pool: &Pool, held: &'h mut Option<Object>) -> Result<&'h mut Object> {
+/// Whether `client` came back from the pool, used before. The pool hands
+/// out such a connection without a round trip (`RecyclingMethod::Fast`: it
+/// drops only the connections it knows closed), so the server may have
+/// ended its session since (a restart, `pg_terminate_backend`) without the
+/// driver having seen it yet.
+fn reused(client: &Object) -> bool {
+    Object::metrics(client).recycle_count > 0
+}
+
+/// A connection from the pool; with `check`, one that answered an empty
+/// query when it was reused ([`reused`]), for work whose first round trip may
+/// commit and so cannot be run again after a failure (a pipelined submit
+/// batch) and for the lanes' reads. A connection that fails the check is
+/// closed and the next one is taken (at most [`CHECKS`] times, then a new
+/// connection, which needs none).
+async fn checked_client(pool: &Pool, check: bool) -> Result<Object> {
+    for _ in 0..CHECKS {
+        let client = pool.get().await.map_err(error::pool_error)?;
+        if !check || !reused(&client) || client.simple_query("").await.is_ok() {
+            return Ok(client);
+        }
+        drop(Object::take(client));
+    }
+    pool.get().await.map_err(error::pool_error)
+}
+
+/// Most reused connections [`checked_client`] tries before it takes one
+/// more without its check.
+const CHECKS: usize = 16;
+
+/// The lane's held connection, or one from the pool when it has none (or it
+/// was closed), checked when reused as [`checked_client`] says.
+async fn lane_client<'h>(
+    pool: &Pool,
+    held: &'h mut Option<Object>,
+    check: bool,
+) -> Result<&'h mut Object> {
     if held.as_ref().is_some_and(|c| c.is_closed()) {
         *held = None;
     }
     if held.is_none() {
-        *held = Some(pool.get().await.map_err(error::pool_error)?);
+        *held = Some(checked_client(pool, check).await?);
     }
     held.as_mut()
         .ok_or_else(|| StoreError::Corrupt("lane connection vanished".into()))
@@ -58,7 +92,7 @@ pub(crate) async fn auth_lane(
             .map(|c| idem_store::hash_api_key(&c.op.plain))
             .collect();
         let found = within(deadline, async {
-            match lane_client(&pool, &mut held).await {
+            match lane_client(&pool, &mut held, true).await {
                 Ok(client) => {
                     PgTx::autocommit(client, &clock)
                         .api_keys_by_hashes(&hashes)
@@ -170,7 +204,7 @@ impl batch::RunBatch<Submission> for LaneReads<'_> {
     type Out = Option<SubmitOutcome>;
     async fn run(&mut self, subs: &[Submission]) -> Result<Vec<Option<SubmitOutcome>>> {
         let res = within(self.deadline, async {
-            let client = lane_client(self.pool, self.held).await?;
+            let client = lane_client(self.pool, self.held, true).await?;
             retries::answer(&mut PgTx::autocommit(client, self.clock), subs).await
         })
         .await;
@@ -212,6 +246,13 @@ impl batch::RunBatch<Submission> for LaneSubmits<'_> {
 pub(crate) trait Work: Sync {
     /// Its result.
     type Out: Send;
+    /// Whether a reused connection answers an empty query before this work
+    /// runs on it ([`checked_client`]): work whose first round trip may
+    /// commit. Work whose first round trip writes nothing runs again on a
+    /// new connection when that round trip fails on a reused one instead
+    /// ([`Generic`]), which costs the database nothing when the connection
+    /// is sound.
+    const CHECK_REUSED: bool;
     /// Runs it on `client` and commits.
     fn run_on(&self, client: &mut Object) -> impl Future<Output = Result<Self::Out>> + Send;
 }
@@ -220,21 +261,65 @@ pub(crate) trait Work: Sync {
 /// round trip per statement, no BEGIN/COMMIT: each statement of a READ
 /// COMMITTED transaction takes its own snapshot anyway), writes in one READ
 /// COMMITTED transaction whose events go to the announcer once it
-/// committed; on the backend's clock.
-struct Generic<'o, O>(&'o O, &'o Clock, &'o Announcer);
+/// committed; on the backend's clock. With a pool, a read that fails with
+/// [`StoreError::Unavailable`] on a reused connection ([`reused`]), or a
+/// write whose `BEGIN` does, runs again once on a connection from the pool:
+/// neither wrote anything.
+struct Generic<'o, O>(&'o O, &'o Clock, &'o Announcer, Option<&'o Pool>);
+
+impl<O: Operation> Generic<'_, O> {
+    /// Replaces `client`, whose session failed before anything was written,
+    /// with one from the pool (when there is a pool and `client` was reused:
+    /// a new connection that fails does not fail for a stale session).
+    async fn replaced(&self, client: &mut Object) -> Result<bool> {
+        let Some(pool) = self.3.filter(|_| reused(client)) else {
+            return Ok(false);
+        };
+        let fresh = checked_client(pool, false).await?;
+        drop(Object::take(std::mem::replace(client, fresh)));
+        Ok(true)
+    }
+}
 
 impl<O: Operation> Work for Generic<'_, O> {
     type Out = O::Reply;
+    const CHECK_REUSED: bool = false;
     async fn run_on(&self, client: &mut Object) -> Result<O::Reply> {
         if !O::WRITES {
-            return self.0.run(&mut PgTx::autocommit(client, self.1)).await;
+            let res = self.0.run(&mut PgTx::autocommit(client, self.1)).await;
+            return match res {
+                Err(StoreError::Unavailable(_)) if self.replaced(client).await? => {
+                    self.0.run(&mut PgTx::autocommit(client, self.1)).await
+                }
+                res => res,
+            };
         }
-        let tx = client
-            .build_transaction()
-            .isolation_level(IsolationLevel::ReadCommitted)
-            .start()
-            .await
-            .map_err(map_pg_error)?;
+        let failed = match begin(client).await {
+            Ok(tx) => return self.write(tx).await,
+            Err(e) => e,
+        };
+        if !matches!(failed, StoreError::Unavailable(_)) || !self.replaced(client).await? {
+            return Err(failed);
+        }
+        let tx = begin(client).await?;
+        self.write(tx).await
+    }
+}
+
+/// `BEGIN ISOLATION LEVEL READ COMMITTED` on `client`.
+async fn begin(client: &mut Object) -> Result<deadpool_postgres::Transaction<'_>> {
+    client
+        .build_transaction()
+        .isolation_level(IsolationLevel::ReadCommitted)
+        .start()
+        .await
+        .map_err(map_pg_error)
+}
+
+impl<O: Operation> Generic<'_, O> {
+    /// Runs the operation in `tx` and commits; its changes go to the
+    /// announcer once committed.
+    async fn write(&self, tx: deadpool_postgres::Transaction<'_>) -> Result<O::Reply> {
         let mut pg = PgTx::new(tx, self.1);
         let res = self.0.run(&mut pg).await;
         let changes = pg.take_changes();
@@ -260,6 +345,7 @@ impl<O: Operation> Work for Generic<'_, O> {
 
 impl Work for Pipelined<'_> {
     type Out = Vec<SubmitOutcome>;
+    const CHECK_REUSED: bool = true;
     /// The submit plan pipelined; a batch with a revoked key runs as an
     /// ordinary transaction instead (it refuses that key's submissions only).
     async fn run_on(&self, client: &mut Object) -> Result<Vec<SubmitOutcome>> {
@@ -270,7 +356,7 @@ impl Work for Pipelined<'_> {
                 return Ok(outcomes);
             }
         }
-        Generic(&SubmitBatch(self.0.to_vec()), self.1, self.3)
+        Generic(&SubmitBatch(self.0.to_vec()), self.1, self.3, None)
             .run_on(client)
             .await
     }
@@ -293,7 +379,7 @@ async fn run_held<W: Work>(
 ) -> Result<W::Out> {
     let mut retries = 0u32;
     loop {
-        let res = match lane_client(pool, held).await {
+        let res = match lane_client(pool, held, W::CHECK_REUSED).await {
             Ok(client) => work.run_on(client).await,
             Err(e) => Err(e),
         };
@@ -386,7 +472,7 @@ impl Runner for Pooled {
             &mut held,
             self.max_retries,
             self.deadline,
-            &Generic(op, &self.clock, &self.announcer),
+            &Generic(op, &self.clock, &self.announcer, Some(&self.pool)),
         )
         .await
     }

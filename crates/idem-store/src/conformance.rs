@@ -117,6 +117,7 @@ macro_rules! store_conformance {
             revoked_key_fails_task_before_first_attempt,
             revoked_key_fails_task_before_retry,
             revoked_key_fails_task_before_re_execution_after_reconciliation,
+            executor_key_is_checked_in_the_claim_and_report_transactions,
             repeated_report_is_idempotent_and_different_report_refused,
             invalid_report_changes_nothing,
             concurrent_claimers_never_share_a_lease,

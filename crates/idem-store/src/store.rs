@@ -401,6 +401,16 @@ impl Store {
         self.call(ops::Claim(req)).await
     }
 
+    /// [`Store::claim`] by the executor key `key`, checked in the claim's
+    /// transaction ([`ops::ClaimAs`]): `None`, nothing leased, when that key
+    /// is revoked or gone.
+    ///
+    /// # Errors
+    /// Storage failures ([`StoreError`]).
+    pub async fn claim_as(&self, key: Uuid, req: ClaimRequest) -> Result<Option<Vec<Claimed>>> {
+        self.call(ops::ClaimAs { key, req }).await
+    }
+
     /// Extends a lease.
     ///
     /// # Errors
@@ -477,6 +487,31 @@ impl Store {
             grant: self.grant.clone(),
             attempt_id,
             report,
+        })
+        .await
+    }
+
+    /// [`Store::report`] by the executor key `key`, checked in the report's
+    /// transaction ([`ops::ReportAs`]): `None`, nothing written, when that
+    /// key is revoked or gone.
+    ///
+    /// # Errors
+    /// Storage failures ([`StoreError`]); business refusals are in the value.
+    pub async fn report_as(
+        &self,
+        key: Uuid,
+        tenant: &str,
+        attempt_id: Uuid,
+        report: Report,
+    ) -> Result<Option<std::result::Result<Task, Refusal>>> {
+        self.call_ending(ops::ReportAs {
+            key,
+            report: ops::Report {
+                tenant: tenant.to_owned(),
+                grant: self.grant.clone(),
+                attempt_id,
+                report,
+            },
         })
         .await
     }

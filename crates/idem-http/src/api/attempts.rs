@@ -25,7 +25,7 @@ use super::wire::{
 use super::{no_attempt, unknown_operation};
 use crate::auth::Caller;
 use crate::granted;
-use crate::problem::{OVERLOADED_TOTAL, Problem, ProblemCode};
+use crate::problem::{OVERLOADED_TOTAL, Problem};
 use crate::service_metrics::REPORTS;
 use crate::{AppResult, MAX_WAIT_MS, St};
 
@@ -42,10 +42,9 @@ pub const OVERLOADED_CLAIM_PAUSE: Duration = Duration::from_millis(100);
 pub async fn claim(
     State(st): St,
     crate::auth::ClaimCaller(cached): crate::auth::ClaimCaller,
-    headers: axum::http::HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> AppResult<Response> {
-    match claim_inner(&st, &cached, &headers, body).await {
+    match claim_inner(&st, &cached, body).await {
         // A key from the cache is confirmed before any other refusal, so a
         // revoked key learns nothing but 401.
         Err(p) if p.status < 500 && p.status != 401 => Err(cached.confirm(&st, p).await),
@@ -56,7 +55,6 @@ pub async fn claim(
 async fn claim_inner(
     st: &crate::AppState,
     cached: &crate::auth::SubmitCaller,
-    headers: &axum::http::HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> AppResult<Response> {
     let caller = &cached.caller;
@@ -139,48 +137,40 @@ async fn claim_inner(
         let (claimed, granted) = match &seat {
             _ if req.operations.is_empty() => (Vec::new(), None),
             None => {
-                if unconfirmed {
-                    cached.recheck(st, headers).await?;
+                let key = unconfirmed.then_some(cached.caller.0.id);
+                match granted::claim(&st.store, req.clone(), key).await? {
+                    Some((claimed, granted)) => (claimed, Some(granted)),
+                    None => return Err(cached.revoked(st)),
                 }
-                let (claimed, granted) = granted::claim(&st.store, req.clone()).await?;
-                (claimed, Some(granted))
             }
             Some(seat) => {
                 let turn = seat.begin();
-                let recheck = turn.claim && (unconfirmed || waiting);
-                let confirmed = if recheck {
-                    cached.recheck(st, headers).await
+                if turn.claim {
+                    // The key's check, when due, is part of the claim's
+                    // transaction.
+                    let recheck = unconfirmed || waiting;
+                    let key = recheck.then_some(cached.caller.0.id);
+                    match granted::claim(&st.store, req.clone(), key).await {
+                        Ok(Some((claimed, granted))) => {
+                            if recheck {
+                                unconfirmed = false;
+                            }
+                            seat.end(turn, claimed.len(), max as usize);
+                            (claimed, Some(granted))
+                        }
+                        Ok(None) => return Err(cached.revoked(st)),
+                        // No connection came free in time: the claim keeps
+                        // waiting within its `wait_ms` (it claimed nothing)
+                        // and tries again after a pause, or answers empty at
+                        // its deadline; its group is not marked empty.
+                        Err(StoreError::Overloaded(_)) => {
+                            overloaded = true;
+                            (Vec::new(), None)
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
                 } else {
-                    Ok(())
-                };
-                match confirmed {
-                    // No connection came free in time, for the key's check or
-                    // the claim: the claim keeps waiting within its `wait_ms`
-                    // (it claimed nothing) and tries again after a pause, or
-                    // answers empty at its deadline; its group is not marked
-                    // empty.
-                    Err(p) if p.code == ProblemCode::Overloaded => {
-                        overloaded = true;
-                        (Vec::new(), None)
-                    }
-                    Err(p) => return Err(p),
-                    Ok(()) if turn.claim => {
-                        if recheck {
-                            unconfirmed = false;
-                        }
-                        match granted::claim(&st.store, req.clone()).await {
-                            Ok((claimed, granted)) => {
-                                seat.end(turn, claimed.len(), max as usize);
-                                (claimed, Some(granted))
-                            }
-                            Err(StoreError::Overloaded(_)) => {
-                                overloaded = true;
-                                (Vec::new(), None)
-                            }
-                            Err(e) => return Err(e.into()),
-                        }
-                    }
-                    Ok(()) => (Vec::new(), None),
+                    (Vec::new(), None)
                 }
             }
         };
@@ -293,12 +283,27 @@ pub async fn acknowledge(
     responses((status = 200, body = TaskEnvelope), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json"), (status = 409, description = "STALE_GENERATION or ATTEMPT_ALREADY_REPORTED", body = Problem, content_type = "application/problem+json"), (status = 413, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")))]
 pub async fn report(
     State(st): St,
-    caller: Caller,
-    IdPath(id): IdPath,
+    crate::auth::ClaimCaller(cached): crate::auth::ClaimCaller,
+    id: Result<IdPath, Problem>,
     body: Result<Bytes, BytesRejection>,
 ) -> AppResult<Json<TaskEnvelope>> {
+    match report_inner(&st, &cached, id, body).await {
+        // A key from the cache is confirmed before any other refusal, so a
+        // revoked key learns nothing but 401.
+        Err(p) if p.status < 500 && p.status != 401 => Err(cached.confirm(&st, p).await),
+        answer => answer,
+    }
+}
+
+async fn report_inner(
+    st: &crate::AppState,
+    cached: &crate::auth::SubmitCaller,
+    id: Result<IdPath, Problem>,
+    body: Result<Bytes, BytesRejection>,
+) -> AppResult<Json<TaskEnvelope>> {
+    let caller = &cached.caller;
     caller.require(Role::Executor)?;
-    let attempt_id = id;
+    let IdPath(attempt_id) = id?;
     let (raw, body): (Value, ReportBody) = strict_body(body)?;
     if let Some(t) = body.external_txn_id.as_deref() {
         ExternalTxnId::parse(t).map_err(|e| Problem::invalid(e.to_string()))?;
@@ -323,10 +328,19 @@ pub async fn report(
         external_txn_id: body.external_txn_id,
         body: raw,
     };
-    let res = caller
-        .store(&st)
-        .report(&caller.0.tenant, attempt_id, report)
-        .await?;
+    // A key from the cache is checked in the report's own transaction.
+    let store = caller.store(st);
+    let res = if cached.is_cached() {
+        match store
+            .report_as(caller.0.id, &caller.0.tenant, attempt_id, report)
+            .await?
+        {
+            Some(res) => res,
+            None => return Err(cached.revoked(st)),
+        }
+    } else {
+        store.report(&caller.0.tenant, attempt_id, report).await?
+    };
     let label = match &res {
         Ok(_) => "applied",
         Err(idem_store::Refusal::Machine(idem_core::machine::Rejection::StaleGeneration {

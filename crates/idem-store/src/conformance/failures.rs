@@ -356,3 +356,62 @@ pub async fn invalid_report_changes_nothing(store: Store) {
 }
 
 // ---------------------------------------------------------------------------
+
+/// An executor key checked inside the claim's or the report's own
+/// transaction ([`Store::claim_as`], [`Store::report_as`]): while it is
+/// live they lease and report as [`Store::claim`] and [`Store::report`] do;
+/// once it is revoked they lease nothing and write nothing (SPEC §4 Auth).
+pub async fn executor_key_is_checked_in_the_claim_and_report_transactions(store: Store) {
+    let c = Ctx::new(&store, "acme").await;
+    let first = c.create(SAFE, &contract(SAFE)).await;
+    let second = c.create(SAFE, &contract(SAFE)).await;
+    let mut keys = Vec::new();
+    for _ in 0..2 {
+        let (key, _) = must(
+            store.create_api_key("acme", Role::Executor, None).await,
+            "create_api_key",
+        );
+        keys.push(key.id);
+    }
+    let req = ClaimRequest {
+        tenant: "acme".into(),
+        operations: vec![SAFE.into()],
+        executor_id: "executor-keyed".into(),
+        max: 1,
+        lease_ms: Some(LONG_LEASE),
+    };
+    let got = must(store.claim_as(keys[0], req.clone()).await, "claim_as");
+    let Some(claimed) = got else {
+        panic!("a live key claims");
+    };
+    assert_eq!(claimed.len(), 1, "{claimed:?}");
+    let a = claimed[0].attempt.clone();
+    assert_eq!(a.task_id, first.id, "the oldest task first");
+    must(store.revoke_api_key(keys[0]).await, "revoke_api_key");
+    let refused = must(
+        store
+            .report_as(keys[0], "acme", a.id, succeeded(a.generation))
+            .await,
+        "report_as",
+    );
+    assert!(
+        refused.is_none(),
+        "a revoked key reports nothing: {refused:?}"
+    );
+    assert_eq!(c.task(first.id).await.state, TaskState::Running);
+    let none = must(store.claim_as(keys[0], req.clone()).await, "claim_as");
+    assert!(none.is_none(), "a revoked key leases nothing: {none:?}");
+    assert_eq!(c.task(second.id).await.state, TaskState::Queued);
+    assert!(c.attempts(second.id).await.is_empty());
+    let done = must(
+        store
+            .report_as(keys[1], "acme", a.id, succeeded(a.generation))
+            .await,
+        "report_as",
+    );
+    match done {
+        Some(Ok(task)) => assert_eq!(task.state, TaskState::Succeeded),
+        other => panic!("a live key's report applies: {other:?}"),
+    }
+    assert_history(&store, first.id).await;
+}

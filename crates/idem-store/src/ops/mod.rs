@@ -17,7 +17,8 @@
 //!
 //! Families: [`keys`] (API keys), [`submit`] (submissions and the one
 //! [`submit::SubmitPlan`]), [`claim`], [`attempts`] (heartbeats,
-//! acknowledgments, reports, releases), [`tasks`] (reads, cancellation, delivery),
+//! acknowledgments, reports, releases), [`keyed`] (a claim or report
+//! whose executor key is checked in its transaction), [`tasks`] (reads, cancellation, delivery),
 //! [`search`] (a tenant's tasks in pages), [`operator`] (an admin's
 //! retry-now, cancel, resolve, redrive), [`feed`] (a task's history with its
 //! state, the tenant feed), [`console`] (the operator console's sessions and
@@ -38,6 +39,7 @@ pub mod claim;
 pub mod console;
 pub mod feed;
 pub mod identity;
+pub mod keyed;
 pub mod keys;
 pub mod operator;
 pub mod search;
@@ -53,6 +55,7 @@ pub use console::{
 };
 pub use feed::{ReadFeed, TaskHistory};
 pub use identity::{CheckIdentity, MarkRestored};
+pub use keyed::{ClaimAs, ReportAs};
 pub use keys::{Authenticate, CreateApiKey, ListApiKeys, RevokeApiKey};
 pub use operator::{OperatorCancel, Redrive, Resolve, RetryNow};
 pub use search::{CursorKey, SearchTasks, TaskCursor, TaskPage, TaskQuery};
@@ -245,12 +248,16 @@ operations! {
     ReadFeed,
     /// [`Claim`].
     Claim,
+    /// [`ClaimAs`].
+    ClaimAs,
     /// [`Heartbeat`].
     Heartbeat,
     /// [`Acknowledge`].
     Acknowledge,
     /// [`Report`].
     Report,
+    /// [`ReportAs`].
+    ReportAs,
     /// [`Release`].
     Release,
     /// [`Cancel`].

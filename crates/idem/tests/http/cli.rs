@@ -602,3 +602,48 @@ async fn second_serve_on_one_sqlite_file_is_refused() {
     srv.restart();
     assert!(srv.is_running());
 }
+
+/// An executor key is cached by the server after its first claim, yet a
+/// revocation (by the CLI, another process) refuses its very next report
+/// with 401, whatever else is wrong with it, and writes nothing: the report's
+/// transaction checks the key. Its next claim is refused too.
+#[tokio::test]
+async fn revoked_executor_key_is_refused_on_its_next_report_although_cached() {
+    let srv = Server::start().await;
+    let (id, exec) = srv.create_key("acme", "executor", None);
+    let task = srv
+        .new_task(&ikey(), "generation.dispatch", generation("a"))
+        .await;
+    let claim = json!({"executor_id": "ex-r", "operations": ["generation.dispatch"], "max": 1});
+    let r = srv.post("/v1/attempts/claim", &exec, claim.clone()).await;
+    let attempt = r.ok(200)["attempts"][0].clone();
+    let (attempt_id, fence) = (attempt["id"].as_str().unwrap(), &attempt["generation"]);
+    srv.revoke_key(&id);
+    let report = format!("/v1/attempts/{attempt_id}/report");
+    srv.post(
+        &report,
+        &exec,
+        json!({"generation": fence, "outcome": "nonsense"}),
+    )
+    .await
+    .assert_problem(401, "UNAUTHENTICATED");
+    srv.post(
+        &report,
+        &exec,
+        json!({"generation": fence, "outcome": "succeeded"}),
+    )
+    .await
+    .assert_problem(401, "UNAUTHENTICATED");
+    srv.post("/v1/attempts/claim", &exec, claim)
+        .await
+        .assert_problem(401, "UNAUTHENTICATED");
+    let id = task["id"].as_str().unwrap();
+    assert_eq!(srv.task(id).await["state"], json!("running"));
+    // The acme executor key (live) reports it.
+    srv.report(
+        attempt_id,
+        json!({"generation": fence, "outcome": "succeeded"}),
+    )
+    .await
+    .ok(200);
+}
