@@ -52,6 +52,12 @@ use uuid::Uuid;
 
 use crate::bench::{MAX_LATENCY_US, latency_histogram};
 use crate::server;
+use stats::{PgStats, transactions_since};
+
+mod render;
+mod stats;
+
+pub use render::render;
 
 /// Longest `wait_ms` a claim may ask for (SPEC §4 `/v1/attempts/claim`), ms.
 pub const MAX_WAIT_MS: u64 = 30_000;
@@ -277,89 +283,6 @@ pub fn waiters_config(classes: usize) -> Result<Config> {
             .map(|i| (class(i), template.clone()))
             .collect(),
     })
-}
-
-/// A connection of the bench's own to the store's PostgreSQL database, for
-/// its transaction counts.
-struct PgStats {
-    client: tokio_postgres::Client,
-}
-
-impl PgStats {
-    async fn connect(url: &str) -> Result<PgStats> {
-        let mut cfg: tokio_postgres::Config = url.parse().context("parsing the PostgreSQL URL")?;
-        cfg.application_name("idem-bench-waiters");
-        let (client, conn) = cfg
-            .connect(tokio_postgres::NoTls)
-            .await
-            .context("connecting to PostgreSQL for pg_stat_database")?;
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
-        Ok(PgStats { client })
-    }
-
-    /// `xact_commit + xact_rollback` of the current database.
-    async fn transactions(&self) -> Result<i64> {
-        self.number(
-            "SELECT xact_commit + xact_rollback FROM pg_stat_database \
-             WHERE datname = current_database()",
-        )
-        .await
-        .context("reading pg_stat_database")
-    }
-
-    /// The integer `sql` answers. One simple query: one transaction of its
-    /// own (an extended-protocol query costs two, its prepare and its
-    /// execution).
-    async fn number(&self, sql: &str) -> Result<i64> {
-        let messages = self.client.simple_query(sql).await?;
-        messages
-            .iter()
-            .find_map(|m| match m {
-                tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0),
-                _ => None,
-            })
-            .and_then(|v| v.parse::<i64>().ok())
-            .with_context(|| format!("no integer from `{sql}`"))
-    }
-
-    /// Ends the servers' listening sessions, which publishes their
-    /// transaction counts (each server reconnects and re-checks its waiting
-    /// claims); then what they cost over the run ([`Listeners`]).
-    /// `rest_tx_per_s` is the rate everything else runs at meanwhile.
-    async fn listeners(&self, instances: usize, rest_tx_per_s: f64) -> Result<Listeners> {
-        let events = self.number("SELECT count(*) FROM events").await?;
-        let opened = self.transactions().await?;
-        let started = Instant::now();
-        self.number(&format!(
-            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity \
-             WHERE datname = current_database() AND query IN ('LISTEN {}', '{}')",
-            idem_store::changes::CHANNEL,
-            idem_store_postgres::notify::PING_SQL,
-        ))
-        .await
-        .context("ending the listening sessions")?;
-        tokio::time::sleep(LISTENER_SETTLE).await;
-        // Less the ending query's own transaction.
-        let counted = transactions_since(self, opened).await? - 1.0;
-        let tx = (counted - rest_tx_per_s * started.elapsed().as_secs_f64()).max(0.0);
-        Ok(Listeners {
-            events,
-            tx,
-            tx_per_event_per_instance: tx / (events.max(1) as f64 * instances as f64),
-        })
-    }
-}
-
-/// How long after ending the listening sessions their counts are read: a
-/// session publishes them as it exits.
-const LISTENER_SETTLE: Duration = Duration::from_secs(2);
-
-/// Transactions counted since `opened` (a [`PgStats::transactions`] read),
-/// less that read's own.
-async fn transactions_since(stats: &PgStats, opened: i64) -> Result<f64> {
-    Ok((stats.transactions().await? - opened - 1).max(0) as f64)
 }
 
 /// Writes a phase line to stderr when `on`.
@@ -803,92 +726,6 @@ async fn claim_delays(
 fn record(h: &mut Histogram<u64>, d: Duration) {
     let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
     let _ = h.record(us.clamp(1, MAX_LATENCY_US));
-}
-
-/// Renders a report as a table, then the targets.
-pub fn render(r: &WaitersReport) -> String {
-    let opt =
-        |v: Option<f64>, prec: usize| v.map_or_else(|| "-".to_owned(), |x| format!("{x:.prec$}"));
-    let mut s = format!(
-        "{} waiters over {} instance(s), {} class(es), {}, wait_ms {}, pause between submits {} ms\n\n",
-        r.waiters, r.instances, r.classes, r.store, r.wait_ms, r.pause_ms
-    );
-    s.push_str(&format!(
-        "{:<28} {:>8} {:>8}\n",
-        "quiet phase", "tx/s", "polls/s"
-    ));
-    for (name, p) in [("no waiters", &r.idle), ("waiters, no work", &r.waiting)] {
-        s.push_str(&format!(
-            "{:<28} {:>8} {:>8.1}\n",
-            name,
-            opt(p.tx_per_s, 1),
-            p.polls_per_s
-        ));
-    }
-    s.push_str(&format!(
-        "\n{:<28} {:>7} {:>5} {:>8} {:>8} {:>8} {:>6} {:>9} {:>9} {:>9} {:>6}\n",
-        "sequential submits",
-        "submits",
-        "bad",
-        "p50 ms",
-        "p99 ms",
-        "max ms",
-        "tx/sub",
-        "claim p50",
-        "claim p99",
-        "claim max",
-        "lost"
-    ));
-    for (name, p) in [
-        ("no waiters", &r.submits),
-        ("waiters", &r.submits_with_waiters),
-    ] {
-        let c = p.claims.as_ref();
-        s.push_str(&format!(
-            "{:<28} {:>7} {:>5} {:>8.2} {:>8.2} {:>8.2} {:>6} {:>9} {:>9} {:>9} {:>6}\n",
-            name,
-            p.submits,
-            p.failed,
-            p.p50_ms,
-            p.p99_ms,
-            p.max_ms,
-            opt(p.tx_per_submit, 1),
-            opt(c.map(|c| c.p50_ms), 2),
-            opt(c.map(|c| c.p99_ms), 2),
-            opt(c.map(|c| c.max_ms), 2),
-            c.map_or_else(|| "-".to_owned(), |c| c.unclaimed.to_string()),
-        ));
-    }
-    let verdict = |ok: bool| if ok { "met" } else { "MISSED" };
-    s.push('\n');
-    s.push_str(&format!(
-        "waiters, no work: {} tx/s (target < {TX_PER_S_TARGET}): {}\n",
-        opt(r.waiting.tx_per_s, 1),
-        r.targets.tx_per_s.map_or("not measured (SQLite)", verdict)
-    ));
-    s.push_str(&format!(
-        "submit p50 with ÷ without waiters: {:.2} (target ≤ {SUBMIT_P50_RATIO_TARGET}): {}\n",
-        r.targets.submit_p50_ratio,
-        verdict(r.targets.submit_p50)
-    ));
-    s.push_str(&format!(
-        "claim delay p99: {} ms (target ≤ {CLAIM_P99_TARGET_MS}, none lost): {}\n",
-        opt(r.submits_with_waiters.claims.as_ref().map(|c| c.p99_ms), 2),
-        verdict(r.targets.claim_p99)
-    ));
-    if let Some(l) = &r.listeners {
-        s.push_str(&format!(
-            "listening sessions over the run (not in tx/s, tx/sub): {:.0} tx for {} events × {} instance(s), {:.2} per event per instance\n",
-            l.tx, l.events, r.instances, l.tx_per_event_per_instance
-        ));
-    }
-    if r.failed_polls > 0 || r.failed_reports > 0 {
-        s.push_str(&format!(
-            "failed claims: {}, failed reports: {}\n",
-            r.failed_polls, r.failed_reports
-        ));
-    }
-    s
 }
 
 #[cfg(test)]

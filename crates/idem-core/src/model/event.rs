@@ -33,7 +33,6 @@ use super::{
     AttemptKind, CancelStatus, EventKind, EvidenceOutcome, Failure, FailureClass, Outcome,
     TaskState, Timestamp,
 };
-use crate::machine::operator::Actor;
 
 /// Declares [`EventData`] with one variant per kind and the dispatch by kind.
 macro_rules! event_data {
@@ -632,3 +631,79 @@ pub struct OperatorRedriven {
 
 #[cfg(test)]
 mod tests;
+
+/// Who performed an operator action. In an event's `actor` member:
+/// `{"api_key_id": "…", "type": "api_key"}` or `{"type": "cli", "user": "…"}`
+/// (keys in byte order, as every event's data; see [`ActorRecord`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "ActorRecord", try_from = "ActorRecord")]
+pub enum Actor {
+    /// An `admin` API key, over HTTP.
+    ApiKey(Uuid),
+    /// The `idem task …` command line acting on the store directly, as this
+    /// operating-system user (`$USER`, else `$LOGNAME`, else `unknown`).
+    Cli {
+        /// The user name.
+        user: String,
+    },
+}
+
+/// The JSON form of an [`Actor`]: one object whose `type` says which of the
+/// other members it has.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ActorRecord {
+    /// The admin key (`api_key` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_id: Option<Uuid>,
+    /// `api_key` or `cli`.
+    #[serde(rename = "type")]
+    pub kind: ActorKind,
+    /// The operating-system user (`cli` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+}
+
+/// The `type` of an [`ActorRecord`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ActorKind {
+    /// An `admin` API key.
+    ApiKey,
+    /// The command line.
+    Cli,
+}
+
+/// An [`ActorRecord`] whose members do not fit its `type`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("an `api_key` actor has `api_key_id` alone, a `cli` actor `user` alone")]
+pub struct ActorRecordError;
+
+impl From<Actor> for ActorRecord {
+    fn from(actor: Actor) -> ActorRecord {
+        match actor {
+            Actor::ApiKey(id) => ActorRecord {
+                api_key_id: Some(id),
+                kind: ActorKind::ApiKey,
+                user: None,
+            },
+            Actor::Cli { user } => ActorRecord {
+                api_key_id: None,
+                kind: ActorKind::Cli,
+                user: Some(user),
+            },
+        }
+    }
+}
+
+impl TryFrom<ActorRecord> for Actor {
+    type Error = ActorRecordError;
+
+    fn try_from(r: ActorRecord) -> Result<Actor, ActorRecordError> {
+        match (r.kind, r.api_key_id, r.user) {
+            (ActorKind::ApiKey, Some(id), None) => Ok(Actor::ApiKey(id)),
+            (ActorKind::Cli, None, Some(user)) => Ok(Actor::Cli { user }),
+            _ => Err(ActorRecordError),
+        }
+    }
+}
