@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// The payment story of `idem demo`, told by an executor written with the
+// The payment story of `idem-lab demo`, told by an executor written with the
 // TypeScript SDK (sdk/typescript, built into its dist/) against a real
 // `idem serve` and the fake provider of examples/provider.
 //
