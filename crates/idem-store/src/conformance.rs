@@ -67,7 +67,7 @@ const SHORT_LEASE: i64 = 10_000;
 /// and that check).
 const LEASE_MARGIN: i64 = 5_000;
 /// The longest backoff of [`contract`], ms.
-const LONGEST_BACKOFF: i64 = 200;
+const LONGEST_BACKOFF: i64 = 4_000;
 /// A lease meant to outlive the test, ms.
 const LONG_LEASE: i64 = 120_000;
 /// Sweep batch size.
@@ -234,14 +234,15 @@ fn config() -> Config {
     must(Config::bundled(), "bundled configuration")
 }
 
-/// The bundled contract of `op`, shrunk for fast tests: backoff 50 ms ×2 ≤ 200 ms,
+/// The bundled contract of `op`, shrunk for fast tests: backoff 1 s ×2 ≤ 4 s (cases
+/// move the clock past it; a second of real time never ends one on a loaded machine),
 /// long default lease, and distinct non-zero fees so every fee path is visible.
 pub fn contract(op: &str) -> Contract {
     let Some(mut c) = config().contract(op) else {
         panic!("bundled configuration has no class {op}");
     };
     c.retry.backoff = Backoff {
-        initial_ms: 50,
+        initial_ms: 1_000,
         multiplier: 2.0,
         max_ms: LONGEST_BACKOFF,
     };
