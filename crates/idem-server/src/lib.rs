@@ -1,5 +1,5 @@
 //! The idem server, assembled in one place: `idem serve`, the harness's
-//! in-process servers (`idem bench`, `idem demo`) and the HTTP tests all run
+//! in-process servers (`idem-lab bench`, `idem-lab demo`) and the HTTP tests all run
 //! the [`App`] built here, so they serve with the same parts, the same
 //! connection limits and the same graceful shutdown (the shape of
 //! zero-to-production's `Application::build`).
