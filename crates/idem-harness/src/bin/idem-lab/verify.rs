@@ -74,7 +74,7 @@ const MAX_THREADS: i64 = 256;
 /// The bounds of the acceptance run (`idem-lab verify` without `--ci`): one key
 /// of the non-safe class, one tenant, three executors, three attempts per
 /// task, two crashes, two operator actions (a key revocation among their
-/// choices), no lost answers, 3 ticks (about 10^7 distinct states;
+/// choices), no lost answers, 3 ticks (about 2.7 × 10^7 distinct states;
 /// docs/verification.md, "Bounds and figures").
 fn full() -> Bounds {
     Bounds {
