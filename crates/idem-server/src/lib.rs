@@ -30,6 +30,8 @@
 //! given as a name, signals, stdout, the exit status, telemetry (`idem
 //! serve` in `crates/idem/src/serve.rs`).
 
+pub mod output;
+
 use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;

@@ -7,7 +7,7 @@ use anyhow::{Result, bail};
 use idem_core::model::Role;
 
 use crate::config::read_config;
-use crate::output::tell;
+use idem_server::output::tell;
 
 /// Checks the arguments of `keys create` before anything is opened: the role,
 /// the tenant (1–128 visible ASCII characters: it is part of every scope's

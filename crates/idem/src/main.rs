@@ -24,8 +24,8 @@ mod task;
 mod task_action;
 mod telemetry;
 
+use idem_server::output::{say, say_strict, tell};
 use keys::key_to_create;
-use output::{say, say_strict, tell};
 use serve::{ServeArgs, serve};
 use store::{is_postgres, log_store_location, open_existing_store, open_store};
 use task::TaskCommand;

@@ -9,9 +9,9 @@ use anyhow::{Context, Result, bail};
 
 use crate::StoreArgs;
 use crate::config::load_config;
-use crate::output::say;
 use crate::store::{lock_sqlite_for_serve, log_store_location, open_store_waiting};
 use crate::telemetry::Telemetry;
+use idem_server::output::say;
 
 /// SIGTERM and SIGINT (Ctrl-C), listened for from the moment this is made:
 /// a signal that arrives before the server waits for one is not lost, and

@@ -15,10 +15,9 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 
-mod output;
 mod verify;
 
-use output::{say, say_raw, tell};
+use idem_server::output::{say, say_raw, tell};
 
 /// mimalloc, as in `idem`: `bench` and `demo` run the server inside this
 /// process, and its figures are those of the product's allocator.

@@ -6,7 +6,7 @@ use clap::Args;
 use idem_model::check::{Options, Report, Strategy, Verdict};
 use idem_model::{Bounds, Classes};
 
-use crate::output::{say, say_raw};
+use idem_server::output::{say, say_raw};
 
 /// The bounds and how to explore them. Without `--ci` the bounds are those
 /// of the acceptance run (at least 10^6 distinct states); each flag replaces

@@ -1,30 +1,38 @@
 //! Writing a command's output to stdout and its messages to stderr, without
-//! the panics `println!` and `eprintln!` give when the reader has gone away
-//! (as `idem` does).
-
-use anyhow::Result;
+//! the panics `println!` and `eprintln!` give when the reader has gone away:
+//! the one way `idem` and `idem-lab` print.
 
 /// Writes `text` and a newline to stdout ([`say_raw`]).
 ///
 /// # Errors
 /// Any write error but a broken pipe.
-pub(crate) fn say(text: impl std::fmt::Display) -> Result<()> {
+pub fn say(text: impl std::fmt::Display) -> std::io::Result<()> {
     say_raw(format_args!("{text}\n"))
 }
 
 /// Writes `text` to stdout, for the commands' output. A reader that has gone
-/// away (`idem-lab chaos | head`) is not an error: the rest of the output
+/// away (`idem task events ID | head`) is not an error: the rest of the output
 /// is dropped and the command still ends with its own status (a chaos run
 /// with violations still exits 1), instead of the panic `println!` gives on a
 /// broken pipe.
 ///
 /// # Errors
 /// Any write error but a broken pipe.
-pub(crate) fn say_raw(text: impl std::fmt::Display) -> Result<()> {
+pub fn say_raw(text: impl std::fmt::Display) -> std::io::Result<()> {
     match write_stdout(text) {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        other => Ok(other?),
+        other => other,
     }
+}
+
+/// Writes `text` and a newline to stdout, and fails on every write error, a
+/// broken pipe included: for output that must not be lost without a word (a
+/// plain API key, shown once).
+///
+/// # Errors
+/// Any write error.
+pub fn say_strict(text: impl std::fmt::Display) -> std::io::Result<()> {
+    write_stdout(format_args!("{text}\n"))
 }
 
 /// Writes `text` to stdout and flushes it: the one place that writes there.
@@ -38,7 +46,7 @@ fn write_stdout(text: impl std::fmt::Display) -> std::io::Result<()> {
 /// write error (a reader of stderr that has gone away) is ignored, so the
 /// command still ends with its own status, instead of the panic `eprintln!`
 /// gives.
-pub(crate) fn tell(text: impl std::fmt::Display) {
+pub fn tell(text: impl std::fmt::Display) {
     use std::io::Write;
     let mut err = std::io::stderr().lock();
     let _ = writeln!(err, "{text}").and_then(|()| err.flush());
