@@ -118,6 +118,28 @@ pub fn count<N: std::fmt::Display + PartialEq + From<u8>>(n: N, one: &str, many:
     format!("{n} {noun}")
 }
 
+/// An amount of task `t`'s money, `minor` minor units, as people read it.
+pub fn money(_t: &Task, minor: i64) -> String {
+    format!("{minor} minor units")
+}
+
+/// A task's attempts as every page counts them, from the task alone (so the
+/// search, the overview and the task page agree): every attempt created
+/// (the API's `attempt_count`), then the execute attempts that started
+/// against the execute limit (`max_attempts` plus redrives), e.g.
+/// "3 attempts: 2 of 3 execute".
+pub fn attempt_summary(t: &Task) -> String {
+    let mut text = count(t.attempt_count, "attempt", "attempts");
+    if t.attempt_count > 0 {
+        text.push_str(&format!(
+            ": {} of {} execute",
+            t.control.execute_count,
+            t.execute_limit()
+        ));
+    }
+    text
+}
+
 /// A JSON document, pretty-printed for a `<pre>` ([`crate::shown::json`]).
 pub fn pretty(v: &serde_json::Value) -> Markup {
     crate::shown::json(v)

@@ -457,3 +457,122 @@ async fn every_page_shows_hidden_characters_as_escapes() {
         assert_shown(&path, &app.get(&path, &cookies).await);
     }
 }
+
+/// The text of the element with `id` in `html` up to its first closing
+/// `</dd>` or `</p>`, tags left out (enough for the verdict's one-line
+/// fields).
+fn field_text(html: &str, id: &str) -> String {
+    let at = html
+        .find(&format!("id=\"{id}\""))
+        .unwrap_or_else(|| panic!("no #{id}"));
+    let start = at + html[at..].find('>').expect("tag end") + 1;
+    let rest = &html[start..];
+    let end = ["</dd>", "</p>"]
+        .iter()
+        .filter_map(|e| rest.find(e))
+        .min()
+        .expect("closing tag");
+    let mut out = String::new();
+    let mut in_tag = false;
+    for c in rest[..end].chars() {
+        match c {
+            '<' => in_tag = true,
+            '>' => in_tag = false,
+            c if !in_tag => out.push(c),
+            _ => {}
+        }
+    }
+    out.replace("&#39;", "'")
+}
+
+/// A cancellation that lost to delivery: the verdict states one charge and
+/// says the fee is that same charge; the cancellation names no second
+/// amount; the search and the task page count the attempts alike.
+#[tokio::test]
+async fn the_verdict_of_a_cancellation_that_lost_to_delivery_names_one_charge() {
+    let app = App::new().await;
+    let (_, admin) = app.key("acme", Role::Admin).await;
+    let (_, exec) = app.key("acme", Role::Executor).await;
+    let session = app.sign_in(&admin).await;
+    let cookies = format!("idem_session={session}");
+    let params = json!({"payee": "acct-1", "amount": 100, "currency": "EUR"});
+    let task = app
+        .api(
+            "POST",
+            "/v1/tasks",
+            &admin,
+            json!({"operation": "payment.release", "params": params}),
+            Some("late-1"),
+        )
+        .await;
+    let id = task["task"]["id"].as_str().unwrap().to_owned();
+    let claim = json!({"executor_id": "w1", "operations": ["payment.release"], "max": 1});
+    let a = app
+        .api("POST", "/v1/attempts/claim", &exec, claim, None)
+        .await;
+    let a = &a["attempts"][0];
+    app.api(
+        "POST",
+        &format!("/v1/tasks/{id}/cancel"),
+        &admin,
+        json!({"reason": "client asked"}),
+        None,
+    )
+    .await;
+    let report = json!({"generation": a["generation"], "outcome": "succeeded", "result": {"ok": true}, "external_txn_id": "po_C"});
+    let done = app
+        .api(
+            "POST",
+            &format!("/v1/attempts/{}/report", a["id"].as_str().unwrap()),
+            &exec,
+            report,
+            None,
+        )
+        .await;
+    assert_eq!(done["task"]["cancellation"]["status"], "too_late");
+    let charge = done["task"]["delivery"]["charge"].as_i64().unwrap();
+    assert_eq!(done["task"]["cancellation"]["fee"].as_i64(), Some(charge));
+
+    let page = app.get(&format!("/console/tasks/{id}"), &cookies).await;
+    assert_eq!(page.status, StatusCode::OK);
+    let html = &page.body;
+    let answer = field_text(html, "verdict-answer");
+    assert!(answer.starts_with("Charged once: "), "{answer}");
+    assert!(answer.contains(", po_C, "), "{answer}");
+    let next = field_text(html, "verdict-next");
+    assert!(
+        next.contains("Its fee is that same charge (") && next.ends_with("not a second charge."),
+        "{next}"
+    );
+    assert_eq!(
+        field_text(html, "verdict-effects"),
+        "1 execute attempt started: the provider was asked 1 time; 1 delivered"
+    );
+    let fee = html.find("class=\"fee\"").expect("the fee");
+    let fee_text = &html[fee..fee + html[fee..].find("</dd>").unwrap()];
+    let fee_text = &fee_text[fee_text.find('>').unwrap() + 1..];
+    assert!(
+        fee_text.contains("the delivery&#39;s charge above, not a second charge")
+            || fee_text.contains("the delivery's charge above, not a second charge"),
+        "{fee_text}"
+    );
+    assert!(!fee_text.contains(&charge.to_string()), "{fee_text}");
+    // The verdict comes first, the contract collapsed after the timeline.
+    let verdict = html.find("id=\"verdict\"").unwrap();
+    let timeline = html.find("id=\"timeline\"").unwrap();
+    let contract = html.find("<details id=\"contract\"").unwrap();
+    assert!(verdict < timeline && timeline < contract);
+
+    let count = field_text(html, "attempt-count");
+    let search = app
+        .get("/console/tasks?idempotency_key_prefix=late-", &cookies)
+        .await;
+    let row = search
+        .body
+        .find("class=\"attempts\"")
+        .expect("attempts cell");
+    let cell = &search.body[row..];
+    let cell = &cell[cell.find('>').unwrap() + 1..cell.find("</td>").unwrap()];
+    assert_eq!(cell, "1 attempt: 1 of 3 execute");
+    assert!(count.starts_with(cell), "{count} vs {cell}");
+}

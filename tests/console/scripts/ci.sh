@@ -2,7 +2,7 @@
 # The console's browser tests, as CI runs them: the suite in headless Debian Chromium
 # (/usr/bin/chromium, env CHROMIUM) against real `idem serve` processes (env IDEM_BIN, default
 # target/debug/idem under the repository root): the whole suite on SQLite (a temporary file
-# per test file), then its store-dependent files (1, 2, 4, 6) on PostgreSQL: a scratch database
+# per test file), then its store-dependent files (1, 2, 4, 6, 8) on PostgreSQL: a scratch database
 # created on the server of IDEM_TEST_PG_URL (default postgres://postgres@127.0.0.1:5432/test)
 # and dropped at the end.
 #
@@ -82,10 +82,11 @@ pg_created=1
 start=$SECONDS
 echo "== console browser tests on PostgreSQL (database $pg_db)"
 # What the store decides: search, sessions and their revocation, CSRF and tenant scoping, the
-# live page woken by PostgreSQL's notifications, sign-in and the sessions it keeps or replaces.
+# live page woken by PostgreSQL's notifications, sign-in and the sessions it keeps or replaces,
+# the verdict read from the attempts' evidence and the counts the search reads.
 # (Escaping, hidden characters and accessibility are about the HTML, which is the same on both
 # stores: SQLite's run covers them.)
-IDEM_CONSOLE_STORE="$pg_store" suite test/1-*.test.js test/2-*.test.js test/4-*.test.js test/6-*.test.js || failed="$failed PostgreSQL"
+IDEM_CONSOLE_STORE="$pg_store" suite test/1-*.test.js test/2-*.test.js test/4-*.test.js test/6-*.test.js test/8-*.test.js || failed="$failed PostgreSQL"
 pg_s=$((SECONDS - start))
 echo "console browser tests: SQLite ${sqlite_s} s, PostgreSQL ${pg_s} s"
 if [ -n "$failed" ]; then

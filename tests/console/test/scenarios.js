@@ -122,3 +122,69 @@ export async function workingDay(t, prefix) {
   }
   return { byState };
 }
+
+/**
+ * Incident: a double payout. Attempt 1 (execute, `payout-worker-1`) times out at the provider
+ * and reports `unknown`; an admin checks, finds nothing and resolves `not_committed`; attempt
+ * 2 (execute, `payout-worker-2`) pays out and delivers `po_B`; then attempt 1's late report
+ * arrives: `succeeded` with `po_A`, kept as stale evidence (409). The provider paid twice.
+ * → `{ task, first, second }` (the task as the API has it at the end, the two attempts).
+ */
+export async function doublePayout(t, idempotencyKey, params = payment(100, { payee: "acct-double" })) {
+  const task = await t.client.submit("payment.release", idempotencyKey, params);
+  const first = await t.executor.claim("payment.release", { executorId: "payout-worker-1" });
+  if (first.task_id !== task.id) throw new Error("claimed another task than the one submitted");
+  await t.executor.report(first, { outcome: "unknown", message: "PSP timed out after 30s" });
+  await t.admin.call("POST", `/v1/tasks/${task.id}/resolve`, {
+    outcome: "not_committed",
+    reason: "Provider dashboard shows no payout for this attempt",
+  });
+  const second = await t.executor.claim("payment.release", { executorId: "payout-worker-2" });
+  if (second.task_id !== task.id || second.kind !== "execute") throw new Error("expected the second execute attempt");
+  await t.executor.report(second, { outcome: "succeeded", result: { payout_id: "po_B" }, external_txn_id: "po_B" });
+  try {
+    await t.executor.report(first, { outcome: "succeeded", result: { payout_id: "po_A" }, external_txn_id: "po_A" });
+    throw new Error("the retired attempt's late report was accepted");
+  } catch (e) {
+    if (e.status !== 409) throw e;
+  }
+  return { task: await t.client.task(task.id), first, second };
+}
+
+/**
+ * Incident: a cancellation that lost to delivery. The client cancels while attempt 1 runs;
+ * the attempt then delivers `po_C`: the cancellation is `too_late`, its fee the delivery's
+ * charge. → the task.
+ */
+export async function tooLateCancel(t, idempotencyKey, params = payment(100, { payee: "acct-late" })) {
+  const task = await t.client.submit("payment.release", idempotencyKey, params);
+  const a = await t.executor.claim("payment.release", { executorId: "payout-worker-1" });
+  if (a.task_id !== task.id) throw new Error("claimed another task than the one submitted");
+  await t.client.cancel(task.id);
+  await t.executor.report(a, { outcome: "succeeded", result: { payout_id: "po_C" }, external_txn_id: "po_C" });
+  return t.client.task(task.id);
+}
+
+/**
+ * Incident: a payment whose executor said "PSP timed out after 30s" (`unknown`): reconciling,
+ * no reconcile attempt leased. → `{ task, attempt }`.
+ */
+export async function timedOutPayment(t, idempotencyKey, params = payment(100, { payee: "acct-timeout" })) {
+  const task = await t.client.submit("payment.release", idempotencyKey, params);
+  const attempt = await t.executor.claim("payment.release", { executorId: "payout-worker-1" });
+  if (attempt.task_id !== task.id) throw new Error("claimed another task than the one submitted");
+  await t.executor.report(attempt, { outcome: "unknown", message: "PSP timed out after 30s" });
+  return { task: await t.client.task(task.id), attempt };
+}
+
+/**
+ * Incident: a payment that failed `transient` ("PSP answered 503"; a payout is not retried
+ * automatically) → `{ task, attempt }`, state `failed`. Its redrive is the test's to do.
+ */
+export async function failedPayment(t, idempotencyKey, params = payment(100, { payee: "acct-503" })) {
+  const task = await t.client.submit("payment.release", idempotencyKey, params);
+  const attempt = await t.executor.claim("payment.release", { executorId: "payout-worker-1" });
+  if (attempt.task_id !== task.id) throw new Error("claimed another task than the one submitted");
+  await t.executor.report(attempt, { outcome: "failed", failure_class: "transient", message: "PSP answered 503" });
+  return { task: await t.client.task(task.id), attempt };
+}

@@ -335,9 +335,10 @@ export async function launchBrowser() {
 /**
  * A page in a fresh browser context (its own cookies), 1280 px wide, that records what must
  * never happen on a console page: dialogs, uncaught errors, console errors, CSP violations.
+ * `timezoneId` (IANA, e.g. `Asia/Kolkata`): the browser's time zone, else the machine's.
  */
-export async function newPage(browser, { width = 1280, height = 900 } = {}) {
-  const context = await browser.newContext({ viewport: { width, height }, deviceScaleFactor: 1 });
+export async function newPage(browser, { width = 1280, height = 900, timezoneId } = {}) {
+  const context = await browser.newContext({ viewport: { width, height }, deviceScaleFactor: 1, timezoneId });
   // A missing element fails in seconds, not after Playwright's default 30 s.
   context.setDefaultTimeout(5_000);
   context.setDefaultNavigationTimeout(10_000);

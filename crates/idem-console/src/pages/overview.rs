@@ -12,7 +12,7 @@ use idem_store::ops::console::OverviewQuery;
 use maud::{Markup, html};
 
 use super::sign_in::{field, form_pairs};
-use crate::html::{self as page, search_href, state_badge, task_link, time};
+use crate::html::{self as page, attempt_summary, search_href, state_badge, task_link, time};
 use crate::session::Viewer;
 use crate::{ConsoleError, ConsoleState};
 
@@ -132,7 +132,8 @@ fn list(id: &str, title: &str, empty: &str, tasks: &[Task], all: &str) -> Markup
                         li {
                             (task_link(t)) " "
                             span.operation { (t.operation) } " "
-                            (state_badge(t)) " · changed " (time(t.updated_at))
+                            (state_badge(t)) " · " span.attempts { (attempt_summary(t)) }
+                            " · changed " (time(t.updated_at))
                         }
                     }
                 }

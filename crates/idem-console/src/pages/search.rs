@@ -11,7 +11,9 @@ use idem_core::model::TaskState;
 use idem_store::ops::search::{DEFAULT_LIMIT, MAX_LIMIT};
 use maud::{Markup, html};
 
-use crate::html::{self as page, count, search_href, state_badge, task_link, time};
+use crate::html::{
+    self as page, attempt_summary, count, search_href, state_badge, task_link, time,
+};
 use crate::session::Viewer;
 use crate::{ConsoleError, ConsoleState};
 
@@ -144,6 +146,7 @@ pub async fn search(
                         th scope="col" { "Idempotency key" }
                         th scope="col" { "Operation" }
                         th scope="col" { "State" }
+                        th scope="col" { "Attempts" }
                         th scope="col" { "Created" }
                         th scope="col" { "Updated" }
                     }
@@ -154,6 +157,7 @@ pub async fn search(
                             td.key { (task_link(t)) }
                             td.operation { (t.operation) }
                             td.state data-state=(t.state.as_str()) { (state_badge(t)) }
+                            td.attempts { (attempt_summary(t)) }
                             td.created { (time(t.created_at)) }
                             td.updated { (time(t.updated_at)) }
                         }

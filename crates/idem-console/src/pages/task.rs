@@ -13,13 +13,17 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use idem_core::machine::operator::Actor;
-use idem_core::model::{Attempt, Event, EventData, Task, TaskState, Timestamp};
+use idem_core::model::{
+    Attempt, CancelStatus, Disposition, Event, EventData, Task, TaskState, Timestamp,
+};
 use maud::{Markup, html};
 use serde_json::Value;
 use uuid::Uuid;
 
 use super::{Params, no_task, params, task_id};
-use crate::html::{self as page, count, csrf_input, opt_time, pretty, time};
+use crate::html::{
+    self as page, attempt_summary, count, csrf_input, money, opt_time, pretty, time,
+};
 use crate::session::{SignedIn, Viewer, Watcher};
 use crate::{ConsoleError, ConsoleState};
 
@@ -111,39 +115,30 @@ pub async fn fragment(
         .into_response())
 }
 
-/// The task's attempts counted the way its limit counts them: every attempt
-/// (the API's `attempt_count`), then the execute attempts against the
-/// execute limit (`max_attempts` plus redrives), the reconcile attempts and
-/// the released ones, which count against nothing; e.g. "6 attempts: 3 of 3
-/// execute, 3 reconcile". A failure's "all 3 execute attempts used" reads
-/// against the same figures.
+/// The task's attempts as every page counts them
+/// ([`crate::html::attempt_summary`]: all attempts, then the execute
+/// attempts that started against the execute limit), then those the
+/// attempts list adds: the reconcile attempts and the released ones, which
+/// count against nothing; e.g. "6 attempts: 3 of 3 execute, 3 reconcile". A
+/// failure's "all 3 execute attempts used" reads against the same figures.
 fn attempt_count(s: &Story) -> String {
     use idem_core::model::{AttemptKind, AttemptState};
-    let t = &s.task;
     let released = s
         .attempts
         .iter()
         .filter(|a| a.state == AttemptState::Released)
-        .count();
-    let execute = s
-        .attempts
-        .iter()
-        .filter(|a| a.kind == AttemptKind::Execute && a.state != AttemptState::Released)
         .count();
     let reconcile = s
         .attempts
         .iter()
         .filter(|a| a.kind == AttemptKind::Reconcile && a.state != AttemptState::Released)
         .count();
-    let mut text = count(t.attempt_count, "attempt", "attempts");
-    if t.attempt_count > 0 {
-        text.push_str(&format!(": {execute} of {} execute", t.execute_limit()));
-        if reconcile > 0 {
-            text.push_str(&format!(", {reconcile} reconcile"));
-        }
-        if released > 0 {
-            text.push_str(&format!(", {released} released"));
-        }
+    let mut text = attempt_summary(&s.task);
+    if reconcile > 0 {
+        text.push_str(&format!(", {reconcile} reconcile"));
+    }
+    if released > 0 {
+        text.push_str(&format!(", {released} released"));
     }
     text
 }
@@ -152,6 +147,7 @@ fn attempt_count(s: &Story) -> String {
 pub fn body(s: &Story) -> Markup {
     let t = &s.task;
     html! {
+        (super::verdict::verdict(s))
         p.summary {
             "State " span #task-state class={ "state state-" (t.state.as_str()) } data-state=(t.state.as_str()) { (t.state.as_str()) }
             " · operation " span.operation { (t.operation) }
@@ -161,30 +157,6 @@ pub fn body(s: &Story) -> Markup {
         }
         @if let Some(f) = &t.failure {
             p #failure.failure { "Failed: " strong { (f.class.as_str()) } " — " (f.message) }
-        }
-        section #request aria-labelledby="request-title" {
-            h2 #request-title { "Request" }
-            dl {
-                dt { "Idempotency key" } dd #idempotency-key { (t.idempotency_key) }
-                dt { "Scope" } dd #scope { "tenant " (t.control.tenant) ", operation " (t.operation) ", key " (t.idempotency_key) }
-                dt { "Task id" } dd { code { (t.id) } }
-                dt { "Fingerprint" } dd { code #fingerprint { (t.fingerprint) } }
-                @if let Some(tp) = &t.traceparent {
-                    dt { "Trace" } dd { code { (tp) } }
-                }
-            }
-            h3 { "Canonical request" }
-            pre #canonical-request { (t.control.canonical_request) }
-            h3 { "Params" }
-            pre #params { (pretty(&t.params)) }
-        }
-        section #contract aria-labelledby="contract-title" {
-            h2 #contract-title { "Contract" }
-            p { "Frozen at acceptance: what this task is charged and how it is retried, whatever the configuration says now." }
-            @match serde_json::from_str::<Value>(t.contract.json()) {
-                Ok(v) => (json_dl(&v)),
-                Err(_) => pre { (t.contract.json()) },
-            }
         }
         section #timeline aria-labelledby="timeline-heading" {
             h2 #timeline-heading { "Timeline" }
@@ -200,7 +172,7 @@ pub fn body(s: &Story) -> Markup {
             @match &t.delivery {
                 Some(d) => {
                     dl {
-                        dt { "Charge" } dd.charge { (d.charge) }
+                        dt { "Charge" } dd.charge data-minor-units=(d.charge) { (money(t, d.charge)) " (charged once)" }
                         dt { "Delivered" } dd.delivered-at { (time(d.delivered_at)) }
                         dt { "Acknowledged" } dd.acknowledged-at { (opt_time(d.acknowledged_at)) }
                         dt { "External transaction id" } dd.external-txn-id { (d.external_txn_id.as_deref().unwrap_or("—")) }
@@ -218,7 +190,7 @@ pub fn body(s: &Story) -> Markup {
                         dt { "Status" } dd.cancel-status data-status=(c.status.as_str()) { (c.status.as_str()) }
                         dt { "Requested" } dd { (time(c.requested_at)) }
                         dt { "Settled" } dd { (opt_time(c.confirmed_at)) }
-                        dt { "Fee" } dd.fee { (c.fee.map_or_else(|| "—".to_owned(), |f| f.to_string())) }
+                        dt { "Fee" } dd.fee data-minor-units=[c.fee] { (fee_words(t, c)) }
                     }
                 }
                 None => p { "No cancellation was requested." }
@@ -229,6 +201,30 @@ pub fn body(s: &Story) -> Markup {
                     Some(at) => { "Kept until " (time(at)) ", then released: the same key then starts a new task." }
                     None => { "Kept while the task runs; released after the retention window once it ends." }
                 }
+            }
+        }
+        section #request aria-labelledby="request-title" {
+            h2 #request-title { "Request" }
+            dl {
+                dt { "Idempotency key" } dd #idempotency-key { (t.idempotency_key) }
+                dt { "Scope" } dd #scope { "tenant " (t.control.tenant) ", operation " (t.operation) ", key " (t.idempotency_key) }
+                dt { "Task id" } dd { code { (t.id) } }
+                dt { "Fingerprint" } dd { code #fingerprint { (t.fingerprint) } }
+                @if let Some(tp) = &t.traceparent {
+                    dt { "Trace" } dd { code { (tp) } }
+                }
+            }
+            h3 { "Canonical request" }
+            pre #canonical-request { (t.control.canonical_request) }
+            h3 { "Params" }
+            pre #params { (pretty(&t.params)) }
+        }
+        details #contract {
+            summary #contract-title { "Contract frozen at acceptance" }
+            p { "What this task is charged and how it is retried, whatever the configuration says now." }
+            @match serde_json::from_str::<Value>(t.contract.json()) {
+                Ok(v) => (json_dl(&v)),
+                Err(_) => pre { (t.contract.json()) },
             }
         }
         details #raw-events {
@@ -277,6 +273,7 @@ fn attempts_table(attempts: &[Attempt]) -> Markup {
                     th scope="col" { "Leased" }
                     th scope="col" { "Lease ends" }
                     th scope="col" { "Usage" }
+                    th scope="col" { "Message" }
                     th scope="col" { "External transaction" }
                     th scope="col" { "Evidence" }
                 }
@@ -292,7 +289,8 @@ fn attempts_table(attempts: &[Attempt]) -> Markup {
                         td.leased { (time(a.leased_at)) }
                         td.lease-end { (time(a.lease_expires_at)) }
                         td.usage { (a.usage) }
-                        td.txn { (a.external_txn_id.as_deref().unwrap_or("—")) }
+                        td.message { (attempt_message(a)) }
+                        td.txn { (txn_ids(a)) }
                         td.evidence {
                             @if a.evidence.is_empty() { "—" }
                             @else { ul {
@@ -313,6 +311,55 @@ fn attempts_table(attempts: &[Attempt]) -> Markup {
     }
 }
 
+/// A cancellation's fee in words. A cancellation that lost to delivery
+/// names no second amount: its fee is the delivery's charge (SPEC §2.7).
+fn fee_words(t: &Task, c: &idem_core::model::Cancellation) -> Markup {
+    match (c.status, c.fee, &t.delivery) {
+        (CancelStatus::TooLate, Some(fee), Some(d)) if fee == d.charge => html! {
+            "the delivery's charge above, not a second charge"
+        },
+        (_, Some(fee), _) => html! { (money(t, fee)) },
+        (_, None, _) => html! { "none yet (settled when the attempt stops)" },
+    }
+}
+
+/// Every provider transaction id attempt `a` reported
+/// ([`super::verdict::attempt_txn_ids`]), each with how it was kept.
+fn txn_ids(a: &Attempt) -> Markup {
+    let ids = super::verdict::attempt_txn_ids(a);
+    html! {
+        @if ids.is_empty() { span.none { "none reported" } }
+        @else { ul {
+            @for r in &ids {
+                li.txn-id data-txn-id=(r.id) data-kept-as=[r.kept_as.map(|d| d.as_str())] {
+                    code { (r.id) }
+                    @match r.kept_as {
+                        None => {}
+                        Some(Disposition::StaleGeneration) => { " — " strong.stale { "stale report" } " (generation " (r.generation) ")" }
+                        Some(d) => { " — " strong.stale { (d.as_str().replace('_', " ")) } " (generation " (r.generation) ")" }
+                    }
+                }
+            }
+        } }
+    }
+}
+
+/// The newest message of attempt `a`'s reports, or nothing.
+fn attempt_message(a: &Attempt) -> Markup {
+    match super::verdict::last_message(std::slice::from_ref(a)) {
+        Some(m) => html! { q { (m.text) } },
+        None => html! { "—" },
+    }
+}
+
+/// An operator event's actor in words: "api key <id>" or "cli <user>".
+pub(crate) fn actor_words(actor: &Actor) -> String {
+    match actor {
+        Actor::ApiKey(id) => format!("api key {id}"),
+        Actor::Cli { user } => format!("cli {user}"),
+    }
+}
+
 /// The actor of an operator's event (`data.actor`), or a dash.
 fn actor(data: &EventData) -> String {
     let actor = match data {
@@ -322,10 +369,7 @@ fn actor(data: &EventData) -> String {
         EventData::OperatorRedriven(d) => &d.actor,
         _ => return "—".to_owned(),
     };
-    match actor {
-        Actor::ApiKey(id) => format!("api key {id}"),
-        Actor::Cli { user } => format!("cli {user}"),
-    }
+    actor_words(actor)
 }
 
 /// Event data as the JSON the API serves (`null` if it had none).

@@ -75,6 +75,15 @@ pub(super) fn describe(task: &Task, attempts: &[&Attempt], events: &[&Event]) ->
         parts.push(match c.status {
             CancelStatus::Requested => "cancellation requested".to_owned(),
             CancelStatus::Confirmed => format!("cancelled, fee {}", opt(c.fee)),
+            CancelStatus::TooLate
+                if task
+                    .delivery
+                    .as_ref()
+                    .is_some_and(|d| Some(d.charge) == c.fee) =>
+            {
+                "cancellation too late, its fee the delivery's charge (not a second charge)"
+                    .to_owned()
+            }
             CancelStatus::TooLate => format!("cancellation too late, fee {}", opt(c.fee)),
         });
     }

@@ -131,13 +131,32 @@ pub(super) fn outcome_marks(task: &Task, events: &[&Event]) -> Vec<Mark> {
             ),
         );
         if let Some(at) = c.confirmed_at {
+            // A cancellation that lost to delivery has the delivery's charge
+            // as its fee: the same money, drawn once (beside `delivered`).
+            let same_charge = c.status == CancelStatus::TooLate
+                && task
+                    .delivery
+                    .as_ref()
+                    .is_some_and(|d| Some(d.charge) == c.fee);
             let fee = opt(c.fee);
+            let fee_line = if same_charge {
+                "fee: the delivery's charge, not a second charge".to_owned()
+            } else {
+                format!("fee {fee} (minor units)")
+            };
             let (class, word, head, kind) = match c.status {
                 CancelStatus::Confirmed => (
                     "cancel-confirmed",
                     format!("cancelled · fee {fee}"),
                     "cancellation confirmed: the task is cancelled",
                     EventKind::CancelConfirmed,
+                ),
+                // At most LABEL_CHARS: the label is drawn whole.
+                _ if same_charge => (
+                    "cancel-too-late",
+                    "too late: fee is the charge".to_owned(),
+                    "cancellation too late: delivery won",
+                    EventKind::CancelTooLate,
                 ),
                 _ => (
                     "cancel-too-late",
@@ -152,7 +171,7 @@ pub(super) fn outcome_marks(task: &Task, events: &[&Event]) -> Vec<Mark> {
                     .title(
                         head,
                         &[
-                            format!("fee {fee} (minor units)"),
+                            fee_line,
                             format!("requested at {}", c.requested_at.to_rfc3339()),
                         ],
                     ),

@@ -331,11 +331,22 @@ async fn cancellation_too_late_and_confirmed() {
     assert_clean(&out);
     assert!(out.contains(">cancel requested</text>"));
     assert!(out.contains("marker cancel-too-late"));
-    assert!(out.contains(&format!(
-        ">cancel too late · fee {}</text>",
-        task.contract.price
-    )));
-    assert!(out.contains("cancellation too late, fee"), "{out}");
+    // One charge: the fee of a cancellation that lost to delivery is named
+    // as the delivery's charge, never as a second amount.
+    assert!(out.contains(">too late: fee is the charge</text>"), "{out}");
+    assert!(
+        out.contains("fee: the delivery&#39;s charge, not a second charge")
+            || out.contains("fee: the delivery's charge, not a second charge"),
+        "{out}"
+    );
+    assert!(
+        out.contains("cancellation too late, its fee the delivery"),
+        "{out}"
+    );
+    assert!(
+        !out.contains(&format!("fee {}", task.contract.price)),
+        "no second amount beside the charge: {out}"
+    );
 
     let q = c
         .submit(
