@@ -1,8 +1,11 @@
 // idem console: live updates of the task page, and local times. The page's
 // <main id="task"> names its update stream (data-live, Server-Sent Events)
 // and its fragment (data-fragment, the inner HTML of #task-body); on each
-// message the fragment is fetched and swapped in. The stream's `end` event
-// (the task is terminal) closes it after a last refresh. No inline script
+// message the fragment is fetched and swapped in, one refresh at a time;
+// while a person is filling in a form inside the body (the verdict's
+// acknowledge form) the swap waits and #actions-stale says the page is
+// behind. The stream's `end` event (the task is terminal) closes it after a
+// last refresh (then data-live-done="true"). No inline script
 // anywhere: this file is the console's only script (Content-Security-Policy
 // script-src 'self').
 // Every instant is server-rendered in UTC as <time datetime="…Z">; this
@@ -57,7 +60,31 @@
     }
   }
 
+  // Whether a person has started filling in a form inside the task's body
+  // (the verdict's acknowledge forms): a swap would throw that away.
+  function editing(body) {
+    var fields = body.querySelectorAll("form textarea, form input");
+    for (var i = 0; i < fields.length; i++) {
+      var f = fields[i];
+      if (f.type === "hidden") {
+        continue;
+      }
+      if ((f.type === "radio" || f.type === "checkbox") ? f.checked : f.value !== "") {
+        return true;
+      }
+    }
+    return false;
+  }
+
   function refresh(main, body) {
+    if (editing(body)) {
+      // Keep what is being typed; say that the page is behind.
+      var notice = document.getElementById("actions-stale");
+      if (notice) {
+        notice.hidden = false;
+      }
+      return Promise.resolve();
+    }
     return fetch(main.dataset.fragment, {
       credentials: "same-origin",
       headers: { Accept: "text/html" },
@@ -99,16 +126,28 @@
     }
     var source = new EventSource(main.dataset.live);
     var last = null;
+    // One refresh at a time, in the order asked: a slow fragment never
+    // lands after a newer one.
+    var queue = Promise.resolve();
+    function schedule() {
+      queue = queue.then(function () {
+        return refresh(main, body);
+      });
+      return queue;
+    }
     source.addEventListener("change", function (e) {
       if (e.data !== last) {
         last = e.data;
-        refresh(main, body);
+        schedule();
       }
     });
     source.addEventListener("end", function () {
       source.close();
       main.dataset.liveEnded = "true";
-      refresh(main, body);
+      // data-live-done: the last refresh is in (tests wait for it).
+      schedule().then(function () {
+        main.dataset.liveDone = "true";
+      });
     });
     source.onerror = function () {
       // The browser reconnects by itself; a 401 or 404 closes the stream.

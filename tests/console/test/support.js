@@ -257,6 +257,14 @@ export class Api {
   }
 }
 
+/**
+ * Waits until a terminal task's page has its last live refresh behind it (the stream's `end`
+ * and the fragment it fetched), so that nothing swaps the task's body under a test's hands.
+ */
+export async function liveDone(page) {
+  await page.waitForFunction(() => document.getElementById("task")?.dataset.liveDone === "true");
+}
+
 /** A unique idempotency key. */
 export function key(prefix = "k") {
   return `${prefix}-${randomUUID()}`;
