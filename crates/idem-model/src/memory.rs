@@ -25,7 +25,8 @@
 use std::collections::HashSet;
 
 use idem_core::model::{
-    ApiKey, Attempt, Disposition, Event, Evidence, EvidenceOutcome, Task, TaskState, Timestamp,
+    ApiKey, Attempt, Disposition, EffectReport, Event, Evidence, EvidenceOutcome, SecondEffect,
+    Task, TaskState, Timestamp,
 };
 use idem_store::feed::{FeedCursor, FeedRead};
 use idem_store::identity::{DatabaseIdentity, RecordedIdentity, StoreIdentity};
@@ -322,6 +323,24 @@ impl Tx for MemTx<'_> {
             _ => {}
         }
         Ok(())
+    }
+
+    async fn effects(&mut self, task_id: Uuid) -> Result<(Vec<EffectReport>, Vec<SecondEffect>)> {
+        // Effect reports and second effects are not kept (no property reads
+        // them: detection and audit only); the task must exist.
+        self.row(task_id).map(|_| (Vec::new(), Vec::new()))
+    }
+
+    async fn insert_effect_report(&mut self, task_id: Uuid, _r: &EffectReport) -> Result<()> {
+        self.row(task_id).map(|_| ())
+    }
+
+    async fn insert_second_effect(&mut self, task_id: Uuid, _s: &SecondEffect) -> Result<()> {
+        self.row(task_id).map(|_| ())
+    }
+
+    async fn acknowledge_second_effect(&mut self, task_id: Uuid, _s: &SecondEffect) -> Result<()> {
+        self.row(task_id).map(|_| ())
     }
 
     async fn insert_events(&mut self, task_id: Uuid, _events: &[Event]) -> Result<()> {
