@@ -614,7 +614,10 @@ impl Tx for PgTx<'_> {
 
     async fn acknowledge_second_effect(&mut self, task_id: Uuid, s: &SecondEffect) -> Result<()> {
         let Some(ack) = &s.acknowledgment else {
-            return Err(corrupt("second effect", "an acknowledgment without its record"));
+            return Err(corrupt(
+                "second effect",
+                "an acknowledgment without its record",
+            ));
         };
         let actor = to_json("actor", &ack.actor)?;
         let n = self

@@ -80,23 +80,49 @@ pub async fn stale_reports_of_other_ids_raise_one_second_effect_per_id(store: St
     let c = Ctx::new(&store, "acme").await;
     let (t, a1, a2) = second_attempt(&c).await;
     // A stale report before the delivery: raised when the task delivers.
-    assert_stale(c.report(&a1, effect(a1.generation, Some("psp-A"), 1)).await, "stale A");
-    assert!(c.task(t.id).await.second_effects.is_empty(), "nothing delivered yet");
-    let delivered = c.report_ok(&a2, effect(a2.generation, Some("psp-B"), 2)).await;
+    assert_stale(
+        c.report(&a1, effect(a1.generation, Some("psp-A"), 1)).await,
+        "stale A",
+    );
+    assert!(
+        c.task(t.id).await.second_effects.is_empty(),
+        "nothing delivered yet"
+    );
+    let delivered = c
+        .report_ok(&a2, effect(a2.generation, Some("psp-B"), 2))
+        .await;
     assert_eq!(ids(&delivered), vec![Some("psp-A")]);
     // Replay, the delivered id, no id, and `psp-A` again: nothing more.
-    c.report_ok(&a2, effect(a2.generation, Some("psp-B"), 2)).await;
-    assert_stale(c.report(&a1, effect(a1.generation, Some("psp-B"), 3)).await, "stale B");
-    assert_stale(c.report(&a1, effect(a1.generation, None, 4)).await, "stale, no id");
-    assert_stale(c.report(&a1, effect(a1.generation, Some("psp-A"), 5)).await, "stale A again");
+    c.report_ok(&a2, effect(a2.generation, Some("psp-B"), 2))
+        .await;
+    assert_stale(
+        c.report(&a1, effect(a1.generation, Some("psp-B"), 3)).await,
+        "stale B",
+    );
+    assert_stale(
+        c.report(&a1, effect(a1.generation, None, 4)).await,
+        "stale, no id",
+    );
+    assert_stale(
+        c.report(&a1, effect(a1.generation, Some("psp-A"), 5)).await,
+        "stale A again",
+    );
     // A new distinct id: raised once more.
-    assert_stale(c.report(&a1, effect(a1.generation, Some("psp-C"), 6)).await, "stale C");
+    assert_stale(
+        c.report(&a1, effect(a1.generation, Some("psp-C"), 6)).await,
+        "stale C",
+    );
     let t = c.task(t.id).await;
     assert_eq!(ids(&t), vec![Some("psp-A"), Some("psp-C")]);
     let s = &t.second_effects[0];
     assert_eq!(
         (s.attempt_id, s.generation, s.evidence, &s.acknowledgment),
-        (Some(a1.id), a1.generation, EffectEvidence::StaleReport, &None)
+        (
+            Some(a1.id),
+            a1.generation,
+            EffectEvidence::StaleReport,
+            &None
+        )
     );
     let events = c.events(t.id).await;
     assert_eq!(count(&events, "second_effect_suspected"), 2);
@@ -119,12 +145,22 @@ pub async fn stale_reports_of_other_ids_raise_one_second_effect_per_id(store: St
         assert_eq!(found(&c, by_txn(txn)).await, vec![t.id], "search by {txn}");
     }
     assert!(found(&c, by_txn("psp-Z")).await.is_empty());
-    assert_eq!(found(&c, by_effect(SecondEffectFilter::Suspected)).await, vec![t.id]);
-    assert_eq!(found(&c, by_effect(SecondEffectFilter::Unacknowledged)).await, vec![t.id]);
+    assert_eq!(
+        found(&c, by_effect(SecondEffectFilter::Suspected)).await,
+        vec![t.id]
+    );
+    assert_eq!(
+        found(&c, by_effect(SecondEffectFilter::Unacknowledged)).await,
+        vec![t.id]
+    );
     // Another tenant's search finds none of it.
     let other = Ctx::new(&store, "globex").await;
     assert!(found(&other, by_txn("psp-A")).await.is_empty());
-    assert!(found(&other, by_effect(SecondEffectFilter::Suspected)).await.is_empty());
+    assert!(
+        found(&other, by_effect(SecondEffectFilter::Suspected))
+            .await
+            .is_empty()
+    );
     assert_history(&store, t.id).await;
 }
 
@@ -137,7 +173,10 @@ pub async fn late_and_duplicate_reports_raise_second_effects(store: Store) {
     let a = c.claim_one(NON_SAFE, SHORT_LEASE, t.id).await;
     c.run_out_lease(t.id, "reconciling", |t| t.state == TaskState::Reconciling)
         .await;
-    assert_stale(c.report(&a, effect(a.generation, Some("late-1"), 1)).await, "late");
+    assert_stale(
+        c.report(&a, effect(a.generation, Some("late-1"), 1)).await,
+        "late",
+    );
     let r = c.claim_one(NON_SAFE, LONG_LEASE, t.id).await;
     let t2 = c
         .report_ok(
@@ -161,7 +200,10 @@ pub async fn late_and_duplicate_reports_raise_second_effects(store: Store) {
         .await;
     assert_failed(&failed_task, FailureClass::Transient);
     for tag in [1, 2] {
-        let r = must(c.report(&a, effect(a.generation, None, tag)).await, "duplicate");
+        let r = must(
+            c.report(&a, effect(a.generation, None, tag)).await,
+            "duplicate",
+        );
         assert!(
             matches!(r, Err(Refusal::Machine(Rejection::AlreadyReported { .. }))),
             "{r:?}"
@@ -169,7 +211,10 @@ pub async fn late_and_duplicate_reports_raise_second_effects(store: Store) {
     }
     let t = c.task(t.id).await;
     assert_eq!(ids(&t), vec![None], "a null id counts as one distinct id");
-    assert_eq!(t.second_effects[0].evidence, EffectEvidence::DuplicateReport);
+    assert_eq!(
+        t.second_effects[0].evidence,
+        EffectEvidence::DuplicateReport
+    );
     assert_eq!(count(&c.events(t.id).await, "second_effect_suspected"), 1);
     assert_history(&store, t.id).await;
 }
@@ -184,12 +229,18 @@ pub async fn operator_resolve_delivers_its_id_and_raises_earlier_reports(store: 
     let a = c.claim_one(NON_SAFE, SHORT_LEASE, t.id).await;
     c.run_out_lease(t.id, "reconciling", |t| t.state == TaskState::Reconciling)
         .await;
-    assert_stale(c.report(&a, effect(a.generation, Some("late-9"), 1)).await, "late");
+    assert_stale(
+        c.report(&a, effect(a.generation, Some("late-9"), 1)).await,
+        "late",
+    );
     let resolution = Resolution::Committed {
         result: json!({"found": true}),
         external_txn_id: Some("op-9".into()),
     };
-    let t = ok2(store.resolve(Some("acme"), t.id, by, resolution).await, "resolve");
+    let t = ok2(
+        store.resolve(Some("acme"), t.id, by, resolution).await,
+        "resolve",
+    );
     assert_eq!(ids(&t), vec![Some("late-9")]);
     assert_eq!(found(&c, by_txn("op-9")).await, vec![t.id]);
     assert_history(&store, t.id).await;
@@ -202,8 +253,12 @@ pub async fn second_effect_acknowledgment_is_audited_and_idempotent(store: Store
     let c = Ctx::new(&store, "acme").await;
     let by = admin(&c).await;
     let (t, a1, a2) = second_attempt(&c).await;
-    c.report_ok(&a2, effect(a2.generation, Some("psp-B"), 1)).await;
-    assert_stale(c.report(&a1, effect(a1.generation, Some("psp-A"), 2)).await, "stale A");
+    c.report_ok(&a2, effect(a2.generation, Some("psp-B"), 1))
+        .await;
+    assert_stale(
+        c.report(&a1, effect(a1.generation, Some("psp-A"), 2)).await,
+        "stale A",
+    );
     let before = c.events(t.id).await.len();
     let ack = |txn: Option<&str>, by: By, res| {
         let store = store.clone();
@@ -214,13 +269,22 @@ pub async fn second_effect_acknowledgment_is_audited_and_idempotent(store: Store
                 .await
         }
     };
-    let r = must(ack(Some("psp-B"), by.clone(), EffectResolution::FalseAlarm).await, "ack B");
+    let r = must(
+        ack(Some("psp-B"), by.clone(), EffectResolution::FalseAlarm).await,
+        "ack B",
+    );
     assert!(
         matches!(r, Err(Refusal::Operator(Refused::NoSecondEffect { .. }))),
         "{r:?}"
     );
-    let r = must(ack(None, by.clone(), EffectResolution::FalseAlarm).await, "ack null");
-    assert!(matches!(r, Err(Refusal::Operator(Refused::NoSecondEffect { .. }))));
+    let r = must(
+        ack(None, by.clone(), EffectResolution::FalseAlarm).await,
+        "ack null",
+    );
+    assert!(matches!(
+        r,
+        Err(Refusal::Operator(Refused::NoSecondEffect { .. }))
+    ));
     assert_not_found(
         store
             .acknowledge_second_effect(
@@ -265,8 +329,15 @@ pub async fn second_effect_acknowledgment_is_audited_and_idempotent(store: Store
     );
     assert_eq!(again, acked);
     assert_eq!(c.events(t.id).await.len(), before + 1, "nothing written");
-    assert!(found(&c, by_effect(SecondEffectFilter::Unacknowledged)).await.is_empty());
-    assert_eq!(found(&c, by_effect(SecondEffectFilter::Suspected)).await, vec![t.id]);
+    assert!(
+        found(&c, by_effect(SecondEffectFilter::Unacknowledged))
+            .await
+            .is_empty()
+    );
+    assert_eq!(
+        found(&c, by_effect(SecondEffectFilter::Suspected)).await,
+        vec![t.id]
+    );
     assert_eq!(c.task(t.id).await.second_effects, vec![acked]);
     assert_history(&store, t.id).await;
 }
@@ -280,8 +351,12 @@ pub async fn second_effect_acknowledgment_races_a_report(store: Store) {
     let by = admin(&c).await;
     for order in ["ack first", "report first", "at once"] {
         let (t, a1, a2) = second_attempt(&c).await;
-        c.report_ok(&a2, effect(a2.generation, Some("d-B"), 1)).await;
-        assert_stale(c.report(&a1, effect(a1.generation, Some("d-A"), 2)).await, "stale A");
+        c.report_ok(&a2, effect(a2.generation, Some("d-B"), 1))
+            .await;
+        assert_stale(
+            c.report(&a1, effect(a1.generation, Some("d-A"), 2)).await,
+            "stale A",
+        );
         let ack = {
             let store = store.clone();
             let by = by.clone();

@@ -34,9 +34,10 @@ impl Operation for Sweep {
         let mut stats = SweepStats::default();
         let mut ended = Vec::new();
         for (task_id, attempt_id) in tx.expired_leases(now, limit).await? {
-            let (Some(mut task), Some(mut attempt)) =
-                (super::load_task(tx, task_id, true).await?, tx.attempt(attempt_id).await?)
-            else {
+            let (Some(mut task), Some(mut attempt)) = (
+                super::load_task(tx, task_id, true).await?,
+                tx.attempt(attempt_id).await?,
+            ) else {
                 continue;
             };
             if !attempt.state.is_active() || attempt.lease_expires_at > now {
