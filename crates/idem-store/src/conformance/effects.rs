@@ -302,7 +302,9 @@ pub async fn second_effect_acknowledgment_is_audited_and_idempotent(store: Store
         ack(Some("psp-A"), by.clone(), EffectResolution::RefundIssued).await,
         "ack A",
     );
-    let got = acked.acknowledgment.clone().expect("acknowledged");
+    let Some(got) = acked.acknowledgment.clone() else {
+        panic!("not acknowledged: {acked:?}");
+    };
     assert_eq!(got.resolution, EffectResolution::RefundIssued);
     assert_eq!(got.actor, by.actor);
     assert_eq!(got.reason, by.reason.as_str());
