@@ -274,3 +274,61 @@ async fn the_cli_acknowledges_a_second_effect() {
     let task = srv.task(&id).await;
     assert_eq!(task["second_effects"][0]["acknowledgment"], *ack);
 }
+
+/// The SDK reads `second_effects`, searches with `second_effect`, and
+/// acknowledges with an admin key (404 for an id the task does not have).
+#[tokio::test]
+async fn the_sdk_reads_searches_and_acknowledges_second_effects() {
+    let srv = Server::fast().await;
+    let (_, admin) = srv.create_key("acme", "admin", None);
+    let (id, _) = failed_then_succeeded(&srv, "se-sdk", "psp-7").await;
+    let task_id: uuid::Uuid = id.parse().expect("uuid");
+    let client = Client::new(&srv.url, &srv.keys.acme).expect("client");
+    let task = client.get_task(task_id).await.expect("task");
+    assert_eq!(task.second_effects.len(), 1);
+    assert_eq!(
+        task.second_effects[0].external_txn_id.as_deref(),
+        Some("psp-7")
+    );
+    assert_eq!(task.second_effects[0].evidence, "duplicate_report");
+    let filter = idem_client::TaskFilter {
+        second_effect: Some("unacknowledged".into()),
+        ..Default::default()
+    };
+    let page = client.list_tasks(&filter, None).await.expect("search");
+    assert_eq!(
+        page.tasks.iter().map(|t| t.id).collect::<Vec<_>>(),
+        vec![task_id]
+    );
+    let admin = Client::new(&srv.url, &admin).expect("admin client");
+    let err = admin
+        .acknowledge_second_effect(
+            task_id,
+            None,
+            idem_client::EffectResolution::FalseAlarm,
+            "x",
+        )
+        .await
+        .expect_err("no second effect without an id");
+    assert_eq!(err.problem().map(|p| p.status), Some(404), "{err:?}");
+    let acked = admin
+        .acknowledge_second_effect(
+            task_id,
+            Some("psp-7"),
+            idem_client::EffectResolution::ProviderDeduplicated,
+            "provider shows one charge",
+        )
+        .await
+        .expect("acknowledged");
+    let ack = acked.second_effects[0].acknowledgment.clone().expect("ack");
+    assert_eq!(ack.resolution, "provider_deduplicated");
+    assert_eq!(ack.reason, "provider shows one charge");
+    assert!(
+        client
+            .list_tasks(&filter, None)
+            .await
+            .expect("search")
+            .tasks
+            .is_empty()
+    );
+}
