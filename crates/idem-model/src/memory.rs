@@ -10,8 +10,10 @@
 //! per task and number and per task and generation, and the scans (claimable
 //! tasks, ended leases, due backoffs, keys past retention) filter and order
 //! as their statements do. The state is the store's rows and nothing else:
-//! events are not kept (no property reads the history), and of the evidence
-//! only what the properties need (a stale report kept, a repeat answered).
+//! events are not kept (no property reads the history), nor effect reports
+//! and suspected second effects (detection and audit only: no property reads
+//! them), and of the evidence only what the properties need (a stale report
+//! kept, a repeat answered).
 //!
 //! Futures complete at once (nothing here waits), so [`run`] drives an
 //! operation with `futures::executor::block_on`. A transaction is atomic at
@@ -265,6 +267,10 @@ impl Tx for MemTx<'_> {
             )));
         }
         row.task = task.clone();
+        // Not modelled (see `effects`): kept out of the state, so the
+        // state space is the protocol's alone.
+        row.task.second_effects.clear();
+        row.task.control.effect_reports.clear();
         row.task.control.version = expected_version + 1;
         Ok(())
     }
