@@ -940,9 +940,11 @@ pub fn cancel(task: &mut Task, j: &mut Journal, now: Timestamp) -> Cancellation 
                 requested_at: now,
                 confirmed_at: Some(now),
                 fee: Some(fee),
+                currency: task.contract.fees.currency.clone(),
             });
             let data = EventData::CancelTooLate(ev::CancelTooLate {
                 fee,
+                currency: Some(task.contract.fees.currency.clone()),
                 state: Some(task.state),
                 status: CancelStatus::TooLate,
             });
@@ -954,6 +956,7 @@ pub fn cancel(task: &mut Task, j: &mut Journal, now: Timestamp) -> Cancellation 
                 requested_at: now,
                 confirmed_at: None,
                 fee: None,
+                currency: task.contract.fees.currency.clone(),
             });
             let data = ev::CancelRequested {
                 active_attempt_id: None,
@@ -967,6 +970,7 @@ pub fn cancel(task: &mut Task, j: &mut Journal, now: Timestamp) -> Cancellation 
                 requested_at: now,
                 confirmed_at: None,
                 fee: None,
+                currency: task.contract.fees.currency.clone(),
             });
             let data = ev::CancelRequested {
                 active_attempt_id: Some(task.control.active_attempt_id),
@@ -979,6 +983,7 @@ pub fn cancel(task: &mut Task, j: &mut Journal, now: Timestamp) -> Cancellation 
         requested_at: now,
         confirmed_at: None,
         fee: None,
+        currency: task.contract.fees.currency.clone(),
     })
 }
 
@@ -1038,10 +1043,12 @@ fn deliver(
         delivered_at: now,
         acknowledged_at: None,
         charge,
+        currency: task.contract.fees.currency.clone(),
     });
     task.state = TaskState::Succeeded;
     let data = EventData::Delivered(ev::Delivered {
         charge,
+        currency: Some(task.contract.fees.currency.clone()),
         external_txn_id,
     });
     j.record(task, now, data);
@@ -1053,6 +1060,7 @@ fn deliver(
         c.fee = Some(charge);
         let data = EventData::CancelTooLate(ev::CancelTooLate {
             fee: charge,
+            currency: Some(task.contract.fees.currency.clone()),
             state: None,
             status: CancelStatus::TooLate,
         });
@@ -1074,6 +1082,7 @@ fn confirm_cancel(task: &mut Task, j: &mut Journal, now: Timestamp) {
         requested_at,
         confirmed_at: Some(now),
         fee: Some(fee),
+        currency: task.contract.fees.currency.clone(),
     });
     task.state = TaskState::Cancelled;
     // Retire all execution authority (CANCEL-01).
@@ -1081,6 +1090,7 @@ fn confirm_cancel(task: &mut Task, j: &mut Journal, now: Timestamp) {
     let data = EventData::CancelConfirmed(ev::CancelConfirmed {
         ended_attempt_id: None,
         fee,
+        currency: Some(task.contract.fees.currency.clone()),
         generation: task.generation,
         store: None,
         usage: task.usage,
