@@ -189,49 +189,55 @@ pub mod testing {
             .collect()
     }
 
-    /// Whether `rendered` (a sentence) carries `money` as [`Money`]'s
-    /// `Display` writes it, so that the amount reads back: with a currency,
-    /// its code followed by the amount with exactly `exponent` decimals;
-    /// without one, `N minor unit(s)`. `Err` says what is missing.
+    /// Whether `rendered` (a sentence, a line, a table row) carries `money`
+    /// as [`Money`]'s `Display` writes it, so that the amount reads back:
+    /// with a currency, its code, a space and the amount with exactly
+    /// `exponent` decimals; without one, `N minor unit(s)`. `Err` says what
+    /// is missing.
     ///
     /// # Errors
     /// A message naming the rendering and what it lacks.
     pub fn check_rendering(rendered: &str, money: &Money) -> Result<(), String> {
-        let found = match &money.currency {
+        let candidates: Vec<&str> = match &money.currency {
             Some(currency) => {
                 let prefix = format!("{} ", currency.code);
-                let start = rendered
-                    .find(&prefix)
-                    .ok_or_else(|| format!("{rendered:?} has no `{}`", currency.code))?;
-                let rest = &rendered[start..];
-                let end = rest[prefix.len()..]
-                    .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-'))
-                    .map_or(rest.len(), |i| i + prefix.len());
-                let text = &rest[..end];
-                let decimals = text.split_once('.').map_or(0, |(_, d)| d.len());
-                if decimals != currency.exponent as usize {
-                    return Err(format!(
-                        "{rendered:?}: {text:?} has {decimals} decimals, {} wants {}",
-                        currency.code, currency.exponent
-                    ));
-                }
-                text.to_owned()
+                rendered
+                    .match_indices(&prefix)
+                    .map(|(start, _)| {
+                        let rest = &rendered[start..];
+                        let end = rest[prefix.len()..]
+                            .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-'))
+                            .map_or(rest.len(), |i| i + prefix.len());
+                        rest[..end].trim_end_matches('.')
+                    })
+                    .collect()
             }
-            None => {
-                let unit = if money.amount == 1 { "unit" } else { "units" };
-                let words = format!("{} minor {unit}", money.amount);
-                if !rendered.contains(&words) {
-                    return Err(format!("{rendered:?} does not say {words:?}"));
-                }
-                words
-            }
+            None => rendered
+                .match_indices(" minor unit")
+                .map(|(end, _)| {
+                    let head = &rendered[..end];
+                    let start = head
+                        .rfind(|c: char| !(c.is_ascii_digit() || c == '-'))
+                        .map_or(0, |i| i + 1);
+                    let unit = if rendered[end..].starts_with(" minor units") {
+                        " minor units"
+                    } else {
+                        " minor unit"
+                    };
+                    &rendered[start..end + unit.len()]
+                })
+                .collect(),
         };
-        match found.parse::<Money>() {
-            Ok(back) if back == *money => Ok(()),
-            other => Err(format!(
-                "{rendered:?}: {found:?} reads back as {other:?}, not {money:?}"
-            )),
+        if candidates
+            .iter()
+            .any(|text| text.parse::<Money>().as_ref() == Ok(money))
+        {
+            return Ok(());
         }
+        Err(format!(
+            "{rendered:?} does not carry {:?} ({money:?}); amounts found: {candidates:?}",
+            money.to_string()
+        ))
     }
 }
 

@@ -269,6 +269,29 @@ mod tests {
         assert_eq!(lines, ["  one two", "    three", "    four"]);
     }
 
+    proptest::proptest! {
+        /// The demo's words for a charge, a fee and a cancellation that lost
+        /// to delivery carry the contract's currency code and exactly its
+        /// decimals (or `minor units`), and read back to the amount.
+        #[test]
+        fn the_demo_s_amounts_carry_their_currency(amount in 0i64..=i64::MAX, which in 0usize..4) {
+            let currency = money::testing::currencies().swap_remove(which);
+            let fees = currency.as_ref().map_or(json!({}), |c| {
+                json!({"currency": c.code, "exponent": c.exponent})
+            });
+            let contract: Contract =
+                serde_json::from_value(json!({"price": amount, "fees": fees})).unwrap();
+            let expected = Money::new(amount, currency);
+            for words in [
+                charge(Some(amount), &contract),
+                cancel_fee(Some(amount), &contract),
+                too_late(amount, &contract),
+            ] {
+                proptest::prop_assert_eq!(money::testing::check_rendering(&words, &expected), Ok(()));
+            }
+        }
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn the_demo_passes_in_process() {
         let report = run(DemoOptions::default()).await.unwrap();
