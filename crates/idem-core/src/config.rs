@@ -133,8 +133,7 @@ pub struct Windows {
 ///
 /// `currency` names the ISO 4217 currency the amounts are minor units of
 /// (`"EUR"`: cents); `exponent`, its minor-unit exponent, is never configured:
-/// [`Config::contract`] takes it from the ISO 4217 table when it freezes the
-/// contract. Both are absent for a class that names no currency (amounts are
+/// it is taken from the ISO 4217 table when the contract is frozen. Both are absent for a class that names no currency (amounts are
 /// then "minor units" of no named currency) and in contracts frozen before
 /// idem carried them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
