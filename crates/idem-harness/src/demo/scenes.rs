@@ -495,7 +495,7 @@ impl Demo {
         let c = done.cancellation.clone();
         let delivered_charge = done.delivery.as_ref().map(|d| d.charge);
         self.say(format!(
-            "The executor's success report arrives first: task {} with {} for the delivery. The cancellation became `{}`: {} (after delivery a cancellation costs the full price); asking again answers {} `{}`.",
+            "The executor's success report arrives first: task {} with {} for the delivery. After delivery a cancellation costs the full price, so the cancellation became `{}`: {}. Asking again answers {} `{}`.",
             done.state,
             charge(delivered_charge, &done.contract),
             c.as_ref().map_or("none".into(), |c| c.status.to_string()),
