@@ -411,7 +411,7 @@ export interface components {
              * @description The suspected second effect's transaction id, as the task's
              *     `second_effects` shows it (`null`: the one without an id). Required.
              */
-            external_txn_id?: string | null;
+            external_txn_id: string | null;
             /** @description Why, as in [`ReasonBody`]. */
             reason: string;
             /** @description How it was settled. */
