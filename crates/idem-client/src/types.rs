@@ -171,6 +171,18 @@ pub struct Contract {
     pub config_version: String,
 }
 
+impl Contract {
+    /// The fee currency frozen into the contract: its ISO 4217 code
+    /// (`fees.currency`) and minor-unit exponent (`fees.exponent`), or `None`
+    /// when the contract names none (amounts are minor units of no named
+    /// currency).
+    pub fn currency(&self) -> Option<(&str, u32)> {
+        let code = self.fees.get("currency")?.as_str()?;
+        let exponent = self.fees.get("exponent")?.as_u64()?;
+        Some((code, u32::try_from(exponent).ok()?))
+    }
+}
+
 /// A cancellation record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Cancellation {
@@ -184,6 +196,10 @@ pub struct Cancellation {
     /// Fee in minor units; `None` while pending.
     #[serde(default)]
     pub fee: Option<i64>,
+    /// ISO 4217 code of the fee's currency (the contract's `fees.currency`);
+    /// `None` when the contract names none (or from a server that does not send it).
+    #[serde(default)]
+    pub currency: Option<String>,
 }
 
 /// The recorded final outcome of a task, with its charge.
@@ -201,6 +217,10 @@ pub struct Delivery {
     pub acknowledged_at: Option<String>,
     /// Charge in minor units (the contract price, charged once).
     pub charge: i64,
+    /// ISO 4217 code of the charge's currency (the contract's
+    /// `fees.currency`); `None` when the contract names none.
+    #[serde(default)]
+    pub currency: Option<String>,
 }
 
 /// Why a task failed.
@@ -253,6 +273,45 @@ pub struct Task {
     /// ([`crate::Client::submit_traced`]).
     #[serde(default)]
     pub traceparent: Option<String>,
+    /// The suspected second effects (SPEC §2.12), oldest first.
+    #[serde(default)]
+    pub second_effects: Vec<SecondEffect>,
+}
+
+/// A suspected second effect: evidence of an external effect besides the
+/// delivered one (SPEC §4 TASK `second_effects`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SecondEffect {
+    /// The transaction id the evidence carried (`None`: none given).
+    #[serde(default)]
+    pub external_txn_id: Option<String>,
+    /// The attempt the evidence is about (`None`: an operator's resolve without one).
+    #[serde(default)]
+    pub attempt_id: Option<Uuid>,
+    /// The evidence's generation.
+    pub generation: i64,
+    /// `stale_report`, `late_report`, `duplicate_report`, `applied_report`
+    /// or `operator_resolved` (a newer server may name others).
+    pub evidence: String,
+    /// When idem raised it (RFC 3339).
+    pub suspected_at: String,
+    /// The operator's acknowledgment, once given.
+    #[serde(default)]
+    pub acknowledgment: Option<EffectAcknowledgment>,
+}
+
+/// An operator's acknowledgment of a suspected second effect.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EffectAcknowledgment {
+    /// `refund_issued`, `provider_deduplicated` or `false_alarm` (a newer
+    /// server may name others).
+    pub resolution: String,
+    /// Why.
+    pub reason: String,
+    /// Who: `{"type": "api_key", "api_key_id"}` or `{"type": "cli", "user"}`.
+    pub actor: Value,
+    /// When (RFC 3339).
+    pub acknowledged_at: String,
 }
 
 /// A report or acknowledgment received for an attempt, kept even when it changed nothing.

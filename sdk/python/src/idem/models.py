@@ -37,27 +37,38 @@ def _time(value: str) -> datetime:
 @dataclass(frozen=True)
 class Cancellation:
     """A cancellation record: ``status`` is ``requested``, ``confirmed`` or ``too_late``;
-    ``fee`` (minor units) is None while pending."""
+    ``fee`` (minor units) is None while pending; ``currency`` is the ISO 4217 code
+    of the contract's fees (``"EUR"``), None when the contract names none."""
 
     status: str
     requested_at: datetime
     confirmed_at: datetime | None = None
     fee: int | None = None
+    currency: str | None = None
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Cancellation:
-        return cls(d["status"], _time(d["requested_at"]), parse_time(d.get("confirmed_at")), d.get("fee"))
+        return cls(
+            d["status"],
+            _time(d["requested_at"]),
+            parse_time(d.get("confirmed_at")),
+            d.get("fee"),
+            d.get("currency"),
+        )
 
 
 @dataclass(frozen=True)
 class Delivery:
-    """The recorded final outcome; ``charge`` is the contract price, charged once."""
+    """The recorded final outcome; ``charge`` is the contract price in minor units,
+    charged once; ``currency`` is its ISO 4217 code (``"EUR"``), None when the
+    contract names none."""
 
     result: Any
     delivered_at: datetime
     charge: int
     external_txn_id: str | None = None
     acknowledged_at: datetime | None = None
+    currency: str | None = None
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Delivery:
@@ -67,6 +78,7 @@ class Delivery:
             d["charge"],
             d.get("external_txn_id"),
             parse_time(d.get("acknowledged_at")),
+            d.get("currency"),
         )
 
 
@@ -81,6 +93,48 @@ class Failure:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Failure:
         return cls(d["class"], d.get("message", ""))
+
+
+@dataclass(frozen=True)
+class EffectAcknowledgment:
+    """An operator's acknowledgment of a suspected second effect: ``resolution``
+    is ``refund_issued``, ``provider_deduplicated`` or ``false_alarm``;
+    ``actor`` as received (a dict)."""
+
+    resolution: str
+    reason: str
+    actor: dict[str, Any]
+    acknowledged_at: datetime
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> EffectAcknowledgment:
+        return cls(d["resolution"], d["reason"], d.get("actor") or {}, _time(d["acknowledged_at"]))
+
+
+@dataclass(frozen=True)
+class SecondEffect:
+    """A suspected second effect (SPEC §2.12): evidence of an external effect
+    besides the delivered one. ``evidence`` is ``stale_report``, ``late_report``,
+    ``duplicate_report``, ``applied_report`` or ``operator_resolved``."""
+
+    external_txn_id: str | None
+    attempt_id: str | None
+    generation: int
+    evidence: str
+    suspected_at: datetime
+    acknowledgment: EffectAcknowledgment | None = None
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> SecondEffect:
+        ack = d.get("acknowledgment")
+        return cls(
+            external_txn_id=d.get("external_txn_id"),
+            attempt_id=d.get("attempt_id"),
+            generation=d["generation"],
+            evidence=d["evidence"],
+            suspected_at=_time(d["suspected_at"]),
+            acknowledgment=EffectAcknowledgment.from_json(ack) if ack else None,
+        )
 
 
 @dataclass(frozen=True)
@@ -103,6 +157,7 @@ class Task:
     cancellation: Cancellation | None = None
     delivery: Delivery | None = None
     failure: Failure | None = None
+    second_effects: tuple[SecondEffect, ...] = ()
 
     @property
     def terminal(self) -> bool:
@@ -126,6 +181,7 @@ class Task:
             cancellation=Cancellation.from_json(d["cancellation"]) if d.get("cancellation") else None,
             delivery=Delivery.from_json(d["delivery"]) if d.get("delivery") else None,
             failure=Failure.from_json(d["failure"]) if d.get("failure") else None,
+            second_effects=tuple(SecondEffect.from_json(e) for e in d.get("second_effects") or ()),
         )
 
 
