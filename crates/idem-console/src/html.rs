@@ -118,9 +118,11 @@ pub fn count<N: std::fmt::Display + PartialEq + From<u8>>(n: N, one: &str, many:
     format!("{n} {noun}")
 }
 
-/// An amount of task `t`'s money, `minor` minor units, as people read it.
-pub fn money(_t: &Task, minor: i64) -> String {
-    format!("{minor} minor units")
+/// `minor` minor units in task `t`'s frozen currency, as
+/// [`idem_core::money::Money`] writes it: `EUR 1.00`, `JPY 100`, `KWD
+/// 1.000`, or `100 minor units` when the contract names no currency.
+pub fn money(t: &Task, minor: i64) -> String {
+    t.contract.money(minor).to_string()
 }
 
 /// A task's attempts as every page counts them, from the task alone (so the

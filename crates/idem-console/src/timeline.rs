@@ -235,9 +235,14 @@ fn int_of(v: &Value, key: &str) -> Option<i64> {
     v.get(key).and_then(Value::as_i64)
 }
 
-/// An optional number, `-` when absent.
-fn opt(v: Option<i64>) -> String {
-    v.map_or_else(|| "-".to_owned(), |v| v.to_string())
+/// `minor` minor units in `task`'s frozen currency ([`crate::html::money`]).
+fn money(task: &Task, minor: i64) -> String {
+    crate::html::money(task, minor)
+}
+
+/// An optional amount of `task`'s money, `-` when absent.
+fn opt_money(task: &Task, minor: Option<i64>) -> String {
+    minor.map_or_else(|| "-".to_owned(), |m| money(task, m))
 }
 
 /// A word as a class name part (`not_committed` → `not-committed`).

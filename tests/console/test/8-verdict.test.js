@@ -151,12 +151,93 @@ test("a double payout: each attempt's reported transaction ids, the stale report
   assert.deepEqual(await ids(double.second.id), [{ id: "po_B", keptAs: null, text: "po_B" }]);
   const api = await t.client.task(double.task.id);
   assert.match(await text(page, "#verdict-answer"), new RegExp(`^Charged once: ${moneyText(api.delivery.charge, api.contract)}, po_B, `));
-  assert.equal(
-    await text(page, "#verdict-effects"),
-    "2 execute attempts started: the provider was asked 2 times; 1 delivered",
-  );
+  assert.match(await text(page, "#verdict-effects"), /^2 execute attempts started: the provider was asked 2 times; 1 delivered\b/);
   // The newest message is the timeout's: the late success carried none.
   assert.match(await text(page, "#verdict-message"), /^PSP timed out after 30s — attempt 1 \(payout-worker-1\), reported unknown at /);
+  assert.deepEqual(problems, { dialogs: [], errors: [], console: [] });
+});
+
+test("a double payout: the suspected second effect in red with its evidence; acknowledged from the verdict", async () => {
+  const { page, problems } = await newPage(browser);
+  await signIn(page, server.url, t.adminKey);
+  const api = await t.client.task(double.task.id);
+  assert.deepEqual(
+    api.second_effects.map((e) => [e.external_txn_id, e.evidence, e.acknowledgment]),
+    [["po_A", "stale_report", null]],
+    "setup: the API suspects po_A",
+  );
+  await openTask(page, double.task.id);
+  const charge = moneyText(api.delivery.charge, api.contract);
+  assert.equal(await page.locator("#verdict").getAttribute("data-suspected"), "1");
+  assert.match(
+    await text(page, "#verdict-answer"),
+    new RegExp(`^Charged once: ${charge}, po_B, \\S+ .*\\. A second effect is suspected: po_A\\.$`),
+  );
+  assert.equal(
+    await text(page, "#verdict-effects"),
+    "2 execute attempts started: the provider was asked 2 times; 1 delivered; 1 suspected second effect",
+  );
+  const effect = page.locator('#verdict-suspected li.second-effect[data-txn-id="po_A"]');
+  assert.match(
+    (await effect.locator("p.effect").textContent()).replace(/\s+/g, " ").trim(),
+    new RegExp(
+      `^The provider may have carried out this payment\\.release twice: po_A besides the delivered po_B \\(charged once, ${charge}\\)\\. ` +
+        "Evidence: a stale report \\(from a generation that no longer held the lease\\) of attempt 1 \\(generation 1\\), suspected at ",
+    ),
+  );
+  assert.equal(await effect.getAttribute("class"), "second-effect suspected");
+  assert.equal(
+    await effect.evaluate((li) => getComputedStyle(li).color),
+    "rgb(168, 7, 26)",
+    "in red while not acknowledged",
+  );
+  assert.match(
+    await text(page, "#verdict-next"),
+    /^Check the provider for po_A: if it paid twice, refund and acknowledge refund issued; otherwise acknowledge provider deduplicated or false alarm\. Nothing to do/,
+  );
+
+  // The search finds it by the stale report's id and by the filter, with its ids and amount.
+  const search = async (query) => {
+    await page.goto(`${server.url}/console/tasks?${new URLSearchParams(query)}`);
+    return page.locator("table#results tr[data-task-id]").evaluateAll((rows) => rows.map((r) => r.dataset.taskId));
+  };
+  assert.deepEqual(await search({ external_txn_id: "po_A" }), [double.task.id]);
+  assert.deepEqual(await search({ second_effect: "suspected", idempotency_key_prefix: prefix }), [double.task.id]);
+  assert.deepEqual(await search({ second_effect: "unacknowledged", idempotency_key_prefix: prefix }), [double.task.id]);
+  assert.equal(await page.locator("select#second_effect").inputValue(), "unacknowledged");
+  const row = `tr[data-task-id="${double.task.id}"]`;
+  assert.equal(await text(page, `${row} td.txns`), "po_B delivered po_A suspected second effect");
+  assert.equal(await text(page, `${row} td.display[data-field="payee"]`), "acct-double");
+  assert.equal(await text(page, `${row} td.display[data-field="amount"]`), moneyText(100, api.contract));
+
+  // A forged acknowledgment (no CSRF token) changes nothing.
+  await openTask(page, double.task.id);
+  const forged = await page.evaluate(async (id) => {
+    const body = new URLSearchParams({ external_txn_id: "po_A", resolution: "false_alarm", reason: "forged", confirm: "yes" });
+    return (await fetch(`/console/tasks/${id}/actions/acknowledge-effect`, { method: "POST", body })).status;
+  }, double.task.id);
+  assert.equal(forged, 403);
+  assert.equal((await t.client.task(double.task.id)).second_effects[0].acknowledgment, null);
+
+  // The admin acknowledges it from the verdict.
+  const form = effect.locator('form[data-action="acknowledge-effect"]');
+  await form.locator('input[name="resolution"][value="refund_issued"]').check();
+  await form.locator('textarea[name="reason"]').fill("PSP refunded po_A, ticket R-1042");
+  await form.locator('input[name="confirm"]').check();
+  const [res] = await Promise.all([page.waitForNavigation({ waitUntil: "load" }), form.locator("button").click()]);
+  assert.equal(res.status(), 200);
+  const ack = (await t.client.task(double.task.id)).second_effects[0].acknowledgment;
+  assert.equal(ack.resolution, "refund_issued");
+  assert.equal(ack.reason, "PSP refunded po_A, ticket R-1042");
+  assert.equal(await page.locator("#verdict").getAttribute("data-suspected"), "0");
+  assert.match(
+    await text(page, '#verdict-suspected li[data-txn-id="po_A"] p.acknowledgment'),
+    new RegExp(`^Acknowledged refund_issued by api key ${t.adminKeyId} at \\S+ .*: PSP refunded po_A, ticket R-1042$`),
+  );
+  assert.equal(await page.locator('#verdict-suspected form[data-action="acknowledge-effect"]').count(), 0);
+  assert.doesNotMatch(await text(page, "#verdict-next"), /Check the provider/);
+  assert.deepEqual(await search({ second_effect: "unacknowledged", idempotency_key_prefix: prefix }), []);
+  assert.deepEqual(await search({ second_effect: "suspected", idempotency_key_prefix: prefix }), [double.task.id]);
   assert.deepEqual(problems, { dialogs: [], errors: [], console: [] });
 });
 

@@ -1,7 +1,9 @@
 //! `POST /console/tasks/{id}/actions/{action}` (admin): `retry-now`,
-//! `cancel`, `resolve`, `redrive`, through the same store operations as the
-//! API's operator actions, with the signed-in admin key as the actor and the
-//! form's reason.
+//! `cancel`, `resolve`, `redrive` and `acknowledge-effect` (a suspected
+//! second effect: `external_txn_id`, or `no_external_txn_id=yes` for the one
+//! without an id, and a `resolution`), through the same store operations as
+//! the API's operator actions, with the signed-in admin key as the actor and
+//! the form's reason.
 //!
 //! Order of refusals, each changing nothing: no session → 403; CSRF token
 //! missing or another session's → 403; a client key → 403; an unknown action
@@ -12,8 +14,8 @@
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Redirect, Response};
-use idem_core::machine::operator::{Actor, By, Reason, Resolution, ResolveOutcome};
-use idem_core::model::Role;
+use idem_core::machine::operator::{Actor, By, Reason, Refused, Resolution, ResolveOutcome};
+use idem_core::model::{EffectResolution, Role};
 use idem_http::problem::Problem;
 use idem_store::Refusal;
 
@@ -24,14 +26,52 @@ use crate::session::{self, Poster};
 use crate::{ConsoleError, ConsoleState};
 
 /// The actions, by their path segment.
-pub const ACTIONS: [&str; 4] = ["retry-now", "cancel", "resolve", "redrive"];
+pub const ACTIONS: [&str; 5] = [
+    "retry-now",
+    "cancel",
+    "resolve",
+    "redrive",
+    "acknowledge-effect",
+];
 
 /// The refusal of the store as the API words it (404 the console's way).
 fn refused(r: Refusal) -> ConsoleError {
     match r {
         Refusal::NotFound => no_task(),
+        Refusal::Operator(Refused::NoSecondEffect { .. }) => ConsoleError::NotFound(
+            "this task has no suspected second effect with that transaction id".into(),
+        ),
         other => Problem::from(other).into(),
     }
+}
+
+/// The suspected second effect an acknowledge form names and how it was
+/// settled, or 400: `external_txn_id` (or `no_external_txn_id=yes`) and a
+/// `resolution` word.
+fn acknowledgment(
+    pairs: &[(String, String)],
+) -> Result<(Option<String>, EffectResolution), ConsoleError> {
+    let txn = match (
+        field(pairs, "external_txn_id"),
+        field(pairs, "no_external_txn_id"),
+    ) {
+        (Some(id), None) if !id.is_empty() => Some(id.to_owned()),
+        (None, Some("yes")) => None,
+        _ => {
+            return Err(ConsoleError::BadRequest(
+                "name the suspected second effect: its external_txn_id, or no_external_txn_id=yes"
+                    .into(),
+            ));
+        }
+    };
+    let resolution = field(pairs, "resolution")
+        .and_then(|r| r.parse::<EffectResolution>().ok())
+        .ok_or_else(|| {
+            ConsoleError::BadRequest(
+                "choose a resolution: refund_issued, provider_deduplicated or false_alarm".into(),
+            )
+        })?;
+    Ok((txn, resolution))
 }
 
 /// The resolution a resolve form asks for, or 400: the form's fields read as
@@ -128,6 +168,13 @@ async fn run(
         "resolve" => {
             let resolution = resolution(&pairs)?;
             store.resolve(tenant, id, by, resolution).await?.map(drop)
+        }
+        "acknowledge-effect" => {
+            let (txn, resolution) = acknowledgment(&pairs)?;
+            store
+                .acknowledge_second_effect(tenant, id, by, txn, resolution)
+                .await?
+                .map(drop)
         }
         _ => store.redrive(tenant, id, by).await?.map(drop),
     }

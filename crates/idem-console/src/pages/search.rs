@@ -1,15 +1,25 @@
 //! `GET /console/tasks?…`: the search of `GET /v1/tasks` as a page. The
 //! query takes exactly the API's parameters (`state` repeated or as a comma
 //! list, `operation`, `created_after`, `created_before`,
-//! `idempotency_key_prefix`, `external_txn_id`, `limit`, `cursor`), read by
-//! the API's own parser ([`idem_http::read_task_query`]), so filters and
-//! errors are the API's; the form's empty fields are left out first. The URL
-//! is the whole state of the page: it can be shared.
+//! `idempotency_key_prefix`, `external_txn_id`, `second_effect`, `limit`,
+//! `cursor`), read by the API's own parser ([`idem_http::read_task_query`]),
+//! so filters and errors are the API's; the form's empty fields are left out
+//! first. The URL is the whole state of the page: it can be shared.
+//!
+//! Each result shows, besides its key, class and state, its attempts counted
+//! as on the task page, its class's display fields (`[operations.X.display]`,
+//! one column per name across the classes shown, in configuration order; a
+//! class's `amount` and `currency` fields shown together as one amount
+//! through [`idem_core::money`]) and its provider transaction ids: the
+//! delivered one and each suspected second effect's, marked.
 
 use axum::extract::{RawQuery, State};
-use idem_core::model::TaskState;
+use idem_core::config::{Config, DisplayFields};
+use idem_core::model::{Task, TaskState};
+use idem_core::money::{Currency, Money};
 use idem_store::ops::search::{DEFAULT_LIMIT, MAX_LIMIT};
 use maud::{Markup, html};
+use serde_json::Value;
 
 use crate::html::{
     self as page, attempt_summary, count, search_href, state_badge, task_link, time,
@@ -92,6 +102,7 @@ pub async fn search(
         search_href(kept)
     });
     let classes: Vec<&str> = who.visible_classes(&st).collect();
+    let columns = display_columns(&st.app.config, &page_of.tasks);
     let main = html! {
         main #search-page {
             h1 { "Tasks" }
@@ -125,6 +136,14 @@ pub async fn search(
                         input #external_txn_id type="text" name="external_txn_id" value=(value(&pairs, "external_txn_id"));
                     }
                     div {
+                        label for="second_effect" { "Second effects" }
+                        select #second_effect name="second_effect" {
+                            option value="" selected[value(&pairs, "second_effect").is_empty()] { "any" }
+                            option value="suspected" selected[value(&pairs, "second_effect") == "suspected"] { "suspected" }
+                            option value="unacknowledged" selected[value(&pairs, "second_effect") == "unacknowledged"] { "suspected, not acknowledged" }
+                        }
+                    }
+                    div {
                         label for="created_after" { "Created after (RFC 3339)" }
                         input #created_after type="text" name="created_after" placeholder="2026-12-01T00:00:00Z" value=(value(&pairs, "created_after"));
                     }
@@ -147,6 +166,10 @@ pub async fn search(
                         th scope="col" { "Operation" }
                         th scope="col" { "State" }
                         th scope="col" { "Attempts" }
+                        @for c in &columns {
+                            th scope="col" data-field=(c) { (c) }
+                        }
+                        th scope="col" { "Transaction ids" }
                         th scope="col" { "Created" }
                         th scope="col" { "Updated" }
                     }
@@ -158,6 +181,13 @@ pub async fn search(
                             td.operation { (t.operation) }
                             td.state data-state=(t.state.as_str()) { (state_badge(t)) }
                             td.attempts { (attempt_summary(t)) }
+                            @let shown = display_values(&st.app.config, t);
+                            @for c in &columns {
+                                td.display data-field=(c) {
+                                    @if let Some((_, v)) = shown.iter().find(|(n, _)| n == c) { (v) }
+                                }
+                            }
+                            td.txns { (txn_ids(t)) }
                             td.created { (time(t.created_at)) }
                             td.updated { (time(t.updated_at)) }
                         }
@@ -172,6 +202,106 @@ pub async fn search(
         }
     };
     Ok(page::page("Tasks", Some(&who), main))
+}
+
+/// The display names of the classes of `tasks`, in configuration order
+/// (a class's `currency` is shown within its `amount` when it has both).
+fn display_columns(config: &Config, tasks: &[Task]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for (op, class) in &config.operations {
+        if !tasks.iter().any(|t| &t.operation == op) {
+            continue;
+        }
+        let merged = has_amount_and_currency(&class.display);
+        for (name, _) in class.display.iter() {
+            if merged && name == CURRENCY {
+                continue;
+            }
+            if !out.iter().any(|c| c == name) {
+                out.push(name.to_owned());
+            }
+        }
+    }
+    out
+}
+
+/// The display field names read as one amount.
+const AMOUNT: &str = "amount";
+const CURRENCY: &str = "currency";
+
+fn has_amount_and_currency(d: &DisplayFields) -> bool {
+    d.iter().any(|(n, _)| n == AMOUNT) && d.iter().any(|(n, _)| n == CURRENCY)
+}
+
+/// Task `t`'s display fields as text, by name: a string as is, another
+/// value as JSON; `amount` with `currency` (an integer of minor units and an
+/// ISO 4217 code) as [`Money`] writes it (`EUR 12.50`).
+fn display_values(config: &Config, t: &Task) -> Vec<(String, String)> {
+    let Some(class) = config.operations.get(&t.operation) else {
+        return Vec::new();
+    };
+    let merged = has_amount_and_currency(&class.display);
+    let values: Vec<(&str, Option<&Value>)> = class.display.values(&t.params).collect();
+    let get = |name: &str| {
+        values
+            .iter()
+            .find(|(n, _)| *n == name)
+            .and_then(|(_, v)| *v)
+    };
+    let text = |v: &Value| match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let mut out = Vec::new();
+    for (name, v) in &values {
+        if merged && *name == CURRENCY {
+            continue;
+        }
+        let Some(v) = v else { continue };
+        let shown = if merged && *name == AMOUNT {
+            let currency = get(CURRENCY)
+                .and_then(Value::as_str)
+                .and_then(|c| Currency::from_code(c).ok());
+            match (v.as_i64(), currency) {
+                (Some(minor), Some(c)) => Money::new(minor, Some(c)).to_string(),
+                // Not an amount of a known currency: both as given.
+                _ => match get(CURRENCY) {
+                    Some(c) => format!("{} {}", text(v), text(c)),
+                    None => text(v),
+                },
+            }
+        } else {
+            text(v)
+        };
+        out.push(((*name).to_owned(), shown));
+    }
+    out
+}
+
+/// Task `t`'s provider transaction ids: the delivered one, then each
+/// suspected second effect's (marked, in red while not acknowledged).
+fn txn_ids(t: &Task) -> Markup {
+    let delivered = t
+        .delivery
+        .as_ref()
+        .and_then(|d| d.external_txn_id.as_deref());
+    html! {
+        @if let Some(id) = delivered {
+            span.txn-id.delivered data-txn-id=(id) { code { (id) } " delivered" }
+        }
+        @for e in &t.second_effects {
+            " "
+            span class=(if e.acknowledgment.is_none() { "txn-id suspected" } else { "txn-id" })
+                data-txn-id=[e.external_txn_id.as_deref()] {
+                @match &e.external_txn_id {
+                    Some(id) => code { (id) },
+                    None => "(no id)",
+                }
+                @if e.acknowledgment.is_none() { " " strong.stale { "suspected second effect" } }
+                @else { " second effect, acknowledged" }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

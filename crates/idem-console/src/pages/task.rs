@@ -83,7 +83,7 @@ pub async fn page(
             p.kicker { "Task " code { (t.id) } }
             h1 { (t.idempotency_key) }
             div #task-body aria-live="polite" {
-                (body(&story))
+                (body(&story, Some(&who)))
             }
             @if who.key.role == idem_core::model::Role::Admin {
                 (actions(&who, t))
@@ -110,7 +110,7 @@ pub async fn fragment(
     let story = read_story(&st, &who, id).await?;
     Ok((
         [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
-        body(&story).into_string(),
+        body(&story, Some(&who)).into_string(),
     )
         .into_response())
 }
@@ -143,11 +143,12 @@ fn attempt_count(s: &Story) -> String {
     text
 }
 
-/// The inner HTML of `#task-body`.
-pub fn body(s: &Story) -> Markup {
+/// The inner HTML of `#task-body`; `who`, when an admin, also gets the
+/// verdict's acknowledge forms.
+pub fn body(s: &Story, who: Option<&SignedIn>) -> Markup {
     let t = &s.task;
     html! {
-        (super::verdict::verdict(s))
+        (super::verdict::verdict(s, who.filter(|w| w.key.role == idem_core::model::Role::Admin)))
         p.summary {
             "State " span #task-state class={ "state state-" (t.state.as_str()) } data-state=(t.state.as_str()) { (t.state.as_str()) }
             " · operation " span.operation { (t.operation) }

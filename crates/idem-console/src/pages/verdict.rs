@@ -9,32 +9,46 @@
 //!   attempt never started) and how many were delivered (0 or 1).
 //! - `#verdict-message`: the newest `message` any executor's report carried,
 //!   applied or kept as stale evidence, with its attempt and time.
+//! - `#verdict-suspected` (only when the task has any): each suspected
+//!   second effect (SPEC §4 TASK `second_effects`), in red while not
+//!   acknowledged, with its transaction id, the evidence that showed it
+//!   (which report, attempt, generation, when) beside what was delivered,
+//!   and its acknowledgment, or for an admin the form that posts one
+//!   (`actions/acknowledge-effect`, CSRF like every console action).
 //! - `#verdict-next`: what a person does next, by state: wait (and until
 //!   when), check the provider and resolve, redrive or not (and why), or
 //!   nothing; a cancellation that lost to delivery says its fee is the
-//!   delivery's charge, not a second one.
+//!   delivery's charge, not a second one. An unacknowledged suspected second
+//!   effect comes first: check the provider, then acknowledge.
 //!
 //! Every figure here is the one the rest of the page shows: the attempt
 //! counts are [`crate::html::attempt_summary`]'s, the amounts go through
 //! [`crate::html::money`].
 
 use idem_core::model::{
-    Attempt, AttemptKind, CancelStatus, Disposition, EventData, EventKind, FailureClass, Task,
-    TaskState, Timestamp,
+    Attempt, AttemptKind, CancelStatus, Disposition, EffectEvidence, EffectResolution, EventData,
+    EventKind, FailureClass, SecondEffect, Task, TaskState, Timestamp,
 };
 use maud::{Markup, html};
 use serde_json::Value;
 
 use super::task::Story;
-use crate::html::{count, money, time};
+use crate::html::{count, csrf_input, money, time};
+use crate::session::SignedIn;
 
-/// The verdict block of `s`.
-pub fn verdict(s: &Story) -> Markup {
+/// The verdict block of `s`; `admin`, when given, gets the acknowledge form
+/// of each suspected second effect not yet acknowledged.
+pub fn verdict(s: &Story, admin: Option<&SignedIn>) -> Markup {
     let t = &s.task;
+    let open = unacknowledged(t);
     html! {
-        section #verdict aria-labelledby="verdict-title" data-state=(t.state.as_str()) {
+        section #verdict aria-labelledby="verdict-title" data-state=(t.state.as_str())
+            data-suspected=(open.len()) {
             h2 #verdict-title { "Verdict" }
             p #verdict-answer .answer { (answer(s)) }
+            @if !t.second_effects.is_empty() {
+                (suspected(s, admin))
+            }
             dl {
                 dt { "Provider asked" }
                 dd #verdict-effects data-asked=(t.control.execute_count) data-delivered=(delivered(t)) {
@@ -68,12 +82,144 @@ fn delivered(t: &Task) -> i64 {
 /// asked 2 times; 1 delivered".
 fn effects(t: &Task) -> String {
     let asked = t.control.execute_count;
-    format!(
+    let mut text = format!(
         "{} started: the provider was asked {}; {} delivered",
         count(asked, "execute attempt", "execute attempts"),
         count(asked, "time", "times"),
         delivered(t)
-    )
+    );
+    if !t.second_effects.is_empty() {
+        text.push_str(&format!(
+            "; {}",
+            count(
+                t.second_effects.len(),
+                "suspected second effect",
+                "suspected second effects"
+            )
+        ));
+    }
+    text
+}
+
+/// The suspected second effects no operator acknowledged yet.
+fn unacknowledged(t: &Task) -> Vec<&SecondEffect> {
+    t.second_effects
+        .iter()
+        .filter(|e| e.acknowledgment.is_none())
+        .collect()
+}
+
+/// A transaction id as the verdict shows it (`null`: "no transaction id").
+fn txn(id: Option<&str>) -> Markup {
+    match id {
+        Some(id) => html! { code.txn { (id) } },
+        None => html! { "an effect reported without a transaction id" },
+    }
+}
+
+/// Which evidence showed an effect, in words.
+fn evidence_words(e: EffectEvidence) -> &'static str {
+    match e {
+        EffectEvidence::StaleReport => {
+            "a stale report (from a generation that no longer held the lease)"
+        }
+        EffectEvidence::LateReport => "a late report (after its lease ended)",
+        EffectEvidence::DuplicateReport => {
+            "a duplicate report (the attempt already had another outcome)"
+        }
+        EffectEvidence::AppliedReport => "the applied report",
+        EffectEvidence::OperatorResolved => "an operator's resolve (committed)",
+    }
+}
+
+/// `#verdict-suspected`: each suspected second effect with its evidence,
+/// and its acknowledgment or (for an admin) the form that records one.
+fn suspected(s: &Story, admin: Option<&SignedIn>) -> Markup {
+    let t = &s.task;
+    let delivered = t.delivery.as_ref();
+    html! {
+        div #verdict-suspected role="group" aria-labelledby="verdict-suspected-title" {
+            h3 #verdict-suspected-title { (count(t.second_effects.len(), "Suspected second effect", "Suspected second effects")) }
+            ul {
+                @for (i, e) in t.second_effects.iter().enumerate() {
+                    @let number = e.attempt_id.and_then(|id| s.attempts.iter().find(|a| a.id == id)).map(|a| a.number);
+                    li class=(if e.acknowledgment.is_none() { "second-effect suspected" } else { "second-effect" })
+                        data-txn-id=[e.external_txn_id.as_deref()] data-evidence=(e.evidence.as_str())
+                        data-acknowledged=(if e.acknowledgment.is_some() { "true" } else { "false" }) {
+                        p.effect {
+                            strong { "The provider may have carried out this " (t.operation) " twice: " }
+                            (txn(e.external_txn_id.as_deref()))
+                            @match delivered {
+                                Some(d) => {
+                                    " besides the delivered "
+                                    (txn(d.external_txn_id.as_deref()))
+                                    " (charged once, " (money(t, d.charge)) ")"
+                                }
+                                None => { ", though nothing was delivered (task " (t.state.as_str()) ")" }
+                            }
+                            ". Evidence: " (evidence_words(e.evidence))
+                            @if let Some(n) = number { " of attempt " (n) }
+                            " (generation " (e.generation) "), suspected at " (time(e.suspected_at)) "."
+                        }
+                        @match &e.acknowledgment {
+                            Some(ack) => p.acknowledgment {
+                                "Acknowledged " strong { (ack.resolution.as_str()) } " by "
+                                (super::task::actor_words(&ack.actor)) " at " (time(ack.acknowledged_at))
+                                ": " q { (ack.reason) }
+                            },
+                            None => @if let Some(who) = admin {
+                                (acknowledge_form(t, e, i, who))
+                            },
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The admin's form acknowledging suspected second effect `e` (the `i`th of
+/// the task): `POST /console/tasks/{id}/actions/acknowledge-effect` with the
+/// CSRF token, the effect's `external_txn_id` (or `no_external_txn_id=yes`
+/// for the one without an id), a resolution, a reason and the confirmation.
+fn acknowledge_form(t: &Task, e: &SecondEffect, i: usize, who: &SignedIn) -> Markup {
+    let pre = format!("ack-{i}-");
+    html! {
+        form.action.acknowledge data-action="acknowledge-effect" method="post"
+            action={ "/console/tasks/" (t.id) "/actions/acknowledge-effect" } {
+            (csrf_input(who))
+            @match &e.external_txn_id {
+                Some(id) => input type="hidden" name="external_txn_id" value=(id);,
+                None => input type="hidden" name="no_external_txn_id" value="yes";,
+            }
+            fieldset {
+                legend { "What did the provider do?" }
+                @for r in EffectResolution::ALL {
+                    @let id = format!("{pre}{}", r.as_str());
+                    span.check {
+                        input type="radio" name="resolution" value=(r.as_str()) id=(id) required;
+                        label for=(id) { (resolution_words(*r)) }
+                    }
+                }
+            }
+            label for={ (pre) "reason" } { "Reason (recorded with your key in the task's history)" }
+            textarea name="reason" id={ (pre) "reason" } rows="2" required {}
+            span.check {
+                input type="checkbox" name="confirm" value="yes" id={ (pre) "confirm" } required;
+                label for={ (pre) "confirm" } { "I confirm that I checked this transaction with the provider" }
+            }
+            button type="submit" { "Acknowledge" }
+        }
+    }
+}
+
+/// A resolution as its radio button says it.
+fn resolution_words(r: EffectResolution) -> &'static str {
+    match r {
+        EffectResolution::RefundIssued => "refund issued (it paid twice; the second was refunded)",
+        EffectResolution::ProviderDeduplicated => "provider deduplicated (one effect only)",
+        EffectResolution::FalseAlarm => "false alarm (no second effect)",
+    }
 }
 
 /// The state in one sentence.
@@ -88,6 +234,9 @@ fn answer(s: &Story) -> Markup {
                     None => "no provider transaction id",
                 }
                 ", " (time(d.delivered_at)) "."
+                @if let Some(e) = unacknowledged(t).first() {
+                    " " strong.suspected { "A second effect is suspected: " (txn(e.external_txn_id.as_deref())) "." }
+                }
             },
             None => html! { "Succeeded." },
         },
@@ -96,12 +245,14 @@ fn answer(s: &Story) -> Markup {
             @if let Some(f) = &t.failure { " (" (f.class.as_str()) ")" }
             ": nothing delivered, nothing charged."
         },
+        // An amount never ends a sentence: "EUR 1.00." would read as three
+        // decimals (idem_core::money::testing::check_rendering).
         TaskState::Cancelled => html! {
-            "Cancelled: nothing delivered"
+            "Cancelled"
             @if let Some(fee) = t.cancellation.as_ref().and_then(|c| c.fee) {
-                "; fee " (money(t, fee))
+                " with a fee of " (money(t, fee)) ";"
             }
-            "."
+            " nothing delivered."
         },
         TaskState::Reconciling => html! {
             "Outcome unknown: the provider may or may not have carried out execute attempt "
@@ -134,8 +285,30 @@ fn live_attempt(s: &Story) -> Option<&Attempt> {
         .find(|a| a.id == id && a.state.is_active())
 }
 
-/// What a person does next.
+/// What a person does next: an unacknowledged suspected second effect
+/// first, then by state.
 fn next_step(s: &Story) -> Markup {
+    let open = unacknowledged(&s.task);
+    html! {
+        @if !open.is_empty() {
+            strong.suspected {
+                "Check the provider for "
+                @for (i, e) in open.iter().enumerate() {
+                    @if i > 0 { ", " }
+                    (txn(e.external_txn_id.as_deref()))
+                }
+                ": if it paid twice, refund and acknowledge "
+                em { "refund issued" } "; otherwise acknowledge "
+                em { "provider deduplicated" } " or " em { "false alarm" } "."
+            }
+            " "
+        }
+        (by_state(s))
+    }
+}
+
+/// What a person does next, by state.
+fn by_state(s: &Story) -> Markup {
     let t = &s.task;
     match t.state {
         TaskState::Reconciling => {
@@ -423,7 +596,125 @@ fn relative(ms: i64) -> String {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::expect_used, clippy::unwrap_used)]
+
+    use idem_core::config::Config;
+    use idem_core::contract::FrozenContract;
+    use idem_core::model::{Cancellation, Delivery, TaskControl};
+    use idem_core::money::testing::{check_rendering, currencies};
+    use idem_core::money::{Currency, Money};
+    use uuid::Uuid;
+
     use super::*;
+
+    /// A delivered payment in `currency` charged `charge`, whose
+    /// cancellation (when `too_late`) lost to the delivery; else a payment
+    /// cancelled with fee `charge`.
+    fn story(currency: Option<&Currency>, charge: i64, delivered: bool) -> Story {
+        let mut contract = Config::bundled()
+            .expect("config")
+            .contract("payment.release")
+            .expect("class");
+        contract.price = charge;
+        contract.fees.price = charge;
+        contract.fees.currency = currency.map(|c| c.code.clone());
+        contract.fees.exponent = currency.map(|c| c.exponent);
+        let at = Timestamp(1_796_560_000_000);
+        let cancellation = Cancellation {
+            status: if delivered {
+                CancelStatus::TooLate
+            } else {
+                CancelStatus::Confirmed
+            },
+            requested_at: at,
+            confirmed_at: Some(at),
+            fee: Some(charge),
+            currency: currency.map(|c| c.code.clone()),
+        };
+        let task = Task {
+            id: Uuid::nil(),
+            operation: "payment.release".into(),
+            idempotency_key: "k".into(),
+            fingerprint: "sha256:0".into(),
+            params: serde_json::json!({}),
+            state: if delivered {
+                TaskState::Succeeded
+            } else {
+                TaskState::Cancelled
+            },
+            generation: 1,
+            attempt_count: 1,
+            usage: 0,
+            contract: FrozenContract::new(contract).expect("contract"),
+            cancellation: Some(cancellation),
+            delivery: delivered.then(|| Delivery {
+                result: serde_json::json!({}),
+                external_txn_id: Some("po_B".into()),
+                delivered_at: at,
+                acknowledged_at: None,
+                charge,
+                currency: currency.map(|c| c.code.clone()),
+            }),
+            failure: None,
+            created_at: at,
+            updated_at: at,
+            traceparent: None,
+            second_effects: Vec::new(),
+            control: TaskControl {
+                execute_count: 1,
+                ..TaskControl::default()
+            },
+        };
+        Story {
+            task,
+            attempts: Vec::new(),
+            events: Vec::new(),
+            now: at,
+        }
+    }
+
+    /// `html` without its tags.
+    fn text(html: &str) -> String {
+        let mut out = String::new();
+        let mut in_tag = false;
+        for c in html.chars() {
+            match c {
+                '<' => in_tag = true,
+                '>' => in_tag = false,
+                c if !in_tag => out.push(c),
+                _ => {}
+            }
+        }
+        out
+    }
+
+    proptest::proptest! {
+        /// The console's words for a charge and a fee carry the amount as
+        /// idem_core::money writes it, reading back to the same amount, for
+        /// exponents 0, 2, 3 and no currency: the verdict's answer and next
+        /// step of a cancellation that lost to delivery (one amount, said
+        /// to be the fee), the delivery's charge on the task page, a
+        /// confirmed cancellation's fee.
+        #[test]
+        fn charges_and_fees_keep_their_currency(amount in 0i64..=9_007_199_254_740_991, which in 0usize..4) {
+            let currency = currencies().swap_remove(which);
+            let money = Money::new(amount, currency.clone());
+
+            let late = story(currency.as_ref(), amount, true);
+            let said = text(&answer(&late).into_string());
+            proptest::prop_assert_eq!(check_rendering(&said, &money), Ok(()));
+            let next = text(&next_step(&late).into_string());
+            proptest::prop_assert!(next.contains("Its fee is that same charge ("), "{}", next);
+            proptest::prop_assert_eq!(check_rendering(&next, &money), Ok(()));
+            let page = text(&super::super::task::body(&late, None).into_string());
+            let delivery = &page[page.find("Charge").unwrap()..];
+            proptest::prop_assert_eq!(check_rendering(delivery, &money), Ok(()));
+
+            let cancelled = story(currency.as_ref(), amount, false);
+            let said = text(&answer(&cancelled).into_string());
+            proptest::prop_assert_eq!(check_rendering(&said, &money), Ok(()));
+        }
+    }
 
     #[test]
     fn spans_read_in_words() {

@@ -74,7 +74,7 @@ pub(super) fn describe(task: &Task, attempts: &[&Attempt], events: &[&Event]) ->
     if let Some(c) = &task.cancellation {
         parts.push(match c.status {
             CancelStatus::Requested => "cancellation requested".to_owned(),
-            CancelStatus::Confirmed => format!("cancelled, fee {}", opt(c.fee)),
+            CancelStatus::Confirmed => format!("cancelled, fee {}", opt_money(task, c.fee)),
             CancelStatus::TooLate
                 if task
                     .delivery
@@ -84,11 +84,13 @@ pub(super) fn describe(task: &Task, attempts: &[&Attempt], events: &[&Event]) ->
                 "cancellation too late, its fee the delivery's charge (not a second charge)"
                     .to_owned()
             }
-            CancelStatus::TooLate => format!("cancellation too late, fee {}", opt(c.fee)),
+            CancelStatus::TooLate => {
+                format!("cancellation too late, fee {}", opt_money(task, c.fee))
+            }
         });
     }
     if let Some(d) = &task.delivery {
-        let mut s = format!("delivered, charge {}", d.charge);
+        let mut s = format!("delivered, charge {}", money(task, d.charge));
         if d.acknowledged_at.is_some() {
             s.push_str(", acknowledged");
         }

@@ -138,11 +138,11 @@ pub(super) fn outcome_marks(task: &Task, events: &[&Event]) -> Vec<Mark> {
                     .delivery
                     .as_ref()
                     .is_some_and(|d| Some(d.charge) == c.fee);
-            let fee = opt(c.fee);
+            let fee = c.fee.map_or_else(|| "-".to_owned(), |f| money(task, f));
             let fee_line = if same_charge {
                 "fee: the delivery's charge, not a second charge".to_owned()
             } else {
-                format!("fee {fee} (minor units)")
+                format!("fee {fee}")
             };
             let (class, word, head, kind) = match c.status {
                 CancelStatus::Confirmed => (
@@ -179,7 +179,7 @@ pub(super) fn outcome_marks(task: &Task, events: &[&Event]) -> Vec<Mark> {
         }
     }
     if let Some(d) = &task.delivery {
-        let mut lines = vec![format!("charge {} (minor units), charged once", d.charge)];
+        let mut lines = vec![format!("charge {}, charged once", money(task, d.charge))];
         if let Some(t) = &d.external_txn_id {
             lines.push(format!("external transaction id {t}"));
         }
@@ -191,7 +191,7 @@ pub(super) fn outcome_marks(task: &Task, events: &[&Event]) -> Vec<Mark> {
                 Shape::Square,
                 "delivered",
             )
-            .label(&format!("delivered · charge {}", d.charge))
+            .label(&format!("delivered · charge {}", money(task, d.charge)))
             .title("delivered", &lines),
         );
         if let Some(at) = d.acknowledged_at {
@@ -290,7 +290,7 @@ pub(super) fn key_expiry(task: &Task, events: &[&Event]) -> Option<KeyExpiry> {
 /// The outcome row's second gutter line.
 pub(super) fn outcome_summary(task: &Task) -> String {
     if let Some(d) = &task.delivery {
-        format!("delivered · charge {}", d.charge)
+        format!("delivered · charge {}", money(task, d.charge))
     } else if let Some(c) = &task.cancellation {
         format!("cancellation {}", c.status)
     } else if let Some(f) = &task.failure {
