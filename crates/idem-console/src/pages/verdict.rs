@@ -139,7 +139,7 @@ fn suspected(s: &Story, admin: Option<&SignedIn>) -> Markup {
     let delivered = t.delivery.as_ref();
     html! {
         div #verdict-suspected role="group" aria-labelledby="verdict-suspected-title" {
-            h3 #verdict-suspected-title { (count(t.second_effects.len(), "Suspected second effect", "Suspected second effects")) }
+            h3 #verdict-suspected-title { "Suspected second effects: " (t.second_effects.len()) }
             ul {
                 @for (i, e) in t.second_effects.iter().enumerate() {
                     @let number = e.attempt_id.and_then(|id| s.attempts.iter().find(|a| a.id == id)).map(|a| a.number);
