@@ -1,20 +1,22 @@
 // Accessibility: axe-core finds no serious or critical accessibility violations on the four
 // pages: sign-in, overview, search, and the task page (of a reconciled payment, so that the
-// timeline has every kind of mark); also on a task page showing the admin's action forms.
+// timeline has every kind of mark); also on a task page showing the admin's action forms, and on
+// a double payout's, whose verdict shows a suspected second effect with its acknowledge form.
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 
 import AxeBuilder from "@axe-core/playwright";
 
-import { reconciledPayment, workingDay } from "./scenarios.js";
+import { doublePayout, reconciledPayment, workingDay } from "./scenarios.js";
 import { Server, key, launchBrowser, newPage, reconcilingPayment, signIn } from "./support.js";
 
-let server, browser, t, reconciled, reconciling;
+let server, browser, t, reconciled, reconciling, double;
 
 before(async () => {
   [server, browser] = await Promise.all([Server.start(), launchBrowser()]);
   t = await server.tenant("a11y");
   reconciled = await reconciledPayment(t, key("payout"));
+  double = (await doublePayout(t, key("double"))).task;
   // Its reconcile attempt leased, so that the working day's claims cannot take it.
   reconciling = (await reconcilingPayment(t, key("open"), { reconcileClaimed: true })).task;
   await workingDay(t, "day");
@@ -89,6 +91,15 @@ describe("signed in as an admin", () => {
     const open = await seriousViolations(page, t1, "task page, raw events open");
     assert.deepEqual({ closed, open }, { closed: [], open: [] });
     assert.ok((await page.locator("#timeline svg g.lane").count()) >= 2, "the timeline was full (a lane per attempt)");
+  });
+
+  test("task page of a double payout: the verdict's suspected second effect and its form, the contract open", async (t1) => {
+    await page.goto(`${server.url}/console/tasks/${double.id}`);
+    assert.equal(await page.locator('#verdict-suspected form[data-action="acknowledge-effect"]').count(), 1);
+    const closed = await seriousViolations(page, t1, "task page, double payout");
+    await page.locator("details#contract summary").click();
+    const open = await seriousViolations(page, t1, "task page, contract open");
+    assert.deepEqual({ closed, open }, { closed: [], open: [] });
   });
 
   test("task page with the admin's action forms", async (t1) => {

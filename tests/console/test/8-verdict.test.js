@@ -212,11 +212,13 @@ test("a double payout: the suspected second effect in red with its evidence; ack
 
   // A forged acknowledgment (no CSRF token) changes nothing.
   await openTask(page, double.task.id);
-  const forged = await page.evaluate(async (id) => {
-    const body = new URLSearchParams({ external_txn_id: "po_A", resolution: "false_alarm", reason: "forged", confirm: "yes" });
-    return (await fetch(`/console/tasks/${id}/actions/acknowledge-effect`, { method: "POST", body })).status;
-  }, double.task.id);
-  assert.equal(forged, 403);
+  // (Through the context's request API: the session's cookie, no page behind it.)
+  const forged = await page.request.post(`${server.url}/console/tasks/${double.task.id}/actions/acknowledge-effect`, {
+    form: { external_txn_id: "po_A", resolution: "false_alarm", reason: "forged", confirm: "yes" },
+    headers: { origin: server.url },
+    maxRedirects: 0,
+  });
+  assert.equal(forged.status(), 403);
   assert.equal((await t.client.task(double.task.id)).second_effects[0].acknowledgment, null);
 
   // The admin acknowledges it from the verdict.
