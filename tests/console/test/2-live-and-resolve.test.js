@@ -5,7 +5,7 @@ import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 
 import { act, attemptRows, rawEvents, taskState } from "./dom.js";
-import { Server, key, launchBrowser, newPage, payment, reconcilingPayment, signIn, since, storeKind } from "./support.js";
+import { Server, key, launchBrowser, moneyText, newPage, payment, reconcilingPayment, signIn, since, storeKind } from "./support.js";
 
 /** The most a report may take to show on an open task page (docs/console.md). */
 const LIVE_LIMIT_MS = 2000;
@@ -80,7 +80,12 @@ test("an executor's report shows on the open task page within 2 s, without a rel
   const rows = await attemptRows(page);
   assert.equal(rows.length, 1);
   assert.match(rows[0].outcome, /\bsucceeded\b/);
-  assert.match(await page.locator("#delivery .charge").textContent(), /\b100\b/, "the charge (contract price 100)");
+  const delivered = await t.client.task(task.id);
+  assert.equal(
+    await page.locator("#delivery .charge").textContent(),
+    `${moneyText(delivered.contract.price, delivered.contract)} (charged once)`,
+    "the charge: the contract's price, in its currency",
+  );
   // The action forms were drawn for `running`: the page says to reload.
   assert.equal(await page.locator("#actions").getAttribute("data-state"), "running");
   assert.equal(await page.locator("#actions-stale").isVisible(), true, "the page says its action forms are stale");
@@ -113,7 +118,11 @@ test("an admin resolves a reconciling payment as committed from the page: delive
   assert.equal(new URL(page.url()).pathname, `/console/tasks/${task.id}`, "back on the task page");
   assert.equal(response?.status(), 200);
   assert.equal(await taskState(page), "succeeded");
-  assert.match(await page.locator("#delivery .charge").textContent(), /\b100\b/, "the charge: the contract's price");
+  assert.equal(
+    await page.locator("#delivery .charge").textContent(),
+    `${moneyText(task.contract.price, task.contract)} (charged once)`,
+    "the charge: the contract's price, in its currency",
+  );
   assert.ok((await page.locator("#delivery .result").textContent()).includes("po_81723"), "the result");
 
   // The API agrees: delivered once, with the charge and the resolution by this admin key.

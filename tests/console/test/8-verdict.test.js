@@ -11,7 +11,7 @@ import { after, before, test } from "node:test";
 
 import { act } from "./dom.js";
 import { doublePayout, failedPayment, timedOutPayment, tooLateCancel } from "./scenarios.js";
-import { Server, launchBrowser, newPage, signIn } from "./support.js";
+import { Server, launchBrowser, liveDone, moneyText, newPage, signIn } from "./support.js";
 
 let server, browser, t, tf, prefix, late, timedOut, failed, double;
 
@@ -33,17 +33,6 @@ after(async () => {
   await browser?.close();
   await server?.stop();
 });
-
-/** An amount as the console words it, from the contract's frozen currency (the test's oracle). */
-function moneyText(amount, contract) {
-  const fees = contract.fees ?? {};
-  if (!fees.currency) return `${amount} minor units`;
-  const exp = fees.exponent ?? 0;
-  const abs = Math.abs(amount);
-  const whole = Math.floor(abs / 10 ** exp);
-  const frac = exp > 0 ? `.${String(abs % 10 ** exp).padStart(exp, "0")}` : "";
-  return `${fees.currency} ${amount < 0 ? "-" : ""}${whole}${frac}`;
-}
 
 /** Whitespace-collapsed text of `sel` on `page`. */
 async function text(page, sel) {
@@ -185,6 +174,7 @@ test("a double payout: the suspected second effect in red with its evidence; ack
         "Evidence: a stale report \\(from a generation that no longer held the lease\\) of attempt 1 \\(generation 1\\), suspected at ",
     ),
   );
+  await liveDone(page);
   assert.equal(await effect.getAttribute("class"), "second-effect suspected");
   assert.equal(
     await effect.evaluate((li) => getComputedStyle(li).color),
@@ -222,6 +212,7 @@ test("a double payout: the suspected second effect in red with its evidence; ack
   assert.equal((await t.client.task(double.task.id)).second_effects[0].acknowledgment, null);
 
   // The admin acknowledges it from the verdict.
+  await liveDone(page);
   const form = effect.locator('form[data-action="acknowledge-effect"]');
   await form.locator('input[name="resolution"][value="refund_issued"]').check();
   await form.locator('textarea[name="reason"]').fill("PSP refunded po_A, ticket R-1042");

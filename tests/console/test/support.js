@@ -258,6 +258,20 @@ export class Api {
 }
 
 /**
+ * An amount as the console writes it, from a task's frozen contract (the tests' oracle for
+ * idem_core::money): `EUR 1.00`, `JPY 100`, `KWD 1.000`; `100 minor units` without a currency.
+ */
+export function moneyText(amount, contract) {
+  const fees = contract.fees ?? {};
+  if (!fees.currency) return `${amount} minor ${amount === 1 ? "unit" : "units"}`;
+  const exp = fees.exponent ?? 0;
+  const abs = Math.abs(amount);
+  const whole = Math.floor(abs / 10 ** exp);
+  const frac = exp > 0 ? `.${String(abs % 10 ** exp).padStart(exp, "0")}` : "";
+  return `${fees.currency} ${amount < 0 ? "-" : ""}${whole}${frac}`;
+}
+
+/**
  * Waits until a terminal task's page has its last live refresh behind it (the stream's `end`
  * and the fragment it fetched), so that nothing swaps the task's body under a test's hands.
  */
