@@ -65,7 +65,9 @@ impl<D: Dialect + ?Sized> Binder<'_, D> {
 /// some), each stopping at the page size (schema v5's `tasks_search_state`
 /// and `tasks_search_operation` indexes); a filter on a provider's
 /// transaction id or an idempotency-key prefix reads one range instead
-/// (`attempts_external_txn`, `tasks_search_key`).
+/// (`attempts_external_txn`, `evidence_external_txn` (every report's id,
+/// whatever its outcome), `effect_reports_external_txn` (an operator's
+/// `resolve` too), `tasks_search_key`).
 ///
 /// Each walk selects `id, created_at` of `tasks`; the backend joins the
 /// union to the task's columns and orders and cuts it:
@@ -116,6 +118,7 @@ impl SearchPlan {
             let x = b.bind(Bound::Text(x.clone()));
             common += &format!(
                 " AND id IN (SELECT task_id FROM attempts WHERE external_txn_id = {x} \
+                 UNION SELECT task_id FROM evidence WHERE external_txn_id = {x} \
                  UNION SELECT task_id FROM effect_reports WHERE external_txn_id = {x})"
             );
         }
