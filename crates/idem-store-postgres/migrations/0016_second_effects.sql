@@ -18,15 +18,16 @@
 --     so the common task (no effect report) costs no extra read. Binaries of
 --     schema v15 never write effect reports, so the DEFAULT 0 stays true for
 --     the tasks they create and update during a rolling upgrade.
---   * evidence.external_txn_id: the `external_txn_id` of the report body
---     (NULL when it has none or it is not a string), computed by the
---     database, so rows written before this step or by binaries of schema
---     v15 have it too. Search by `external_txn_id` finds a task through it:
---     every id any report of its attempts carried, whatever its outcome or
---     disposition (a stale `unknown` or `failed` included).
+--   * evidence_external_txn: an index on the `external_txn_id` of each
+--     evidence row's report body (the expression the search spells), so
+--     rows written before this step or by binaries of schema v15 are found
+--     too, and no table is rewritten. Search by `external_txn_id` finds a
+--     task through it: every id any report of its attempts carried,
+--     whatever its outcome or disposition (a stale `unknown` or `failed`
+--     included).
 --
--- An expand step: new tables and columns that binaries of schema v15 never
--- read (their explicit column lists leave the new columns to their defaults).
+-- An expand step: new tables, a column and an index that binaries of schema
+-- v15 never read (their explicit column lists leave the column to its default).
 
 CREATE TABLE IF NOT EXISTS effect_reports (
     id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -65,8 +66,6 @@ CREATE INDEX IF NOT EXISTS second_effects_unacknowledged
 
 ALTER TABLE tasks ADD COLUMN IF NOT EXISTS effect_report_count bigint NOT NULL DEFAULT 0;
 
-ALTER TABLE evidence ADD COLUMN IF NOT EXISTS external_txn_id text GENERATED ALWAYS AS (
-    CASE WHEN jsonb_typeof(body::jsonb -> 'external_txn_id') = 'string'
-         THEN body::jsonb ->> 'external_txn_id' END) STORED;
 CREATE INDEX IF NOT EXISTS evidence_external_txn
-    ON evidence (external_txn_id) WHERE external_txn_id IS NOT NULL;
+    ON evidence ((body::jsonb ->> 'external_txn_id'))
+    WHERE (body::jsonb ->> 'external_txn_id') IS NOT NULL;

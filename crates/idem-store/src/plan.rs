@@ -45,6 +45,11 @@ pub trait Dialect {
 
     /// An ordered, limited sub-select as one member of a `UNION ALL`.
     fn union_member(&self, select: String) -> String;
+
+    /// The `external_txn_id` of an `evidence` row's report body (its
+    /// `body` column, JSON text), spelled as the expression of the
+    /// `evidence_external_txn` index so that a search reads that index.
+    fn evidence_txn_id(&self) -> &'static str;
 }
 
 /// Parameters bound in order, each answering its placeholder.
@@ -118,8 +123,9 @@ impl SearchPlan {
             let x = b.bind(Bound::Text(x.clone()));
             common += &format!(
                 " AND id IN (SELECT task_id FROM attempts WHERE external_txn_id = {x} \
-                 UNION SELECT task_id FROM evidence WHERE external_txn_id = {x} \
-                 UNION SELECT task_id FROM effect_reports WHERE external_txn_id = {x})"
+                 UNION SELECT task_id FROM evidence WHERE {} = {x} \
+                 UNION SELECT task_id FROM effect_reports WHERE external_txn_id = {x})",
+                b.dialect.evidence_txn_id()
             );
         }
         match q.second_effect {
@@ -219,6 +225,9 @@ mod tests {
         }
         fn union_member(&self, select: String) -> String {
             format!("[{select}]")
+        }
+        fn evidence_txn_id(&self) -> &'static str {
+            "txn(body)"
         }
     }
 
