@@ -87,6 +87,7 @@ impl Journal {
             return;
         }
         reports.push(report.clone());
+        task.control.effect_report_count += 1;
         self.effect_reports.push(report);
     }
 
@@ -260,6 +261,7 @@ pub fn accept(new: NewTask, now: Timestamp) -> (Task, Journal) {
             terminal_at: None,
             key_expires_at: None,
             effect_reports: Vec::new(),
+            effect_report_count: 0,
         },
         second_effects: Vec::new(),
     };

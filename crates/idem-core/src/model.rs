@@ -552,6 +552,11 @@ pub struct TaskControl {
     /// distinct `external_txn_id` (`null` counted as one), in the order
     /// received: what [`crate::machine`] compares with the delivery.
     pub effect_reports: Vec<EffectReport>,
+    /// How many effect reports the task holds (the `tasks` row's
+    /// `effect_report_count`, read with the task): a task loads its
+    /// [`TaskControl::effect_reports`] and second effects only when it is
+    /// above 0 (second effects come only from effect reports).
+    pub effect_report_count: i64,
 }
 
 /// A task: the one durable logical operation a scope maps to (SPEC §4 TASK).

@@ -231,6 +231,7 @@ task_columns! {
     updated_at: "bigint",
     attempts_granted: "bigint",
     traceparent: "text",
+    effect_report_count: "bigint",
 }
 
 pub(crate) const VERSION_INDEX: usize = 9;
@@ -289,6 +290,7 @@ pub(crate) struct TaskArrays<'v> {
     updated: Vec<i64>,
     granted: Vec<i64>,
     traceparents: Vec<Option<&'v str>>,
+    effect_report_counts: Vec<i64>,
 }
 
 impl<'v> TaskArrays<'v> {
@@ -325,6 +327,7 @@ impl<'v> TaskArrays<'v> {
             traceparents: column(values, |v| {
                 v.task.traceparent.as_ref().map(TraceParent::as_str)
             }),
+            effect_report_counts: column(values, |v| v.task.control.effect_report_count),
         }
     }
 
@@ -359,6 +362,7 @@ impl<'v> TaskArrays<'v> {
             &self.updated,
             &self.granted,
             &self.traceparents,
+            &self.effect_report_counts,
         ]
     }
 }
@@ -568,6 +572,7 @@ impl<'t> TaskValues<'t> {
             &self.updated_at,
             &c.attempts_granted,
             &self.traceparent,
+            &c.effect_report_count,
         ]
     }
 }
@@ -591,7 +596,8 @@ pub(crate) fn task_from_row(row: &Row, c: &TaskCols) -> Result<Task> {
         created_at: ts(row, c.created_at)?,
         updated_at: ts(row, c.updated_at)?,
         traceparent: opt_word::<TraceParent>(row, c.traceparent)?,
-        // Read with the task by the operations that need them (`effects`).
+        // Read with the task by the operations that need them, when
+        // `effect_report_count` is above 0 (`effects`, `second_effects_of`).
         second_effects: Vec::new(),
         control: TaskControl {
             tenant: get(row, c.tenant)?,
@@ -608,6 +614,7 @@ pub(crate) fn task_from_row(row: &Row, c: &TaskCols) -> Result<Task> {
             terminal_at: opt_ts(row, c.terminal_at)?,
             key_expires_at: opt_ts(row, c.key_expires_at)?,
             effect_reports: Vec::new(),
+            effect_report_count: get(row, c.effect_report_count)?,
         },
     })
 }

@@ -592,6 +592,21 @@ impl Tx for PgTx<'_> {
         Ok((reports, effects))
     }
 
+    async fn second_effects_of(&mut self, task_ids: &[Uuid]) -> Result<Vec<(Uuid, SecondEffect)>> {
+        /// The second effects of the tasks `$1`, each task's oldest first.
+        const SECOND_EFFECTS_OF: &str = "\
+            SELECT task_id, id, external_txn_id, attempt_id, generation, evidence, \
+                   suspected_at AS at, resolution, reason, actor, acknowledged_at \
+              FROM second_effects WHERE task_id = ANY($1) ORDER BY task_id, id";
+        if task_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = self.query(SECOND_EFFECTS_OF, &[&task_ids]).await?;
+        rows.iter()
+            .map(|row| Ok((get::<Uuid>(row, "task_id")?, second_effect_from_row(row)?)))
+            .collect()
+    }
+
     async fn insert_effect_report(&mut self, task_id: Uuid, r: &EffectReport) -> Result<()> {
         self.exec(
             "INSERT INTO effect_reports (task_id, external_txn_id, attempt_id, generation, evidence, reported_at) \

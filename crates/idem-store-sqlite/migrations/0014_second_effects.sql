@@ -12,7 +12,22 @@
 --     acknowledgment once given (resolution, reason, actor as its event's
 --     JSON, time: all four or none).
 --
--- An expand step: new tables that binaries of schema v13 never read.
+--   * tasks.effect_report_count: how many effect_reports rows the task has,
+--     written by the task update of the transition that records one. A task
+--     reads its effect reports and second effects only when it is above 0,
+--     so the common task (no effect report) costs no extra read. Binaries of
+--     schema v13 never write effect reports, so the DEFAULT 0 stays true for
+--     the tasks they create and update during a rolling upgrade.
+--   * evidence_external_txn: an index on the `external_txn_id` of each
+--     evidence row's report body (the expression the search spells), so
+--     rows written before this step or by binaries of schema v13 are found
+--     too, and no table is rewritten. Search by `external_txn_id` finds a
+--     task through it: every id any report of its attempts carried,
+--     whatever its outcome or disposition (a stale `unknown` or `failed`
+--     included).
+--
+-- An expand step: new tables, a column and an index that binaries of schema
+-- v13 never read (their explicit column lists leave the column to its default).
 
 CREATE TABLE IF NOT EXISTS effect_reports (
     id              INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -48,3 +63,8 @@ CREATE TABLE IF NOT EXISTS second_effects (
 CREATE UNIQUE INDEX IF NOT EXISTS second_effects_task_txn ON second_effects (task_id, txn_key);
 CREATE INDEX IF NOT EXISTS second_effects_unacknowledged
     ON second_effects (task_id) WHERE acknowledged_at IS NULL;
+
+ALTER TABLE tasks ADD COLUMN effect_report_count INTEGER NOT NULL DEFAULT 0;
+
+CREATE INDEX IF NOT EXISTS evidence_external_txn
+    ON evidence (json_extract(body, '$.external_txn_id'));

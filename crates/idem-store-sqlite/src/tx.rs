@@ -95,7 +95,7 @@ fn applied_report(s: Option<String>) -> rusqlite::Result<Option<AppliedReport>> 
 /// [`task_row`] reads and [`task_values`] fills) is generated from it.
 macro_rules! with_task_columns {
     ($then:ident!($($args:tt)*)) => {
-        $then! { $($args)*; id, tenant, operation, idempotency_key, fingerprint, canonical_request, params, state, generation, version, event_seq, attempt_count, execute_count, usage, contract_id, cancellation, delivery, failure, api_key_id, next_kind, active_attempt_id, ready_at, deadline_at, terminal_at, key_expires_at, created_at, updated_at, attempts_granted, traceparent }
+        $then! { $($args)*; id, tenant, operation, idempotency_key, fingerprint, canonical_request, params, state, generation, version, event_seq, attempt_count, execute_count, usage, contract_id, cancellation, delivery, failure, api_key_id, next_kind, active_attempt_id, ready_at, deadline_at, terminal_at, key_expires_at, created_at, updated_at, attempts_granted, traceparent, effect_report_count }
     };
 }
 
@@ -152,6 +152,7 @@ const TASK_UPDATED: &[Col] = &[
     Col::attempt_count,
     Col::execute_count,
     Col::attempts_granted,
+    Col::effect_report_count,
     Col::usage,
     Col::cancellation,
     Col::delivery,
@@ -276,7 +277,8 @@ fn task_row(r: &Row<'_>) -> rusqlite::Result<Task> {
             .as_deref()
             .map(word::<TraceParent>)
             .transpose()?,
-        // Read with the task by the operations that need them (`effects`).
+        // Read with the task by the operations that need them, when
+        // `effect_report_count` is above 0 (`effects`, `second_effects_of`).
         second_effects: Vec::new(),
         control: TaskControl {
             tenant: r.get(C::tenant.at())?,
@@ -303,6 +305,7 @@ fn task_row(r: &Row<'_>) -> rusqlite::Result<Task> {
                 .get::<_, Option<i64>>(C::key_expires_at.at())?
                 .map(Timestamp),
             effect_reports: Vec::new(),
+            effect_report_count: r.get(C::effect_report_count.at())?,
         },
     })
 }

@@ -165,6 +165,7 @@ macro_rules! store_conformance {
             operator_resolve_delivers_its_id_and_raises_earlier_reports,
             second_effect_acknowledgment_is_audited_and_idempotent,
             second_effect_acknowledgment_races_a_report,
+            every_reported_id_finds_the_task_and_a_replay_shows_its_second_effects,
         );
     };
     (@cases $make:expr; $($case:ident),+ $(,)?) => {

@@ -45,6 +45,11 @@ pub trait Dialect {
 
     /// An ordered, limited sub-select as one member of a `UNION ALL`.
     fn union_member(&self, select: String) -> String;
+
+    /// The `external_txn_id` of an `evidence` row's report body (its
+    /// `body` column, JSON text), spelled as the expression of the
+    /// `evidence_external_txn` index so that a search reads that index.
+    fn evidence_txn_id(&self) -> &'static str;
 }
 
 /// Parameters bound in order, each answering its placeholder.
@@ -65,7 +70,9 @@ impl<D: Dialect + ?Sized> Binder<'_, D> {
 /// some), each stopping at the page size (schema v5's `tasks_search_state`
 /// and `tasks_search_operation` indexes); a filter on a provider's
 /// transaction id or an idempotency-key prefix reads one range instead
-/// (`attempts_external_txn`, `tasks_search_key`).
+/// (`attempts_external_txn`, `evidence_external_txn` (every report's id,
+/// whatever its outcome), `effect_reports_external_txn` (an operator's
+/// `resolve` too), `tasks_search_key`).
 ///
 /// Each walk selects `id, created_at` of `tasks`; the backend joins the
 /// union to the task's columns and orders and cuts it:
@@ -116,7 +123,9 @@ impl SearchPlan {
             let x = b.bind(Bound::Text(x.clone()));
             common += &format!(
                 " AND id IN (SELECT task_id FROM attempts WHERE external_txn_id = {x} \
-                 UNION SELECT task_id FROM effect_reports WHERE external_txn_id = {x})"
+                 UNION SELECT task_id FROM evidence WHERE {} = {x} \
+                 UNION SELECT task_id FROM effect_reports WHERE external_txn_id = {x})",
+                b.dialect.evidence_txn_id()
             );
         }
         match q.second_effect {
@@ -216,6 +225,9 @@ mod tests {
         }
         fn union_member(&self, select: String) -> String {
             format!("[{select}]")
+        }
+        fn evidence_txn_id(&self) -> &'static str {
+            "txn(body)"
         }
     }
 

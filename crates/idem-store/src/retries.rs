@@ -130,7 +130,8 @@ pub async fn route(
 /// Any [`crate::StoreError`] of the reads; [`crate::StoreError::Corrupt`]
 /// when a scope row names a missing task.
 pub async fn answer<T: Tx>(tx: &mut T, subs: &[Submission]) -> Result<Vec<Option<SubmitOutcome>>> {
-    let existing = tx.live_scopes_with_tasks(subs).await?;
+    let mut existing = tx.live_scopes_with_tasks(subs).await?;
+    crate::ops::scopes_with_second_effects(tx, &mut existing).await?;
     SubmitPlan::new(subs).read_only().answer(existing)
 }
 

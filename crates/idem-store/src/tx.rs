@@ -281,6 +281,23 @@ pub trait Tx: Send + TaskSearch + ConsoleTx {
         &mut self,
         task_id: Uuid,
     ) -> impl Future<Output = Result<(Vec<EffectReport>, Vec<SecondEffect>)>> + Send;
+    /// The suspected second effects of each task of `task_ids` (oldest
+    /// first within a task), as `(task id, effect)` pairs: for answering
+    /// many tasks at once (a search page, replayed submissions). Backends may
+    /// override the default (one [`Tx::effects`] per task) with one statement.
+    fn second_effects_of(
+        &mut self,
+        task_ids: &[Uuid],
+    ) -> impl Future<Output = Result<Vec<(Uuid, SecondEffect)>>> + Send {
+        async move {
+            let mut out = Vec::new();
+            for &id in task_ids {
+                let (_, effects) = self.effects(id).await?;
+                out.extend(effects.into_iter().map(|e| (id, e)));
+            }
+            Ok(out)
+        }
+    }
     /// Records an effect report (unique per task and `external_txn_id`,
     /// `null` counted as one id: a second insert fails).
     fn insert_effect_report(

@@ -3,7 +3,7 @@
 
 use idem_core::contract::FrozenContract;
 use idem_store::contracts::StoredContracts;
-use idem_store::ops::{Submission, SubmitOutcome, SubmitPlan};
+use idem_store::ops::{Submission, SubmitOutcome, SubmitPlan, scopes_with_second_effects};
 use idem_store::{Clock, Result, StoreError};
 
 use super::{Conn, PgTx, changes_of};
@@ -149,8 +149,13 @@ impl PgTx<'_> {
             );
             let existing = existing.map_err(map_pg_error)?;
             committed.map_err(map_pg_error)?;
-            let existing = existing_scopes(accepted.taken(), &existing)?;
+            let mut existing = existing_scopes(accepted.taken(), &existing)?;
             drop(lookup);
+            // A replayed task with effect reports (rare) reads its second
+            // effects in one more statement, after COMMIT (autocommit): they
+            // are only ever added and acknowledged, so it shows at least
+            // those the lookup's snapshot held.
+            scopes_with_second_effects(self, &mut existing).await?;
             return accepted.answer_all(existing).map(Some);
         }
         // Round trip 2 of a batch with both: tasks and events, then the read-back,
@@ -164,8 +169,11 @@ impl PgTx<'_> {
             client.query(&lookup_stmt, &lookup_params),
         );
         tasks_written?;
-        let existing = existing_scopes(accepted.taken(), &existing.map_err(map_pg_error)?)?;
+        let mut existing = existing_scopes(accepted.taken(), &existing.map_err(map_pg_error)?)?;
         drop(lookup);
+        // A replayed task with effect reports (rare): its second effects,
+        // one more statement before COMMIT.
+        scopes_with_second_effects(self, &mut existing).await?;
         let changes = changes_of(created, journals);
         let outcomes = accepted.answer_all(existing)?;
         client.batch_execute("COMMIT").await.map_err(map_pg_error)?;

@@ -40,6 +40,10 @@ impl Dialect for Postgres {
     fn union_member(&self, select: String) -> String {
         format!("({select})")
     }
+
+    fn evidence_txn_id(&self) -> &'static str {
+        "(body::jsonb ->> 'external_txn_id')"
+    }
 }
 
 /// A planned value as a driver parameter.

@@ -61,6 +61,7 @@ pub(super) fn task_values(t: &Task) -> Result<Vec<rusqlite::types::Value>, Store
         (Col::attempt_count, V::Integer(t.attempt_count)),
         (Col::execute_count, V::Integer(c.execute_count)),
         (Col::attempts_granted, V::Integer(c.attempts_granted)),
+        (Col::effect_report_count, V::Integer(c.effect_report_count)),
         (Col::usage, V::Integer(t.usage)),
         (
             Col::contract_id,

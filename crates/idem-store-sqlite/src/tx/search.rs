@@ -36,6 +36,10 @@ impl Dialect for Sqlite {
         // A compound SELECT takes ORDER BY and LIMIT only at its end.
         format!("SELECT * FROM ({select})")
     }
+
+    fn evidence_txn_id(&self) -> &'static str {
+        "json_extract(body, '$.external_txn_id')"
+    }
 }
 
 /// A planned value as a driver parameter. Lists are never planned here:

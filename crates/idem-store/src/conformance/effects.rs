@@ -408,3 +408,89 @@ pub async fn second_effect_acknowledgment_races_a_report(store: Store) {
         assert_history(&store, t.id).await;
     }
 }
+
+/// Search by `external_txn_id` finds a task by every id any report of its
+/// attempts carried, a stale `unknown` or `failed` one included (the
+/// evidence holds them); a replayed submission answers the task with its
+/// second effects, as a read and a search page do; the task counts its
+/// effect reports (none until one arrives).
+pub async fn every_reported_id_finds_the_task_and_a_replay_shows_its_second_effects(store: Store) {
+    let c = Ctx::new(&store, "acme").await;
+    let key = format!("key-{}", Uuid::new_v4());
+    let sub = || c.submission(SAFE, &key, params(SAFE, 7), &contract(SAFE));
+    let t = match c.submit(sub()).await {
+        SubmitOutcome::Created(t) => t,
+        other => panic!("a fresh key must create a task, got {other:?}"),
+    };
+    let a1 = c.claim_one(SAFE, SHORT_LEASE, t.id).await;
+    c.run_out_lease(t.id, "retry_wait", |t| t.state == TaskState::RetryWait)
+        .await;
+    let a2 = c.claim_due(SAFE, LONG_LEASE, t.id).await;
+    let unknown = rep(a1.generation, Outcome::Unknown).txn("psp-U").build();
+    assert_stale(c.report(&a1, unknown).await, "stale unknown");
+    let failed = rep(a1.generation, Outcome::Failed)
+        .class(FailureClass::Transient)
+        .txn("psp-F")
+        .build();
+    assert_stale(c.report(&a1, failed).await, "stale failed");
+    let read = c.task(t.id).await;
+    assert_eq!(
+        (read.control.effect_report_count, read.second_effects.len()),
+        (0, 0),
+        "neither report is evidence of an effect"
+    );
+    for txn in ["psp-U", "psp-F"] {
+        assert_eq!(found(&c, by_txn(txn)).await, vec![t.id], "search by {txn}");
+    }
+    c.report_ok(&a2, effect(a2.generation, Some("psp-B"), 1))
+        .await;
+    assert_stale(
+        c.report(&a1, effect(a1.generation, Some("psp-A"), 2)).await,
+        "stale A",
+    );
+    let read = c.task(t.id).await;
+    assert_eq!(ids(&read), vec![Some("psp-A")]);
+    assert_eq!(
+        (
+            read.control.effect_report_count,
+            read.control.effect_reports.len()
+        ),
+        (2, 2)
+    );
+    match c.submit(sub()).await {
+        SubmitOutcome::Replayed(r) => {
+            assert_eq!(r.id, t.id);
+            assert_eq!(r.second_effects, read.second_effects, "replay");
+        }
+        other => panic!("the same request must replay, got {other:?}"),
+    }
+    let replays = must(c.store.submit_batch(vec![sub(), sub()]).await, "batch");
+    for r in replays {
+        match r {
+            SubmitOutcome::Replayed(r) => {
+                assert_eq!(r.second_effects, read.second_effects, "batch replay");
+            }
+            other => panic!("the same request must replay, got {other:?}"),
+        }
+    }
+    // A search page: the task with its second effects beside one without.
+    let plain = c.create(SAFE, &contract(SAFE)).await;
+    let page = must(
+        c.store.search_tasks(&c.tenant, TaskQuery::default()).await,
+        "search",
+    );
+    let shown = |id: Uuid| {
+        page.tasks
+            .iter()
+            .find(|p| p.id == id)
+            .map(|p| p.second_effects.clone())
+    };
+    assert_eq!(shown(t.id), Some(read.second_effects.clone()));
+    assert_eq!(shown(plain.id), Some(Vec::new()));
+    for txn in ["psp-U", "psp-F", "psp-A", "psp-B"] {
+        assert_eq!(found(&c, by_txn(txn)).await, vec![t.id], "search by {txn}");
+    }
+    let other = Ctx::new(&store, "globex").await;
+    assert!(found(&other, by_txn("psp-U")).await.is_empty());
+    assert_history(&store, t.id).await;
+}

@@ -332,14 +332,57 @@ pub(crate) async fn owned_task<T: Tx>(
 
 /// The task `id` with its effect reports and suspected second effects (what
 /// a transition of [`idem_core::machine`] compares); `lock` takes its row lock.
+/// A task without effect reports (`effect_report_count` 0, read with the
+/// task) has neither, and costs no second read.
 pub(crate) async fn load_task<T: Tx>(tx: &mut T, id: Uuid, lock: bool) -> Result<Option<Task>> {
     let Some(mut task) = tx.task(id, lock).await? else {
         return Ok(None);
     };
-    let (reports, effects) = tx.effects(id).await?;
-    task.control.effect_reports = reports;
-    task.second_effects = effects;
+    if task.control.effect_report_count > 0 {
+        let (reports, effects) = tx.effects(id).await?;
+        task.control.effect_reports = reports;
+        task.second_effects = effects;
+    }
     Ok(Some(task))
+}
+
+/// Fills the suspected second effects of `tasks` (read without them) in one
+/// [`Tx::second_effects_of`] of those with effect reports; tasks without
+/// any (`effect_report_count` 0, the common case) cost no read.
+pub async fn with_second_effects<'t, T: Tx>(
+    tx: &mut T,
+    tasks: impl IntoIterator<Item = &'t mut Task>,
+) -> Result<()> {
+    let mut tasks: Vec<&mut Task> = tasks
+        .into_iter()
+        .filter(|t| t.control.effect_report_count > 0)
+        .collect();
+    if tasks.is_empty() {
+        return Ok(());
+    }
+    // A batch may name one task twice (two submissions of one scope).
+    let mut ids: Vec<Uuid> = tasks.iter().map(|t| t.id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    for (id, effect) in tx.second_effects_of(&ids).await? {
+        for t in tasks.iter_mut().filter(|t| t.id == id) {
+            t.second_effects.push(effect.clone());
+        }
+    }
+    Ok(())
+}
+
+/// [`with_second_effects`] of the tasks of scopes read without them
+/// ([`Tx::scopes_with_tasks`], [`Tx::live_scopes_with_tasks`]): a replay
+/// answers the task as it is, its second effects included.
+pub async fn scopes_with_second_effects<T: Tx>(
+    tx: &mut T,
+    existing: &mut [crate::ExistingScope],
+) -> Result<()> {
+    let tasks = existing
+        .iter_mut()
+        .filter_map(|e| e.as_mut().and_then(|(_, t)| t.as_mut()));
+    with_second_effects(tx, tasks).await
 }
 
 /// Writes the task (compare-and-set against what was loaded) and the journal.

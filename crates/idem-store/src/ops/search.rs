@@ -66,9 +66,7 @@ impl Operation for SearchTasks {
             None
         };
         // Each task as its answer shows it, suspected second effects included.
-        for t in &mut tasks {
-            t.second_effects = tx.effects(t.id).await?.1;
-        }
+        super::with_second_effects(tx, &mut tasks).await?;
         Ok(TaskPage { tasks, next_cursor })
     }
 }

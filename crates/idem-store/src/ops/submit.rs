@@ -147,7 +147,9 @@ impl<'s> SubmitPlan<'s> {
         let existing = if accepted.taken().is_empty() {
             Vec::new()
         } else {
-            tx.scopes_with_tasks(accepted.taken()).await?
+            let mut existing = tx.scopes_with_tasks(accepted.taken()).await?;
+            super::scopes_with_second_effects(tx, &mut existing).await?;
+            existing
         };
         accepted.answer_all(existing)
     }
