@@ -86,6 +86,10 @@ const CLIENT_PATIENCE: Duration = Duration::from_secs(30);
 /// How long an executor keeps retrying one report through outages.
 const REPORT_PATIENCE: Duration = Duration::from_secs(30);
 
+/// How long an executor keeps retrying a report that names an effect (an
+/// `external_txn_id`) through outages: until answered, in practice.
+const EFFECT_REPORT_PATIENCE: Duration = Duration::from_secs(120);
+
 /// How long the run waits at most for every task to become terminal after
 /// the faults stopped.
 const QUIESCE_LIMIT: Duration = Duration::from_secs(900);
