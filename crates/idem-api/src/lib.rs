@@ -39,7 +39,9 @@ mod operator;
 mod problem;
 
 pub use feed::{FeedEvent, FeedPage};
-pub use operator::{ReasonBody, ResolveBody, ResolveOutcome};
+pub use operator::{
+    AcknowledgeEffectBody, EffectResolution, ReasonBody, ResolveBody, ResolveOutcome,
+};
 pub use problem::{InvalidValue, Problem, ProblemCode};
 
 /// `POST /v1/tasks` body.

@@ -1,5 +1,6 @@
 //! Request bodies of the operator actions (SPEC §4 "Operator actions"):
-//! `retry-now`, `cancel` by an admin, `resolve`, `redrive`.
+//! `retry-now`, `cancel` by an admin, `resolve`, `redrive`, and the
+//! acknowledgment of a suspected second effect.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -44,6 +45,35 @@ pub struct ResolveBody {
     #[cfg_attr(feature = "openapi", schema(min_length = 1, max_length = 200))]
     pub external_txn_id: Option<String>,
     /// Why the operator acts, as in [`ReasonBody`].
+    #[cfg_attr(feature = "openapi", schema(min_length = 1, max_length = 500))]
+    pub reason: String,
+}
+
+/// How an operator settled a suspected second effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum EffectResolution {
+    /// The second effect happened and was refunded.
+    RefundIssued,
+    /// The provider deduplicated it: one effect only.
+    ProviderDeduplicated,
+    /// No second effect happened.
+    FalseAlarm,
+}
+
+/// `POST /v1/tasks/{id}/second-effects/acknowledge` body:
+/// `{"external_txn_id": "…" | null, "resolution", "reason"}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AcknowledgeEffectBody {
+    /// The suspected second effect's transaction id, as the task's
+    /// `second_effects` shows it (`null`: the one without an id). Required.
+    #[cfg_attr(feature = "openapi", schema(min_length = 1, max_length = 200))]
+    pub external_txn_id: Option<String>,
+    /// How it was settled.
+    pub resolution: EffectResolution,
+    /// Why, as in [`ReasonBody`].
     #[cfg_attr(feature = "openapi", schema(min_length = 1, max_length = 500))]
     pub reason: String,
 }

@@ -55,12 +55,12 @@ use error::api_error;
 pub use error::{ClientError, Result};
 pub use events::{EventStream, FeedEvent, FeedPage};
 use idem_api::{AckBody, ClaimBody, ClaimResponse, HeartbeatBody, ReleaseBody, SubmitBody};
-pub use idem_api::{Problem, ProblemCode};
+pub use idem_api::{EffectResolution, Problem, ProblemCode};
 pub use search::{TaskFilter, TaskPage, TaskPages};
 pub use types::{
     Attempt, AttemptKind, AttemptState, CancelStatus, Cancellation, ClaimedAttempt, Contract,
-    Delivery, Event, Evidence, Failure, FailureClass, HeartbeatAck, Outcome, ReportBody, Task,
-    TaskState,
+    Delivery, EffectAcknowledgment, Event, Evidence, Failure, FailureClass, HeartbeatAck, Outcome,
+    ReportBody, SecondEffect, Task, TaskState,
 };
 
 /// Longest idempotency key idem accepts, in bytes (SPEC §4).

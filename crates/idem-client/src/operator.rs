@@ -5,7 +5,7 @@
 //! task 404 `NOT_FOUND`; a task in a state the action does not apply to 409
 //! `INVALID_STATE`, and nothing changes.
 
-use idem_api::{ReasonBody, ResolveBody, ResolveOutcome};
+use idem_api::{AcknowledgeEffectBody, EffectResolution, ReasonBody, ResolveBody, ResolveOutcome};
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -104,6 +104,35 @@ impl Client {
     pub async fn redrive(&self, task_id: Uuid, why: &str) -> Result<Task> {
         let a: Answer<TaskEnvelope> = self
             .post_json(&format!("v1/tasks/{task_id}/redrive"), &reason(why))
+            .await?;
+        Ok(a.body.task)
+    }
+
+    /// `POST /v1/tasks/{id}/second-effects/acknowledge`: records how the
+    /// suspected second effect with `external_txn_id` (`None`: the one
+    /// reported without an id) was settled, and why. The task does not
+    /// change otherwise; an acknowledged effect answers its acknowledgment.
+    ///
+    /// # Errors
+    /// 404 `NOT_FOUND` when the task has no such suspected second effect;
+    /// see the module docs.
+    pub async fn acknowledge_second_effect(
+        &self,
+        task_id: Uuid,
+        external_txn_id: Option<&str>,
+        resolution: EffectResolution,
+        why: &str,
+    ) -> Result<Task> {
+        let body = AcknowledgeEffectBody {
+            external_txn_id: external_txn_id.map(str::to_owned),
+            resolution,
+            reason: why.to_owned(),
+        };
+        let a: Answer<TaskEnvelope> = self
+            .post_json(
+                &format!("v1/tasks/{task_id}/second-effects/acknowledge"),
+                &body,
+            )
             .await?;
         Ok(a.body.task)
     }

@@ -19,8 +19,12 @@ pub struct TaskFilter {
     pub created_before: Option<String>,
     /// Only idempotency keys starting with this text (no wildcards).
     pub idempotency_key_prefix: Option<String>,
-    /// Only the task whose attempt reported this provider transaction id.
+    /// Only tasks any of whose attempts reported this provider transaction
+    /// id (applied, stale, late or duplicate evidence, or an operator's resolve).
     pub external_txn_id: Option<String>,
+    /// Only tasks with a suspected second effect: `suspected` (any) or
+    /// `unacknowledged` (none acknowledged yet).
+    pub second_effect: Option<String>,
     /// Page size, 1–200 (`None`: the server's 50).
     pub limit: Option<u32>,
 }
@@ -91,6 +95,7 @@ impl Client {
                 ("created_before", &filter.created_before),
                 ("idempotency_key_prefix", &filter.idempotency_key_prefix),
                 ("external_txn_id", &filter.external_txn_id),
+                ("second_effect", &filter.second_effect),
             ] {
                 if let Some(v) = value {
                     q.append_pair(name, v);

@@ -253,6 +253,45 @@ pub struct Task {
     /// ([`crate::Client::submit_traced`]).
     #[serde(default)]
     pub traceparent: Option<String>,
+    /// The suspected second effects (SPEC §2.12), oldest first.
+    #[serde(default)]
+    pub second_effects: Vec<SecondEffect>,
+}
+
+/// A suspected second effect: evidence of an external effect besides the
+/// delivered one (SPEC §4 TASK `second_effects`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SecondEffect {
+    /// The transaction id the evidence carried (`None`: none given).
+    #[serde(default)]
+    pub external_txn_id: Option<String>,
+    /// The attempt the evidence is about (`None`: an operator's resolve without one).
+    #[serde(default)]
+    pub attempt_id: Option<Uuid>,
+    /// The evidence's generation.
+    pub generation: i64,
+    /// `stale_report`, `late_report`, `duplicate_report`, `applied_report`
+    /// or `operator_resolved` (a newer server may name others).
+    pub evidence: String,
+    /// When idem raised it (RFC 3339).
+    pub suspected_at: String,
+    /// The operator's acknowledgment, once given.
+    #[serde(default)]
+    pub acknowledgment: Option<EffectAcknowledgment>,
+}
+
+/// An operator's acknowledgment of a suspected second effect.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EffectAcknowledgment {
+    /// `refund_issued`, `provider_deduplicated` or `false_alarm` (a newer
+    /// server may name others).
+    pub resolution: String,
+    /// Why.
+    pub reason: String,
+    /// Who: `{"type": "api_key", "api_key_id"}` or `{"type": "cli", "user"}`.
+    pub actor: Value,
+    /// When (RFC 3339).
+    pub acknowledged_at: String,
 }
 
 /// A report or acknowledgment received for an attempt, kept even when it changed nothing.

@@ -15,11 +15,12 @@ use uuid::Uuid;
 
 use crate::config::MIN_LEASE_MS;
 use crate::contract::FrozenContract;
+use crate::model::EventKind;
 use crate::model::event as ev;
 use crate::model::{
     AppliedReport, Attempt, AttemptKind, AttemptState, CancelStatus, Cancellation, Delivery,
-    Disposition, Event, EventData, Evidence, EvidenceOutcome, Failure, FailureClass, Outcome, Task,
-    TaskControl, TaskState, Timestamp,
+    Disposition, EffectEvidence, EffectReport, Event, EventData, Evidence, EvidenceOutcome,
+    Failure, FailureClass, Outcome, SecondEffect, Task, TaskControl, TaskState, Timestamp,
 };
 
 /// Whether old generations are refused (SPEC §2.4). Only the `broken-fencing`
@@ -41,20 +42,103 @@ pub struct Journal {
     pub events: Vec<Event>,
     /// New evidence rows, by attempt id.
     pub evidence: Vec<(Uuid, Evidence)>,
+    /// New effect reports (a transaction id the task had not reported before).
+    pub effect_reports: Vec<EffectReport>,
+    /// Newly suspected second effects.
+    pub second_effects: Vec<SecondEffect>,
+    /// Second effects newly acknowledged (their acknowledgment set).
+    pub acknowledged: Vec<SecondEffect>,
 }
 
 impl Journal {
     /// Appends an event to `task`'s history: assigns the next sequence number and
     /// touches `updated_at`.
+    ///
+    /// Every event is a transition's: after it, the task's effect reports are
+    /// checked against its delivery or its end ([`Journal::raise_second_effects`]).
     pub fn record(&mut self, task: &mut Task, now: Timestamp, data: EventData) {
         task.control.event_seq += 1;
         task.updated_at = now;
+        let kind = data.kind();
         self.events.push(Event {
             seq: task.control.event_seq,
-            kind: data.kind(),
+            kind,
             at: now,
             data,
         });
+        if !matches!(
+            kind,
+            EventKind::SecondEffectSuspected | EventKind::SecondEffectAcknowledged
+        ) {
+            self.raise_second_effects(task, now);
+        }
+    }
+
+    /// Keeps an effect report (SPEC §2 "Second effects"): evidence that the
+    /// external effect happened under `external_txn_id`. Only the first
+    /// report of each distinct id (`null` counted as one) is kept; the
+    /// transition's next event checks it against the delivery.
+    fn effect_report(&mut self, task: &mut Task, report: EffectReport) {
+        let reports = &mut task.control.effect_reports;
+        if reports
+            .iter()
+            .any(|r| r.external_txn_id == report.external_txn_id)
+        {
+            return;
+        }
+        reports.push(report.clone());
+        self.effect_reports.push(report);
+    }
+
+    /// Raises `second_effect_suspected` once per distinct transaction id
+    /// (SPEC §2 "Second effects") for each effect report that shows an
+    /// effect besides the delivered one: on a delivered task, a report whose
+    /// id is not `null` and differs from the delivery's (a delivery without
+    /// an id is compared with nothing); on a task that ended without delivery
+    /// (`cancelled`, `failed`), every report, `null` id included.
+    fn raise_second_effects(&mut self, task: &mut Task, now: Timestamp) {
+        let delivered = task.delivery.as_ref().map(|d| d.external_txn_id.clone());
+        let undelivered_end =
+            delivered.is_none() && matches!(task.state, TaskState::Cancelled | TaskState::Failed);
+        let raise: Vec<EffectReport> = task
+            .control
+            .effect_reports
+            .iter()
+            .filter(|r| {
+                let shows = match &delivered {
+                    Some(Some(d)) => r.external_txn_id.as_ref().is_some_and(|id| id != d),
+                    Some(None) => false,
+                    None => undelivered_end,
+                };
+                shows
+                    && !task
+                        .second_effects
+                        .iter()
+                        .any(|s| s.external_txn_id == r.external_txn_id)
+            })
+            .cloned()
+            .collect();
+        for r in raise {
+            let effect = SecondEffect {
+                external_txn_id: r.external_txn_id.clone(),
+                attempt_id: r.attempt_id,
+                generation: r.generation,
+                evidence: r.evidence,
+                suspected_at: now,
+                acknowledgment: None,
+            };
+            task.second_effects.push(effect.clone());
+            self.second_effects.push(effect);
+            let data = EventData::SecondEffectSuspected(ev::SecondEffectSuspected {
+                attempt_id: r.attempt_id,
+                delivered_txn_id: delivered.clone().flatten(),
+                evidence: r.evidence,
+                external_txn_id: r.external_txn_id,
+                generation: r.generation,
+                state: task.state,
+            });
+            self.record(task, now, data);
+        }
     }
 
     fn evidence(&mut self, attempt: &mut Attempt, ev: Evidence) {
@@ -175,7 +259,9 @@ pub fn accept(new: NewTask, now: Timestamp) -> (Task, Journal) {
             deadline_at,
             terminal_at: None,
             key_expires_at: None,
+            effect_reports: Vec::new(),
         },
+        second_effects: Vec::new(),
     };
     let mut j = Journal::default();
     let data = EventData::TaskSubmitted(ev::TaskSubmitted {
@@ -638,6 +724,18 @@ pub fn report(
                 Disposition::AlreadyReported,
             ),
         );
+        if is_effect(outcome) {
+            j.effect_report(
+                task,
+                EffectReport {
+                    external_txn_id: r.external_txn_id.clone(),
+                    attempt_id: Some(attempt.id),
+                    generation: r.generation,
+                    evidence: EffectEvidence::DuplicateReport,
+                    reported_at: now,
+                },
+            );
+        }
         let data = EventData::DuplicateReport(ev::DuplicateReport {
             attempt_id: attempt.id,
             existing,
@@ -676,6 +774,18 @@ pub fn report(
             Disposition::Applied,
         ),
     );
+    if is_effect(outcome) {
+        j.effect_report(
+            task,
+            EffectReport {
+                external_txn_id: r.external_txn_id.clone(),
+                attempt_id: Some(attempt.id),
+                generation: r.generation,
+                evidence: EffectEvidence::AppliedReport,
+                reported_at: now,
+            },
+        );
+    }
     task.control.active_attempt_id = None;
     let observed = ev::ReportApplied {
         attempt_id: attempt.id,
@@ -750,6 +860,15 @@ pub fn report(
     Ok(())
 }
 
+/// Whether evidence with `outcome` reports that the external effect
+/// happened: `succeeded` or `committed` (an effect report).
+fn is_effect(outcome: EvidenceOutcome) -> bool {
+    matches!(
+        outcome,
+        EvidenceOutcome::Succeeded | EvidenceOutcome::Committed
+    )
+}
+
 /// Keeps a refused report as evidence with a `stale_report` event (RETRY-01:
 /// "retain late evidence; reject state changes from an old generation").
 fn keep_stale_report(
@@ -761,6 +880,25 @@ fn keep_stale_report(
     e: Rejection,
 ) -> Rejection {
     let outcome = r.outcome;
+    // The report's own generation still current: its lease ended (late);
+    // else a newer generation holds the task (stale).
+    let late = r.generation == attempt.generation && r.generation == task.generation;
+    if is_effect(outcome.into()) {
+        j.effect_report(
+            task,
+            EffectReport {
+                external_txn_id: r.external_txn_id.clone(),
+                attempt_id: Some(attempt.id),
+                generation: r.generation,
+                evidence: if late {
+                    EffectEvidence::LateReport
+                } else {
+                    EffectEvidence::StaleReport
+                },
+                reported_at: now,
+            },
+        );
+    }
     j.evidence(
         attempt,
         evidence(

@@ -374,6 +374,13 @@ word_enum! {
         /// An operator sent a `failed` task back to `queued` with one more
         /// execute attempt (carries actor and reason).
         OperatorRedriven => "operator_redriven",
+        /// The evidence shows an external effect other than the delivered
+        /// one (a second effect is suspected; carries the transaction id and
+        /// the evidence that showed it).
+        SecondEffectSuspected => "second_effect_suspected",
+        /// An operator acknowledged a suspected second effect (carries actor,
+        /// reason and resolution).
+        SecondEffectAcknowledged => "second_effect_acknowledged",
     }
 }
 
@@ -531,6 +538,10 @@ pub struct TaskControl {
     pub terminal_at: Option<Timestamp>,
     /// When its idempotency key may be removed (terminal + retention).
     pub key_expires_at: Option<Timestamp>,
+    /// The effect reports the task's evidence holds, the first of each
+    /// distinct `external_txn_id` (`null` counted as one), in the order
+    /// received: what [`crate::machine`] compares with the delivery.
+    pub effect_reports: Vec<EffectReport>,
 }
 
 /// A task: the one durable logical operation a scope maps to (SPEC §4 TASK).
@@ -574,6 +585,11 @@ pub struct Task {
     /// of the fingerprint: it never changes after acceptance.
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, pattern = "^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$"))]
     pub traceparent: Option<crate::trace::TraceParent>,
+    /// The suspected second effects (SPEC §2 "Second effects"): one per
+    /// distinct `external_txn_id` the evidence shows besides the delivered
+    /// one, oldest first, each with its acknowledgment once an operator gave one.
+    #[serde(default)]
+    pub second_effects: Vec<SecondEffect>,
     /// Control fields (not part of the API).
     #[serde(skip)]
     #[cfg_attr(feature = "openapi", schema(ignore))]
@@ -592,6 +608,85 @@ impl Task {
         let granted = self.control.attempts_granted;
         self.contract.retry.max_attempts.saturating_add(granted)
     }
+}
+
+word_enum! {
+    /// Which evidence showed an external effect (an effect report: an
+    /// executor's `succeeded` or `committed`, or an operator's `committed`).
+    EffectEvidence {
+        /// A report from an old generation, kept as evidence.
+        StaleReport => "stale_report",
+        /// A report of the current generation after its lease ended.
+        LateReport => "late_report",
+        /// A report for an attempt that already had a different outcome.
+        DuplicateReport => "duplicate_report",
+        /// The report that was applied.
+        AppliedReport => "applied_report",
+        /// An operator's `resolve` with outcome `committed`.
+        OperatorResolved => "operator_resolved",
+    }
+}
+
+word_enum! {
+    /// How an operator settled a suspected second effect.
+    EffectResolution {
+        /// The second effect happened and was refunded.
+        RefundIssued => "refund_issued",
+        /// The provider deduplicated it: one effect only.
+        ProviderDeduplicated => "provider_deduplicated",
+        /// No second effect happened.
+        FalseAlarm => "false_alarm",
+    }
+}
+
+/// An effect report: evidence that the external effect happened, under the
+/// transaction id it carried (control record; the rows behind search by
+/// `external_txn_id`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EffectReport {
+    /// The external system's transaction id (`null` when none was given).
+    pub external_txn_id: Option<String>,
+    /// The attempt reported on (for an operator's resolve: the attempt it retired, if any).
+    pub attempt_id: Option<Uuid>,
+    /// The report's generation (an operator's resolve: the raised one).
+    pub generation: i64,
+    /// Which evidence it is.
+    pub evidence: EffectEvidence,
+    /// When it was received.
+    pub reported_at: Timestamp,
+}
+
+/// A suspected second effect of a task (SPEC §4 TASK `second_effects`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SecondEffect {
+    /// The transaction id the evidence carried (`null`: none given).
+    pub external_txn_id: Option<String>,
+    /// The attempt the evidence is about (`null` for an operator's resolve without one).
+    pub attempt_id: Option<Uuid>,
+    /// The evidence's generation.
+    pub generation: i64,
+    /// Which evidence showed it.
+    pub evidence: EffectEvidence,
+    /// When idem raised it.
+    pub suspected_at: Timestamp,
+    /// The operator's acknowledgment, once given.
+    pub acknowledgment: Option<EffectAcknowledgment>,
+}
+
+/// An operator's acknowledgment of a suspected second effect.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EffectAcknowledgment {
+    /// How it was settled.
+    pub resolution: EffectResolution,
+    /// Why (the operator's text).
+    pub reason: String,
+    /// Who acknowledged it.
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub actor: event::Actor,
+    /// When.
+    pub acknowledged_at: Timestamp,
 }
 
 /// A report, heartbeat or acknowledgment received for an attempt, stored even

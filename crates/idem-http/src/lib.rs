@@ -7,7 +7,7 @@
 //! | `POST /v1/tasks` (submit with an `Idempotency-Key`), `GET /v1/tasks` (lookup by scope, search) | `api::submit`, `api::search` |
 //! | `GET /v1/tasks/{id}`, `…/attempts`, `…/events` (JSON or Server-Sent Events) | `api::tasks` |
 //! | `POST /v1/tasks/{id}/cancel`, `POST /v1/tasks/{id}/delivery/ack` | `api::tasks` |
-//! | `POST /v1/tasks/{id}/retry-now`, `…/resolve`, `…/redrive` (admin) | `api::operator` |
+//! | `POST /v1/tasks/{id}/retry-now`, `…/resolve`, `…/redrive`, `…/second-effects/acknowledge` (admin) | `api::operator` |
 //! | `GET /v1/events` (the tenant feed) | `api::events` |
 //! | `POST /v1/attempts/claim`, `/v1/attempts/{id}/heartbeat`, `…/ack`, `…/report`, `…/release` | `api::attempts` |
 //! | `GET /healthz`, `GET /readyz` | `api::health` |
@@ -187,6 +187,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(api::operator::retry_now))
         .routes(routes!(api::operator::resolve))
         .routes(routes!(api::operator::redrive))
+        .routes(routes!(api::operator::acknowledge_second_effect))
         .routes(routes!(api::attempts::claim))
         .routes(routes!(api::attempts::heartbeat))
         .routes(routes!(api::attempts::acknowledge))

@@ -280,6 +280,9 @@ impl From<Refusal> for Problem {
                 ProblemCode::SubmitterRevoked,
                 e.to_string(),
             ),
+            Refusal::Operator(e @ Refused::NoSecondEffect { .. }) => {
+                Problem::not_found(e.to_string())
+            }
             Refusal::Machine(other) => Problem::new(
                 StatusCode::CONFLICT,
                 ProblemCode::Conflict,

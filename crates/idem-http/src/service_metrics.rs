@@ -168,6 +168,11 @@ fn describe_metrics() {
         "Requests answered 503 UNAVAILABLE because the store failed."
     );
     metrics::counter!(crate::problem::STORE_UNAVAILABLE_TOTAL).increment(0);
+    describe_counter!(
+        idem_store::changes::SECOND_EFFECTS_SUSPECTED,
+        Unit::Count,
+        "Suspected second effects raised (evidence of an external effect other than the delivered one), by operation."
+    );
     std::sync::LazyLock::force(&SUBMITS);
     std::sync::LazyLock::force(&REPORTS);
     for (name, help) in [

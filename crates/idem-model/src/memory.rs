@@ -10,8 +10,10 @@
 //! per task and number and per task and generation, and the scans (claimable
 //! tasks, ended leases, due backoffs, keys past retention) filter and order
 //! as their statements do. The state is the store's rows and nothing else:
-//! events are not kept (no property reads the history), and of the evidence
-//! only what the properties need (a stale report kept, a repeat answered).
+//! events are not kept (no property reads the history), nor effect reports
+//! and suspected second effects (detection and audit only: no property reads
+//! them), and of the evidence only what the properties need (a stale report
+//! kept, a repeat answered).
 //!
 //! Futures complete at once (nothing here waits), so [`run`] drives an
 //! operation with `futures::executor::block_on`. A transaction is atomic at
@@ -25,7 +27,8 @@
 use std::collections::HashSet;
 
 use idem_core::model::{
-    ApiKey, Attempt, Disposition, Event, Evidence, EvidenceOutcome, Task, TaskState, Timestamp,
+    ApiKey, Attempt, Disposition, EffectReport, Event, Evidence, EvidenceOutcome, SecondEffect,
+    Task, TaskState, Timestamp,
 };
 use idem_store::feed::{FeedCursor, FeedRead};
 use idem_store::identity::{DatabaseIdentity, RecordedIdentity, StoreIdentity};
@@ -264,6 +267,10 @@ impl Tx for MemTx<'_> {
             )));
         }
         row.task = task.clone();
+        // Not modelled (see `effects`): kept out of the state, so the
+        // state space is the protocol's alone.
+        row.task.second_effects.clear();
+        row.task.control.effect_reports.clear();
         row.task.control.version = expected_version + 1;
         Ok(())
     }
@@ -322,6 +329,24 @@ impl Tx for MemTx<'_> {
             _ => {}
         }
         Ok(())
+    }
+
+    async fn effects(&mut self, task_id: Uuid) -> Result<(Vec<EffectReport>, Vec<SecondEffect>)> {
+        // Effect reports and second effects are not kept (no property reads
+        // them: detection and audit only); the task must exist.
+        self.row(task_id).map(|_| (Vec::new(), Vec::new()))
+    }
+
+    async fn insert_effect_report(&mut self, task_id: Uuid, _r: &EffectReport) -> Result<()> {
+        self.row(task_id).map(|_| ())
+    }
+
+    async fn insert_second_effect(&mut self, task_id: Uuid, _s: &SecondEffect) -> Result<()> {
+        self.row(task_id).map(|_| ())
+    }
+
+    async fn acknowledge_second_effect(&mut self, task_id: Uuid, _s: &SecondEffect) -> Result<()> {
+        self.row(task_id).map(|_| ())
     }
 
     async fn insert_events(&mut self, task_id: Uuid, _events: &[Event]) -> Result<()> {

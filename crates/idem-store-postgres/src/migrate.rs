@@ -35,6 +35,7 @@ pub const MIGRATIONS: &[Migration] = &[
         include_str!("../migrations/0014_notify_after_commit.sql"),
     ),
     Migration::expand(15, include_str!("../migrations/0015_store_identity.sql")),
+    Migration::expand(16, include_str!("../migrations/0016_second_effects.sql")),
 ];
 
 /// How long a migration statement waits for a table lock, ms, before the

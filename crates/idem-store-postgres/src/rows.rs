@@ -6,8 +6,9 @@ use std::sync::LazyLock;
 
 use idem_core::contract::{ContractId, FrozenContract};
 use idem_core::model::{
-    ApiKey, AppliedReport, Attempt, AttemptKind, AttemptState, Disposition, Event, EventData,
-    EventKind, Evidence, EvidenceOutcome, Role, Task, TaskControl, TaskState, Timestamp,
+    ApiKey, AppliedReport, Attempt, AttemptKind, AttemptState, Disposition, EffectAcknowledgment,
+    EffectEvidence, EffectReport, EffectResolution, Event, EventData, EventKind, Evidence,
+    EvidenceOutcome, Role, SecondEffect, Task, TaskControl, TaskState, Timestamp,
 };
 use idem_core::trace::TraceParent;
 use idem_store::{ExistingScope, Result, ScopeRow, StoreError};
@@ -590,6 +591,8 @@ pub(crate) fn task_from_row(row: &Row, c: &TaskCols) -> Result<Task> {
         created_at: ts(row, c.created_at)?,
         updated_at: ts(row, c.updated_at)?,
         traceparent: opt_word::<TraceParent>(row, c.traceparent)?,
+        // Read with the task by the operations that need them (`effects`).
+        second_effects: Vec::new(),
         control: TaskControl {
             tenant: get(row, c.tenant)?,
             api_key_id: get(row, c.api_key_id)?,
@@ -604,6 +607,7 @@ pub(crate) fn task_from_row(row: &Row, c: &TaskCols) -> Result<Task> {
             deadline_at: ts(row, c.deadline_at)?,
             terminal_at: opt_ts(row, c.terminal_at)?,
             key_expires_at: opt_ts(row, c.key_expires_at)?,
+            effect_reports: Vec::new(),
         },
     })
 }
@@ -645,6 +649,49 @@ pub(crate) fn attempt_from_row(row: &Row) -> Result<Attempt> {
         report: opt_json(row, "report")?
             .map(|body| AppliedReport::from_body(body).map_err(|e| corrupt("report", e)))
             .transpose()?,
+    })
+}
+
+/// The effect reports and second effects of one task (`$1`), in one read:
+/// `suspected` tells the tables apart; each table's rows in insertion order.
+pub(crate) const EFFECTS_SELECT: &str = "\
+    SELECT false AS suspected, id, external_txn_id, attempt_id, generation, evidence, \
+           reported_at AS at, NULL::text AS resolution, NULL::text AS reason, \
+           NULL::text AS actor, NULL::bigint AS acknowledged_at \
+      FROM effect_reports WHERE task_id = $1 \
+    UNION ALL \
+    SELECT true, id, external_txn_id, attempt_id, generation, evidence, suspected_at, \
+           resolution, reason, actor, acknowledged_at \
+      FROM second_effects WHERE task_id = $1 \
+    ORDER BY 1, 2";
+
+pub(crate) fn effect_report_from_row(row: &Row) -> Result<EffectReport> {
+    Ok(EffectReport {
+        external_txn_id: get(row, "external_txn_id")?,
+        attempt_id: get(row, "attempt_id")?,
+        generation: get(row, "generation")?,
+        evidence: word::<EffectEvidence>(row, "evidence")?,
+        reported_at: ts(row, "at")?,
+    })
+}
+
+pub(crate) fn second_effect_from_row(row: &Row) -> Result<SecondEffect> {
+    let acknowledgment = match opt_ts(row, "acknowledged_at")? {
+        None => None,
+        Some(acknowledged_at) => Some(EffectAcknowledgment {
+            resolution: word::<EffectResolution>(row, "resolution")?,
+            reason: get(row, "reason")?,
+            actor: json(row, "actor")?,
+            acknowledged_at,
+        }),
+    };
+    Ok(SecondEffect {
+        external_txn_id: get(row, "external_txn_id")?,
+        attempt_id: get(row, "attempt_id")?,
+        generation: get(row, "generation")?,
+        evidence: word::<EffectEvidence>(row, "evidence")?,
+        suspected_at: ts(row, "at")?,
+        acknowledgment,
     })
 }
 

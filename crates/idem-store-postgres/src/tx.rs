@@ -6,7 +6,9 @@ use std::collections::HashMap;
 
 use deadpool_postgres::Transaction;
 use idem_core::contract::FrozenContract;
-use idem_core::model::{ApiKey, Attempt, Event, Evidence, Task, Timestamp};
+use idem_core::model::{
+    ApiKey, Attempt, EffectReport, Event, Evidence, SecondEffect, Task, Timestamp,
+};
 use idem_store::contracts::StoredContracts;
 use idem_store::ops::Submission;
 use idem_store::{Change, Clock, ExistingScope, Result, ScopeRow, StoreError, Tx};
@@ -574,6 +576,64 @@ impl Tx for PgTx<'_> {
         )
         .await?;
         Ok(())
+    }
+
+    async fn effects(&mut self, task_id: Uuid) -> Result<(Vec<EffectReport>, Vec<SecondEffect>)> {
+        // One round trip: both tables' rows of the task, reports first.
+        let rows = self.query(EFFECTS_SELECT, &[&task_id]).await?;
+        let (mut reports, mut effects) = (Vec::new(), Vec::new());
+        for row in &rows {
+            if get::<bool>(row, "suspected")? {
+                effects.push(second_effect_from_row(row)?);
+            } else {
+                reports.push(effect_report_from_row(row)?);
+            }
+        }
+        Ok((reports, effects))
+    }
+
+    async fn insert_effect_report(&mut self, task_id: Uuid, r: &EffectReport) -> Result<()> {
+        self.exec(
+            "INSERT INTO effect_reports (task_id, external_txn_id, attempt_id, generation, evidence, reported_at) \
+             VALUES ($1, $2, $3, $4, $5, $6)",
+            &[&task_id, &r.external_txn_id, &r.attempt_id, &r.generation, &r.evidence.as_str(), &r.reported_at.ms()],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn insert_second_effect(&mut self, task_id: Uuid, s: &SecondEffect) -> Result<()> {
+        self.exec(
+            "INSERT INTO second_effects (task_id, external_txn_id, attempt_id, generation, evidence, suspected_at) \
+             VALUES ($1, $2, $3, $4, $5, $6)",
+            &[&task_id, &s.external_txn_id, &s.attempt_id, &s.generation, &s.evidence.as_str(), &s.suspected_at.ms()],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn acknowledge_second_effect(&mut self, task_id: Uuid, s: &SecondEffect) -> Result<()> {
+        let Some(ack) = &s.acknowledgment else {
+            return Err(corrupt(
+                "second effect",
+                "an acknowledgment without its record",
+            ));
+        };
+        let actor = to_json("actor", &ack.actor)?;
+        let n = self
+            .exec(
+                "UPDATE second_effects SET resolution = $3, reason = $4, actor = $5, acknowledged_at = $6 \
+                 WHERE task_id = $1 AND external_txn_id IS NOT DISTINCT FROM $2 AND acknowledged_at IS NULL",
+                &[&task_id, &s.external_txn_id, &ack.resolution.as_str(), &ack.reason, &actor, &ack.acknowledged_at.ms()],
+            )
+            .await?;
+        if n == 1 {
+            Ok(())
+        } else {
+            Err(StoreError::Contention(format!(
+                "the second effect of task {task_id} was acknowledged since it was read"
+            )))
+        }
     }
 
     async fn insert_events(&mut self, task_id: Uuid, events: &[Event]) -> Result<()> {

@@ -513,6 +513,42 @@ async fn leases_expire_and_keys_are_released_by_the_sweeper() {
     }
 }
 
+/// The database holds "once per distinct id" itself (SPEC §2.12): a second
+/// row of a task's suspected second effect or effect report with the same
+/// `external_txn_id`, `null` counted as one id, violates the unique
+/// constraint, whatever a binary does; another id of the same task does not.
+#[tokio::test]
+async fn second_effects_and_effect_reports_are_unique_per_task_and_id() {
+    let (url, _store, _) = seeded(&["se"], 's').await;
+    let db = raw(&url).await;
+    let task: Uuid = db
+        .query_one("SELECT id FROM tasks", &[])
+        .await
+        .unwrap()
+        .get(0);
+    for (table, at) in [
+        ("second_effects", "suspected_at"),
+        ("effect_reports", "reported_at"),
+    ] {
+        let sql = format!(
+            "INSERT INTO {table} (task_id, external_txn_id, generation, evidence, {at}) \
+             VALUES ($1, $2, 1, 'stale_report', 0)"
+        );
+        let none: Option<&str> = None;
+        db.execute(&sql, &[&task, &none]).await.unwrap();
+        db.execute(&sql, &[&task, &Some("psp-1")]).await.unwrap();
+        for txn in [None, Some("psp-1")] {
+            let err = db.execute(&sql, &[&task, &txn]).await.unwrap_err();
+            assert_eq!(
+                err.code(),
+                Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION),
+                "{table} {txn:?}: {err:?}"
+            );
+        }
+        db.execute(&sql, &[&task, &Some("null")]).await.unwrap();
+    }
+}
+
 #[tokio::test]
 async fn schema_guards_and_session_settings() {
     let (url, _store, _) = seeded(&["k"], 'g').await;

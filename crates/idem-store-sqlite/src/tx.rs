@@ -5,7 +5,8 @@ use std::sync::LazyLock;
 
 use idem_core::contract::{ContractId, FrozenContract};
 use idem_core::model::{
-    ApiKey, AppliedReport, Attempt, AttemptKind, AttemptState, Event, Evidence, Role, Task,
+    ApiKey, AppliedReport, Attempt, AttemptKind, AttemptState, EffectAcknowledgment,
+    EffectEvidence, EffectReport, EffectResolution, Event, Evidence, Role, SecondEffect, Task,
     TaskControl, TaskState, Timestamp,
 };
 use idem_core::trace::TraceParent;
@@ -275,6 +276,8 @@ fn task_row(r: &Row<'_>) -> rusqlite::Result<Task> {
             .as_deref()
             .map(word::<TraceParent>)
             .transpose()?,
+        // Read with the task by the operations that need them (`effects`).
+        second_effects: Vec::new(),
         control: TaskControl {
             tenant: r.get(C::tenant.at())?,
             canonical_request: r.get(C::canonical_request.at())?,
@@ -299,6 +302,7 @@ fn task_row(r: &Row<'_>) -> rusqlite::Result<Task> {
             key_expires_at: r
                 .get::<_, Option<i64>>(C::key_expires_at.at())?
                 .map(Timestamp),
+            effect_reports: Vec::new(),
         },
     })
 }
@@ -696,6 +700,157 @@ impl Tx for SqliteTx<'_> {
             })
             .map_err(db)?;
         Ok(())
+    }
+
+    async fn effects(
+        &mut self,
+        task_id: Uuid,
+    ) -> Result<(Vec<EffectReport>, Vec<SecondEffect>), StoreError> {
+        // Both tables' rows of the task, reports first, each in insertion order.
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT 0 AS suspected, id, external_txn_id, attempt_id, generation, evidence, \
+                        reported_at, NULL, NULL, NULL, NULL \
+                   FROM effect_reports WHERE task_id = ?1 \
+                 UNION ALL \
+                 SELECT 1, id, external_txn_id, attempt_id, generation, evidence, suspected_at, \
+                        resolution, reason, actor, acknowledged_at \
+                   FROM second_effects WHERE task_id = ?1 \
+                 ORDER BY 1, 2",
+            )
+            .map_err(db)?;
+        let rows = stmt
+            .query_map([task_id.to_string()], |r| {
+                let suspected: i64 = r.get(0)?;
+                let external_txn_id: Option<String> = r.get(2)?;
+                let attempt_id = r
+                    .get::<_, Option<String>>(3)?
+                    .as_deref()
+                    .map(uuid)
+                    .transpose()?;
+                let generation: i64 = r.get(4)?;
+                let evidence = word::<EffectEvidence>(&r.get::<_, String>(5)?)?;
+                let at = Timestamp(r.get(6)?);
+                if suspected == 0 {
+                    return Ok(Err(EffectReport {
+                        external_txn_id,
+                        attempt_id,
+                        generation,
+                        evidence,
+                        reported_at: at,
+                    }));
+                }
+                let acknowledgment = match r.get::<_, Option<i64>>(10)? {
+                    None => None,
+                    Some(ms) => Some(EffectAcknowledgment {
+                        resolution: word::<EffectResolution>(&r.get::<_, String>(7)?)?,
+                        reason: r.get(8)?,
+                        actor: from_json(&r.get::<_, String>(9)?)?,
+                        acknowledged_at: Timestamp(ms),
+                    }),
+                };
+                Ok(Ok(SecondEffect {
+                    external_txn_id,
+                    attempt_id,
+                    generation,
+                    evidence,
+                    suspected_at: at,
+                    acknowledgment,
+                }))
+            })
+            .map_err(db)?;
+        let (mut reports, mut effects) = (Vec::new(), Vec::new());
+        for row in rows {
+            match row.map_err(decode)? {
+                Ok(e) => effects.push(e),
+                Err(r) => reports.push(r),
+            }
+        }
+        Ok((reports, effects))
+    }
+
+    async fn insert_effect_report(
+        &mut self,
+        task_id: Uuid,
+        r: &EffectReport,
+    ) -> Result<(), StoreError> {
+        self.conn
+            .prepare_cached(
+                "INSERT INTO effect_reports (task_id, external_txn_id, attempt_id, generation, evidence, reported_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )
+            .and_then(|mut s| {
+                s.execute(params![
+                    task_id.to_string(),
+                    r.external_txn_id,
+                    r.attempt_id.map(|a| a.to_string()),
+                    r.generation,
+                    r.evidence.as_str(),
+                    r.reported_at.0
+                ])
+            })
+            .map_err(db)?;
+        Ok(())
+    }
+
+    async fn insert_second_effect(
+        &mut self,
+        task_id: Uuid,
+        e: &SecondEffect,
+    ) -> Result<(), StoreError> {
+        self.conn
+            .prepare_cached(
+                "INSERT INTO second_effects (task_id, external_txn_id, attempt_id, generation, evidence, suspected_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )
+            .and_then(|mut s| {
+                s.execute(params![
+                    task_id.to_string(),
+                    e.external_txn_id,
+                    e.attempt_id.map(|a| a.to_string()),
+                    e.generation,
+                    e.evidence.as_str(),
+                    e.suspected_at.0
+                ])
+            })
+            .map_err(db)?;
+        Ok(())
+    }
+
+    async fn acknowledge_second_effect(
+        &mut self,
+        task_id: Uuid,
+        e: &SecondEffect,
+    ) -> Result<(), StoreError> {
+        let Some(ack) = &e.acknowledgment else {
+            return Err(corrupt("an acknowledgment without its record"));
+        };
+        let actor = to_json(&ack.actor)?;
+        let n = self
+            .conn
+            .prepare_cached(
+                "UPDATE second_effects SET resolution = ?3, reason = ?4, actor = ?5, acknowledged_at = ?6 \
+                 WHERE task_id = ?1 AND external_txn_id IS ?2 AND acknowledged_at IS NULL",
+            )
+            .and_then(|mut s| {
+                s.execute(params![
+                    task_id.to_string(),
+                    e.external_txn_id,
+                    ack.resolution.as_str(),
+                    ack.reason,
+                    actor,
+                    ack.acknowledged_at.0
+                ])
+            })
+            .map_err(db)?;
+        if n == 1 {
+            Ok(())
+        } else {
+            Err(StoreError::Contention(format!(
+                "the second effect of task {task_id} was acknowledged since it was read"
+            )))
+        }
     }
 
     async fn insert_events(&mut self, task_id: Uuid, events: &[Event]) -> Result<(), StoreError> {

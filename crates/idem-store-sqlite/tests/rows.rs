@@ -47,3 +47,36 @@ async fn unknown_words_in_stored_rows_are_corrupt() {
     .unwrap();
     assert!(corrupt(store.list_events(None, task).await.unwrap_err()));
 }
+
+/// The database holds "once per distinct id" itself (SPEC §2.12): a second
+/// row of a task's suspected second effect or effect report with the same
+/// `external_txn_id`, `null` counted as one id, is refused by the unique
+/// index, whatever a binary does; another id of the same task is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn second_effects_and_effect_reports_are_unique_per_task_and_id() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("idem.db");
+    let store = idem_store_sqlite::open(&path, Default::default()).expect("open");
+    let (task, _) = task_with_a_reported_attempt(&store).await;
+    let db = Connection::open(&path).unwrap();
+    let task_id = task.to_string();
+    for (table, at) in [
+        ("second_effects", "suspected_at"),
+        ("effect_reports", "reported_at"),
+    ] {
+        let insert = |txn: Option<&str>| {
+            db.execute(
+                &format!(
+                    "INSERT INTO {table} (task_id, external_txn_id, attempt_id, generation, evidence, {at}) \
+                     VALUES (?1, ?2, NULL, 1, 'stale_report', 0)"
+                ),
+                rusqlite::params![task_id, txn],
+            )
+        };
+        insert(None).unwrap();
+        insert(Some("psp-1")).unwrap();
+        assert!(insert(None).is_err(), "{table}: a second null id");
+        assert!(insert(Some("psp-1")).is_err(), "{table}: a second psp-1");
+        insert(Some("null")).unwrap();
+    }
+}

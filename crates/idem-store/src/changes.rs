@@ -236,9 +236,20 @@ pub struct Publisher {
     heard: Arc<watch::Sender<bool>>,
 }
 
+/// Suspected second effects this process committed, by `operation`
+/// (counter; SPEC §2 "Second effects").
+pub const SECOND_EFFECTS_SUSPECTED: &str = "idem_second_effects_suspected_total";
+
 impl Publisher {
-    /// Publishes `change`; nothing happens without subscribers.
+    /// Publishes `change`; nothing happens without subscribers. A
+    /// `second_effect_suspected` this process committed (not one heard from
+    /// another instance) is counted in [`SECOND_EFFECTS_SUSPECTED`] here,
+    /// where every committed event of every transition passes once.
     pub fn publish(&self, change: Change) {
+        if !change.remote && change.kind == EventKind::SecondEffectSuspected {
+            metrics::counter!(SECOND_EFFECTS_SUSPECTED, "operation" => change.operation.clone())
+                .increment(1);
+        }
         if self.sender.receiver_count() > 0 {
             let _ = self.sender.send(Notice::Change(Arc::new(change)));
         }

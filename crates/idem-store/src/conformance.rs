@@ -28,7 +28,7 @@
 //! share ([`contract`], [`params`], [`submission`], a tenant context and the
 //! history check every case ends with); the cases live in one submodule per
 //! part of SPEC §2 (scope, claims, failures, concurrency, cancel, audit,
-//! release, rewind) and
+//! release, rewind, second effects) and
 //! of SPEC §4, "Live events" (feed), and are re-exported here, so each is `conformance::<case>`.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -160,6 +160,11 @@ macro_rules! store_conformance {
             rewind_moves_tasks_that_may_have_started_to_reconcile_first,
             concurrent_identity_checks_rewind_once,
             rewind_keeps_tenants_apart,
+            stale_reports_of_other_ids_raise_one_second_effect_per_id,
+            late_and_duplicate_reports_raise_second_effects,
+            operator_resolve_delivers_its_id_and_raises_earlier_reports,
+            second_effect_acknowledgment_is_audited_and_idempotent,
+            second_effect_acknowledgment_races_a_report,
         );
     };
     (@cases $make:expr; $($case:ident),+ $(,)?) => {
@@ -179,6 +184,7 @@ mod claims;
 mod concurrency;
 mod console;
 mod corpus;
+mod effects;
 mod failures;
 mod feed;
 mod operator;
@@ -195,6 +201,7 @@ pub use claims::*;
 pub use concurrency::*;
 pub use console::*;
 pub use corpus::*;
+pub use effects::*;
 pub use failures::*;
 pub use feed::*;
 pub use operator::*;

@@ -9,7 +9,7 @@
 use idem_core::model::TaskState;
 use uuid::Uuid;
 
-use crate::ops::search::TaskQuery;
+use crate::ops::search::{SecondEffectFilter, TaskQuery};
 
 /// A value bound to a planned statement.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,10 +113,21 @@ impl SearchPlan {
             }
         }
         if let Some(x) = &q.external_txn_id {
+            let x = b.bind(Bound::Text(x.clone()));
             common += &format!(
-                " AND id IN (SELECT task_id FROM attempts WHERE external_txn_id = {})",
-                b.bind(Bound::Text(x.clone()))
+                " AND id IN (SELECT task_id FROM attempts WHERE external_txn_id = {x} \
+                 UNION SELECT task_id FROM effect_reports WHERE external_txn_id = {x})"
             );
+        }
+        match q.second_effect {
+            Some(SecondEffectFilter::Suspected) => {
+                common += " AND id IN (SELECT task_id FROM second_effects)";
+            }
+            Some(SecondEffectFilter::Unacknowledged) => {
+                common += " AND id IN (SELECT task_id FROM second_effects \
+                           WHERE acknowledged_at IS NULL)";
+            }
+            None => {}
         }
         if let Some(c) = q.cursor {
             let at = b.bind(Bound::Int(c.created_at.0));
@@ -130,7 +141,10 @@ impl SearchPlan {
         };
         let states = q.states_to_read();
         let mut parts = Vec::new();
-        if q.external_txn_id.is_some() || q.idempotency_key_prefix.is_some() {
+        if q.external_txn_id.is_some()
+            || q.idempotency_key_prefix.is_some()
+            || q.second_effect.is_some()
+        {
             // A narrow range of its own: one read, filtered.
             let names = states.iter().map(|s| s.as_str().to_owned()).collect();
             let mut cond = format!(

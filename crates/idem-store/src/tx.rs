@@ -7,7 +7,9 @@
 use std::future::Future;
 
 use idem_core::contract::FrozenContract;
-use idem_core::model::{ApiKey, Attempt, Event, Evidence, Task, Timestamp};
+use idem_core::model::{
+    ApiKey, Attempt, EffectReport, Event, Evidence, SecondEffect, Task, Timestamp,
+};
 use idem_core::trace::TraceParent;
 use serde_json::Value;
 use uuid::Uuid;
@@ -271,6 +273,38 @@ pub trait Tx: Send + TaskSearch + ConsoleTx {
         &mut self,
         task_id: Uuid,
         events: &[Event],
+    ) -> impl Future<Output = Result<()>> + Send;
+    /// The effect reports (the first of each distinct `external_txn_id`, in
+    /// the order received) and the suspected second effects (oldest first)
+    /// of a task.
+    fn effects(
+        &mut self,
+        task_id: Uuid,
+    ) -> impl Future<Output = Result<(Vec<EffectReport>, Vec<SecondEffect>)>> + Send;
+    /// Records an effect report (unique per task and `external_txn_id`,
+    /// `null` counted as one id: a second insert fails).
+    fn insert_effect_report(
+        &mut self,
+        task_id: Uuid,
+        report: &EffectReport,
+    ) -> impl Future<Output = Result<()>> + Send;
+    /// Records a suspected second effect (unique per task and
+    /// `external_txn_id`, `null` counted as one id: a second insert fails).
+    fn insert_second_effect(
+        &mut self,
+        task_id: Uuid,
+        effect: &SecondEffect,
+    ) -> impl Future<Output = Result<()>> + Send;
+    /// Writes the acknowledgment of a suspected second effect not yet
+    /// acknowledged.
+    ///
+    /// # Errors
+    /// [`StoreError::Contention`] when it has none to take (already
+    /// acknowledged, or absent).
+    fn acknowledge_second_effect(
+        &mut self,
+        task_id: Uuid,
+        effect: &SecondEffect,
     ) -> impl Future<Output = Result<()>> + Send;
     /// The event history of a task, by sequence.
     fn events(&mut self, task_id: Uuid) -> impl Future<Output = Result<Vec<Event>>> + Send;

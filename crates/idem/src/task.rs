@@ -56,9 +56,13 @@ pub(crate) struct ListArgs {
     /// Only idempotency keys starting with this text (no wildcards).
     #[arg(long)]
     idempotency_key_prefix: Option<String>,
-    /// Only the task whose attempt reported this provider transaction id.
+    /// Only tasks any of whose attempts reported this provider transaction id.
     #[arg(long)]
     external_txn_id: Option<String>,
+    /// Only tasks with a suspected second effect: `suspected` (any) or
+    /// `unacknowledged`.
+    #[arg(long)]
+    second_effect: Option<String>,
     /// Page size, 1–200 (default 50).
     #[arg(long)]
     limit: Option<String>,
@@ -81,6 +85,7 @@ impl ListArgs {
             ("created_before", self.created_before),
             ("idempotency_key_prefix", self.idempotency_key_prefix),
             ("external_txn_id", self.external_txn_id),
+            ("second_effect", self.second_effect),
             ("limit", self.limit),
             ("cursor", self.cursor),
         ] {

@@ -1,4 +1,4 @@
-//! `idem task retry-now|cancel|resolve|redrive ID --reason …`: the operator
+//! `idem task retry-now|cancel|resolve|redrive|acknowledge-effect ID --reason …`: the operator
 //! actions of SPEC §4, run on the store directly (any tenant, like the other
 //! `idem task` and `idem keys` commands), each one transaction with its
 //! event. The actor recorded is the command line and who ran it:
@@ -7,14 +7,17 @@
 //! it holds under `docker exec` or `kubectl exec`, where `$USER` and
 //! `$LOGNAME` are often unset), else `uid:N`. Environment variables are not
 //! read: anyone can set them. Prints the task (a cancel: the task and its
-//! cancellation) as JSON; a refused action prints why and exits 1, having
+//! cancellation; an acknowledgment: the task and the second effect) as
+//! JSON; a refused action prints why and exits 1, having
 //! changed nothing.
 
 use anyhow::{Result, anyhow, bail};
 use clap::{Subcommand, ValueEnum};
 use idem_core::machine::operator::{
-    Actor, By, MAX_SHORT_TEXT_CHARS, Reason, Resolution, ResolveOutcome, is_short_text,
+    Actor, By, ExternalTxnId, MAX_SHORT_TEXT_CHARS, Reason, Resolution, ResolveOutcome,
+    is_short_text,
 };
+use idem_core::model::EffectResolution;
 use idem_store::{Refusal, Store};
 use uuid::Uuid;
 
@@ -63,6 +66,42 @@ pub(crate) enum TaskAction {
         #[command(flatten)]
         by: ByArgs,
     },
+    /// Acknowledge a suspected second effect of a task: record how it was
+    /// settled (the task itself does not change). Name it by
+    /// `--external-txn-id`, or `--without-id` for the one reported without an id.
+    AcknowledgeEffect {
+        /// Task id.
+        id: Uuid,
+        /// The second effect's transaction id, as the task's `second_effects` shows it.
+        #[arg(
+            long,
+            required_unless_present = "without_id",
+            conflicts_with = "without_id"
+        )]
+        external_txn_id: Option<String>,
+        /// The second effect reported without a transaction id.
+        #[arg(long)]
+        without_id: bool,
+        /// How it was settled.
+        #[arg(long, value_enum)]
+        resolution: ResolutionArg,
+        #[command(flatten)]
+        by: ByArgs,
+    },
+}
+
+/// `--resolution` of `idem task acknowledge-effect`.
+#[derive(Clone, Copy, ValueEnum)]
+pub(crate) enum ResolutionArg {
+    /// The second effect happened and was refunded.
+    #[value(name = "refund_issued")]
+    RefundIssued,
+    /// The provider deduplicated it: one effect only.
+    #[value(name = "provider_deduplicated")]
+    ProviderDeduplicated,
+    /// No second effect happened.
+    #[value(name = "false_alarm")]
+    FalseAlarm,
 }
 
 /// Who acts and why, on every action.
@@ -153,6 +192,30 @@ pub(crate) async fn run(store: &Store, action: TaskAction) -> Result<()> {
         TaskAction::Redrive { id, by: b } => {
             let task = store.redrive(None, id, by(&b)?).await?;
             print_json(&task.map_err(|r| refused(id, r))?)
+        }
+        TaskAction::AcknowledgeEffect {
+            id,
+            external_txn_id,
+            without_id: _,
+            resolution,
+            by: b,
+        } => {
+            let txn = external_txn_id
+                .as_deref()
+                .map(ExternalTxnId::parse)
+                .transpose()
+                .map_err(|e| anyhow!("--external-txn-id: {e}"))?
+                .map(ExternalTxnId::into_string);
+            let resolution = match resolution {
+                ResolutionArg::RefundIssued => EffectResolution::RefundIssued,
+                ResolutionArg::ProviderDeduplicated => EffectResolution::ProviderDeduplicated,
+                ResolutionArg::FalseAlarm => EffectResolution::FalseAlarm,
+            };
+            let (task, effect) = store
+                .acknowledge_second_effect(None, id, by(&b)?, txn, resolution)
+                .await?
+                .map_err(|r| refused(id, r))?;
+            print_json(&serde_json::json!({"task": task, "second_effect": effect}))
         }
     }
 }

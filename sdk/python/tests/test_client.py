@@ -8,7 +8,7 @@ import asyncio
 import time
 
 import pytest
-from conftest import Proxy, Tenant, key, payment
+from conftest import Proxy, Server, Tenant, key, payment
 
 import idem
 
@@ -167,3 +167,27 @@ def test_the_async_client_streams_while_the_task_runs(tenant: Tenant) -> None:
     types, task = asyncio.run(scenario())
     assert types[0] == "task_submitted" and types[-1] == "delivered"
     assert task.state == "succeeded" and task.usage == 2 and task.delivery.result == {"ok": True}
+
+
+def test_a_second_effect_is_shown_searched_and_acknowledged_by_an_admin(tenant: Tenant, server: Server) -> None:
+    with tenant.client() as client, idem.Client(tenant.url, tenant.executor_key) as executor:
+        task = client.submit("payment.release", payment(), key()).task
+        (a,) = executor.claim("py-se", ["payment.release"], wait_ms=2000)
+        executor.report(a.id, {"generation": a.generation, "outcome": "failed", "failure_class": "transient"})
+        duplicate = {"generation": a.generation, "outcome": "succeeded", "result": {}, "external_txn_id": "psp-py"}
+        with pytest.raises(idem.AttemptAlreadyReportedError):
+            executor.report(a.id, duplicate)
+        (effect,) = client.get(task.id).second_effects
+        assert (effect.external_txn_id, effect.evidence, effect.acknowledgment) == ("psp-py", "duplicate_report", None)
+        assert [t.id for t in client.list(second_effect="unacknowledged")] == [task.id]
+        assert [t.id for t in client.list(external_txn_id="psp-py")] == [task.id]
+        with pytest.raises(idem.PermissionDeniedError):
+            client.acknowledge_second_effect(task.id, "psp-py", "refund_issued", "refunded")
+        with idem.Client(tenant.url, server.create_key(tenant.name, "admin")) as admin:
+            with pytest.raises(idem.NotFoundError):
+                admin.acknowledge_second_effect(task.id, None, "false_alarm", "nothing")
+            acked = admin.acknowledge_second_effect(task.id, "psp-py", "refund_issued", "refunded, ticket 3")
+        ack = acked.second_effects[0].acknowledgment
+        assert ack is not None and (ack.resolution, ack.reason) == ("refund_issued", "refunded, ticket 3")
+        assert acked.state == "failed"
+        assert list(client.list(second_effect="unacknowledged")) == []

@@ -6,6 +6,7 @@ import { readSse, SseParser } from "./sse.js";
 import type {
   Attempt,
   Cancellation,
+  EffectResolution,
   ClaimedAttempt,
   HeartbeatResponse,
   JsonObject,
@@ -71,6 +72,8 @@ export interface ListFilter {
   createdBefore?: string | Date;
   idempotencyKeyPrefix?: string;
   externalTxnId?: string;
+  /** `suspected`: tasks with a suspected second effect; `unacknowledged`: with one not acknowledged yet. */
+  secondEffect?: "suspected" | "unacknowledged";
   /** Page size, 1–200 (server default 50). */
   limit?: number;
 }
@@ -327,6 +330,7 @@ export class Client {
     if (filter.createdBefore !== undefined) query.push(["created_before", instant(filter.createdBefore)]);
     if (filter.idempotencyKeyPrefix !== undefined) query.push(["idempotency_key_prefix", filter.idempotencyKeyPrefix]);
     if (filter.externalTxnId !== undefined) query.push(["external_txn_id", filter.externalTxnId]);
+    if (filter.secondEffect !== undefined) query.push(["second_effect", filter.secondEffect]);
     if (filter.limit !== undefined) query.push(["limit", String(filter.limit)]);
     if (cursor !== undefined) query.push(["cursor", cursor]);
     const answer = await this.#request<{ tasks: Task[]; next_cursor?: string | null }>({
@@ -432,6 +436,28 @@ export class Client {
     const answer = await this.#request<{ task: Task }>({
       method: "POST",
       path: `v1/tasks/${enc(taskId)}/delivery/ack`,
+      signal: options.signal,
+    });
+    return answer.body.task;
+  }
+
+  /**
+   * `POST /v1/tasks/{id}/second-effects/acknowledge` (admin key): records how the suspected
+   * second effect with `externalTxnId` (`null`: the one reported without an id) was settled,
+   * and why. The task does not change otherwise; an acknowledged effect answers its
+   * acknowledgment. A task without that second effect is `NotFoundError` (404).
+   */
+  async acknowledgeSecondEffect(
+    taskId: string,
+    externalTxnId: string | null,
+    resolution: EffectResolution,
+    reason: string,
+    options: CallOptions = {},
+  ): Promise<Task> {
+    const answer = await this.#request<{ task: Task }>({
+      method: "POST",
+      path: `v1/tasks/${enc(taskId)}/second-effects/acknowledge`,
+      body: { external_txn_id: externalTxnId, resolution, reason },
       signal: options.signal,
     });
     return answer.body.task;

@@ -23,6 +23,9 @@ export type AttemptKind = Schemas["AttemptKind"];
 export type AttemptState = Schemas["AttemptState"];
 export type Evidence = Schemas["Evidence"];
 export type TaskEvent = Schemas["Event"];
+export type SecondEffect = Schemas["SecondEffect"];
+export type EffectAcknowledgment = Schemas["EffectAcknowledgment"];
+export type EffectResolution = Schemas["EffectResolution"];
 export type EventKind = Schemas["EventKind"];
 /**
  * One leased attempt as `POST /v1/attempts/claim` answers it. `traceparent` (W3C trace

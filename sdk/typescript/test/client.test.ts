@@ -3,6 +3,7 @@ import net from "node:net";
 import { after, before, describe, test } from "node:test";
 
 import {
+  AttemptAlreadyReportedError,
   Client,
   IdemError,
   IdemTimeoutError,
@@ -11,6 +12,7 @@ import {
   InvalidRequestError,
   NotDeliveredError,
   NotFoundError,
+  PermissionDeniedError,
   StaleGenerationError,
   UnauthenticatedError,
   sfString,
@@ -313,6 +315,41 @@ describe("Client against idem serve", () => {
     assert.ok(acked.delivery?.acknowledged_at);
     assert.deepEqual(acked.delivery?.result, { payout: "p-3" });
     assert.equal((await client.ackDelivery(task.id)).delivery?.acknowledged_at, acked.delivery?.acknowledged_at);
+  });
+
+  test("a suspected second effect is shown, searched and acknowledged by an admin", async () => {
+    const { name, client, executor } = await server.tenant();
+    const { task } = await client.submit("payment.release", payment(), key());
+    const [a] = await executor.claim({ executorId: "se-1", operations: ["payment.release"], waitMs: 2000 });
+    assert.ok(a);
+    await executor.report(a.id, { generation: a.generation, outcome: "failed", failure_class: "transient" });
+    await assert.rejects(
+      executor.report(a.id, { generation: a.generation, outcome: "succeeded", result: {}, external_txn_id: "psp-ts" }),
+      AttemptAlreadyReportedError,
+    );
+    const failed = await client.get(task.id);
+    assert.equal(failed.second_effects?.length, 1);
+    assert.equal(failed.second_effects?.[0]?.external_txn_id, "psp-ts");
+    assert.equal(failed.second_effects?.[0]?.evidence, "duplicate_report");
+    assert.deepEqual(
+      (await client.listPage({ secondEffect: "unacknowledged" })).tasks.map((t) => t.id),
+      [task.id],
+    );
+    assert.deepEqual(
+      (await client.listPage({ externalTxnId: "psp-ts" })).tasks.map((t) => t.id),
+      [task.id],
+    );
+    await assert.rejects(
+      client.acknowledgeSecondEffect(task.id, "psp-ts", "refund_issued", "refunded"),
+      PermissionDeniedError,
+    );
+    const admin = new Client(server.url, (await server.key(name, "admin")).key);
+    await assert.rejects(admin.acknowledgeSecondEffect(task.id, null, "false_alarm", "none"), NotFoundError);
+    const acked = await admin.acknowledgeSecondEffect(task.id, "psp-ts", "refund_issued", "refunded, ticket 9");
+    assert.equal(acked.second_effects?.[0]?.acknowledgment?.resolution, "refund_issued");
+    assert.equal(acked.second_effects?.[0]?.acknowledgment?.reason, "refunded, ticket 9");
+    assert.equal(acked.state, "failed");
+    assert.deepEqual((await client.listPage({ secondEffect: "unacknowledged" })).tasks, []);
   });
 
   test("executor calls: claim, heartbeat, ack, report; a stale generation is typed", async () => {

@@ -17,10 +17,12 @@
 use serde_json::Value;
 
 use super::{Authority, Journal, confirm_cancel, deliver, next_execute};
-use crate::model::event::{OperatorCancel, OperatorRedriven, OperatorResolved, OperatorRetryNow};
+use crate::model::event::{
+    OperatorCancel, OperatorRedriven, OperatorResolved, OperatorRetryNow, SecondEffectAcknowledged,
+};
 use crate::model::{
-    Attempt, AttemptState, Cancellation, EventData, FailureClass, Outcome, Task, TaskState,
-    Timestamp,
+    Attempt, AttemptState, Cancellation, EffectAcknowledgment, EffectEvidence, EffectReport,
+    EffectResolution, EventData, FailureClass, Outcome, SecondEffect, Task, TaskState, Timestamp,
 };
 
 /// Longest [`Reason`], in characters.
@@ -161,6 +163,15 @@ pub enum Refused {
     SubmitterRevoked {
         /// The task's operation class.
         operation: String,
+    },
+    /// An acknowledgment of a second effect the task does not have
+    /// (HTTP 404 `NOT_FOUND`).
+    #[error("task {task_id} has no suspected second effect with `external_txn_id` {txn}")]
+    NoSecondEffect {
+        /// The task.
+        task_id: uuid::Uuid,
+        /// The id asked for, as JSON (`"…"` or `null`).
+        txn: String,
     },
 }
 
@@ -329,6 +340,18 @@ pub fn resolve(
         } => (Outcome::Committed, external_txn_id.clone()),
         Resolution::NotCommitted => (Outcome::NotCommitted, None),
     };
+    if outcome == Outcome::Committed {
+        j.effect_report(
+            task,
+            EffectReport {
+                external_txn_id: txn.clone(),
+                attempt_id: retired,
+                generation: task.generation,
+                evidence: EffectEvidence::OperatorResolved,
+                reported_at: now,
+            },
+        );
+    }
     let data = EventData::OperatorResolved(OperatorResolved {
         actor: by.actor.clone(),
         external_txn_id: txn,
@@ -443,6 +466,58 @@ pub fn redrive(
     });
     j.record(task, now, data);
     Ok(())
+}
+
+/// `POST /v1/tasks/{id}/second-effects/acknowledge`: an operator records
+/// how the suspected second effect with `external_txn_id` (`None`: the one
+/// without an id) was settled. Detection and audit only: the task's state,
+/// delivery and charge do not change. Event `second_effect_acknowledged`
+/// with actor, reason and resolution. Idempotent: an effect already
+/// acknowledged answers its acknowledgment and nothing is written.
+///
+/// Returns the second effect with its acknowledgment.
+///
+/// # Errors
+/// [`Refused::NoSecondEffect`] when the task has no such suspected effect.
+pub fn acknowledge_second_effect(
+    task: &mut Task,
+    j: &mut Journal,
+    now: Timestamp,
+    by: &By,
+    external_txn_id: Option<&str>,
+    resolution: EffectResolution,
+) -> Result<SecondEffect, Refused> {
+    let task_id = task.id;
+    let Some(effect) = task
+        .second_effects
+        .iter_mut()
+        .find(|s| s.external_txn_id.as_deref() == external_txn_id)
+    else {
+        return Err(Refused::NoSecondEffect {
+            task_id,
+            txn: external_txn_id.map_or_else(|| "null".to_owned(), |t| format!("{t:?}")),
+        });
+    };
+    if effect.acknowledgment.is_some() {
+        return Ok(effect.clone());
+    }
+    effect.acknowledgment = Some(EffectAcknowledgment {
+        resolution,
+        reason: by.reason.as_str().to_owned(),
+        actor: by.actor.clone(),
+        acknowledged_at: now,
+    });
+    let effect = effect.clone();
+    j.acknowledged.push(effect.clone());
+    let data = EventData::SecondEffectAcknowledged(SecondEffectAcknowledged {
+        actor: by.actor.clone(),
+        external_txn_id: effect.external_txn_id.clone(),
+        reason: by.reason.as_str().to_owned(),
+        resolution,
+        state: task.state,
+    });
+    j.record(task, now, data);
+    Ok(effect)
 }
 
 #[cfg(test)]

@@ -66,6 +66,7 @@ fn claim_now(t: &mut Task, j: &mut Journal, n: u128, now: Timestamp) -> Attempt 
     .unwrap()
 }
 
+mod second_effects;
 mod table;
 
 use table::in_state;

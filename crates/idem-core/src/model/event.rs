@@ -30,8 +30,8 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::{
-    AttemptKind, CancelStatus, EventKind, EvidenceOutcome, Failure, FailureClass, Outcome,
-    TaskState, Timestamp,
+    AttemptKind, CancelStatus, EffectEvidence, EffectResolution, EventKind, EvidenceOutcome,
+    Failure, FailureClass, Outcome, TaskState, Timestamp,
 };
 
 /// Declares [`EventData`] with one variant per kind and the dispatch by kind.
@@ -148,6 +148,10 @@ event_data! {
     OperatorResolved(OperatorResolved),
     /// `operator_redriven`.
     OperatorRedriven(OperatorRedriven),
+    /// `second_effect_suspected`.
+    SecondEffectSuspected(SecondEffectSuspected),
+    /// `second_effect_acknowledged`.
+    SecondEffectAcknowledged(SecondEffectAcknowledged),
 }
 
 impl EventData {
@@ -166,6 +170,7 @@ impl EventData {
             | EventData::AttemptCancelled(d) => Some(d.attempt_id),
             EventData::LeaseExpired(d) => Some(d.attempt_id),
             EventData::AttemptReleased(d) => Some(d.attempt_id),
+            EventData::SecondEffectSuspected(d) => d.attempt_id,
             _ => None,
         }
     }
@@ -191,6 +196,7 @@ impl EventData {
             EventData::RetryScheduled(d) => d.generation,
             EventData::OperatorResolved(d) => Some(d.generation),
             EventData::OperatorRedriven(d) => Some(d.generation),
+            EventData::SecondEffectSuspected(d) => Some(d.generation),
             _ => None,
         }
     }
@@ -206,6 +212,7 @@ impl EventData {
             EventData::OperatorCancel(d) => Some(&d.reason),
             EventData::OperatorResolved(d) => Some(&d.reason),
             EventData::OperatorRedriven(d) => Some(&d.reason),
+            EventData::SecondEffectAcknowledged(d) => Some(&d.reason),
             _ => None,
         }
     }
@@ -626,6 +633,41 @@ pub struct OperatorRedriven {
     /// Why.
     pub reason: String,
     /// The task's state before the action (`failed`).
+    pub state: TaskState,
+}
+
+/// `second_effect_suspected`: the evidence shows an external effect other
+/// than the delivered one (SPEC §2 "Second effects").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecondEffectSuspected {
+    /// The attempt the evidence is about (`null`: an operator's resolve that retired none).
+    pub attempt_id: Option<Uuid>,
+    /// The delivery's transaction id (`null`: not delivered, or delivered without one).
+    pub delivered_txn_id: Option<String>,
+    /// Which evidence showed the effect.
+    pub evidence: EffectEvidence,
+    /// The transaction id the evidence carried (`null`: none given).
+    pub external_txn_id: Option<String>,
+    /// The evidence's generation.
+    pub generation: i64,
+    /// The task's state when it was raised.
+    pub state: TaskState,
+}
+
+/// `second_effect_acknowledged`: an operator settled a suspected second effect.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecondEffectAcknowledged {
+    /// Who acted.
+    pub actor: Actor,
+    /// The suspected effect's transaction id (`null`: the one without an id).
+    pub external_txn_id: Option<String>,
+    /// Why.
+    pub reason: String,
+    /// How it was settled.
+    pub resolution: EffectResolution,
+    /// The task's state (unchanged by the action).
     pub state: TaskState,
 }
 

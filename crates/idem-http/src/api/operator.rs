@@ -7,17 +7,18 @@
 //! Order of answers: 401 (no key) → 403 `PERMISSION_DENIED` (a client or
 //! executor key) → 400 `INVALID_REQUEST` (the body, the reason) → 404
 //! `NOT_FOUND` (no such task for this tenant and grant) → 409
-//! `INVALID_STATE` / `SUBMITTER_REVOKED` (nothing changed).
+//! `INVALID_STATE` / `SUBMITTER_REVOKED` (nothing changed). Acknowledging a
+//! second effect the task does not have is 404 `NOT_FOUND`.
 
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use idem_api::{ReasonBody, ResolveBody, ResolveOutcome};
-use idem_core::machine::operator::{self as machine, Actor, By, Reason, Resolution};
-use idem_core::model::Role;
+use idem_api::{AcknowledgeEffectBody, ReasonBody, ResolveBody, ResolveOutcome};
+use idem_core::machine::operator::{self as machine, Actor, By, ExternalTxnId, Reason, Resolution};
+use idem_core::model::{EffectResolution, Role};
 
-use super::extract::{IdPath, strict_typed};
+use super::extract::{IdPath, strict_body, strict_typed};
 use super::no_task;
 use super::wire::TaskEnvelope;
 use crate::auth::Caller;
@@ -108,6 +109,47 @@ pub async fn redrive(
     let task = caller
         .store(&st)
         .redrive(Some(&caller.0.tenant), id, by)
+        .await?
+        .map_err(|r| Problem::refused(r, no_task(id)))?;
+    Ok(Json(TaskEnvelope { task }))
+}
+
+/// Acknowledge a suspected second effect (admin): record how it was settled
+/// (`refund_issued`, `provider_deduplicated`, `false_alarm`), why, and by
+/// whom. Detection and audit only: the task's state, delivery and charge do
+/// not change. Idempotent: an acknowledged effect answers its acknowledgment
+/// and nothing is written.
+#[utoipa::path(post, path = "/v1/tasks/{id}/second-effects/acknowledge", tag = "operator", params(("id" = String, Path, description = "task id")), request_body = AcknowledgeEffectBody,
+    responses((status = 200, body = TaskEnvelope), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json"), (status = 404, description = "NOT_FOUND: no such task for this tenant and grant, or the task has no suspected second effect with this `external_txn_id`", body = Problem, content_type = "application/problem+json"), (status = 413, body = Problem, content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json")))]
+pub async fn acknowledge_second_effect(
+    State(st): St,
+    caller: Caller,
+    IdPath(id): IdPath,
+    body: Result<Bytes, BytesRejection>,
+) -> AppResult<Json<TaskEnvelope>> {
+    caller.require(Role::Admin)?;
+    let (value, body): (_, AcknowledgeEffectBody) = strict_body(body)?;
+    if value.get("external_txn_id").is_none() {
+        return Err(Problem::invalid(
+            "body: `external_txn_id` is required (`null` names the second effect reported without an id)",
+        ));
+    }
+    let txn = body
+        .external_txn_id
+        .as_deref()
+        .map(ExternalTxnId::parse)
+        .transpose()
+        .map_err(|e| Problem::invalid(e.to_string()))?
+        .map(ExternalTxnId::into_string);
+    let resolution = match body.resolution {
+        idem_api::EffectResolution::RefundIssued => EffectResolution::RefundIssued,
+        idem_api::EffectResolution::ProviderDeduplicated => EffectResolution::ProviderDeduplicated,
+        idem_api::EffectResolution::FalseAlarm => EffectResolution::FalseAlarm,
+    };
+    let by = operator(&caller, &body.reason)?;
+    let (task, _) = caller
+        .store(&st)
+        .acknowledge_second_effect(Some(&caller.0.tenant), id, by, txn, resolution)
         .await?
         .map_err(|r| Problem::refused(r, no_task(id)))?;
     Ok(Json(TaskEnvelope { task }))

@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use idem_core::model::{Role, TaskState, Timestamp};
 #[cfg(test)]
 use idem_store::ops::search::TaskCursor;
-use idem_store::ops::search::{CursorKey, DEFAULT_LIMIT, MAX_LIMIT, TaskQuery};
+use idem_store::ops::search::{CursorKey, DEFAULT_LIMIT, MAX_LIMIT, SecondEffectFilter, TaskQuery};
 use serde::Serialize;
 use utoipa::{IntoParams, ToSchema};
 
@@ -46,11 +46,16 @@ pub struct TasksQuery {
     /// no character is a wildcard).
     #[param(pattern = "^[!-~]{1,255}$")]
     idempotency_key_prefix: Option<String>,
-    /// Only the task whose attempt reported this provider transaction id
-    /// (1–200 characters, none of them a control character: what a report
-    /// takes, SPEC §7).
+    /// Only tasks any of whose attempts reported this provider transaction
+    /// id (applied, stale, late or duplicate evidence, or an operator's
+    /// resolve; 1–200 characters, none of them a control character: what a
+    /// report takes, SPEC §7).
     #[param(min_length = 1, max_length = 200)]
     external_txn_id: Option<String>,
+    /// Only tasks with a suspected second effect (`suspected`), or with one
+    /// no operator acknowledged yet (`unacknowledged`).
+    #[param(pattern = "^(suspected|unacknowledged)$")]
+    second_effect: Option<String>,
     /// Page size, 1–200 (default 50).
     #[param(minimum = 1, maximum = 200)]
     limit: Option<u32>,
@@ -156,6 +161,14 @@ pub fn read_query(
                 ExternalTxnId::parse(v).map_err(|e| Problem::invalid(e.to_string()))?;
                 q.external_txn_id = Some(v.clone());
             }
+            "second_effect" => {
+                q.second_effect = Some(SecondEffectFilter::parse(v).ok_or_else(|| {
+                    Problem::invalid(format!(
+                        "`second_effect` must be `suspected` or `unacknowledged`, not `{}`",
+                        shorten(v)
+                    ))
+                })?);
+            }
             "limit" => {
                 q.limit = v
                     .parse::<u32>()
@@ -175,7 +188,7 @@ pub fn read_query(
             }
             other => {
                 return Err(Problem::invalid(format!(
-                    "unknown parameter `{}`; a search takes state, operation, created_after, created_before, idempotency_key_prefix, external_txn_id, limit and cursor",
+                    "unknown parameter `{}`; a search takes state, operation, created_after, created_before, idempotency_key_prefix, external_txn_id, second_effect, limit and cursor",
                     shorten(other)
                 )));
             }
@@ -234,7 +247,7 @@ mod tests {
         let got = q(&format!(
             "state=queued&state=failed&operation=payment.release&created_after=2026-12-01T00:00:00.0015Z\
              &created_before=2026-12-01T00:00:00.0015Z&idempotency_key_prefix=pay%25_&external_txn_id=tx-1\
-             &limit=200&cursor={}",
+             &second_effect=unacknowledged&limit=200&cursor={}",
             key().seal("acme", &c)
         ))
         .unwrap();
@@ -245,6 +258,11 @@ mod tests {
         assert_eq!(got.created_before, Some(Timestamp(base + 2)));
         assert_eq!(got.idempotency_key_prefix.as_deref(), Some("pay%_"));
         assert_eq!(got.external_txn_id.as_deref(), Some("tx-1"));
+        assert_eq!(got.second_effect, Some(SecondEffectFilter::Unacknowledged));
+        assert_eq!(
+            q("second_effect=suspected").unwrap().second_effect,
+            Some(SecondEffectFilter::Suspected)
+        );
         assert_eq!(got.limit, 200);
         assert_eq!(got.cursor, Some(c));
         assert_eq!(q("").unwrap(), TaskQuery::default());
@@ -266,6 +284,9 @@ mod tests {
             "external_txn_id=%00",
             "external_txn_id=tx%0A",
             "external_txn_id=tx%C2%85",
+            "second_effect=",
+            "second_effect=yes",
+            "second_effect=Suspected",
             "limit=5&limit=6",
             "states=queued",
         ] {

@@ -57,6 +57,9 @@ pub fn corpus_cases() -> Vec<(&'static str, CorpusCase)> {
         operator_resolve_settles_a_reconciling_task,
         operator_redrive_grants_one_more_attempt,
         rewind_moves_tasks_that_may_have_started_to_reconcile_first,
+        stale_reports_of_other_ids_raise_one_second_effect_per_id,
+        late_and_duplicate_reports_raise_second_effects,
+        second_effect_acknowledgment_is_audited_and_idempotent,
     ]
 }
 

@@ -72,7 +72,7 @@ impl Operation for Claim {
                 if out.len() as i64 >= max {
                     return Ok(out);
                 }
-                let Some(mut task) = tx.task(id, true).await? else {
+                let Some(mut task) = super::load_task(tx, id, true).await? else {
                     continue;
                 };
                 let loaded = (task.control.version, task.generation);

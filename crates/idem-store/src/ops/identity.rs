@@ -76,7 +76,7 @@ impl Operation for CheckIdentity {
             };
             after = Some(last);
             for id in ids {
-                let Some(mut task) = tx.task(id, true).await? else {
+                let Some(mut task) = super::load_task(tx, id, true).await? else {
                     continue;
                 };
                 let mut attempt = match task.control.active_attempt_id {

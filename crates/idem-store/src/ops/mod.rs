@@ -57,7 +57,7 @@ pub use feed::{ReadFeed, TaskHistory};
 pub use identity::{CheckIdentity, MarkRestored};
 pub use keyed::{ClaimAs, ReportAs};
 pub use keys::{Authenticate, CreateApiKey, ListApiKeys, RevokeApiKey};
-pub use operator::{OperatorCancel, Redrive, Resolve, RetryNow};
+pub use operator::{AcknowledgeSecondEffect, OperatorCancel, Redrive, Resolve, RetryNow};
 pub use search::{CursorKey, SearchTasks, TaskCursor, TaskPage, TaskQuery};
 pub use submit::{Submission, Submit, SubmitBatch, SubmitOutcome, SubmitPlan, is_same_request};
 pub use sweep::{Sweep, SweepStats};
@@ -278,6 +278,8 @@ operations! {
     Resolve,
     /// [`Redrive`].
     Redrive,
+    /// [`AcknowledgeSecondEffect`].
+    AcknowledgeSecondEffect,
     /// [`CreateConsoleSession`].
     CreateConsoleSession,
     /// [`ConsoleSessionLookup`].
@@ -322,10 +324,22 @@ pub(crate) async fn owned_task<T: Tx>(
     access: &Access<'_>,
     lock: bool,
 ) -> Result<Result<Task, Refusal>> {
-    Ok(match tx.task(id, lock).await? {
+    Ok(match load_task(tx, id, lock).await? {
         Some(t) if access.sees(&t) => Ok(t),
         _ => Err(Refusal::NotFound),
     })
+}
+
+/// The task `id` with its effect reports and suspected second effects (what
+/// a transition of [`idem_core::machine`] compares); `lock` takes its row lock.
+pub(crate) async fn load_task<T: Tx>(tx: &mut T, id: Uuid, lock: bool) -> Result<Option<Task>> {
+    let Some(mut task) = tx.task(id, lock).await? else {
+        return Ok(None);
+    };
+    let (reports, effects) = tx.effects(id).await?;
+    task.control.effect_reports = reports;
+    task.second_effects = effects;
+    Ok(Some(task))
 }
 
 /// Writes the task (compare-and-set against what was loaded) and the journal.
@@ -341,6 +355,15 @@ pub(crate) async fn persist<T: Tx>(
     }
     for (attempt_id, ev) in &j.evidence {
         tx.insert_evidence(task.id, *attempt_id, ev).await?;
+    }
+    for r in &j.effect_reports {
+        tx.insert_effect_report(task.id, r).await?;
+    }
+    for s in &j.second_effects {
+        tx.insert_second_effect(task.id, s).await?;
+    }
+    for s in &j.acknowledged {
+        tx.acknowledge_second_effect(task.id, s).await?;
     }
     Ok(())
 }

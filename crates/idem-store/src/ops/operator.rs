@@ -8,7 +8,7 @@
 
 use idem_core::machine::operator::{self, By, Refused, Resolution};
 use idem_core::machine::{Authority, Journal};
-use idem_core::model::{Cancellation, Task, Timestamp};
+use idem_core::model::{Cancellation, EffectResolution, SecondEffect, Task, Timestamp};
 use uuid::Uuid;
 
 use super::{Access, Grant, Operation, owned_task, persist};
@@ -163,6 +163,42 @@ impl Operation for Redrive {
     }
 }
 
+/// Acknowledge a suspected second effect: how it was settled, who and why.
+#[derive(Debug, Clone)]
+pub struct AcknowledgeSecondEffect {
+    /// Tenant (`None`: any, for the operator command line).
+    pub tenant: Option<String>,
+    /// The caller's grant.
+    pub grant: Grant,
+    /// Task.
+    pub task_id: Uuid,
+    /// Who acts and why.
+    pub by: By,
+    /// The suspected effect's transaction id (`None`: the one without an id).
+    pub external_txn_id: Option<String>,
+    /// How it was settled.
+    pub resolution: EffectResolution,
+}
+
+impl Operation for AcknowledgeSecondEffect {
+    type Reply = Result<(Task, SecondEffect), Refusal>;
+    const WRITES: bool = true;
+    async fn run<T: Tx>(&self, tx: &mut T) -> Result<Self::Reply> {
+        let access = Access::new(self.tenant.as_deref(), &self.grant);
+        on_task(tx, &access, self.task_id, |task, j, now| {
+            operator::acknowledge_second_effect(
+                task,
+                j,
+                now,
+                &self.by,
+                self.external_txn_id.as_deref(),
+                self.resolution,
+            )
+        })
+        .await
+    }
+}
+
 /// Loads the task with its row lock, checks access, applies `f`, and
 /// persists when `f` journaled anything.
 async fn on_task<T: Tx, R>(
@@ -267,6 +303,30 @@ impl Store {
             grant: self.grant.clone(),
             task_id,
             by,
+        })
+        .await
+    }
+
+    /// Acknowledges a suspected second effect (idempotent: an acknowledged
+    /// one answers its acknowledgment and nothing is written).
+    ///
+    /// # Errors
+    /// Storage failures ([`crate::StoreError`]); refusals are in the value.
+    pub async fn acknowledge_second_effect(
+        &self,
+        tenant: Option<&str>,
+        task_id: Uuid,
+        by: By,
+        external_txn_id: Option<String>,
+        resolution: EffectResolution,
+    ) -> Result<Result<(Task, SecondEffect), Refusal>> {
+        self.call(AcknowledgeSecondEffect {
+            tenant: tenant.map(str::to_owned),
+            grant: self.grant.clone(),
+            task_id,
+            by,
+            external_txn_id,
+            resolution,
         })
         .await
     }

@@ -19,8 +19,8 @@ use super::{Grant, Operation};
 use crate::Result;
 
 pub use crate::tx::search::{
-    BadCursor, CURSOR_SECRET, CursorKey, DEFAULT_LIMIT, MAX_LIMIT, TaskCursor, TaskQuery,
-    TaskSearch,
+    BadCursor, CURSOR_SECRET, CursorKey, DEFAULT_LIMIT, MAX_LIMIT, SecondEffectFilter, TaskCursor,
+    TaskQuery, TaskSearch,
 };
 
 /// One page of a search.
@@ -65,6 +65,10 @@ impl Operation for SearchTasks {
         } else {
             None
         };
+        // Each task as its answer shows it, suspected second effects included.
+        for t in &mut tasks {
+            t.second_effects = tx.effects(t.id).await?.1;
+        }
         Ok(TaskPage { tasks, next_cursor })
     }
 }

@@ -34,9 +34,10 @@ impl Operation for Sweep {
         let mut stats = SweepStats::default();
         let mut ended = Vec::new();
         for (task_id, attempt_id) in tx.expired_leases(now, limit).await? {
-            let (Some(mut task), Some(mut attempt)) =
-                (tx.task(task_id, true).await?, tx.attempt(attempt_id).await?)
-            else {
+            let (Some(mut task), Some(mut attempt)) = (
+                super::load_task(tx, task_id, true).await?,
+                tx.attempt(attempt_id).await?,
+            ) else {
                 continue;
             };
             if !attempt.state.is_active() || attempt.lease_expires_at > now {
@@ -51,7 +52,7 @@ impl Operation for Sweep {
             ended.extend(EndedAttempt::of(&task, &attempt, true, now));
         }
         for task_id in tx.due_wakeups(now, limit).await? {
-            let Some(mut task) = tx.task(task_id, true).await? else {
+            let Some(mut task) = super::load_task(tx, task_id, true).await? else {
                 continue;
             };
             let loaded = (task.control.version, task.generation);
@@ -62,7 +63,7 @@ impl Operation for Sweep {
             }
         }
         for task_id in tx.expired_scopes(now, limit).await? {
-            let Some(mut task) = tx.task(task_id, true).await? else {
+            let Some(mut task) = super::load_task(tx, task_id, true).await? else {
                 continue;
             };
             if !task.state.is_terminal() || task.control.key_expires_at.is_none_or(|t| t > now) {

@@ -148,6 +148,26 @@ impl TaskCursor {
     }
 }
 
+/// The `second_effect` filter of a search.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SecondEffectFilter {
+    /// Tasks with at least one suspected second effect.
+    Suspected,
+    /// Tasks with a suspected second effect no operator acknowledged.
+    Unacknowledged,
+}
+
+impl SecondEffectFilter {
+    /// `suspected` or `unacknowledged`, as a search names it.
+    pub fn parse(s: &str) -> Option<SecondEffectFilter> {
+        match s {
+            "suspected" => Some(SecondEffectFilter::Suspected),
+            "unacknowledged" => Some(SecondEffectFilter::Unacknowledged),
+            _ => None,
+        }
+    }
+}
+
 /// The filters of a search; every one present must hold (an empty `states`
 /// means any state).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -163,8 +183,11 @@ pub struct TaskQuery {
     /// Only idempotency keys starting with this text (compared as bytes; no
     /// character is a wildcard).
     pub idempotency_key_prefix: Option<String>,
-    /// Only tasks with an attempt that reported this provider transaction id.
+    /// Only tasks with an attempt that reported this provider transaction
+    /// id: applied, stale, late or duplicate evidence, or an operator's resolve.
     pub external_txn_id: Option<String>,
+    /// Only tasks with a suspected second effect (any, or one not yet acknowledged).
+    pub second_effect: Option<SecondEffectFilter>,
     /// At most this many tasks (1–[`MAX_LIMIT`]).
     pub limit: u32,
     /// Only tasks after this cursor (the previous page's last).
@@ -180,6 +203,7 @@ impl Default for TaskQuery {
             created_before: None,
             idempotency_key_prefix: None,
             external_txn_id: None,
+            second_effect: None,
             limit: DEFAULT_LIMIT,
             cursor: None,
         }

@@ -22,6 +22,7 @@ mod pg_start;
 mod release;
 mod sdk;
 mod search;
+mod second_effects;
 mod secrets;
 mod serving;
 mod sqlite_files;

@@ -240,6 +240,7 @@ def list_tasks(
     idempotency_key_prefix: str | None,
     external_txn_id: str | None,
     limit: int | None,
+    second_effect: str | None = None,
 ) -> Flow:
     """Every task of the search, following ``next_cursor`` page by page."""
     q: list[tuple[str, str]] = []
@@ -251,6 +252,7 @@ def list_tasks(
         ("created_before", _stamp(created_before) if created_before is not None else None),
         ("idempotency_key_prefix", idempotency_key_prefix),
         ("external_txn_id", external_txn_id),
+        ("second_effect", second_effect),
         ("limit", str(limit) if limit is not None else None),
     ):
         if value is not None:
@@ -321,6 +323,12 @@ def cancel(task_id: str) -> Flow:
     return CancelResponse(
         Task.from_json(answer.body["task"]), Cancellation.from_json(answer.body["cancellation"]), answer.status
     )
+
+
+def acknowledge_second_effect(task_id: str, external_txn_id: str | None, resolution: str, reason: str) -> Flow:
+    body = {"external_txn_id": external_txn_id, "resolution": resolution, "reason": reason}
+    answer = yield Call("POST", f"v1/tasks/{_id(task_id)}/second-effects/acknowledge", json=body)
+    return Task.from_json(answer.body["task"])
 
 
 def ack_delivery(task_id: str) -> Flow:

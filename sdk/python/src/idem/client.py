@@ -199,12 +199,20 @@ class Client(_Base):
         idempotency_key_prefix: str | None = None,
         external_txn_id: str | None = None,
         limit: int | None = None,
+        second_effect: str | None = None,
     ) -> Iterator[Task]:
         """The tenant's tasks matching every filter given, newest first, across
         all pages (``limit`` is the page size)."""
         return self._iterate(
             _api.list_tasks(
-                state, operation, created_after, created_before, idempotency_key_prefix, external_txn_id, limit
+                state,
+                operation,
+                created_after,
+                created_before,
+                idempotency_key_prefix,
+                external_txn_id,
+                limit,
+                second_effect,
             )
         )
 
@@ -222,6 +230,16 @@ class Client(_Base):
     def cancel(self, task_id: str) -> CancelResponse:
         """POST /v1/tasks/{id}/cancel: recorded (202) is not stopped; 200 is confirmed or too late."""
         return self._run(_api.cancel(task_id))
+
+    def acknowledge_second_effect(
+        self, task_id: str, external_txn_id: str | None, resolution: str, reason: str
+    ) -> Task:
+        """POST /v1/tasks/{id}/second-effects/acknowledge (admin key): records how
+        the suspected second effect with ``external_txn_id`` (``None``: the one
+        reported without an id) was settled (``refund_issued``,
+        ``provider_deduplicated``, ``false_alarm``) and why. The task does not
+        change otherwise; ``NotFoundError`` when it has no such second effect."""
+        return self._run(_api.acknowledge_second_effect(task_id, external_txn_id, resolution, reason))
 
     def ack_delivery(self, task_id: str) -> Task:
         """POST /v1/tasks/{id}/delivery/ack (idempotent)."""
@@ -371,11 +389,19 @@ class AsyncClient(_Base):
         idempotency_key_prefix: str | None = None,
         external_txn_id: str | None = None,
         limit: int | None = None,
+        second_effect: str | None = None,
     ) -> AsyncIterator[Task]:
         """As ``Client.list``, an async iterator."""
         return self._iterate(
             _api.list_tasks(
-                state, operation, created_after, created_before, idempotency_key_prefix, external_txn_id, limit
+                state,
+                operation,
+                created_after,
+                created_before,
+                idempotency_key_prefix,
+                external_txn_id,
+                limit,
+                second_effect,
             )
         )
 
@@ -389,6 +415,12 @@ class AsyncClient(_Base):
 
     async def cancel(self, task_id: str) -> CancelResponse:
         return await self._run(_api.cancel(task_id))
+
+    async def acknowledge_second_effect(
+        self, task_id: str, external_txn_id: str | None, resolution: str, reason: str
+    ) -> Task:
+        """As ``Client.acknowledge_second_effect``."""
+        return await self._run(_api.acknowledge_second_effect(task_id, external_txn_id, resolution, reason))
 
     async def ack_delivery(self, task_id: str) -> Task:
         return await self._run(_api.ack_delivery(task_id))

@@ -84,6 +84,48 @@ class Failure:
 
 
 @dataclass(frozen=True)
+class EffectAcknowledgment:
+    """An operator's acknowledgment of a suspected second effect: ``resolution``
+    is ``refund_issued``, ``provider_deduplicated`` or ``false_alarm``;
+    ``actor`` as received (a dict)."""
+
+    resolution: str
+    reason: str
+    actor: dict[str, Any]
+    acknowledged_at: datetime
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> EffectAcknowledgment:
+        return cls(d["resolution"], d["reason"], d.get("actor") or {}, _time(d["acknowledged_at"]))
+
+
+@dataclass(frozen=True)
+class SecondEffect:
+    """A suspected second effect (SPEC §2.12): evidence of an external effect
+    besides the delivered one. ``evidence`` is ``stale_report``, ``late_report``,
+    ``duplicate_report``, ``applied_report`` or ``operator_resolved``."""
+
+    external_txn_id: str | None
+    attempt_id: str | None
+    generation: int
+    evidence: str
+    suspected_at: datetime
+    acknowledgment: EffectAcknowledgment | None = None
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> SecondEffect:
+        ack = d.get("acknowledgment")
+        return cls(
+            external_txn_id=d.get("external_txn_id"),
+            attempt_id=d.get("attempt_id"),
+            generation=d["generation"],
+            evidence=d["evidence"],
+            suspected_at=_time(d["suspected_at"]),
+            acknowledgment=EffectAcknowledgment.from_json(ack) if ack else None,
+        )
+
+
+@dataclass(frozen=True)
 class Task:
     """The one durable logical operation a scope maps to (SPEC §4 TASK).
     ``contract`` is the frozen policy as received (a dict)."""
@@ -103,6 +145,7 @@ class Task:
     cancellation: Cancellation | None = None
     delivery: Delivery | None = None
     failure: Failure | None = None
+    second_effects: tuple[SecondEffect, ...] = ()
 
     @property
     def terminal(self) -> bool:
@@ -126,6 +169,7 @@ class Task:
             cancellation=Cancellation.from_json(d["cancellation"]) if d.get("cancellation") else None,
             delivery=Delivery.from_json(d["delivery"]) if d.get("delivery") else None,
             failure=Failure.from_json(d["failure"]) if d.get("failure") else None,
+            second_effects=tuple(SecondEffect.from_json(e) for e in d.get("second_effects") or ()),
         )
 
 

@@ -367,6 +367,29 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/tasks/{id}/second-effects/acknowledge": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Acknowledge a suspected second effect (admin): record how it was settled
+         *     (`refund_issued`, `provider_deduplicated`, `false_alarm`), why, and by
+         *     whom. Detection and audit only: the task's state, delivery and charge do
+         *     not change. Idempotent: an acknowledged effect answers its acknowledgment
+         *     and nothing is written.
+         */
+        post: operations["acknowledge_second_effect"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -378,6 +401,21 @@ export interface components {
              * @description The generation the executor holds.
              */
             generation: number;
+        };
+        /**
+         * @description `POST /v1/tasks/{id}/second-effects/acknowledge` body:
+         *     `{"external_txn_id": "…" | null, "resolution", "reason"}`.
+         */
+        AcknowledgeEffectBody: {
+            /**
+             * @description The suspected second effect's transaction id, as the task's
+             *     `second_effects` shows it (`null`: the one without an id). Required.
+             */
+            external_txn_id?: string | null;
+            /** @description Why, as in [`ReasonBody`]. */
+            reason: string;
+            /** @description How it was settled. */
+            resolution: components["schemas"]["EffectResolution"];
         };
         /** @description One try at executing or reconciling a task (SPEC §1, RETRY-01). */
         Attempt: {
@@ -611,6 +649,28 @@ export interface components {
          * @enum {string}
          */
         Disposition: "applied" | "repeat" | "stale_generation" | "already_reported";
+        /** @description An operator's acknowledgment of a suspected second effect. */
+        EffectAcknowledgment: {
+            /** @description When. */
+            acknowledged_at: components["schemas"]["Timestamp"];
+            /** @description Who acknowledged it. */
+            actor: Record<string, unknown>;
+            /** @description Why (the operator's text). */
+            reason: string;
+            /** @description How it was settled. */
+            resolution: components["schemas"]["EffectResolution"];
+        };
+        /**
+         * @description Which evidence showed an external effect (an effect report: an
+         *     executor's `succeeded` or `committed`, or an operator's `committed`).
+         * @enum {string}
+         */
+        EffectEvidence: "stale_report" | "late_report" | "duplicate_report" | "applied_report" | "operator_resolved";
+        /**
+         * @description How an operator settled a suspected second effect.
+         * @enum {string}
+         */
+        EffectResolution: "refund_issued" | "provider_deduplicated" | "false_alarm";
         /** @description An append-only audit event (SPEC §2.10). */
         Event: {
             /** @description When it was written. */
@@ -629,7 +689,7 @@ export interface components {
          * @description The type of an audit event (SPEC §2.10): which transition wrote it.
          * @enum {string}
          */
-        EventKind: "task_submitted" | "attempt_leased" | "usage_recorded" | "command_acknowledged" | "duplicate_report" | "stale_report" | "completion_observed" | "reconciled" | "attempt_failed" | "outcome_unknown" | "attempt_cancelled" | "lease_expired" | "attempt_released" | "delivered" | "cancel_requested" | "cancel_confirmed" | "cancel_too_late" | "task_failed" | "reconciliation_required" | "retry_scheduled" | "task_woken" | "delivery_acknowledged" | "key_released" | "operator_retry_now" | "operator_cancel" | "operator_resolved" | "operator_redriven";
+        EventKind: "task_submitted" | "attempt_leased" | "usage_recorded" | "command_acknowledged" | "duplicate_report" | "stale_report" | "completion_observed" | "reconciled" | "attempt_failed" | "outcome_unknown" | "attempt_cancelled" | "lease_expired" | "attempt_released" | "delivered" | "cancel_requested" | "cancel_confirmed" | "cancel_too_late" | "task_failed" | "reconciliation_required" | "retry_scheduled" | "task_woken" | "delivery_acknowledged" | "key_released" | "operator_retry_now" | "operator_cancel" | "operator_resolved" | "operator_redriven" | "second_effect_suspected" | "second_effect_acknowledged";
         /** @description `{"events": [...]}`. */
         EventsEnvelope: {
             /** @description Events by sequence number. */
@@ -937,6 +997,26 @@ export interface components {
              */
             usage_budget: number;
         };
+        /** @description A suspected second effect of a task (SPEC §4 TASK `second_effects`). */
+        SecondEffect: {
+            acknowledgment?: components["schemas"]["EffectAcknowledgment"] | null;
+            /**
+             * Format: uuid
+             * @description The attempt the evidence is about (`null` for an operator's resolve without one).
+             */
+            attempt_id?: string | null;
+            /** @description Which evidence showed it. */
+            evidence: components["schemas"]["EffectEvidence"];
+            /** @description The transaction id the evidence carried (`null`: none given). */
+            external_txn_id?: string | null;
+            /**
+             * Format: int64
+             * @description The evidence's generation.
+             */
+            generation: number;
+            /** @description When idem raised it. */
+            suspected_at: components["schemas"]["Timestamp"];
+        };
         /** @description `POST /v1/tasks` body. */
         SubmitBody: {
             /** @description Operation class, e.g. `payment.release`. */
@@ -983,6 +1063,12 @@ export interface components {
             operation: string;
             /** @description The request params as submitted. */
             params: unknown;
+            /**
+             * @description The suspected second effects (SPEC §2 "Second effects"): one per
+             *     distinct `external_txn_id` the evidence shows besides the delivered
+             *     one, oldest first, each with its acknowledgment once an operator gave one.
+             */
+            second_effects?: components["schemas"]["SecondEffect"][];
             /** @description Current state. */
             state: components["schemas"]["TaskState"];
             /**
@@ -1670,11 +1756,17 @@ export interface operations {
                  */
                 idempotency_key_prefix?: string;
                 /**
-                 * @description Only the task whose attempt reported this provider transaction id
-                 *     (1–200 characters, none of them a control character: what a report
-                 *     takes, SPEC §7).
+                 * @description Only tasks any of whose attempts reported this provider transaction
+                 *     id (applied, stale, late or duplicate evidence, or an operator's
+                 *     resolve; 1–200 characters, none of them a control character: what a
+                 *     report takes, SPEC §7).
                  */
                 external_txn_id?: string;
+                /**
+                 * @description Only tasks with a suspected second effect (`suspected`), or with one
+                 *     no operator acknowledged yet (`unacknowledged`).
+                 */
+                second_effect?: string;
                 /** @description Page size, 1–200 (default 50). */
                 limit?: number;
                 /** @description The previous page's `next_cursor` (opaque). */
@@ -2428,6 +2520,87 @@ export interface operations {
             };
             /** @description INVALID_STATE: the task is not `retry_wait` */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Payload Too Large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    acknowledge_second_effect: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description task id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["AcknowledgeEffectBody"];
+            };
+        };
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TaskEnvelope"];
+                };
+            };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description NOT_FOUND: no such task for this tenant and grant, or the task has no suspected second effect with this `external_txn_id` */
+            404: {
                 headers: {
                     [name: string]: unknown;
                 };
