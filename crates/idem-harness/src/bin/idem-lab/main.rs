@@ -87,6 +87,10 @@ enum Command {
         /// Executor API key for --url (same tenant as the client key, no other pending work).
         #[arg(long, env = "IDEM_EXECUTOR_KEY")]
         executor_key: Option<String>,
+        /// Admin API key for --url (same tenant): scene (f) acknowledges the
+        /// suspected second effect with it; without it that step is left out.
+        #[arg(long, env = "IDEM_ADMIN_KEY")]
+        admin_key: Option<String>,
     },
     /// Submit throughput and latency over HTTP against a raw-database baseline (same run).
     Bench {
@@ -426,11 +430,13 @@ async fn run() -> Result<()> {
             url,
             client_key,
             executor_key,
+            admin_key,
         } => {
             let report = idem_harness::demo::run(idem_harness::demo::DemoOptions {
                 url,
                 client_key,
                 executor_key,
+                admin_key,
                 echo: true,
             })
             .await?;
