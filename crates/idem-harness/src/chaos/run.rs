@@ -715,9 +715,11 @@ pub fn render(r: &ChaosReport) -> String {
     let e = &r.second_effects;
     let _ = writeln!(
         out,
-        "second effects ({} provider): {} real ({} tasks with several effects); {} reported to idem, {} never reported (idem cannot see them), {} only in unanswered reports; idem raised {}: {} misses, {} false alarms",
+        "second effects ({} provider): {} real ({} beside a delivery, {} of tasks ended without delivery; {} tasks with several effects); {} reported to idem, {} never reported (idem cannot see them), {} only in unanswered reports; idem raised {}: {} misses, {} false alarms",
         r.provider.name(),
         e.real,
+        e.beside_delivery,
+        e.without_delivery,
         e.tasks_with_several_effects,
         e.reported,
         e.unreported,

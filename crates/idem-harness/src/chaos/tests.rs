@@ -1019,6 +1019,8 @@ fn second_effects_reported_to_idem_must_be_raised_and_nothing_else() {
         SecondEffects {
             tasks_with_several_effects: 2,
             real: 3,
+            beside_delivery: 2,
+            without_delivery: 1,
             reported: 2,
             unreported: 1,
             unanswered: 0,

@@ -27,6 +27,10 @@ pub struct SecondEffects {
     /// Real second effects: effects at the provider other than the one its
     /// task delivered, and every effect of a task that ended without delivery.
     pub real: u64,
+    /// … of which beside a delivery.
+    pub beside_delivery: u64,
+    /// … of which of a task that ended `cancelled` or `failed`.
+    pub without_delivery: u64,
     /// … of which idem was told (an answered report named them): each must
     /// be raised.
     pub reported: u64,
@@ -116,6 +120,11 @@ pub(super) fn task_second_effects(
             continue;
         }
         figures.real += 1;
+        if t.delivery.is_some() {
+            figures.beside_delivery += 1;
+        } else {
+            figures.without_delivery += 1;
+        }
         match effect_reports.get(&e.txn) {
             Some(true) => {
                 figures.reported += 1;
