@@ -69,7 +69,10 @@ pub enum EffectResolution {
 pub struct AcknowledgeEffectBody {
     /// The suspected second effect's transaction id, as the task's
     /// `second_effects` shows it (`null`: the one without an id). Required.
-    #[cfg_attr(feature = "openapi", schema(min_length = 1, max_length = 200))]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(required = true, min_length = 1, max_length = 200)
+    )]
     pub external_txn_id: Option<String>,
     /// How it was settled.
     pub resolution: EffectResolution,

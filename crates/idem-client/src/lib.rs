@@ -654,6 +654,28 @@ mod tests {
     use reqwest::header::RETRY_AFTER;
 
     #[test]
+    fn amounts_read_with_their_currency() {
+        let task: Task = serde_json::from_value(serde_json::json!({
+            "id": "01a24ab5-ee50-74ee-8e31-478895e0a1c6", "operation": "payment.release",
+            "idempotency_key": "k", "fingerprint": "sha256:00", "params": {},
+            "state": "succeeded", "generation": 1, "attempt_count": 1, "usage": 0,
+            "contract": {"price": 100, "fees": {"currency": "KWD", "exponent": 3}},
+            "cancellation": {"status": "too_late", "requested_at": "t", "fee": 100, "currency": "KWD"},
+            "delivery": {"result": {}, "delivered_at": "t", "charge": 100, "currency": "KWD"},
+            "created_at": "t", "updated_at": "t"
+        }))
+        .unwrap();
+        assert_eq!(task.contract.currency(), Some(("KWD", 3)));
+        assert_eq!(task.delivery.unwrap().currency.as_deref(), Some("KWD"));
+        assert_eq!(task.cancellation.unwrap().currency.as_deref(), Some("KWD"));
+        // A contract without a currency (or from a server that sends none).
+        let contract: Contract =
+            serde_json::from_value(serde_json::json!({"price": 50, "fees": {"price": 50}}))
+                .unwrap();
+        assert_eq!(contract.currency(), None);
+    }
+
+    #[test]
     fn keys_are_quoted_as_sf_strings() {
         assert_eq!(sf_string("abc").unwrap(), "\"abc\"");
         assert_eq!(sf_string("a\"b\\c").unwrap(), "\"a\\\"b\\\\c\"");

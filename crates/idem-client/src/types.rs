@@ -171,6 +171,18 @@ pub struct Contract {
     pub config_version: String,
 }
 
+impl Contract {
+    /// The fee currency frozen into the contract: its ISO 4217 code
+    /// (`fees.currency`) and minor-unit exponent (`fees.exponent`), or `None`
+    /// when the contract names none (amounts are minor units of no named
+    /// currency).
+    pub fn currency(&self) -> Option<(&str, u32)> {
+        let code = self.fees.get("currency")?.as_str()?;
+        let exponent = self.fees.get("exponent")?.as_u64()?;
+        Some((code, u32::try_from(exponent).ok()?))
+    }
+}
+
 /// A cancellation record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Cancellation {
@@ -184,6 +196,10 @@ pub struct Cancellation {
     /// Fee in minor units; `None` while pending.
     #[serde(default)]
     pub fee: Option<i64>,
+    /// ISO 4217 code of the fee's currency (the contract's `fees.currency`);
+    /// `None` when the contract names none (or from a server that does not send it).
+    #[serde(default)]
+    pub currency: Option<String>,
 }
 
 /// The recorded final outcome of a task, with its charge.
@@ -201,6 +217,10 @@ pub struct Delivery {
     pub acknowledged_at: Option<String>,
     /// Charge in minor units (the contract price, charged once).
     pub charge: i64,
+    /// ISO 4217 code of the charge's currency (the contract's
+    /// `fees.currency`); `None` when the contract names none.
+    #[serde(default)]
+    pub currency: Option<String>,
 }
 
 /// Why a task failed.

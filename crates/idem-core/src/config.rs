@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::fingerprint::JsonPointer;
+use crate::money::{Currency, Money};
 use crate::schema::ParamsSchema;
 
 /// The bundled default configuration (also shipped as `examples/idem.toml`).
@@ -129,10 +130,24 @@ pub struct Windows {
 }
 
 /// Fee policy, integer minor currency units (SPEC §5). After delivery the fee is the full price.
+///
+/// `currency` names the ISO 4217 currency the amounts are minor units of
+/// (`"EUR"`: cents); `exponent`, its minor-unit exponent, is never configured:
+/// it is taken from the ISO 4217 table when the contract is frozen. Both are absent for a class that names no currency (amounts are
+/// then "minor units" of no named currency) and in contracts frozen before
+/// idem carried them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Fees {
+    /// ISO 4217 alphabetic code of the currency the amounts are in, e.g. `EUR`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(example = "EUR", pattern = "^[A-Z]{3}$"))]
+    pub currency: Option<String>,
+    /// Decimals of the currency's minor unit (EUR 2, JPY 0, KWD 3), from ISO
+    /// 4217; present in a contract whenever `currency` is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exponent: Option<u32>,
     /// Price of a delivered task (the delivery's charge).
     pub price: i64,
     /// Fee for a cancellation confirmed before any attempt started.
@@ -144,6 +159,25 @@ pub struct Fees {
 }
 
 impl Fees {
+    /// The currency the amounts are in, `None` when the policy names none.
+    /// A contract's frozen exponent wins over the ISO table (a contract never
+    /// changes); a configured class's comes from the table.
+    pub fn currency(&self) -> Option<Currency> {
+        let code = self.currency.as_ref()?;
+        match self.exponent {
+            Some(exponent) => Some(Currency {
+                code: code.clone(),
+                exponent,
+            }),
+            None => Currency::from_code(code).ok(),
+        }
+    }
+
+    /// `amount` minor units in this policy's currency.
+    pub fn money(&self, amount: i64) -> Money {
+        Money::new(amount, self.currency())
+    }
+
     /// Fee for a cancellation confirmed after start with `usage` units
     /// consumed, minor currency units: the fixed part plus usage × unit price,
     /// at most 2^53−1 (the largest integer idem's JSON carries exactly).
@@ -174,6 +208,72 @@ pub struct OperationClass {
     pub windows: Windows,
     /// Fees.
     pub fees: Fees,
+    /// Fields of `params` shown beside a task (the console's search, `idem
+    /// task list --table`): display name → JSON Pointer, in written order.
+    #[serde(default, skip_serializing_if = "DisplayFields::is_empty")]
+    pub display: DisplayFields,
+}
+
+/// A class's `[display]` table: named JSON Pointers (RFC 6901) into a task's
+/// `params`, in the order the configuration writes them, e.g. `payee =
+/// "/payee"`, `amount = "/amount"`. Names are unique (TOML keys); a pointer
+/// that does not parse is a configuration error.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DisplayFields(pub Vec<(String, JsonPointer)>);
+
+impl DisplayFields {
+    /// No field configured.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The fields in order: name and pointer.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &JsonPointer)> {
+        self.0.iter().map(|(n, p)| (n.as_str(), p))
+    }
+
+    /// Each field's value in `params`, in order: `None` where the pointer
+    /// finds nothing.
+    pub fn values<'a>(
+        &'a self,
+        params: &'a serde_json::Value,
+    ) -> impl Iterator<Item = (&'a str, Option<&'a serde_json::Value>)> {
+        self.iter().map(|(n, p)| (n, params.pointer(p.as_ref())))
+    }
+}
+
+impl Serialize for DisplayFields {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(Some(self.0.len()))?;
+        for (name, pointer) in &self.0 {
+            map.serialize_entry(name, pointer)?;
+        }
+        map.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for DisplayFields {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = DisplayFields;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a table of display names to JSON Pointers")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<DisplayFields, A::Error> {
+                let mut fields = Vec::new();
+                while let Some((name, pointer)) = map.next_entry::<String, JsonPointer>()? {
+                    fields.push((name, pointer));
+                }
+                Ok(DisplayFields(fields))
+            }
+        }
+        d.deserialize_map(Visit)
+    }
 }
 
 /// The whole configuration.
@@ -219,6 +319,12 @@ pub struct Contract {
 }
 
 impl Contract {
+    /// `amount` minor units in the contract's frozen currency (`None`: minor
+    /// units of no named currency).
+    pub fn money(&self, amount: i64) -> Money {
+        self.fees.money(amount)
+    }
+
     /// `request_retry + deadline + reconciliation`, the least retention (SPEC §2.9).
     pub fn required_retention_ms(&self) -> i64 {
         required_retention(&self.retry, &self.windows)
@@ -338,6 +444,14 @@ impl Config {
             {
                 return Err(invalid("fees must not be negative"));
             }
+            if f.exponent.is_some() {
+                return Err(invalid(
+                    "fees.exponent is not configured: it comes from ISO 4217 for fees.currency",
+                ));
+            }
+            if let Some(code) = &f.currency {
+                Currency::from_code(code).map_err(|e| invalid(&format!("fees.currency: {e}")))?;
+            }
             let w = &class.windows;
             if w.request_retry_ms < 0 || w.reconciliation_ms < 0 {
                 return Err(invalid("windows must not be negative"));
@@ -372,7 +486,10 @@ impl Config {
         Some(Contract {
             price: class.fees.price,
             retry: class.retry.clone(),
-            fees: class.fees.clone(),
+            fees: Fees {
+                exponent: class.fees.currency().map(|c| c.exponent),
+                ..class.fees.clone()
+            },
             lease: class.lease.clone(),
             windows: class.windows.clone(),
             config_version: self.version(),
@@ -580,6 +697,129 @@ mod tests {
             )],
         );
         assert!(matches!(bad, Err(ConfigError::Override { .. })));
+    }
+
+    #[test]
+    fn a_class_s_currency_is_frozen_with_its_iso_exponent() {
+        let c = Config::bundled().unwrap();
+        let p = c.contract("payment.release").unwrap();
+        assert_eq!(p.fees.currency.as_deref(), Some("EUR"));
+        assert_eq!(p.fees.exponent, Some(2));
+        assert_eq!(p.money(p.price).to_string(), "EUR 1.00");
+        let json = serde_json::to_value(&p).unwrap();
+        assert_eq!(json["fees"]["currency"], "EUR");
+        assert_eq!(json["fees"]["exponent"], 2);
+        // The configured class carries no exponent: ISO 4217 gives it.
+        assert_eq!(c.operations["payment.release"].fees.exponent, None);
+        // A class without a currency keeps working, in minor units.
+        let g = c.contract("generation.dispatch").unwrap();
+        assert_eq!(g.fees.currency, None);
+        assert_eq!(g.money(g.price).to_string(), "50 minor units");
+        let json = serde_json::to_value(&g).unwrap();
+        assert!(json["fees"].get("currency").is_none());
+        // A contract frozen before idem carried a currency reads as minor units.
+        let mut old = serde_json::to_value(&p).unwrap();
+        let fees = old["fees"].as_object_mut().unwrap();
+        fees.remove("currency");
+        fees.remove("exponent");
+        let old: Contract = serde_json::from_value(old).unwrap();
+        assert_eq!(old.money(100).to_string(), "100 minor units");
+        // A frozen contract keeps its currency whatever the configuration says later.
+        let frozen = crate::contract::FrozenContract::new(p.clone()).unwrap();
+        let jpy = Config::from_toml(&DEFAULT_TOML.replace(
+            r#"currency = "EUR"          #"#,
+            r#"currency = "JPY"          #"#,
+        ))
+        .unwrap();
+        assert_eq!(
+            jpy.contract("payment.release")
+                .unwrap()
+                .money(100)
+                .to_string(),
+            "JPY 100"
+        );
+        assert_ne!(jpy.version(), c.version());
+        let back = crate::contract::FrozenContract::decode(frozen.id(), frozen.json()).unwrap();
+        assert_eq!(back.money(100).to_string(), "EUR 1.00");
+    }
+
+    #[test]
+    fn a_currency_outside_iso_4217_names_its_class() {
+        for (code, says) in [
+            ("ZZZ", "is not an ISO 4217 code"),
+            ("eur", "is not an ISO 4217 code"),
+            ("XAU", "has no minor unit"),
+        ] {
+            let text = DEFAULT_TOML.replace(
+                r#"currency = "EUR"          #"#,
+                &format!(r#"currency = "{code}" #"#),
+            );
+            let e = Config::from_toml(&text).unwrap_err().to_string();
+            assert!(
+                e.starts_with("operation class `payment.release`: fees.currency: ")
+                    && e.contains(says),
+                "{e}"
+            );
+        }
+        let e = Config::from_toml_with_env(
+            DEFAULT_TOML,
+            [(
+                "IDEM_OPERATIONS__GENERATION_DISPATCH__FEES__CURRENCY".to_owned(),
+                "ABC".to_owned(),
+            )],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("operation class `generation.dispatch`: fees.currency"),
+            "{e}"
+        );
+        let text = DEFAULT_TOML.replace("price = 100\n", "price = 100\nexponent = 2\n");
+        let e = Config::from_toml(&text).unwrap_err().to_string();
+        assert!(e.contains("fees.exponent is not configured"), "{e}");
+    }
+
+    #[test]
+    fn display_fields_keep_their_order_and_must_be_pointers() {
+        let c = Config::bundled().unwrap();
+        let display = &c.operations["payment.release"].display;
+        let names: Vec<&str> = display.iter().map(|(n, _)| n).collect();
+        assert_eq!(names, ["payee", "amount", "currency"]);
+        let params = serde_json::json!({"payee": "acct-alice", "amount": 1250});
+        let values: Vec<_> = display.values(&params).collect();
+        assert_eq!(
+            values,
+            [
+                ("payee", Some(&serde_json::json!("acct-alice"))),
+                ("amount", Some(&serde_json::json!(1250))),
+                ("currency", None),
+            ]
+        );
+        assert!(c.operations["generation.dispatch"].display.is_empty());
+        // Order survives the TOML form and environment overrides.
+        let text = DEFAULT_TOML.replace(
+            "payee = \"/payee\"\namount = \"/amount\"",
+            "zeta = \"/amount\"\npayee = \"/payee\"",
+        );
+        let c = Config::from_toml_with_env(
+            &text,
+            [(
+                "IDEM_OPERATIONS__PAYMENT_RELEASE__FEES__PRICE".to_owned(),
+                "7".to_owned(),
+            )],
+        )
+        .unwrap();
+        let names: Vec<&str> = c.operations["payment.release"]
+            .display
+            .iter()
+            .map(|(n, _)| n)
+            .collect();
+        assert_eq!(names, ["zeta", "payee", "currency"]);
+        let back = Config::from_toml(&c.to_toml().unwrap()).unwrap();
+        assert_eq!(back, c);
+        let bad = DEFAULT_TOML.replace("payee = \"/payee\"\n", "payee = \"payee\"\n");
+        let e = Config::from_toml(&bad).unwrap_err().to_string();
+        assert!(e.contains("invalid JSON pointer \"payee\""), "{e}");
     }
 
     #[test]

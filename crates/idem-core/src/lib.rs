@@ -12,6 +12,8 @@
 //!   [`config::Contract`] frozen onto each task at acceptance.
 //! - [`contract`]: a frozen contract as tasks share and stores keep it (one
 //!   JSON text and content id per class and configuration version).
+//! - [`money`]: amounts in minor units with their ISO 4217 currency, and
+//!   the one way they are written for people (`EUR 1.00`).
 //! - [`schema`]: the JSON Schema a class's params must match.
 //! - [`submit`]: a submit body from its bytes to params, canonical request
 //!   and fingerprint.
@@ -27,6 +29,7 @@ pub mod json;
 pub mod key;
 pub mod machine;
 pub mod model;
+pub mod money;
 pub mod schema;
 pub mod submit;
 pub mod trace;

@@ -1078,9 +1078,11 @@ pub fn cancel(task: &mut Task, j: &mut Journal, now: Timestamp) -> Cancellation 
                 requested_at: now,
                 confirmed_at: Some(now),
                 fee: Some(fee),
+                currency: task.contract.fees.currency.clone(),
             });
             let data = EventData::CancelTooLate(ev::CancelTooLate {
                 fee,
+                currency: Some(task.contract.fees.currency.clone()),
                 state: Some(task.state),
                 status: CancelStatus::TooLate,
             });
@@ -1092,6 +1094,7 @@ pub fn cancel(task: &mut Task, j: &mut Journal, now: Timestamp) -> Cancellation 
                 requested_at: now,
                 confirmed_at: None,
                 fee: None,
+                currency: task.contract.fees.currency.clone(),
             });
             let data = ev::CancelRequested {
                 active_attempt_id: None,
@@ -1105,6 +1108,7 @@ pub fn cancel(task: &mut Task, j: &mut Journal, now: Timestamp) -> Cancellation 
                 requested_at: now,
                 confirmed_at: None,
                 fee: None,
+                currency: task.contract.fees.currency.clone(),
             });
             let data = ev::CancelRequested {
                 active_attempt_id: Some(task.control.active_attempt_id),
@@ -1117,6 +1121,7 @@ pub fn cancel(task: &mut Task, j: &mut Journal, now: Timestamp) -> Cancellation 
         requested_at: now,
         confirmed_at: None,
         fee: None,
+        currency: task.contract.fees.currency.clone(),
     })
 }
 
@@ -1176,10 +1181,12 @@ fn deliver(
         delivered_at: now,
         acknowledged_at: None,
         charge,
+        currency: task.contract.fees.currency.clone(),
     });
     task.state = TaskState::Succeeded;
     let data = EventData::Delivered(ev::Delivered {
         charge,
+        currency: Some(task.contract.fees.currency.clone()),
         external_txn_id,
     });
     j.record(task, now, data);
@@ -1191,6 +1198,7 @@ fn deliver(
         c.fee = Some(charge);
         let data = EventData::CancelTooLate(ev::CancelTooLate {
             fee: charge,
+            currency: Some(task.contract.fees.currency.clone()),
             state: None,
             status: CancelStatus::TooLate,
         });
@@ -1212,6 +1220,7 @@ fn confirm_cancel(task: &mut Task, j: &mut Journal, now: Timestamp) {
         requested_at,
         confirmed_at: Some(now),
         fee: Some(fee),
+        currency: task.contract.fees.currency.clone(),
     });
     task.state = TaskState::Cancelled;
     // Retire all execution authority (CANCEL-01).
@@ -1219,6 +1228,7 @@ fn confirm_cancel(task: &mut Task, j: &mut Journal, now: Timestamp) {
     let data = EventData::CancelConfirmed(ev::CancelConfirmed {
         ended_attempt_id: None,
         fee,
+        currency: Some(task.contract.fees.currency.clone()),
         generation: task.generation,
         store: None,
         usage: task.usage,

@@ -479,6 +479,11 @@ pub struct Cancellation {
     pub confirmed_at: Option<Timestamp>,
     /// Fee in minor currency units, by the frozen contract; `null` while pending.
     pub fee: Option<i64>,
+    /// ISO 4217 code of the fee's currency (the contract's `fees.currency`);
+    /// `null` when the contract names none (minor units of no named currency).
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(example = "EUR"))]
+    pub currency: Option<String>,
 }
 
 /// The recorded final outcome handed to the client (SPEC §2.6).
@@ -495,6 +500,11 @@ pub struct Delivery {
     pub acknowledged_at: Option<Timestamp>,
     /// Charge in minor currency units: always the contract price, charged once.
     pub charge: i64,
+    /// ISO 4217 code of the charge's currency (the contract's
+    /// `fees.currency`); `null` when the contract names none.
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(example = "EUR"))]
+    pub currency: Option<String>,
 }
 
 /// Why a task failed.

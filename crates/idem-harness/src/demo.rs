@@ -38,11 +38,12 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use idem_client::{
-    AttemptKind, AttemptState, CancelStatus, ClaimedAttempt, Client, ClientError, EffectResolution,
-    ReportBody, SecondEffect, SubmitRetry, Task, TaskState,
+    AttemptKind, AttemptState, CancelStatus, ClaimedAttempt, Client, ClientError, Contract,
+    EffectResolution, ReportBody, SecondEffect, SubmitRetry, Task, TaskState,
 };
 use idem_core::config::{Config, DEFAULT_TOML};
 use idem_core::model::Role;
+use idem_core::money::{self, Currency, Money};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -264,22 +265,49 @@ mod tests {
     fn ids_and_money_read_well() {
         let id = Uuid::parse_str("0192f0c4-0000-7000-8000-00000000abcd").unwrap();
         assert_eq!(short(id), "…0000abcd");
-        assert_eq!(money(1250, "EUR"), "EUR 12.50 (1250 minor units)");
-        assert_eq!(money(5, "EUR"), "EUR 0.05 (5 minor units)");
+        assert_eq!(money(1250, "EUR"), "EUR 12.50");
+        assert_eq!(money(5, "EUR"), "EUR 0.05");
+        let eur: Contract = serde_json::from_value(json!({
+            "price": 100, "fees": {"currency": "EUR", "exponent": 2}
+        }))
+        .unwrap();
+        let none: Contract = serde_json::from_value(json!({"price": 100, "fees": {}})).unwrap();
+        assert_eq!(charge(Some(100), &eur), "a charge of EUR 1.00");
+        assert_eq!(charge(Some(100), &none), "a charge of 100 minor units");
+        assert_eq!(charge(None, &eur), "no charge");
+        assert_eq!(cancel_fee(Some(14), &eur), "a cancellation fee of EUR 0.14");
+        assert_eq!(cancel_fee(None, &eur), "no cancellation fee");
         assert_eq!(
-            charge(Some(100), "EUR"),
-            "a charge of EUR 1.00 (100 minor units)"
+            too_late(100, &eur),
+            "the cancellation fee is the delivery's charge, EUR 1.00, charged once (no second charge)"
         );
-        assert_eq!(charge(None, "EUR"), "no charge");
-        assert_eq!(
-            cancel_fee(Some(14), "EUR"),
-            "a cancellation fee of EUR 0.14 (14 minor units)"
-        );
-        assert_eq!(cancel_fee(None, "EUR"), "no cancellation fee");
         assert_eq!(count(2, "delivery"), "2 deliveries");
         assert_eq!(count(1, "payout"), "1 payout");
         let lines = wrap("one two three four", 12, "  ", "    ");
         assert_eq!(lines, ["  one two", "    three", "    four"]);
+    }
+
+    proptest::proptest! {
+        /// The demo's words for a charge, a fee and a cancellation that lost
+        /// to delivery carry the contract's currency code and exactly its
+        /// decimals (or `minor units`), and read back to the amount.
+        #[test]
+        fn the_demo_s_amounts_carry_their_currency(amount in 0i64..=i64::MAX, which in 0usize..4) {
+            let currency = money::testing::currencies().swap_remove(which);
+            let fees = currency.as_ref().map_or(json!({}), |c| {
+                json!({"currency": c.code, "exponent": c.exponent})
+            });
+            let contract: Contract =
+                serde_json::from_value(json!({"price": amount, "fees": fees})).unwrap();
+            let expected = Money::new(amount, currency);
+            for words in [
+                charge(Some(amount), &contract),
+                cancel_fee(Some(amount), &contract),
+                too_late(amount, &contract),
+            ] {
+                proptest::prop_assert_eq!(money::testing::check_rendering(&words, &expected), Ok(()));
+            }
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -294,10 +322,10 @@ mod tests {
             .collect::<Vec<_>>()
             .join(" ");
         for said in [
-            "release EUR 12.50 (1250 minor units) to acct-alice",
-            "1 delivery with a charge of EUR 1.00 (100 minor units)",
-            "`too_late` with a cancellation fee of EUR 1.00 (100 minor units), equal to the delivery's charge",
-            "`confirmed` with a cancellation fee of EUR 0.14 (14 minor units): the fixed fee plus 4 units",
+            "release EUR 12.50 to acct-alice",
+            "1 delivery with a charge of EUR 1.00",
+            "`too_late`: the cancellation fee is the delivery's charge, EUR 1.00, charged once (no second charge)",
+            "`confirmed` with a cancellation fee of EUR 0.14: the fixed fee plus 4 units",
         ] {
             assert!(text.contains(said), "{said:?} in {text}");
         }

@@ -73,3 +73,29 @@ fn report_failure_class_lists_only_reportable_classes() {
         Some(FailureClass::ALL.len())
     );
 }
+
+/// `external_txn_id` of an acknowledgment is required though it may be
+/// `null` (SPEC §4 "Operator actions": `null` names the second effect
+/// reported without an id, a missing one is 400): the document lists it
+/// among the body's `required` members, so a generated client sends it.
+#[test]
+fn acknowledge_effect_body_requires_external_txn_id() {
+    let doc = serde_json::to_value(idem_http::openapi()).unwrap();
+    let body = &doc["components"]["schemas"]["AcknowledgeEffectBody"];
+    let required: Vec<&str> = body["required"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    for member in ["external_txn_id", "resolution", "reason"] {
+        assert!(
+            required.contains(&member),
+            "{member} not required: {required:?}"
+        );
+    }
+    assert_eq!(
+        body["properties"]["external_txn_id"]["type"],
+        serde_json::json!(["string", "null"])
+    );
+}

@@ -10,20 +10,27 @@
 //! `idem.notify = off`, migration 14); each transaction that wrote events
 //! hands them to [`Announcer::committed`] once its `COMMIT` succeeded, which
 //! publishes them in this process at once and queues them. One task per store
-//! sends what is queued [`ANNOUNCE_EVERY`] after the first change of the
-//! batch was queued, as ONE statement on a connection of its own
-//! ([`ANNOUNCE_SQL`]: one notification
+//! gathers what is queued into a batch until no change has been queued for
+//! [`ANNOUNCE_QUIET`], or [`ANNOUNCE_WITHIN`] after the first change of the
+//! batch, whichever comes first, and sends it as ONE statement on a
+//! connection of its own ([`ANNOUNCE_SQL`]: one notification
 //! per change, in the payload form of the trigger, so binaries of the
 //! previous version read them; one [`RESYNC_PAYLOAD`] instead when more than
 //! [`ANNOUNCE_MAX`] changes are queued or one payload would exceed
 //! [`PAYLOAD_MAX`]). So one instance takes the notification lock at most
-//! once per interval, however many transactions it commits, and what one
-//! commit sets off on this instance within the interval (the lease of the
+//! once per [`ANNOUNCE_QUIET`], and under a steady stream of commits once
+//! per [`ANNOUNCE_WITHIN`], however many transactions it commits; and what
+//! one commit sets off on this instance shortly after it (the lease of the
 //! waiter it woke, that attempt's report) goes out with it: each
 //! announcement costs the database one transaction of its own and one in
 //! every listening session (PostgreSQL reads the notification queue in a
-//! transaction), so a task submitted, claimed and reported within the
-//! interval costs one announcement, not three.
+//! transaction), so a task submitted, claimed and reported with less than
+//! [`ANNOUNCE_QUIET`] between one commit and the next costs one
+//! announcement, not three.
+//!
+//! With `idem.notify=off` in the URL's options (a switch for benchmarks) the
+//! store publishes its changes in this process only and announces nothing:
+//! waiters on other instances then rely on their bounded re-check only.
 //!
 //! The listening connection of the same store skips notifications sent by
 //! the announcer's session (its backend process id, [`OwnSession`]): those
@@ -47,18 +54,28 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-/// How long after the first change of a batch was queued the batch is
-/// announced, so also the shortest time between two announcements of one
-/// instance. Each announcement is one short transaction that takes the
-/// notification lock once (it writes no data, and its session commits with
-/// `synchronous_commit = off`: a hint needs no flush), and wakes every
-/// listening session (one more transaction each); at 20 ms an instance takes
-/// that lock at most 50 times a second whatever its commit rate, a waiter on
-/// another instance hears a change at most this much later (well within the
-/// 250 ms p99 of a held `Prefer: wait`, SPEC §4), and a local claim and
-/// report of a submitted task usually finish within it, so their changes
-/// ride with the submit's. [`Announcer::flushed`] cuts the wait short.
-pub const ANNOUNCE_EVERY: Duration = Duration::from_millis(20);
+/// How long the announcer waits for another change before it sends what it
+/// gathered: a batch is announced once no change has been queued for this
+/// long (or at [`ANNOUNCE_WITHIN`]). Each announcement is one short
+/// transaction that takes the notification lock once (it writes no data, and
+/// its session commits with `synchronous_commit = off`: a hint needs no
+/// flush), and wakes every listening session (one more transaction each).
+/// A lone change is heard on the other instances this much after its commit;
+/// a local claim that commits within this of the submit it was woken by, and
+/// a report within this of the claim, ride in the submit's announcement
+/// (`REMOTE_DEFER` of idem-http counts on that). [`Announcer::flushed`] cuts
+/// the wait short.
+pub const ANNOUNCE_QUIET: Duration = Duration::from_millis(20);
+
+/// The longest a change waits in a batch: a batch is announced at the latest
+/// this long after its first change was queued, however steady the stream of
+/// commits. So also the most an instance delays what it tells the others
+/// (with `REMOTE_DEFER` of idem-http, 50 ms, the longest a task waits for a
+/// claim when only other instances have waiters: 100 ms, plus the claim;
+/// well within the 250 ms p99 of a held `Prefer: wait`, SPEC §4), and the
+/// least time between two announcements of one instance under load: at most
+/// 20 a second.
+pub const ANNOUNCE_WITHIN: Duration = Duration::from_millis(50);
 
 /// Most changes one announcement names: as many as a subscriber may fall
 /// behind by before it is told to resync anyway
@@ -125,13 +142,29 @@ pub(crate) struct Announcer {
     /// `None`: the `events` trigger notifies instead (`idem.notify=on` in
     /// the URL's options), and the listening connection hears every change,
     /// this store's included.
-    on: Option<On>,
+    publisher: Option<Publisher>,
+    /// `None`: nothing is announced (the trigger notifies, or
+    /// `idem.notify=off` in the URL's options turned notifications off).
+    queue: Option<mpsc::UnboundedSender<Queued>>,
 }
 
-#[derive(Debug, Clone)]
-struct On {
-    queue: mpsc::UnboundedSender<Queued>,
-    publisher: Publisher,
+/// Who tells the other instances what one instance committed: the store
+/// URL's `idem.notify` option (`-c idem.notify=…` in `options`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Notifications {
+    /// Absent: the announcer, after commit (this module).
+    Announced,
+    /// `idem.notify=on`: the `events` trigger inside every data
+    /// transaction, as binaries before migration 14 did; the store
+    /// announces nothing itself. A fallback, and the comparison point of
+    /// docs/benchmarks.md: each notifying commit takes PostgreSQL's
+    /// notification lock.
+    Trigger,
+    /// `idem.notify=off`: none. For benchmarks (the figure without any
+    /// notification cost): this store's changes are published in its own
+    /// process only, and waiters on other instances rely on their bounded
+    /// re-check only.
+    Off,
 }
 
 impl Announcer {
@@ -146,34 +179,51 @@ impl Announcer {
         let (queue, queued) = mpsc::unbounded_channel();
         tokio::spawn(announce(cfg, tls, queued, own));
         Announcer {
-            on: Some(On { queue, publisher }),
+            publisher: Some(publisher),
+            queue: Some(queue),
         }
     }
 
     /// An announcer that does nothing: the trigger notifies.
-    pub(crate) fn off() -> Announcer {
-        Announcer { on: None }
+    pub(crate) fn trigger() -> Announcer {
+        Announcer {
+            publisher: None,
+            queue: None,
+        }
+    }
+
+    /// An announcer that publishes in this process and announces nothing
+    /// ([`Notifications::Off`]).
+    pub(crate) fn silent(publisher: Publisher) -> Announcer {
+        Announcer {
+            publisher: Some(publisher),
+            queue: None,
+        }
     }
 
     /// The events of a transaction that committed: published here, queued
     /// for the others.
     pub(crate) fn committed(&self, changes: Vec<Change>) {
-        let Some(on) = &self.on else { return };
+        let Some(publisher) = &self.publisher else {
+            return;
+        };
         if changes.is_empty() {
             return;
         }
         for change in &changes {
-            on.publisher.publish(change.clone());
+            publisher.publish(change.clone());
         }
-        let _ = on.queue.send(Queued::Changes(changes));
+        if let Some(queue) = &self.queue {
+            let _ = queue.send(Queued::Changes(changes));
+        }
     }
 
     /// Resolves once every change queued before the call has been announced,
     /// or given up (see the module doc).
     pub(crate) async fn flushed(&self) {
-        let Some(on) = &self.on else { return };
+        let Some(queue) = &self.queue else { return };
         let (done, answered) = oneshot::channel();
-        if on.queue.send(Queued::Flush(done)).is_ok() {
+        if queue.send(Queued::Flush(done)).is_ok() {
             let _ = answered.await;
         }
     }
@@ -199,23 +249,33 @@ async fn announce(
             Queued::Changes(c) => changes.extend(c),
             Queued::Flush(done) => flushes.push(done),
         };
+        let first_at = Instant::now();
+        let mut last_at = first_at;
         take(first, &mut changes, &mut flushes);
-        // The batch gathers for ANNOUNCE_EVERY from its first change, unless
-        // a flush asks for it (or the store is gone).
-        let until = Instant::now() + ANNOUNCE_EVERY;
+        // The batch gathers until `send_at`, unless a flush asks for it (or
+        // the store is gone).
         loop {
+            let before = changes.len();
             while let Ok(q) = queued.try_recv() {
                 take(q, &mut changes, &mut flushes);
+            }
+            if changes.len() > before {
+                last_at = Instant::now();
             }
             if !flushes.is_empty() || changes.is_empty() {
                 break;
             }
             tokio::select! {
                 q = queued.recv() => match q {
-                    Some(q) => take(q, &mut changes, &mut flushes),
+                    Some(q) => {
+                        if matches!(q, Queued::Changes(_)) {
+                            last_at = Instant::now();
+                        }
+                        take(q, &mut changes, &mut flushes);
+                    }
                     None => break,
                 },
-                () = tokio::time::sleep_until(until) => break,
+                () = tokio::time::sleep_until(send_at(first_at, last_at)) => break,
             }
         }
         if !changes.is_empty() {
@@ -229,6 +289,13 @@ async fn announce(
             let _ = done.send(());
         }
     }
+}
+
+/// When a batch whose first change was queued at `first` and its latest at
+/// `last` is announced: [`ANNOUNCE_QUIET`] after the latest, at most
+/// [`ANNOUNCE_WITHIN`] after the first.
+fn send_at(first: Instant, last: Instant) -> Instant {
+    (last + ANNOUNCE_QUIET).min(first + ANNOUNCE_WITHIN)
 }
 
 /// The payloads announcing `changes`: one per change, or one
@@ -345,6 +412,23 @@ mod tests {
     #[test]
     fn the_announcement_goes_to_the_channel_the_instances_listen_on() {
         assert!(ANNOUNCE_SQL.contains(&format!("'{}'", idem_store::changes::CHANNEL)));
+    }
+
+    #[test]
+    fn a_batch_goes_once_quiet_or_at_its_cap() {
+        let first = Instant::now();
+        let ms = Duration::from_millis;
+        // A lone change, and one that followed within the quiet time.
+        assert_eq!(send_at(first, first), first + ANNOUNCE_QUIET);
+        assert_eq!(
+            send_at(first, first + ms(12)),
+            first + ms(12) + ANNOUNCE_QUIET
+        );
+        // A steady stream: at the cap.
+        assert_eq!(
+            send_at(first, first + ANNOUNCE_WITHIN - ms(5)),
+            first + ANNOUNCE_WITHIN
+        );
     }
 
     #[test]

@@ -33,6 +33,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use announce::Notifications;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use idem_store::contracts::StoredContracts;
 use idem_store::ops::{Authenticate, Call, Submit};
@@ -218,9 +219,14 @@ pub async fn connect(url: &str, options: PgOptions) -> Result<Store> {
 }
 
 /// The tokio-postgres configuration of `url` with idem's session settings
-/// added, and where it points.
-fn session_config(url: &str, options: &PgOptions) -> Result<(tokio_postgres::Config, Target)> {
+/// added, where it points, and who notifies (read from the URL's own
+/// options, before idem's are added).
+fn session_config(
+    url: &str,
+    options: &PgOptions,
+) -> Result<(tokio_postgres::Config, Target, Notifications)> {
     let (mut cfg, target) = target::parse(url)?;
+    let notify = notifications(&cfg);
     // Generic plans: idem's statements are point and range lookups on indexed
     // columns whose best plan does not depend on the values, and with array
     // parameters (`unnest`, `= ANY`) PostgreSQL otherwise re-plans the submit
@@ -228,15 +234,15 @@ fn session_config(url: &str, options: &PgOptions) -> Result<(tokio_postgres::Con
     // cheaper because they know the array length). `idem.notify=off`: the
     // `events` trigger sends nothing from these sessions (migration 14); the
     // store announces what it committed itself, after the commit
-    // (`announce.rs`), unless the URL's options turn the trigger on
-    // ([`trigger_notifies`]).
+    // (`announce.rs`), unless the URL's options turn the trigger on or
+    // notifications off ([`notifications`]).
     let mut ours = format!(
         "-c synchronous_commit=on -c plan_cache_mode=force_generic_plan \
          -c statement_timeout={} -c idle_in_transaction_session_timeout={}",
         options.statement_timeout.as_millis(),
         options.idle_in_transaction_timeout.as_millis(),
     );
-    if !trigger_notifies(&cfg) {
+    if notify == Notifications::Announced {
         ours.push_str(" -c idem.notify=off");
     }
     let all = match cfg.get_options() {
@@ -267,23 +273,28 @@ fn session_config(url: &str, options: &PgOptions) -> Result<(tokio_postgres::Con
         .keepalives_idle(KEEPALIVE_IDLE)
         .keepalives_interval(KEEPALIVE_INTERVAL)
         .keepalives_retries(KEEPALIVE_RETRIES);
-    Ok((cfg, target))
+    Ok((cfg, target, notify))
 }
 
-/// Whether the URL's `options` set `idem.notify=on` (`-c idem.notify=on`):
-/// then every data transaction notifies from the `events` trigger at its
-/// commit, as binaries before migration 14 did, and the store announces
-/// nothing itself. A fallback (and the comparison point of
-/// docs/benchmarks.md): each notifying commit then takes PostgreSQL's
-/// notification lock.
-fn trigger_notifies(cfg: &tokio_postgres::Config) -> bool {
-    cfg.get_options().is_some_and(|o| {
-        // `-c idem.notify=on`, `-cidem.notify=on` or `--idem.notify=on`.
-        o.split_whitespace().any(|w| {
-            let w = w.trim_start_matches('-');
-            w == "idem.notify=on" || w == "cidem.notify=on"
-        })
-    })
+/// Who notifies the other instances, from the URL's `options`
+/// (`-c idem.notify=on|off`, see [`Notifications`]): the last setting of
+/// `idem.notify` counts, as in PostgreSQL; without one, the announcer.
+fn notifications(cfg: &tokio_postgres::Config) -> Notifications {
+    let mut chosen = Notifications::Announced;
+    let Some(options) = cfg.get_options() else {
+        return chosen;
+    };
+    // `-c idem.notify=on`, `-cidem.notify=on` or `--idem.notify=on`.
+    for w in options.split_whitespace() {
+        let w = w.trim_start_matches('-');
+        let w = w.strip_prefix('c').unwrap_or(w);
+        match w {
+            "idem.notify=on" => chosen = Notifications::Trigger,
+            "idem.notify=off" => chosen = Notifications::Off,
+            _ => {}
+        }
+    }
+    chosen
 }
 
 impl PgBackend {
@@ -293,8 +304,8 @@ impl PgBackend {
     /// # Errors
     /// As [`connect`].
     pub async fn connect(url: &str, options: PgOptions) -> Result<PgBackend> {
-        let (cfg, target) = session_config(url, &options)?;
-        let own = if trigger_notifies(&cfg) {
+        let (cfg, target, notifications) = session_config(url, &options)?;
+        let own = if notifications == Notifications::Trigger {
             announce::OwnSession::trigger()
         } else {
             announce::OwnSession::default()
@@ -347,15 +358,15 @@ impl PgBackend {
         }
         let schema = Arc::new(SchemaWatch::new());
         let _ = schema.record(&options.clock, Ok(()));
-        let announcer = if own.trigger {
-            announce::Announcer::off()
-        } else {
-            announce::Announcer::start(
+        let announcer = match notifications {
+            Notifications::Trigger => announce::Announcer::trigger(),
+            Notifications::Off => announce::Announcer::silent(listening.changes.publisher()),
+            Notifications::Announced => announce::Announcer::start(
                 cfg_announce,
                 tls::connector(&target)?,
                 listening.changes.publisher(),
                 own,
-            )
+            ),
         };
         let (submits, queue) = batch::queue();
         let stored = Arc::new(StoredContracts::new());
@@ -424,7 +435,7 @@ mod tests {
 
     #[test]
     fn session_options_are_appended() {
-        let (cfg, _) = session_config(
+        let (cfg, _, notify) = session_config(
             "postgres://u@localhost:5432/db?options=-c%20search_path%3Dx",
             &PgOptions::default(),
         )
@@ -435,12 +446,33 @@ mod tests {
         assert!(o.contains("statement_timeout=10000"), "{o}");
         assert!(o.contains("plan_cache_mode=force_generic_plan"), "{o}");
         assert!(o.contains("idem.notify=off"), "{o}");
-        let (cfg, _) = session_config(
+        assert_eq!(notify, Notifications::Announced);
+        let (cfg, _, notify) = session_config(
             "postgres://u@localhost:5432/db?options=-c%20idem.notify%3Don",
             &PgOptions::default(),
         )
         .unwrap();
-        assert!(trigger_notifies(&cfg));
+        assert_eq!(notify, Notifications::Trigger);
         assert!(!cfg.get_options().unwrap().contains("idem.notify=off"));
+        let (cfg, _, notify) = session_config(
+            "postgres://u@localhost:5432/db?options=-c%20idem.notify%3Doff",
+            &PgOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(notify, Notifications::Off);
+        assert_eq!(
+            cfg.get_options()
+                .unwrap()
+                .matches("idem.notify=off")
+                .count(),
+            1
+        );
+        // The last setting counts, as in PostgreSQL.
+        let (_, _, notify) = session_config(
+            "postgres://u@localhost:5432/db?options=-c%20idem.notify%3Doff%20-cidem.notify%3Don",
+            &PgOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(notify, Notifications::Trigger);
     }
 }

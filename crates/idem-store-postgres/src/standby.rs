@@ -95,7 +95,7 @@ impl SyncStandbyWatch {
     /// cannot be used. An unreachable database is not an error: the reading
     /// is then [`SyncStandby::Unchecked`].
     pub async fn start(url: &str, every: Duration) -> Result<SyncStandbyWatch> {
-        let (cfg, target) = session_config(url, &PgOptions::default())?;
+        let (cfg, target, _) = session_config(url, &PgOptions::default())?;
         let tls = tls::connector(&target)?;
         let mut client = None;
         let first = check(&cfg, &tls, &mut client).await;

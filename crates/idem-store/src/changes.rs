@@ -5,9 +5,10 @@
 //! - PostgreSQL: the instance that committed a transaction publishes its
 //!   events here right after `COMMIT`, and queues them for its announcer,
 //!   which sends them to the other instances from a connection of its own,
-//!   outside every data transaction: one statement `ANNOUNCE_EVERY`
-//!   (idem-store-postgres) after the first change it carries was queued,
-//!   carrying all changes queued since the last, one `NOTIFY idem_changes` ([`CHANNEL`]) per change
+//!   outside every data transaction: one statement once no change was
+//!   queued for `ANNOUNCE_QUIET` (20 ms, idem-store-postgres), at most
+//!   `ANNOUNCE_WITHIN` (50 ms) after the first change it carries, carrying
+//!   all changes queued since the last, one `NOTIFY idem_changes` ([`CHANNEL`]) per change
 //!   (payload [`Change::to_payload`]), or one [`RESYNC_PAYLOAD`] for a burst
 //!   too large to name. Each instance keeps one listening connection,
 //!   republishes here what the others announced, and skips what its own

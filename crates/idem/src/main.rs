@@ -22,6 +22,7 @@ mod serve;
 mod store;
 mod task;
 mod task_action;
+mod task_text;
 mod telemetry;
 
 use idem_server::output::{say, say_strict, tell};

@@ -8,15 +8,28 @@ use clap::{Args, Subcommand};
 use idem_store::Store;
 use uuid::Uuid;
 
+use std::path::PathBuf;
+
+use idem_server::output::say;
+
+use crate::config::read_config;
 use crate::output::print_json;
 
 /// `idem task …`.
 #[derive(Subcommand)]
 pub(crate) enum TaskCommand {
-    /// The task as JSON.
+    /// The task as JSON, or with `--summary` as lines for people.
     Show {
         /// Task id.
         id: Uuid,
+        /// Lines instead of JSON: state, the class's display fields, the
+        /// delivery's charge and the cancellation's fee with their currency.
+        #[arg(long)]
+        summary: bool,
+        /// TOML configuration whose `[display]` fields `--summary` shows,
+        /// as `serve`'s; default: the bundled one.
+        #[arg(long, env = "IDEM_CONFIG")]
+        config: Option<PathBuf>,
     },
     /// The event history as JSON.
     Events {
@@ -29,7 +42,8 @@ pub(crate) enum TaskCommand {
         id: Uuid,
     },
     /// One page of a tenant's tasks, newest first, as JSON
-    /// `{"tasks": [...], "next_cursor": ...}` (SPEC §4 "Task search").
+    /// `{"tasks": [...], "next_cursor": ...}` (SPEC §4 "Task search"), or
+    /// with `--table` as columns.
     List(ListArgs),
     #[command(flatten)]
     Action(crate::task_action::TaskAction),
@@ -63,6 +77,14 @@ pub(crate) struct ListArgs {
     /// `unacknowledged`.
     #[arg(long)]
     second_effect: Option<String>,
+    /// Columns instead of JSON: id, class, state, the classes' display
+    /// fields, the charge and the cancellation fee with their currency.
+    #[arg(long)]
+    table: bool,
+    /// TOML configuration whose `[display]` fields `--table` shows, as
+    /// `serve`'s; default: the bundled one.
+    #[arg(long, env = "IDEM_CONFIG")]
+    config: Option<PathBuf>,
     /// Page size, 1–200 (default 50).
     #[arg(long)]
     limit: Option<String>,
@@ -103,12 +125,22 @@ impl ListArgs {
 /// No such task; a bad filter (the HTTP API's 400 detail); storage failures.
 pub(crate) async fn run(store: &Store, command: TaskCommand) -> Result<()> {
     match command {
-        TaskCommand::Show { id } => print_json(
-            &store
+        TaskCommand::Show {
+            id,
+            summary,
+            config,
+        } => {
+            let task = store
                 .get_task(None, id)
                 .await?
-                .map_err(|_| anyhow!("no task {id}"))?,
-        ),
+                .map_err(|_| anyhow!("no task {id}"))?;
+            if summary {
+                let config = read_config(config.as_ref())?;
+                Ok(say(crate::task_text::summary(&task, &config))?)
+            } else {
+                print_json(&task)
+            }
+        }
         TaskCommand::Events { id } => print_json(
             &store
                 .list_events(None, id)
@@ -123,10 +155,20 @@ pub(crate) async fn run(store: &Store, command: TaskCommand) -> Result<()> {
         ),
         TaskCommand::List(args) => {
             let tenant = args.tenant.clone();
+            let table = args.table;
+            let config = args.config.clone();
             let key = store.cursor_key().await?;
             let query = idem_http::read_task_query(&args.pairs(), &key, &tenant)
                 .map_err(|p| anyhow!("{}", p.detail))?;
             let page = store.search_tasks(&tenant, query).await?;
+            if table {
+                let config = read_config(config.as_ref())?;
+                say(crate::task_text::table(&page.tasks, &config))?;
+                if let Some(c) = page.next_cursor {
+                    say(format!("next cursor: {}", key.seal(&tenant, &c)))?;
+                }
+                return Ok(());
+            }
             print_json(&idem_api::TasksPage {
                 tasks: page.tasks,
                 next_cursor: page.next_cursor.map(|c| key.seal(&tenant, &c)),

@@ -167,6 +167,8 @@ def test_the_async_client_streams_while_the_task_runs(tenant: Tenant) -> None:
     types, task = asyncio.run(scenario())
     assert types[0] == "task_submitted" and types[-1] == "delivered"
     assert task.state == "succeeded" and task.usage == 2 and task.delivery.result == {"ok": True}
+    # generation.dispatch names no fee currency: the charge is minor units of none.
+    assert task.delivery.charge == task.contract["price"] and task.delivery.currency is None
 
 
 def test_a_second_effect_is_shown_searched_and_acknowledged_by_an_admin(tenant: Tenant, server: Server) -> None:

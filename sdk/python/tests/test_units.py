@@ -84,3 +84,14 @@ def test_every_problem_code_of_the_server_has_its_class() -> None:
     openapi = json.loads((Path(__file__).resolve().parents[3] / "docs" / "openapi.json").read_text())
     codes = set(openapi["components"]["schemas"]["ProblemCode"]["enum"])
     assert codes and codes == set(idem.ERRORS_BY_CODE)
+
+
+def test_amounts_carry_their_currency_beside_the_integer() -> None:
+    at = "2026-01-01T00:00:00.000Z"
+    d = idem.Delivery.from_json({"result": {}, "delivered_at": at, "charge": 100, "currency": "EUR"})
+    assert (d.charge, d.currency) == (100, "EUR")
+    # A server that does not send it, or a contract without a currency: None.
+    assert idem.Delivery.from_json({"result": {}, "delivered_at": at, "charge": 100}).currency is None
+    c = idem.Cancellation.from_json({"status": "too_late", "requested_at": at, "fee": 100, "currency": "JPY"})
+    assert (c.fee, c.currency) == (100, "JPY")
+    assert idem.Cancellation.from_json({"status": "requested", "requested_at": at, "currency": None}).currency is None

@@ -307,13 +307,20 @@ describe("Client against idem serve", () => {
     assert.equal(c.status, 200);
     assert.equal(c.cancellation.status, "confirmed");
     assert.equal(c.task.state, "cancelled");
+    // generation.dispatch names no fee currency: minor units of none.
+    assert.equal(c.cancellation.currency, null);
 
     const { task } = await client.submit("payment.release", payment(), key());
+    assert.equal(task.contract.fees.currency, "EUR");
+    assert.equal(task.contract.fees.exponent, 2);
     await assert.rejects(client.ackDelivery(task.id), NotDeliveredError);
     await complete(executor, task.id, { payout: "p-3" });
     const acked = await client.ackDelivery(task.id);
     assert.ok(acked.delivery?.acknowledged_at);
     assert.deepEqual(acked.delivery?.result, { payout: "p-3" });
+    // The charge stays an integer of minor units; its currency is beside it.
+    assert.equal(acked.delivery?.charge, 100);
+    assert.equal(acked.delivery?.currency, "EUR");
     assert.equal((await client.ackDelivery(task.id)).delivery?.acknowledged_at, acked.delivery?.acknowledged_at);
   });
 

@@ -442,6 +442,11 @@ pub struct AttemptReleased {
 pub struct Delivered {
     /// The charge, minor units.
     pub charge: i64,
+    /// ISO 4217 code of the amount's currency (the contract's
+    /// `fees.currency`): `Some(None)` is `null` (the contract names none);
+    /// `None` is absent, in events recorded before idem carried it.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "present")]
+    pub currency: Option<Option<String>>,
     /// The external system's transaction id, if known.
     pub external_txn_id: Option<String>,
 }
@@ -461,6 +466,11 @@ pub struct CancelRequested {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CancelConfirmed {
+    /// ISO 4217 code of the amount's currency (the contract's
+    /// `fees.currency`): `Some(None)` is `null` (the contract names none);
+    /// `None` is absent, in events recorded before idem carried it.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "present")]
+    pub currency: Option<Option<String>>,
     /// The attempt a store rewind ended (only when a rewind confirmed it).
     #[serde(default, skip_serializing_if = "Option::is_none", with = "present")]
     pub ended_attempt_id: Option<Option<Uuid>>,
@@ -479,6 +489,11 @@ pub struct CancelConfirmed {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CancelTooLate {
+    /// ISO 4217 code of the amount's currency (the contract's
+    /// `fees.currency`): `Some(None)` is `null` (the contract names none);
+    /// `None` is absent, in events recorded before idem carried it.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "present")]
+    pub currency: Option<Option<String>>,
     /// The fee: the delivery's charge, or 0.
     pub fee: i64,
     /// The terminal state found, when the task had already ended (absent when

@@ -521,6 +521,7 @@ fn a_state_change_from_an_old_generation_is_caught() {
         at: "2026-01-01T00:00:00.000Z".into(),
         data: typed(EventData::Delivered(Delivered {
             charge: 100,
+            currency: Some(None),
             external_txn_id: None,
         })),
     });

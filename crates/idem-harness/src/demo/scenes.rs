@@ -84,7 +84,7 @@ impl Demo {
             again.status,
             short(again.task.id),
             again.task.state,
-            charge(delivered_charge, currency_of(&again.task.params)),
+            charge(delivered_charge, &again.task.contract),
             txn.clone().unwrap_or_else(|| "none".into())
         ));
         let ack1 = self.agent_patient.ack_delivery(task_id).await;
@@ -114,7 +114,7 @@ impl Demo {
             "The provider moved money {} for this task; idem recorded {} with {}.",
             times(self.provider.money_moved(task_id)),
             count(delivered, "delivery"),
-            charge(delivered_charge, currency_of(&again.task.params))
+            charge(delivered_charge, &again.task.contract)
         ));
         self.say("Invariant: one key names one business operation, so every retry returns the same task and the payment happens once.");
         self.check(
@@ -204,7 +204,7 @@ impl Demo {
             "Afterwards task {} is {} with its original amount {} and payee {}; the provider received {}.",
             short(after.id),
             if unchanged { "untouched" } else { "CHANGED" },
-            money(after.params["amount"].as_i64().unwrap_or(0), currency_of(&after.params)),
+            money(after.params["amount"].as_i64().unwrap_or(0), after.params["currency"].as_str().unwrap_or("")),
             after.params["payee"].as_str().unwrap_or("?"),
             match self.provider.total_pay_requests() - pays_before {
                 0 => "no new payment request".to_owned(),
@@ -299,7 +299,7 @@ impl Demo {
             "The agent now reads task {}: {} with {} for the delivery, transaction {}. The provider received {} and {} for it, and paid {}.",
             short(done.id),
             done.state,
-            charge(done.delivery.as_ref().map(|d| d.charge), currency_of(&done.params)),
+            charge(done.delivery.as_ref().map(|d| d.charge), &done.contract),
             delivery_txn.clone().unwrap_or_else(|| "none".into()),
             count(self.provider.pay_requests(task.id), "payment request"),
             count(self.provider.lookups(task.id), "lookup"),
@@ -495,11 +495,14 @@ impl Demo {
         let c = done.cancellation.clone();
         let delivered_charge = done.delivery.as_ref().map(|d| d.charge);
         self.say(format!(
-            "The executor's success report arrives first: task {} with {} for the delivery. The cancellation became `{}` with {}, equal to the delivery's charge (after delivery a cancellation costs the full price); asking again answers {} `{}`.",
+            "The executor's success report arrives first: task {} with {} for the delivery. After delivery a cancellation costs the full price, so the cancellation became `{}`: {}. Asking again answers {} `{}`.",
             done.state,
-            charge(delivered_charge, currency_of(&done.params)),
+            charge(delivered_charge, &done.contract),
             c.as_ref().map_or("none".into(), |c| c.status.to_string()),
-            cancel_fee(c.as_ref().and_then(|c| c.fee), currency_of(&done.params)),
+            match (c.as_ref().and_then(|c| c.fee), delivered_charge) {
+                (Some(fee), Some(paid)) if fee == paid => too_late(paid, &done.contract),
+                (fee, _) => cancel_fee(fee, &done.contract),
+            },
             again.status,
             again.cancellation.status
         ));
@@ -547,7 +550,7 @@ impl Demo {
             "The executor stops without paying and reports cancelled with 4 usage units: task {}, cancellation `{}` with {}: the fixed fee plus 4 units × the unit price, and no delivery charge; generation raised from {} to {}.",
             stopped.state,
             c.as_ref().map_or("none".into(), |c| c.status.to_string()),
-            cancel_fee(c.as_ref().and_then(|c| c.fee), currency_of(&stopped.params)),
+            cancel_fee(c.as_ref().and_then(|c| c.fee), &stopped.contract),
             a.generation,
             stopped.generation
         ));

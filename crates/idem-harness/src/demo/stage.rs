@@ -78,38 +78,38 @@ pub(super) fn short(id: Uuid) -> String {
     format!("…{}", &s[s.len() - 8..])
 }
 
-/// An amount of integer minor units of `currency` (cents for EUR), as
-/// `EUR 12.50 (1250 minor units)`.
+/// An amount of integer minor units of the ISO 4217 `currency` (a payment's
+/// own amount, cents for EUR), as [`Money`] writes it: `EUR 12.50`.
 pub(super) fn money(amount: i64, currency: &str) -> String {
-    format!(
-        "{currency} {}.{:02} ({amount} minor units)",
-        amount / 100,
-        amount % 100
-    )
+    Money::new(amount, Currency::from_code(currency).ok()).to_string()
 }
 
-/// The `currency` of a payment's params (`?` when it has none).
-pub(super) fn currency_of(params: &serde_json::Value) -> &str {
-    params["currency"].as_str().unwrap_or("?")
+/// `amount` minor units of the fee currency frozen into `contract`
+/// (`fees.currency`, `fees.exponent`), or of no named currency.
+pub(super) fn fee_money(contract: &Contract, amount: i64) -> Money {
+    let currency = contract.currency().map(|(code, exponent)| Currency {
+        code: code.to_owned(),
+        exponent,
+    });
+    Money::new(amount, currency)
 }
 
-/// What idem charged for a delivery, with units: `a charge of EUR 1.00 (100
-/// minor units)`. idem's fees are integer minor units of no named currency
-/// (SPEC §5); the demo reads them in the payment's currency.
-pub(super) fn charge(amount: Option<i64>, currency: &str) -> String {
-    amount.map_or_else(
-        || "no charge".to_owned(),
-        |c| format!("a charge of {}", money(c, currency)),
-    )
+/// What idem charged for a delivery, in the contract's currency: `a charge of
+/// EUR 1.00`, or `no charge` ([`money::charge_words`]).
+pub(super) fn charge(amount: Option<i64>, contract: &Contract) -> String {
+    money::charge_words(amount.map(|a| fee_money(contract, a)).as_ref())
 }
 
-/// A cancellation's fee, with units: `a cancellation fee of EUR 0.14 (14
-/// minor units)` (as [`charge`]).
-pub(super) fn cancel_fee(amount: Option<i64>, currency: &str) -> String {
-    amount.map_or_else(
-        || "no cancellation fee".to_owned(),
-        |f| format!("a cancellation fee of {}", money(f, currency)),
-    )
+/// A cancellation's fee, in the contract's currency: `a cancellation fee of
+/// EUR 0.14` ([`money::fee_words`]).
+pub(super) fn cancel_fee(amount: Option<i64>, contract: &Contract) -> String {
+    money::fee_words(amount.map(|a| fee_money(contract, a)).as_ref())
+}
+
+/// A cancellation that lost to delivery: the one charge, the delivery's, and
+/// that the fee is that same charge ([`money::too_late_words`]).
+pub(super) fn too_late(charge: i64, contract: &Contract) -> String {
+    money::too_late_words(&fee_money(contract, charge))
 }
 
 pub(super) fn status_of(r: &Result<impl Sized, ClientError>) -> String {

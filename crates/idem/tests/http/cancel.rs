@@ -171,6 +171,88 @@ async fn cancel_requested_then_succeeded_is_too_late() {
     assert_eq!(task["cancellation"]["fee"], task["delivery"]["charge"]);
     let r = srv.cancel(&id).await;
     assert_eq!(r.ok(200)["cancellation"], task["cancellation"]);
+
+    // The amounts stay integers of minor units, the currency the contract
+    // froze beside them (SPEC §5 "Money"), in the answer and the events.
+    assert_eq!(task["contract"]["fees"]["currency"], json!("EUR"));
+    assert_eq!(task["contract"]["fees"]["exponent"], json!(2));
+    assert_eq!(task["delivery"]["currency"], json!("EUR"));
+    assert_eq!(task["cancellation"]["currency"], json!("EUR"));
+    let events = srv.events(&id).await;
+    for kind in ["delivered", "cancel_too_late"] {
+        let e = events.iter().find(|e| e["type"] == kind).expect(kind);
+        assert_eq!(e["data"]["currency"], json!("EUR"), "{e}");
+    }
+    // The CLI says the one charge, in euros, and that the fee is that charge.
+    let (ok, out, err) = srv.cli(&["task", "show", &id, "--summary"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("delivery: a charge of EUR 1.00"), "{out}");
+    assert!(
+        out.contains("cancellation: `too_late`: the cancellation fee is the delivery's charge, EUR 1.00, charged once (no second charge)"),
+        "{out}"
+    );
+    assert_eq!(out.matches("EUR 1.00").count(), 2, "{out}");
+    let (ok, out, err) = srv.cli(&["task", "list", "--tenant", "acme", "--table"]);
+    assert!(ok, "{err}");
+    let mut lines = out.lines();
+    let header: Vec<&str> = lines
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        header,
+        [
+            "ID",
+            "OPERATION",
+            "STATE",
+            "PAYEE",
+            "AMOUNT",
+            "CURRENCY",
+            "CHARGE",
+            "FEE"
+        ]
+    );
+    let row = lines
+        .find(|l| l.starts_with(id.as_str()))
+        .unwrap_or_default();
+    assert!(
+        row.contains("EUR 1.00") && row.ends_with("= charge"),
+        "{out}"
+    );
+}
+
+#[tokio::test]
+async fn a_class_without_a_currency_says_minor_units() {
+    let srv = Server::fast().await;
+    let t = srv
+        .new_task("c-minor", "generation.dispatch", generation("x"))
+        .await;
+    let id = s(&t["id"]);
+    assert!(t["contract"]["fees"].get("currency").is_none(), "{t}");
+    let a = srv.claim_one("generation.dispatch", None).await;
+    let task = srv
+        .report(
+            &s(&a["id"]),
+            json!({"generation": 1, "outcome": "succeeded", "result": {"img": 1}}),
+        )
+        .await
+        .ok(200)["task"]
+        .clone();
+    assert_eq!(task["delivery"]["charge"], json!(50));
+    assert_eq!(task["delivery"]["currency"], Value::Null);
+    let events = srv.events(&id).await;
+    let delivered = events
+        .iter()
+        .find(|e| e["type"] == "delivered")
+        .expect("delivered");
+    assert_eq!(delivered["data"]["currency"], Value::Null, "{delivered}");
+    let (ok, out, err) = srv.cli(&["task", "show", &id, "--summary"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("delivery: a charge of 50 minor units"),
+        "{out}"
+    );
 }
 
 #[tokio::test]

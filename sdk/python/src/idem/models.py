@@ -37,27 +37,38 @@ def _time(value: str) -> datetime:
 @dataclass(frozen=True)
 class Cancellation:
     """A cancellation record: ``status`` is ``requested``, ``confirmed`` or ``too_late``;
-    ``fee`` (minor units) is None while pending."""
+    ``fee`` (minor units) is None while pending; ``currency`` is the ISO 4217 code
+    of the contract's fees (``"EUR"``), None when the contract names none."""
 
     status: str
     requested_at: datetime
     confirmed_at: datetime | None = None
     fee: int | None = None
+    currency: str | None = None
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Cancellation:
-        return cls(d["status"], _time(d["requested_at"]), parse_time(d.get("confirmed_at")), d.get("fee"))
+        return cls(
+            d["status"],
+            _time(d["requested_at"]),
+            parse_time(d.get("confirmed_at")),
+            d.get("fee"),
+            d.get("currency"),
+        )
 
 
 @dataclass(frozen=True)
 class Delivery:
-    """The recorded final outcome; ``charge`` is the contract price, charged once."""
+    """The recorded final outcome; ``charge`` is the contract price in minor units,
+    charged once; ``currency`` is its ISO 4217 code (``"EUR"``), None when the
+    contract names none."""
 
     result: Any
     delivered_at: datetime
     charge: int
     external_txn_id: str | None = None
     acknowledged_at: datetime | None = None
+    currency: str | None = None
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Delivery:
@@ -67,6 +78,7 @@ class Delivery:
             d["charge"],
             d.get("external_txn_id"),
             parse_time(d.get("acknowledged_at")),
+            d.get("currency"),
         )
 
 

@@ -411,7 +411,7 @@ export interface components {
              * @description The suspected second effect's transaction id, as the task's
              *     `second_effects` shows it (`null`: the one without an id). Required.
              */
-            external_txn_id?: string | null;
+            external_txn_id: string | null;
             /** @description Why, as in [`ReasonBody`]. */
             reason: string;
             /** @description How it was settled. */
@@ -507,6 +507,12 @@ export interface components {
         /** @description A cancellation record (SPEC §2.7, CANCEL-01). */
         Cancellation: {
             confirmed_at?: components["schemas"]["Timestamp"] | null;
+            /**
+             * @description ISO 4217 code of the fee's currency (the contract's `fees.currency`);
+             *     `null` when the contract names none (minor units of no named currency).
+             * @example EUR
+             */
+            currency?: string | null;
             /**
              * Format: int64
              * @description Fee in minor currency units, by the frozen contract; `null` while pending.
@@ -637,6 +643,12 @@ export interface components {
              * @description Charge in minor currency units: always the contract price, charged once.
              */
             charge: number;
+            /**
+             * @description ISO 4217 code of the charge's currency (the contract's
+             *     `fees.currency`); `null` when the contract names none.
+             * @example EUR
+             */
+            currency?: string | null;
             /** @description When the result was recorded. */
             delivered_at: components["schemas"]["Timestamp"];
             /** @description The external system's transaction id, when the executor gave one. */
@@ -759,7 +771,15 @@ export interface components {
              */
             next_cursor: string;
         };
-        /** @description Fee policy, integer minor currency units (SPEC §5). After delivery the fee is the full price. */
+        /**
+         * @description Fee policy, integer minor currency units (SPEC §5). After delivery the fee is the full price.
+         *
+         *     `currency` names the ISO 4217 currency the amounts are minor units of
+         *     (`"EUR"`: cents); `exponent`, its minor-unit exponent, is never configured:
+         *     it is taken from the ISO 4217 table when the contract is frozen. Both are absent for a class that names no currency (amounts are
+         *     then "minor units" of no named currency) and in contracts frozen before
+         *     idem carried them.
+         */
         Fees: {
             /**
              * Format: int64
@@ -771,6 +791,17 @@ export interface components {
              * @description Fee for a cancellation confirmed before any attempt started.
              */
             cancel_before_start: number;
+            /**
+             * @description ISO 4217 alphabetic code of the currency the amounts are in, e.g. `EUR`.
+             * @example EUR
+             */
+            currency?: string | null;
+            /**
+             * Format: int32
+             * @description Decimals of the currency's minor unit (EUR 2, JPY 0, KWD 3), from ISO
+             *     4217; present in a contract whenever `currency` is.
+             */
+            exponent?: number | null;
             /**
              * Format: int64
              * @description Price of a delivered task (the delivery's charge).

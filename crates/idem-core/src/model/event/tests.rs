@@ -46,6 +46,32 @@ fn absent_null_and_present_members_keep_their_form() {
         EventKind::Delivered,
         r#"{"charge":100,"external_txn_id":null}"#,
     );
+    // The amount's currency: absent in events recorded before idem carried
+    // it, `null` when the contract names none, else the ISO 4217 code.
+    for (text, expected) in [
+        (r#"{"charge":100,"external_txn_id":null}"#, None),
+        (
+            r#"{"charge":100,"currency":null,"external_txn_id":null}"#,
+            Some(None),
+        ),
+        (
+            r#"{"charge":100,"currency":"EUR","external_txn_id":null}"#,
+            Some(Some("EUR")),
+        ),
+    ] {
+        let EventData::Delivered(d) = round_trip(EventKind::Delivered, text) else {
+            panic!("not typed: {text}");
+        };
+        assert_eq!(d.currency, expected.map(|c| c.map(str::to_owned)));
+    }
+    round_trip(
+        EventKind::CancelTooLate,
+        r#"{"currency":"JPY","fee":100,"status":"too_late"}"#,
+    );
+    round_trip(
+        EventKind::CancelConfirmed,
+        r#"{"currency":null,"fee":14,"generation":2,"usage":4}"#,
+    );
 }
 
 #[test]
@@ -56,7 +82,7 @@ fn data_that_does_not_fit_its_kind_is_kept_as_stored() {
     for (kind, text) in [
         (
             EventKind::Delivered,
-            r#"{"charge":100,"currency":"EUR","external_txn_id":null}"#,
+            r#"{"charge":100,"external_txn_id":null,"refund":0}"#,
         ),
         (
             EventKind::ReconciliationRequired,

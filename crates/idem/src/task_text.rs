@@ -1,0 +1,289 @@
+//! `idem task show --summary` and `idem task list --table`: a task as lines
+//! and a page of tasks as columns, for people. Every amount is written by
+//! [`idem_core::money`] (`EUR 1.00`, `100 minor units`) in the currency
+//! frozen into the task's contract; the display fields are the class's
+//! `[display]` JSON Pointers into `params` (SPEC §5).
+
+use idem_core::config::Config;
+use idem_core::model::{CancelStatus, Task};
+use idem_core::money::{self, Money};
+use serde_json::Value;
+
+/// The delivery's charge in the task's currency, `None` before delivery.
+fn delivery_charge(task: &Task) -> Option<Money> {
+    task.delivery
+        .as_ref()
+        .map(|d| task.contract.money(d.charge))
+}
+
+/// A cancellation that lost to delivery: `too_late` with the delivery's
+/// charge as its fee (SPEC §2.7). Its fee is that one charge, never a second.
+fn lost_to_delivery(task: &Task) -> bool {
+    matches!(
+        (&task.cancellation, &task.delivery),
+        (Some(c), Some(d)) if c.status == CancelStatus::TooLate && c.fee == Some(d.charge)
+    )
+}
+
+/// A `params` value in a line or a cell: a string as it is (as JSON when it
+/// holds control characters), anything else as JSON, `-` when absent.
+fn value_text(value: Option<&Value>) -> String {
+    match value {
+        None => "-".to_owned(),
+        Some(Value::String(s)) if !s.chars().any(char::is_control) => s.clone(),
+        Some(v) => v.to_string(),
+    }
+}
+
+/// The cancellation line of a task: its status and fee in words; for one
+/// that lost to delivery, the one charge and that the fee is that charge.
+fn cancellation_text(task: &Task) -> Option<String> {
+    let c = task.cancellation.as_ref()?;
+    if lost_to_delivery(task)
+        && let Some(charge) = delivery_charge(task)
+    {
+        return Some(format!("`too_late`: {}", money::too_late_words(&charge)));
+    }
+    let fee = c.fee.map(|f| task.contract.money(f));
+    Some(format!(
+        "`{}` with {}",
+        c.status,
+        money::fee_words(fee.as_ref())
+    ))
+}
+
+/// `task` as lines: id, class, state, key, the class's display fields, the
+/// delivery's charge and the cancellation's fee in words.
+pub(crate) fn summary(task: &Task, config: &Config) -> String {
+    let mut lines = vec![
+        format!("task {}", task.id),
+        format!("operation: {}", task.operation),
+        format!("state: {}", task.state),
+        format!("idempotency key: {}", task.idempotency_key),
+    ];
+    if let Some(class) = config.operations.get(&task.operation) {
+        for (name, value) in class.display.values(&task.params) {
+            lines.push(format!("{name}: {}", value_text(value)));
+        }
+    }
+    if let Some(d) = &task.delivery {
+        let charge = task.contract.money(d.charge);
+        let txn = d.external_txn_id.as_deref().unwrap_or("none");
+        lines.push(format!(
+            "delivery: {}, transaction {txn}",
+            money::charge_words(Some(&charge))
+        ));
+    }
+    if let Some(c) = cancellation_text(task) {
+        lines.push(format!("cancellation: {c}"));
+    }
+    if let Some(f) = &task.failure {
+        lines.push(format!("failure: {} ({})", f.class, f.message));
+    }
+    lines.join("\n")
+}
+
+/// The page as aligned columns: ID, OPERATION, STATE, the display fields of
+/// the classes on the page (in configuration order, `-` where a task's class
+/// has no such field or its params none), CHARGE and FEE (a cancellation that
+/// lost to delivery: `= charge`, the one charge).
+pub(crate) fn table(tasks: &[Task], config: &Config) -> String {
+    let mut names: Vec<&str> = Vec::new();
+    for task in tasks {
+        if let Some(class) = config.operations.get(&task.operation) {
+            for (name, _) in class.display.iter() {
+                if !names.contains(&name) {
+                    names.push(name);
+                }
+            }
+        }
+    }
+    let mut header: Vec<String> = ["ID", "OPERATION", "STATE"].map(String::from).to_vec();
+    header.extend(names.iter().map(|n| n.to_uppercase()));
+    header.extend(["CHARGE", "FEE"].map(String::from));
+    let mut rows = vec![header];
+    for task in tasks {
+        let display = config.operations.get(&task.operation).map(|c| &c.display);
+        let mut row = vec![
+            task.id.to_string(),
+            task.operation.clone(),
+            task.state.to_string(),
+        ];
+        for name in &names {
+            let pointer = display.and_then(|d| d.iter().find(|(n, _)| n == name).map(|(_, p)| p));
+            row.push(value_text(
+                pointer.and_then(|p| task.params.pointer(p.as_ref())),
+            ));
+        }
+        row.push(delivery_charge(task).map_or("-".to_owned(), |m| m.to_string()));
+        let fee = match &task.cancellation {
+            _ if lost_to_delivery(task) => "= charge".to_owned(),
+            Some(c) => c
+                .fee
+                .map_or("-".to_owned(), |f| task.contract.money(f).to_string()),
+            None => "-".to_owned(),
+        };
+        row.push(fee);
+        rows.push(row);
+    }
+    let columns = rows.first().map_or(0, Vec::len);
+    let widths: Vec<usize> = (0..columns)
+        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
+        .collect();
+    rows.iter()
+        .map(|row| {
+            let cells: Vec<String> = row
+                .iter()
+                .zip(&widths)
+                .map(|(cell, w)| format!("{cell:<w$}"))
+                .collect();
+            cells.join("  ").trim_end().to_owned()
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use idem_core::contract::FrozenContract;
+    use idem_core::model::{Cancellation, Delivery, TaskState, Timestamp};
+    use idem_core::money::{Currency, testing};
+    use serde_json::json;
+
+    use super::*;
+
+    /// A delivered `payment.release` task whose contract is the bundled one
+    /// with `currency` frozen in, charged `charge`, with a cancellation of
+    /// `status` and `fee`.
+    fn task(currency: Option<&Currency>, charge: i64, cancel: Option<(CancelStatus, i64)>) -> Task {
+        let mut contract = Config::bundled()
+            .unwrap()
+            .contract("payment.release")
+            .unwrap();
+        contract.price = charge;
+        contract.fees.currency = currency.map(|c| c.code.clone());
+        contract.fees.exponent = currency.map(|c| c.exponent);
+        let code = contract.fees.currency.clone();
+        Task {
+            id: uuid::Uuid::now_v7(),
+            operation: "payment.release".into(),
+            idempotency_key: "invoice-A".into(),
+            fingerprint: "sha256:00".into(),
+            params: json!({"payee": "acct-alice", "amount": 1250, "currency": "EUR"}),
+            state: TaskState::Succeeded,
+            generation: 1,
+            attempt_count: 1,
+            usage: 0,
+            contract: FrozenContract::new(contract).unwrap(),
+            cancellation: cancel.map(|(status, fee)| Cancellation {
+                status,
+                requested_at: Timestamp(0),
+                confirmed_at: Some(Timestamp(1)),
+                fee: Some(fee),
+                currency: code.clone(),
+            }),
+            delivery: Some(Delivery {
+                result: json!({}),
+                external_txn_id: Some("txn-1".into()),
+                delivered_at: Timestamp(1),
+                acknowledged_at: None,
+                charge,
+                currency: code,
+            }),
+            failure: None,
+            created_at: Timestamp(0),
+            updated_at: Timestamp(1),
+            traceparent: None,
+            second_effects: Vec::new(),
+            control: Default::default(),
+        }
+    }
+
+    proptest::proptest! {
+        /// The summary and the table write the charge and a cancellation's
+        /// fee with the contract's currency code and exactly its decimals (or
+        /// `minor units`), and the amounts read back; a cancellation that lost
+        /// to delivery shows the one charge and says the fee is that charge.
+        #[test]
+        fn amounts_carry_their_currency(
+            charge in 0i64..=idem_core::json::MAX_SAFE_INTEGER as i64,
+            fee in 0i64..1_000_000,
+            which in 0usize..4,
+        ) {
+            let currency = testing::currencies().swap_remove(which);
+            let config = Config::bundled().unwrap();
+            let paid = Money::new(charge, currency.clone());
+            let lost = task(currency.as_ref(), charge, Some((CancelStatus::TooLate, charge)));
+            let text = summary(&lost, &config);
+            let delivery = text.lines().find(|l| l.starts_with("delivery: ")).unwrap();
+            proptest::prop_assert_eq!(testing::check_rendering(delivery, &paid), Ok(()));
+            let cancel = text.lines().find(|l| l.starts_with("cancellation: ")).unwrap();
+            proptest::prop_assert_eq!(testing::check_rendering(cancel, &paid), Ok(()));
+            proptest::prop_assert!(cancel.contains("the cancellation fee is the delivery's charge"));
+            proptest::prop_assert_eq!(cancel.matches(&paid.to_string()).count(), 1);
+            let row = table(std::slice::from_ref(&lost), &config);
+            let row = row.lines().nth(1).unwrap();
+            proptest::prop_assert_eq!(testing::check_rendering(row, &paid), Ok(()));
+            proptest::prop_assert!(row.ends_with("= charge"));
+
+            let mut cancelled = task(currency.as_ref(), charge, Some((CancelStatus::Confirmed, fee)));
+            cancelled.delivery = None;
+            let owed = Money::new(fee, currency);
+            let text = summary(&cancelled, &config);
+            let cancel = text.lines().find(|l| l.starts_with("cancellation: ")).unwrap();
+            proptest::prop_assert_eq!(testing::check_rendering(cancel, &owed), Ok(()));
+            let row = table(std::slice::from_ref(&cancelled), &config);
+            proptest::prop_assert_eq!(testing::check_rendering(row.lines().nth(1).unwrap(), &owed), Ok(()));
+        }
+    }
+
+    #[test]
+    fn the_table_shows_the_display_fields_as_columns() {
+        let config = Config::bundled().unwrap();
+        let eur = Currency::from_code("EUR").unwrap();
+        let t = task(Some(&eur), 100, None);
+        let text = table(std::slice::from_ref(&t), &config);
+        let mut lines = text.lines();
+        let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+        assert_eq!(
+            header,
+            [
+                "ID",
+                "OPERATION",
+                "STATE",
+                "PAYEE",
+                "AMOUNT",
+                "CURRENCY",
+                "CHARGE",
+                "FEE"
+            ]
+        );
+        let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+        assert_eq!(
+            row[1..],
+            [
+                "payment.release",
+                "succeeded",
+                "acct-alice",
+                "1250",
+                "EUR",
+                "EUR",
+                "1.00",
+                "-"
+            ]
+        );
+        let s = summary(&t, &config);
+        assert!(
+            s.contains("\npayee: acct-alice\namount: 1250\ncurrency: EUR\n"),
+            "{s}"
+        );
+        assert!(
+            s.contains("delivery: a charge of EUR 1.00, transaction txn-1"),
+            "{s}"
+        );
+        let none = task(None, 100, None);
+        assert!(summary(&none, &config).contains("a charge of 100 minor units"));
+    }
+}
