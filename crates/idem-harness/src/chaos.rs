@@ -28,10 +28,15 @@
 //! real concurrency; `faults_realized` reports what actually happened.
 //!
 //! The executors pay at an in-memory provider that is itself idempotent by task
-//! id and answers lookups for reconciliation. An executor only moves money
+//! id (or, with [`ProviderMode::NonDeduplicating`], performs every request)
+//! and answers lookups for reconciliation. An executor only moves money
 //! within the first part of its lease and never after it reported, so every
-//! payout is visible to any later reconciliation: a second pay request for a
-//! non-safe task therefore means idem repeated an effect without reconciling.
+//! payout is visible to any later reconciliation: a second pay request within
+//! the lease for a non-safe task therefore means idem repeated an effect
+//! without reconciling. Stale payers ([`Plan::with_stale_payers`]) break that
+//! rule on purpose and pay after their lease ran out: idem cannot prevent it,
+//! and must raise each such second effect it is told of as
+//! `second_effect_suspected` ([`second_effects`]).
 //!
 //! Afterwards faults stop, executors run until every task is terminal (or
 //! none became terminal for a minute: the rest is stuck), and the checker reads every task of the run's tenant (ids from the database, records
@@ -85,6 +90,10 @@ const CLIENT_PATIENCE: Duration = Duration::from_secs(30);
 
 /// How long an executor keeps retrying one report through outages.
 const REPORT_PATIENCE: Duration = Duration::from_secs(30);
+
+/// How long an executor keeps retrying a report that names an effect (an
+/// `external_txn_id`) through outages: until answered, in practice.
+const EFFECT_REPORT_PATIENCE: Duration = Duration::from_secs(120);
 
 /// How long the run waits at most for every task to become terminal after
 /// the faults stopped.

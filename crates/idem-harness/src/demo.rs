@@ -11,7 +11,10 @@
 //! - (d) a stale executor's late report after its lease expired: 409 `STALE_GENERATION`,
 //!   kept as evidence, no effect;
 //! - (e) a cancellation that loses to delivery (`too_late`, fee = charge) and one that wins
-//!   (`confirmed`, generation raised, a later report of the retired attempt refused).
+//!   (`confirmed`, generation raised, a later report of the retired attempt refused);
+//! - (f) at a provider without idempotency keys, a partition lets a stale executor pay a second
+//!   time: idem raises `second_effect_suspected` from its late report and an operator
+//!   acknowledges it (refund issued).
 //!
 //! Finally the records of every task are audited against the provider's ledger.
 //!
@@ -36,7 +39,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use idem_client::{
     AttemptKind, AttemptState, CancelStatus, ClaimedAttempt, Client, ClientError, Contract,
-    ReportBody, SubmitRetry, Task, TaskState,
+    EffectResolution, ReportBody, SecondEffect, SubmitRetry, Task, TaskState,
 };
 use idem_core::config::{Config, DEFAULT_TOML};
 use idem_core::model::Role;
@@ -70,6 +73,9 @@ pub struct DemoOptions {
     pub client_key: Option<String>,
     /// Executor (or admin) API key for `url`, of the same tenant as `client_key`.
     pub executor_key: Option<String>,
+    /// Admin API key for `url`, of the same tenant (scene f's acknowledgment);
+    /// `None`: the acknowledgment is left out.
+    pub admin_key: Option<String>,
     /// Print each line of the report to stdout as soon as it is written.
     pub echo: bool,
 }
@@ -89,17 +95,20 @@ pub enum Invariant {
     StaleChangesNothing,
     /// Cancellation and delivery never both win.
     CancelOrDeliverNeverBoth,
+    /// A second payment an executor reported is raised as suspected, once.
+    SecondEffectRaised,
 }
 
 impl Invariant {
     /// Every invariant, in report order.
-    pub const ALL: [Invariant; 6] = [
+    pub const ALL: [Invariant; 7] = [
         Invariant::OneScopeOneTask,
         Invariant::ConflictExecutedNothing,
         Invariant::OneDeliveryOneCharge,
         Invariant::ReconcileBeforeRepeat,
         Invariant::StaleChangesNothing,
         Invariant::CancelOrDeliverNeverBoth,
+        Invariant::SecondEffectRaised,
     ];
 
     /// A short plain-language statement.
@@ -117,6 +126,9 @@ impl Invariant {
                 "a stale executor's report is kept but changes nothing"
             }
             Invariant::CancelOrDeliverNeverBoth => "cancellation and delivery never both win",
+            Invariant::SecondEffectRaised => {
+                "a second payment an executor reported is raised as suspected"
+            }
         }
     }
 }
@@ -126,7 +138,7 @@ impl Invariant {
 pub struct Check {
     /// The invariant it supports.
     pub invariant: Invariant,
-    /// The scene that checked it (`a` … `e`, or `audit`).
+    /// The scene that checked it (`a` … `f`, or `audit`).
     pub scene: String,
     /// Whether it held.
     pub passed: bool,
@@ -157,7 +169,7 @@ pub async fn run(opts: DemoOptions) -> Result<DemoReport> {
     let mut demo = Demo::new(&opts, &target).await?;
     demo.header(&target);
 
-    let scenes: [(&str, &str); 5] = [
+    let scenes: [(&str, &str); 6] = [
         (
             "a",
             "Lost answer: the agent times out and retries with the same key",
@@ -166,6 +178,10 @@ pub async fn run(opts: DemoOptions) -> Result<DemoReport> {
         ("c", "The executor pays, then crashes before reporting"),
         ("d", "A stale executor reports after its lease ran out"),
         ("e", "Cancellation racing delivery"),
+        (
+            "f",
+            "A provider without idempotency keys: a stale executor pays a second time",
+        ),
     ];
     for (id, title) in scenes {
         demo.begin(id, title);
@@ -174,7 +190,8 @@ pub async fn run(opts: DemoOptions) -> Result<DemoReport> {
             "b" => demo.scene_b().await,
             "c" => demo.scene_c().await,
             "d" => demo.scene_d().await,
-            _ => demo.scene_e().await,
+            "e" => demo.scene_e().await,
+            _ => demo.scene_f().await,
         };
         demo.end(res);
     }
@@ -190,6 +207,7 @@ pub async fn run(opts: DemoOptions) -> Result<DemoReport> {
 mod audit;
 mod provider;
 mod scenes;
+mod second;
 mod stage;
 mod target;
 

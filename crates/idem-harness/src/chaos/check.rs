@@ -4,7 +4,9 @@
 
 use super::*;
 
+mod second;
 mod task;
+pub use second::*;
 use task::check_task;
 
 /// The invariants the checker verifies.
@@ -28,11 +30,14 @@ pub enum Invariant {
     Audit,
     /// Every task reached a terminal state after the faults stopped.
     Settled,
+    /// Every second effect reported to idem is raised as suspected, once;
+    /// nothing else is.
+    SecondEffectsDetected,
 }
 
 impl Invariant {
     /// Every invariant, in report order.
-    pub const ALL: [Invariant; 9] = [
+    pub const ALL: [Invariant; 10] = [
         Invariant::OneScopeOneTask,
         Invariant::ConflictExecutesNothing,
         Invariant::Fencing,
@@ -42,6 +47,7 @@ impl Invariant {
         Invariant::UsageKept,
         Invariant::Audit,
         Invariant::Settled,
+        Invariant::SecondEffectsDetected,
     ];
 
     /// Machine name.
@@ -56,6 +62,7 @@ impl Invariant {
             Invariant::UsageKept => "usage_kept",
             Invariant::Audit => "audit_history_complete",
             Invariant::Settled => "all_tasks_settled",
+            Invariant::SecondEffectsDetected => "second_effects_detected",
         }
     }
 
@@ -70,6 +77,7 @@ impl Invariant {
             Invariant::CancelOrDeliver | Invariant::UsageKept => "§2.7",
             Invariant::Audit => "§2.10",
             Invariant::Settled => "liveness",
+            Invariant::SecondEffectsDetected => "§2.12",
         }
     }
 
@@ -89,6 +97,9 @@ impl Invariant {
             Invariant::UsageKept => "usage is kept and fees follow it",
             Invariant::Audit => "event history complete and gap-free",
             Invariant::Settled => "every task terminal after the run",
+            Invariant::SecondEffectsDetected => {
+                "second effects reported to idem are raised, nothing else"
+            }
         }
     }
 }
@@ -291,7 +302,7 @@ pub fn check(input: &CheckInput) -> Vec<InvariantResult> {
     }
 
     // The provider's ledger.
-    let effects: HashMap<Uuid, &Effect> = input.effects.iter().map(|e| (e.task_id, e)).collect();
+    let effects = effects_by_task(input);
     for e in &input.effects {
         match by_id.get(&e.task_id) {
             Some(r) => {
@@ -312,20 +323,28 @@ pub fn check(input: &CheckInput) -> Vec<InvariantResult> {
             }),
         }
     }
+    // Requests executors sent within their lease: idem's doing. A request
+    // after the lease ran out (a stale payer) is the executor's fault, which
+    // idem cannot prevent; it must raise what it is told of
+    // (`second_effects_detected`).
     let mut requests: HashMap<Uuid, (BTreeSet<Uuid>, u64)> = HashMap::new();
-    for r in &input.effect_requests {
+    for r in input.effect_requests.iter().filter(|r| r.in_lease) {
         let e = requests.entry(r.task_id).or_default();
         e.0.insert(r.attempt_id);
         e.1 += u64::from(r.moved);
     }
     for (task_id, (attempts, moved)) in &requests {
-        f.ok(Invariant::OneDeliveryOneCharge, *moved <= 1, || {
-            format!("task {}: money moved {moved} times", short(*task_id))
-        });
         let safe = by_id
             .get(task_id)
             .and_then(|r| Class::from_operation(&r.task.operation))
             .is_some_and(Class::is_safe);
+        // A safe class may be repeated; at a provider that does not
+        // deduplicate each repeat is a new effect.
+        if !safe || input.provider == ProviderMode::Deduplicating {
+            f.ok(Invariant::OneDeliveryOneCharge, *moved <= 1, || {
+                format!("task {}: money moved {moved} times", short(*task_id))
+            });
+        }
         if !safe {
             f.ok(Invariant::ReconcileBeforeRepeat, attempts.len() <= 1, || {
                 format!(
@@ -356,11 +375,16 @@ pub fn check(input: &CheckInput) -> Vec<InvariantResult> {
     for c in &input.cancels {
         cancels.entry(c.task_id).or_default().push(c.status);
     }
+    let mut figures = SecondEffects::default();
     for rec in &input.tasks {
         let id = rec.task.id;
+        let task_effects = effects.get(&id).map_or(&[][..], Vec::as_slice);
+        let second = task_second_effects(rec, task_effects, &input.effect_reports, &mut figures);
+        check_second_effects(rec, &second, &mut f);
         check_task(
             rec,
-            effects.get(&id).copied(),
+            task_effects,
+            requests.contains_key(&id),
             &input.accepted_usage,
             deliveries_seen.get(&id).map_or(&[][..], Vec::as_slice),
             cancels.get(&id).map_or(&[][..], Vec::as_slice),

@@ -246,6 +246,11 @@ pub fn split_losses(input: &CheckInput) -> (CheckInput, LossReport) {
     r.lost_usage = (usage - kept.accepted_usage.len()) as u64;
     kept.effects.retain(|e| in_db.contains(&e.task_id));
     kept.effect_requests.retain(|q| in_db.contains(&q.task_id));
+    // Evidence idem answered may be among the lost writes: an effect report
+    // counts as unanswered (neither a miss nor a false alarm when raised).
+    for answered in kept.effect_reports.values_mut() {
+        *answered = false;
+    }
     (kept, r)
 }
 

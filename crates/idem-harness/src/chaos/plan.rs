@@ -116,6 +116,24 @@ pub enum ExecFault {
     LateReport,
     /// Report `succeeded`, repeat it exactly, then send a different outcome (must be refused).
     DuplicateReport,
+    /// Cut off from idem (no heartbeat gets through) for longer than its
+    /// lease, pay anyway `after_ms` after the lease ran out, then report
+    /// `succeeded` with the transaction id, retried until answered (must be
+    /// refused, and is kept as evidence). Whether this is the task's first
+    /// effect or a second one depends on the race with the reconciliation
+    /// that follows the expired lease. See [`Plan::with_stale_payers`].
+    StalePay {
+        /// Pause after the lease ran out, ms.
+        after_ms: u64,
+    },
+    /// Pay within the lease but lose the provider's answer, stay cut off from
+    /// idem past the lease, pay again `after_ms` after it ran out (a second
+    /// effect, unless the provider deduplicates), then report `succeeded` with
+    /// the second transaction id, retried until answered (must be refused).
+    StaleRepay {
+        /// Pause after the lease ran out, ms.
+        after_ms: u64,
+    },
 }
 
 impl ExecFault {
@@ -131,6 +149,8 @@ impl ExecFault {
             ExecFault::Permanent => "invalid_input_failure",
             ExecFault::LateReport => "stale_late_report",
             ExecFault::DuplicateReport => "duplicate_report",
+            ExecFault::StalePay { .. } => "stale_executor_pays",
+            ExecFault::StaleRepay { .. } => "stale_executor_pays_again",
         }
     }
 }
@@ -341,6 +361,33 @@ impl Plan {
             network: Vec::new(),
             clock_skew_ms: 0,
         }
+    }
+
+    /// The plan with stale payers: for about one scope in seven, the first
+    /// execute attempt's executor is cut off from idem past its lease and pays
+    /// at the provider anyway ([`ExecFault::StalePay`], or
+    /// [`ExecFault::StaleRepay`] after a first payment within the lease), at
+    /// most 2.5 s after the lease ran out, then reports. Drawn from a
+    /// generator of its own, so the rest of the plan is the seed's as
+    /// without them.
+    pub fn with_stale_payers(mut self) -> Plan {
+        let mut rng = StdRng::seed_from_u64(self.seed ^ 0x5741_1e9a_7e25_0001);
+        for script in self.scripts.values_mut() {
+            if !rng.random_bool(0.15) {
+                continue;
+            }
+            let after_ms = rng.random_range(0..2500);
+            let fault = if rng.random_bool(0.5) {
+                ExecFault::StalePay { after_ms }
+            } else {
+                ExecFault::StaleRepay { after_ms }
+            };
+            if let Some(first) = script.exec.first_mut() {
+                first.fault = fault;
+                first.heartbeat = false;
+            }
+        }
+        self
     }
 
     /// Injected faults by kind, as planned (identical for identical plans).

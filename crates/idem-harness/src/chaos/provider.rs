@@ -1,12 +1,36 @@
-//! The external provider the executors pay at, with its own ledger that is
-//! idempotent by task id and answers lookups for reconciliation.
+//! The external provider the executors pay at, with its own ledger that
+//! answers lookups for reconciliation. By default it is idempotent by task
+//! id; [`ProviderMode::NonDeduplicating`] makes every pay request a new
+//! effect with a new transaction id, as a provider without idempotency keys
+//! does.
 
 use super::*;
+
+/// Whether the provider deduplicates pay requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum ProviderMode {
+    /// A repeat request for a task id returns the recorded effect.
+    #[default]
+    Deduplicating,
+    /// Every request performs a new effect with a new transaction id.
+    NonDeduplicating,
+}
+
+impl ProviderMode {
+    /// The name `--provider` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            ProviderMode::Deduplicating => "deduplicating",
+            ProviderMode::NonDeduplicating => "non-deduplicating",
+        }
+    }
+}
 
 /// An effect the provider performed (a payout, or a rendered job).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Effect {
-    /// The provider's idempotency key: the task id.
+    /// The task the request named (the deduplicating provider's idempotency key).
     pub task_id: Uuid,
     /// The attempt whose executor performed it.
     pub attempt_id: Uuid,
@@ -14,7 +38,7 @@ pub struct Effect {
     pub class: Class,
     /// The material fields the provider acted on.
     pub material: Value,
-    /// The provider's transaction id.
+    /// The provider's transaction id, unique in the ledger.
     pub txn: String,
 }
 
@@ -30,28 +54,47 @@ pub struct EffectRequest {
     pub idempotency_key: String,
     /// Whether this request moved money (false: the ledger already had it).
     pub moved: bool,
+    /// Whether the executor sent it within its lease, as executors must
+    /// (false: an executor that lost its lease paid anyway, the fault idem
+    /// cannot prevent and reports as a suspected second effect).
+    pub in_lease: bool,
 }
 
 #[derive(Debug, Default)]
 struct Ledger {
-    effects: HashMap<Uuid, Effect>,
+    mode: ProviderMode,
+    /// Every effect, in the order performed.
+    effects: Vec<Effect>,
+    /// Indexes into `effects` by task id.
+    by_task: HashMap<Uuid, Vec<usize>>,
     requests: Vec<EffectRequest>,
     lookups: u64,
 }
 
-/// The provider: performs an effect at most once per task id, answers lookups.
+/// The provider: performs effects (once per task id when deduplicating),
+/// answers lookups.
 #[derive(Debug, Clone, Default)]
 pub struct Provider(Arc<Mutex<Ledger>>);
 
 impl Provider {
+    /// A provider in `mode`.
+    pub fn new(mode: ProviderMode) -> Provider {
+        Provider(Arc::new(Mutex::new(Ledger {
+            mode,
+            ..Ledger::default()
+        })))
+    }
+
     fn ledger(&self) -> MutexGuard<'_, Ledger> {
         self.0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Performs the effect of `params` for `task_id` once; a repeat returns
-    /// the recorded one. `key` is the task's idempotency key, kept with the request.
+    /// Performs the effect of `params` for `task_id`: when deduplicating, a
+    /// repeat returns the recorded effect. `key` is the task's idempotency
+    /// key, kept with the request; `in_lease` whether the executor still held
+    /// its lease when it asked.
     pub fn perform(
         &self,
         task_id: Uuid,
@@ -59,15 +102,21 @@ impl Provider {
         key: &str,
         class: Class,
         params: &Value,
+        in_lease: bool,
     ) -> Effect {
         let mut l = self.ledger();
-        if let Some(e) = l.effects.get(&task_id).cloned() {
-            l.requests.push(EffectRequest {
-                task_id,
-                attempt_id,
-                idempotency_key: key.to_owned(),
-                moved: false,
-            });
+        let mut request = EffectRequest {
+            task_id,
+            attempt_id,
+            idempotency_key: key.to_owned(),
+            moved: false,
+            in_lease,
+        };
+        if l.mode == ProviderMode::Deduplicating
+            && let Some(&i) = l.by_task.get(&task_id).and_then(|v| v.first())
+        {
+            let e = l.effects[i].clone();
+            l.requests.push(request);
             return e;
         }
         let prefix = if class == Class::Payment {
@@ -82,26 +131,27 @@ impl Provider {
             material: class.material(params),
             txn: format!("{prefix}-{}", l.effects.len() + 1),
         };
-        l.effects.insert(task_id, e.clone());
-        l.requests.push(EffectRequest {
-            task_id,
-            attempt_id,
-            idempotency_key: key.to_owned(),
-            moved: true,
-        });
+        let i = l.effects.len();
+        l.effects.push(e.clone());
+        l.by_task.entry(task_id).or_default().push(i);
+        request.moved = true;
+        l.requests.push(request);
         e
     }
 
-    /// What the provider knows about `task_id` (for reconcile attempts).
+    /// What the provider knows about `task_id` (for reconcile attempts): its
+    /// first effect for the task.
     pub fn lookup(&self, task_id: Uuid) -> Option<Effect> {
         let mut l = self.ledger();
         l.lookups += 1;
-        l.effects.get(&task_id).cloned()
+        let i = *l.by_task.get(&task_id)?.first()?;
+        l.effects.get(i).cloned()
     }
 
     pub(super) fn snapshot(&self) -> (Vec<Effect>, Vec<EffectRequest>, u64) {
         let l = self.ledger();
-        let mut effects: Vec<Effect> = l.effects.values().cloned().collect();
+        let mut effects = l.effects.clone();
+        // Stable: a task's effects stay in the order performed.
         effects.sort_by_key(|e| e.task_id);
         (effects, l.requests.clone(), l.lookups)
     }

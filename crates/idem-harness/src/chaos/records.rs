@@ -139,4 +139,10 @@ pub struct CheckInput {
     pub effects: Vec<Effect>,
     /// Every request to the provider to perform an effect.
     pub effect_requests: Vec<EffectRequest>,
+    /// Whether the provider deduplicated pay requests.
+    pub provider: ProviderMode,
+    /// Transaction ids executors named in reports to idem: true once a
+    /// report naming it was answered (idem keeps it as evidence), false
+    /// while only reports without an answer named it.
+    pub effect_reports: HashMap<String, bool>,
 }

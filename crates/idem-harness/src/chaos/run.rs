@@ -33,6 +33,11 @@ pub struct ChaosOptions {
     /// URL); the run's own server faults are then left out. See
     /// [`super::failover`].
     pub failover: Option<Failover>,
+    /// Whether the provider deduplicates pay requests by task id.
+    pub provider: ProviderMode,
+    /// Executors that pay after their lease ran out ([`Plan::with_stale_payers`]);
+    /// always with [`ProviderMode::NonDeduplicating`].
+    pub stale_payers: bool,
 }
 
 /// Figures of a run.
@@ -110,6 +115,11 @@ pub struct ChaosReport {
     pub failover: Option<FailoverReport>,
     /// Figures.
     pub stats: Stats,
+    /// Whether the provider deduplicated pay requests.
+    pub provider: ProviderMode,
+    /// Second effects at the provider against idem's
+    /// `second_effect_suspected` events.
+    pub second_effects: SecondEffects,
     /// The command that replays the same plan.
     pub reproduce: String,
 }
@@ -203,6 +213,10 @@ async fn run_to_end(opts: ChaosOptions) -> Result<ChaosReport> {
     }
     if opts.clock_skew_ms != 0 {
         plan = plan.with_clock_skew(opts.clock_skew_ms);
+    }
+    let stale_payers = opts.stale_payers || opts.provider == ProviderMode::NonDeduplicating;
+    if stale_payers {
+        plan = plan.with_stale_payers();
     }
     if opts.failover.is_some() {
         if !postgres {
@@ -298,7 +312,7 @@ async fn run_to_end(opts: ChaosOptions) -> Result<ChaosReport> {
             client_key,
             exec_key,
         },
-        provider: Provider::default(),
+        provider: Provider::new(opts.provider),
         log: Mutex::new(RunLog::default()),
         stop: AtomicBool::new(false),
         inflight: AtomicUsize::new(0),
@@ -335,6 +349,8 @@ async fn run_to_end(opts: ChaosOptions) -> Result<ChaosReport> {
         accepted_usage: log.accepted_usage,
         effects,
         effect_requests,
+        provider: opts.provider,
+        effect_reports: log.effect_reports,
     };
     // After a failover to an asynchronous standby the invariants hold for
     // what the promoted database has; what it lost is counted apart.
@@ -346,6 +362,7 @@ async fn run_to_end(opts: ChaosOptions) -> Result<ChaosReport> {
         None => (None, None),
     };
     let invariants = check(survived.as_ref().unwrap_or(&input));
+    let second_effects = second_effects(survived.as_ref().unwrap_or(&input));
     let failover = match (&opts.failover, loss) {
         (Some(f), Some(loss)) => Some(failover_report(
             f,
@@ -363,6 +380,11 @@ async fn run_to_end(opts: ChaosOptions) -> Result<ChaosReport> {
     let mut reproduce = format!("idem-lab chaos --seed {} --ops {}", opts.seed, opts.ops);
     if let Some(s) = &opts.store {
         reproduce.push_str(&format!(" --store {s}"));
+    }
+    if opts.provider != ProviderMode::Deduplicating {
+        reproduce.push_str(&format!(" --provider {}", opts.provider.name()));
+    } else if stale_payers {
+        reproduce.push_str(" --stale-payers");
     }
     if opts.netns {
         reproduce.push_str(" --netns");
@@ -408,6 +430,8 @@ async fn run_to_end(opts: ChaosOptions) -> Result<ChaosReport> {
         clock_skew,
         failover,
         stats,
+        provider: opts.provider,
+        second_effects,
         reproduce,
     })
 }
@@ -505,7 +529,7 @@ async fn drive(
     for h in executors {
         let _ = h.await;
     }
-    let drained = Instant::now() + REPORT_PATIENCE + Duration::from_secs(5);
+    let drained = Instant::now() + EFFECT_REPORT_PATIENCE + Duration::from_secs(5);
     while ctx.inflight.load(Ordering::SeqCst) > 0 && Instant::now() < drained {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -688,6 +712,22 @@ pub fn render(r: &ChaosReport) -> String {
     if !s.unexpected.is_empty() {
         let _ = writeln!(out, "unexpected answers: {}", counts_line(&s.unexpected));
     }
+    let e = &r.second_effects;
+    let _ = writeln!(
+        out,
+        "second effects ({} provider): {} real ({} beside a delivery, {} of tasks ended without delivery; {} tasks with several effects); {} reported to idem, {} never reported (idem cannot see them), {} only in unanswered reports; idem raised {}: {} misses, {} false alarms",
+        r.provider.name(),
+        e.real,
+        e.beside_delivery,
+        e.without_delivery,
+        e.tasks_with_several_effects,
+        e.reported,
+        e.unreported,
+        e.unanswered,
+        e.raised,
+        e.misses,
+        e.false_alarms
+    );
     if let Some(n) = &r.network {
         render_network(&mut out, n);
     }

@@ -246,6 +246,7 @@ impl Sim {
                 attempt_id: self.attempts[attempt].id,
                 idempotency_key: self.task.idempotency_key.clone(),
                 moved: true,
+                in_lease: true,
             },
         )
     }
@@ -265,6 +266,7 @@ impl Sim {
                 attempt_id: Uuid::nil(),
                 idempotency_key: self.task.idempotency_key.clone(),
                 moved: true,
+                in_lease: true,
             },
         )
     }
@@ -643,6 +645,7 @@ fn a_second_delivery_or_charge_is_caught() {
                 attempt_id: Uuid::from_u128(4001),
                 idempotency_key: s2.task.idempotency_key.clone(),
                 moved: true,
+                in_lease: true,
             },
         )
     };
@@ -894,4 +897,247 @@ fn an_effect_by_a_lost_attempt_is_reconciled_before_any_repeat() {
     assert_eq!(loss.lost_attempts_with_effect, 1);
     assert_eq!(loss.repeated_without_reconcile, 1);
     assert!(violations(&kept, Invariant::ReconcileBeforeRepeat) > 0);
+}
+
+// ---------------------------------------------------------------------------
+// Suspected second effects
+// ---------------------------------------------------------------------------
+
+/// Appends a `second_effect_suspected` event with idem's data shape (a
+/// false alarm where the state machine raised none).
+fn raise(rec: &mut TaskRecord, txn: Option<&str>) {
+    let delivered = rec
+        .task
+        .delivery
+        .as_ref()
+        .and_then(|d| d.external_txn_id.clone());
+    let seq = rec.events.last().map_or(1, |e| e.seq + 1);
+    rec.events.push(Event {
+        seq,
+        kind: SECOND_EFFECT_SUSPECTED.into(),
+        at: "2023-11-14T22:13:21Z".into(),
+        data: json!({
+            "attempt_id": Uuid::from_u128(1),
+            "generation": 1,
+            "external_txn_id": txn,
+            "delivered_txn_id": delivered,
+            "evidence": "stale_report",
+            "state": rec.task.state.as_str(),
+        }),
+    });
+}
+
+/// A request by an executor whose lease had run out.
+fn stale_request(sim: &Sim, attempt: usize, txn: &str) -> (Effect, EffectRequest) {
+    let (e, mut r) = sim.effect(attempt, txn);
+    r.in_lease = false;
+    (e, r)
+}
+
+/// The honest histories plus three at a provider that does not deduplicate,
+/// with the events idem's state machine raised: (K) a stale payer pays after
+/// the reconciliation found nothing, a new execute attempt pays and
+/// delivers, the stale report comes last: one second effect, raised; (L) a
+/// stale payer pays after the task was cancelled (the reconciliation found
+/// nothing): raised; (M) a safe task's executor renders, crashes, the task is
+/// executed again: a second effect no report named, which idem cannot see.
+fn with_second_effects() -> CheckInput {
+    let mut input = honest();
+    input.provider = ProviderMode::NonDeduplicating;
+    for e in &input.effects {
+        input.effect_reports.insert(e.txn.clone(), true);
+    }
+
+    let mut k = Sim::new(Class::Payment, 21);
+    let i = k.claim();
+    k.expire(i);
+    let r = k.claim();
+    assert!(k.report(r, 2, Outcome::NotCommitted, 1, None));
+    k.wake();
+    let stale = stale_request(&k, i, "pay-21a");
+    let x = k.claim();
+    assert!(k.report(x, 3, Outcome::Succeeded, 1, Some("pay-21b")));
+    let paid = k.effect(x, "pay-21b");
+    assert!(!k.report(i, 1, Outcome::Succeeded, 1, Some("pay-21a")));
+    input.effect_reports.insert("pay-21a".into(), true);
+    input.effect_reports.insert("pay-21b".into(), true);
+    input.suspects.push(SuspectReport {
+        task_id: k.task.id,
+        attempt_id: k.attempts[i].id,
+        kind: SuspectKind::Late,
+        accepted: false,
+    });
+
+    let mut l = Sim::new(Class::Payment, 22);
+    let i = l.claim();
+    assert_eq!(l.cancel(), CancelStatus::Requested);
+    l.expire(i);
+    let r = l.claim();
+    assert!(l.report(r, 2, Outcome::NotCommitted, 1, None));
+    assert_eq!(l.task.state, model::TaskState::Cancelled);
+    let late = stale_request(&l, i, "pay-22");
+    assert!(!l.report(i, 1, Outcome::Succeeded, 1, Some("pay-22")));
+    input.effect_reports.insert("pay-22".into(), true);
+
+    let mut m = Sim::new(Class::Generation, 23);
+    let i = m.claim();
+    let lost = m.effect(i, "gen-23a");
+    m.expire(i);
+    let x = m.claim();
+    assert!(m.report(x, 2, Outcome::Succeeded, 1, Some("gen-23b")));
+    let rendered = m.effect(x, "gen-23b");
+    input.effect_reports.insert("gen-23b".into(), true);
+
+    for (sim, effects) in [
+        (&k, vec![stale, paid]),
+        (&l, vec![late]),
+        (&m, vec![lost, rendered]),
+    ] {
+        input.tasks.push(sim.record());
+        input.db_tasks.push(sim.db());
+        input.submits.push(sim.created());
+        for (e, r) in effects {
+            input.effects.push(e);
+            input.effect_requests.push(r);
+        }
+    }
+    input.cancels.push(CancelRecord {
+        task_id: l.task.id,
+        status: CancelStatus::Requested,
+    });
+    input
+}
+
+#[test]
+fn second_effects_reported_to_idem_must_be_raised_and_nothing_else() {
+    let input = with_second_effects();
+    for r in check(&input) {
+        assert_eq!(r.violations, 0, "{}: {:?}", r.name, r.examples);
+    }
+    let figures = second_effects(&input);
+    assert_eq!(
+        figures,
+        SecondEffects {
+            tasks_with_several_effects: 2,
+            real: 3,
+            beside_delivery: 2,
+            without_delivery: 1,
+            reported: 2,
+            unreported: 1,
+            unanswered: 0,
+            raised: 2,
+            misses: 0,
+            false_alarms: 0,
+        }
+    );
+
+    // Missed: no event for the stale payer's effect.
+    let mut missed = with_second_effects();
+    task_mut(&mut missed, 21)
+        .events
+        .retain(|e| e.kind != SECOND_EFFECT_SUSPECTED);
+    assert_eq!(
+        violations(&missed, Invariant::SecondEffectsDetected),
+        1,
+        "one miss"
+    );
+    assert_eq!(second_effects(&missed).misses, 1);
+
+    // A false alarm: the delivered id raised, an id the ledger never saw,
+    // an event without an id, one id raised twice.
+    for txn in [Some("pay-21b"), Some("pay-999"), None, Some("pay-21a")] {
+        let mut alarmed = with_second_effects();
+        raise(task_mut(&mut alarmed, 21), txn);
+        assert_eq!(
+            violations(&alarmed, Invariant::SecondEffectsDetected),
+            1,
+            "{txn:?}"
+        );
+        assert_eq!(second_effects(&alarmed).false_alarms, 1, "{txn:?}");
+    }
+    // An event naming another delivered id than the delivery's.
+    let mut wrong = with_second_effects();
+    let rec = task_mut(&mut wrong, 21);
+    let last = rec.events.len() - 1;
+    rec.events[last].data["delivered_txn_id"] = json!("pay-1");
+    assert!(violations(&wrong, Invariant::SecondEffectsDetected) > 0);
+
+    // A report only sent, never answered: neither a miss when not raised …
+    let mut unanswered = with_second_effects();
+    unanswered.effect_reports.insert("pay-21a".into(), false);
+    let before = unanswered.clone();
+    task_mut(&mut unanswered, 21)
+        .events
+        .retain(|e| e.kind != SECOND_EFFECT_SUSPECTED);
+    assert_eq!(violations(&unanswered, Invariant::SecondEffectsDetected), 0);
+    // … nor a false alarm when raised.
+    assert_eq!(violations(&before, Invariant::SecondEffectsDetected), 0);
+    assert_eq!(second_effects(&before).unanswered, 1);
+
+    // A task still open: nothing may be raised yet.
+    let mut open = Sim::new(Class::Payment, 31);
+    open.claim();
+    let mut rec = open.record();
+    raise(&mut rec, Some("pay-31"));
+    let mut input = CheckInput::default();
+    input.tasks.push(rec);
+    assert_eq!(violations(&input, Invariant::SecondEffectsDetected), 1);
+}
+
+#[test]
+fn a_stale_payer_is_no_violation_of_idem_but_an_effect_in_lease_is() {
+    // The stale payer's effect of a cancelled task, and its second request:
+    // the executor's fault, not idem's.
+    let input = with_second_effects();
+    assert_eq!(violations(&input, Invariant::CancelOrDeliver), 0);
+    assert_eq!(violations(&input, Invariant::ReconcileBeforeRepeat), 0);
+    // The same requests within the lease are idem's doing.
+    let mut in_lease = with_second_effects();
+    for r in &mut in_lease.effect_requests {
+        r.in_lease = true;
+    }
+    assert!(violations(&in_lease, Invariant::CancelOrDeliver) > 0);
+    assert!(violations(&in_lease, Invariant::ReconcileBeforeRepeat) > 0);
+    assert!(violations(&in_lease, Invariant::OneDeliveryOneCharge) > 0);
+}
+
+#[test]
+fn a_non_deduplicating_provider_pays_each_request_and_looks_up_the_first() {
+    let p = Provider::new(ProviderMode::NonDeduplicating);
+    let (t, a) = (Uuid::from_u128(1), Uuid::from_u128(2));
+    let params = Class::Payment.params(1, 0, 0);
+    let first = p.perform(t, a, "k1", Class::Payment, &params, true);
+    let second = p.perform(t, a, "k1", Class::Payment, &params, false);
+    assert_ne!(first.txn, second.txn);
+    assert_eq!(p.lookup(t), Some(first.clone()));
+    let (effects, requests, lookups) = p.snapshot();
+    assert_eq!(effects.len(), 2);
+    assert_eq!((requests.len(), lookups), (2, 1));
+    assert!(requests.iter().all(|r| r.moved));
+
+    let d = Provider::new(ProviderMode::Deduplicating);
+    let first = d.perform(t, a, "k1", Class::Payment, &params, true);
+    assert_eq!(d.perform(t, a, "k1", Class::Payment, &params, false), first);
+    let (effects, requests, _) = d.snapshot();
+    assert_eq!(effects.len(), 1);
+    assert_eq!(
+        requests.iter().map(|r| r.moved).collect::<Vec<_>>(),
+        [true, false]
+    );
+}
+
+/// Stale payers come from a stream of their own: the rest of the plan is the
+/// seed's as without them, and both kinds are planned.
+#[test]
+fn stale_payers_are_seeded_and_leave_the_rest_of_the_plan() {
+    let a = Plan::new(5, 3000, false).with_stale_payers();
+    assert_eq!(a, Plan::new(5, 3000, false).with_stale_payers());
+    let without = Plan::new(5, 3000, false);
+    assert_eq!(a.ops, without.ops);
+    assert_eq!(a.server_faults, without.server_faults);
+    let f = a.fault_counts();
+    for kind in ["stale_executor_pays", "stale_executor_pays_again"] {
+        assert!(f.get(kind).copied().unwrap_or(0) > 20, "{kind}: {f:?}");
+    }
+    assert!(!without.fault_counts().contains_key("stale_executor_pays"));
 }

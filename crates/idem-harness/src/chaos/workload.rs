@@ -19,6 +19,9 @@ pub(super) struct RunLog {
     pub(super) accepted_reports: Vec<(Uuid, Instant)>,
     /// When the failover's steps happened.
     pub(super) failover: Option<FailoverTimes>,
+    /// Transaction ids executors named in reports: true once a report naming
+    /// it was answered (idem kept it as evidence), false while none was.
+    pub(super) effect_reports: HashMap<String, bool>,
 }
 
 /// `faults_realized` key: a submit answered with a retryable error (timeout,
@@ -201,8 +204,27 @@ impl Ctx {
         None
     }
 
+    /// Sends a report, retried through outages: one that names an effect
+    /// (`external_txn_id`) until answered or [`EFFECT_REPORT_PATIENCE`], any
+    /// other for [`REPORT_PATIENCE`].
     async fn report(&self, attempt_id: Uuid, body: &ReportBody) -> Sent {
-        let deadline = Instant::now() + REPORT_PATIENCE;
+        let sent = self.report_once(attempt_id, body).await;
+        if let Some(txn) = &body.external_txn_id {
+            let answered = matches!(sent, Sent::Accepted | Sent::Stale | Sent::AlreadyReported);
+            let mut log = self.log();
+            let e = log.effect_reports.entry(txn.clone()).or_default();
+            *e = *e || answered;
+        }
+        sent
+    }
+
+    async fn report_once(&self, attempt_id: Uuid, body: &ReportBody) -> Sent {
+        let patience = if body.external_txn_id.is_some() {
+            EFFECT_REPORT_PATIENCE
+        } else {
+            REPORT_PATIENCE
+        };
+        let deadline = Instant::now() + patience;
         while let Some(ep) = self.targets.wait_pick(deadline).await {
             let answer = ep.exec.report(attempt_id, body).await;
             if let Err(e) = &answer {
@@ -474,14 +496,28 @@ async fn execute(
         }
         _ => {}
     }
+    if let ExecFault::StalePay { after_ms } = step.fault {
+        stale_pay(ctx, ca, class, usage, received, after_ms).await;
+        return;
+    }
     if sent.elapsed() > EFFECT_WITHIN {
         // Too close to the lease end to act safely: behave as a crash before the effect.
         ctx.realized(TOO_SLOW_TO_ACT, 1);
         return;
     }
-    let e = ctx
-        .provider
-        .perform(ca.task_id, ca.id, &ca.idempotency_key, class, &ca.params);
+    let e = ctx.provider.perform(
+        ca.task_id,
+        ca.id,
+        &ca.idempotency_key,
+        class,
+        &ca.params,
+        true,
+    );
+    if let ExecFault::StaleRepay { after_ms } = step.fault {
+        // The provider's answer is lost: the executor pays again later.
+        stale_pay(ctx, ca, class, usage, received, after_ms).await;
+        return;
+    }
     let body = ReportBody::succeeded(g, effect_result(&e))
         .with_usage(usage)
         .with_external_txn_id(e.txn.clone());
@@ -515,6 +551,35 @@ async fn execute(
             ctx.report(ca.id, &body).await;
         }
     }
+}
+
+/// An executor cut off from idem past its lease pays anyway, `after_ms`
+/// after the lease ran out, then reports `succeeded` with the transaction id
+/// until answered: idem must refuse it (409 `STALE_GENERATION`) and keep it
+/// as evidence.
+async fn stale_pay(
+    ctx: &Ctx,
+    ca: &ClaimedAttempt,
+    class: Class,
+    usage: i64,
+    received: Instant,
+    after_ms: u64,
+) {
+    let lease_end = received + Duration::from_millis(LEASE_MS) + LATE_MARGIN;
+    tokio::time::sleep_until((lease_end + Duration::from_millis(after_ms)).into()).await;
+    let e = ctx.provider.perform(
+        ca.task_id,
+        ca.id,
+        &ca.idempotency_key,
+        class,
+        &ca.params,
+        false,
+    );
+    let body = ReportBody::succeeded(ca.generation, effect_result(&e))
+        .with_usage(usage)
+        .with_external_txn_id(e.txn.clone());
+    let s = ctx.report(ca.id, &body).await;
+    ctx.suspect(ca, SuspectKind::Late, s);
 }
 
 async fn reconcile(ctx: &Ctx, ca: &ClaimedAttempt, fault: ReconFault, received: Instant) {

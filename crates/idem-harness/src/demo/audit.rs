@@ -30,8 +30,36 @@ impl Demo {
                     .or_default()
                     .push(format!("{} {why}", short(id)));
             };
+            // A payout beyond the first (scene f's provider without
+            // idempotency keys) must be raised by idem and, with an admin
+            // key, acknowledged after its refund.
+            let extra = self.provider.extra_payouts(id);
+            for p in &extra {
+                let raised = events.iter().any(|e| {
+                    e.kind == "second_effect_suspected" && e.data["external_txn_id"] == json!(p.txn)
+                });
+                let acknowledged = events.iter().any(|e| {
+                    e.kind == "second_effect_acknowledged"
+                        && e.data["external_txn_id"] == json!(p.txn)
+                });
+                if !raised {
+                    fail(
+                        Invariant::SecondEffectRaised,
+                        format!("was paid again ({}) and idem raised nothing", p.txn),
+                    );
+                }
+                if self.admin.is_some() && !(acknowledged && self.provider.refunded(&p.txn)) {
+                    fail(
+                        Invariant::SecondEffectRaised,
+                        format!(
+                            "was paid again ({}) without refund and acknowledgment",
+                            p.txn
+                        ),
+                    );
+                }
+            }
             // One payout, one delivery, one charge; the provider and idem agree.
-            if self.provider.money_moved(id) > 1 || deliveries > 1 {
+            if self.provider.money_moved(id) > 1 + extra.len() || deliveries > 1 {
                 fail(
                     Invariant::OneDeliveryOneCharge,
                     "was paid or delivered twice".into(),
@@ -118,6 +146,7 @@ impl Demo {
             Invariant::ReconcileBeforeRepeat,
             Invariant::StaleChangesNothing,
             Invariant::CancelOrDeliverNeverBoth,
+            Invariant::SecondEffectRaised,
         ] {
             let problems = bad.remove(&inv).unwrap_or_default();
             if !problems.is_empty() {
@@ -132,6 +161,9 @@ impl Demo {
                 }
                 Invariant::StaleChangesNothing => {
                     "attempt generations strictly increase within every task"
+                }
+                Invariant::SecondEffectRaised => {
+                    "every payout beyond a task's first is raised by idem (and refunded and acknowledged)"
                 }
                 _ => "no task is both cancelled and delivered or paid",
             };

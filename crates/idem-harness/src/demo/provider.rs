@@ -1,5 +1,7 @@
 //! The simulated payout provider: idempotent by task id, it records every pay
 //! request and lookup so the scenes and the audit can say what moved money.
+//! Scene (f) pays through its entry that takes no idempotency key
+//! ([`Provider::pay_without_key`]): every request moves money.
 
 use super::*;
 
@@ -33,6 +35,11 @@ struct Ledger {
     pay_requests: Vec<(Uuid, Uuid, bool)>,
     /// Every lookup by task id.
     lookups: Vec<Uuid>,
+    /// Payouts made without an idempotency key for a task that already had
+    /// one: (task, payout), in the order made.
+    extra: Vec<(Uuid, Payout)>,
+    /// Transaction ids refunded.
+    refunds: Vec<String>,
 }
 
 /// A payout provider that is itself idempotent: a second pay request with the
@@ -64,6 +71,55 @@ impl Provider {
         l.payouts.insert(task_id, p.clone());
         l.pay_requests.push((task_id, attempt_id, true));
         (p, true)
+    }
+
+    /// Pays `params` without an idempotency key, as a provider that takes
+    /// none: money moves on every request. The first payout for a task is
+    /// the one [`Provider::lookup`] finds (by the task id in the payment's
+    /// reference); later ones are [`Provider::extra_payouts`].
+    pub(super) fn pay_without_key(
+        &self,
+        task_id: Uuid,
+        attempt_id: Uuid,
+        params: &Value,
+    ) -> Payout {
+        let mut l = self.ledger();
+        let n = l.payouts.len() + l.extra.len() + 1;
+        let p = Payout {
+            txn: format!("pay-{n:04}"),
+            payee: params["payee"].as_str().unwrap_or("?").to_owned(),
+            amount: params["amount"].as_i64().unwrap_or(0),
+            currency: params["currency"].as_str().unwrap_or("?").to_owned(),
+            attempt_id,
+        };
+        match l.payouts.entry(task_id) {
+            std::collections::btree_map::Entry::Occupied(_) => l.extra.push((task_id, p.clone())),
+            std::collections::btree_map::Entry::Vacant(v) => {
+                v.insert(p.clone());
+            }
+        }
+        l.pay_requests.push((task_id, attempt_id, true));
+        p
+    }
+
+    /// The payouts for `task_id` beyond its first (see [`Provider::pay_without_key`]).
+    pub(super) fn extra_payouts(&self, task_id: Uuid) -> Vec<Payout> {
+        self.ledger()
+            .extra
+            .iter()
+            .filter(|(t, _)| *t == task_id)
+            .map(|(_, p)| p.clone())
+            .collect()
+    }
+
+    /// Refunds transaction `txn` (an operator's action at the provider).
+    pub(super) fn refund(&self, txn: &str) {
+        self.ledger().refunds.push(txn.to_owned());
+    }
+
+    /// Whether `txn` was refunded.
+    pub(super) fn refunded(&self, txn: &str) -> bool {
+        self.ledger().refunds.iter().any(|r| r == txn)
     }
 
     /// What the provider knows about a task id (used by reconcile attempts).
@@ -107,6 +163,7 @@ impl Provider {
     }
 
     pub(super) fn total_payouts(&self) -> usize {
-        self.ledger().payouts.len()
+        let l = self.ledger();
+        l.payouts.len() + l.extra.len()
     }
 }

@@ -17,6 +17,9 @@ pub(super) struct Demo {
     pub(super) exec: Client,
     pub(super) link: FlakyLink,
     pub(super) provider: Provider,
+    /// An admin of the demo's tenant (scene f's acknowledgment); `None`
+    /// without `--admin-key` against a running idem.
+    pub(super) admin: Option<Client>,
     run_id: String,
     echo: bool,
     pub(super) report: DemoReport,
@@ -165,6 +168,12 @@ impl Demo {
             exec,
             link,
             provider: Provider::default(),
+            admin: target
+                .admin_key
+                .as_ref()
+                .map(|k| Client::new(&target.url, k.clone()))
+                .transpose()?
+                .map(|c| c.with_timeout(Duration::from_secs(10))),
             run_id: format!("demo-{}", &run_id[..8]),
             echo: opts.echo,
             report: DemoReport::default(),
@@ -214,6 +223,7 @@ impl Demo {
         );
         self.line(format!("  idem      {}", target.description));
         self.line("  provider  a simulated payout provider that is itself idempotent by task id");
+        self.line("            (scene f: its entry that takes no idempotency key)");
         self.line(format!(
             "  agent     an HTTP client with a {} ms timeout, behind a link that can lose answers",
             AGENT_TIMEOUT.as_millis()

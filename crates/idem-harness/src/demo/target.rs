@@ -26,6 +26,7 @@ pub(super) struct Target {
     pub(super) url: String,
     pub(super) client_key: String,
     pub(super) executor_key: String,
+    pub(super) admin_key: Option<String>,
     pub(super) description: String,
     _server: Option<InProcess>,
 }
@@ -43,6 +44,7 @@ impl Target {
                 url: url.trim_end_matches('/').to_owned(),
                 client_key: client_key.clone(),
                 executor_key: executor_key.clone(),
+                admin_key: opts.admin_key.clone(),
                 description: format!("the running service at {url}"),
                 _server: None,
             });
@@ -57,7 +59,10 @@ impl Target {
         let (_, client_key) = store
             .create_api_key("demo", Role::Client, ops.clone())
             .await?;
-        let (_, executor_key) = store.create_api_key("demo", Role::Executor, ops).await?;
+        let (_, executor_key) = store
+            .create_api_key("demo", Role::Executor, ops.clone())
+            .await?;
+        let (_, admin_key) = store.create_api_key("demo", Role::Admin, ops).await?;
         let overrides = [
             ("IDEM_OPERATIONS__PAYMENT_RELEASE__LEASE__DEFAULT_MS", "300"),
             (
@@ -93,6 +98,7 @@ impl Target {
             url,
             client_key,
             executor_key,
+            admin_key: Some(admin_key),
             _server: Some(InProcess {
                 stop: Some(stop),
                 server: Some(server),

@@ -87,6 +87,10 @@ enum Command {
         /// Executor API key for --url (same tenant as the client key, no other pending work).
         #[arg(long, env = "IDEM_EXECUTOR_KEY")]
         executor_key: Option<String>,
+        /// Admin API key for --url (same tenant): scene (f) acknowledges the
+        /// suspected second effect with it; without it that step is left out.
+        #[arg(long, env = "IDEM_ADMIN_KEY")]
+        admin_key: Option<String>,
     },
     /// Submit throughput and latency over HTTP against a raw-database baseline (same run).
     Bench {
@@ -204,6 +208,16 @@ enum Command {
         /// One JSON object on stdout (`violations`, `faults`, `invariants`, …).
         #[arg(long)]
         json: bool,
+        /// The provider executors pay at: `deduplicating` (by task id) or
+        /// `non-deduplicating` (every pay request a new effect with a new
+        /// transaction id; implies --stale-payers). See docs/chaos.md.
+        #[arg(long, value_enum, default_value_t = idem_harness::chaos::ProviderMode::Deduplicating)]
+        provider: idem_harness::chaos::ProviderMode,
+        /// Executors cut off from idem past their lease that pay anyway and
+        /// then report (refused, kept as evidence, raised by idem as
+        /// suspected second effects where the provider's ledger has two).
+        #[arg(long)]
+        stale_payers: bool,
         /// Run each server in a network namespace of its own and partition,
         /// delay and thin its database link (PostgreSQL store; root, `ip`
         /// and `nft` needed). See docs/chaos.md.
@@ -416,11 +430,13 @@ async fn run() -> Result<()> {
             url,
             client_key,
             executor_key,
+            admin_key,
         } => {
             let report = idem_harness::demo::run(idem_harness::demo::DemoOptions {
                 url,
                 client_key,
                 executor_key,
+                admin_key,
                 echo: true,
             })
             .await?;
@@ -433,6 +449,8 @@ async fn run() -> Result<()> {
             clients,
             executors,
             json,
+            provider,
+            stale_payers,
             netns,
             netns_check,
             clock_skew_ms,
@@ -469,6 +487,8 @@ async fn run() -> Result<()> {
                         expect_no_loss: !failover_async,
                     }
                 }),
+                provider,
+                stale_payers,
             })
             .await?;
             if json {

@@ -35,7 +35,8 @@ impl<'a> Typed<'a> {
 #[allow(clippy::too_many_lines)]
 pub(super) fn check_task(
     rec: &TaskRecord,
-    effect: Option<&Effect>,
+    effects: &[&Effect],
+    paid_in_lease: bool,
     accepted_usage: &HashMap<Uuid, i64>,
     deliveries_seen: &[&DeliverySeen],
     cancels: &[CancelStatus],
@@ -417,20 +418,25 @@ pub(super) fn check_task(
                 )
             },
         );
-        match effect {
-            Some(e) => f.ok(
+        if effects.is_empty() {
+            f.ok(Invariant::OneDeliveryOneCharge, false, || {
+                format!("task {s}: delivered without any effect at the provider")
+            });
+        } else {
+            f.ok(
                 Invariant::OneDeliveryOneCharge,
-                d.external_txn_id.as_deref() == Some(e.txn.as_str()),
+                effects
+                    .iter()
+                    .any(|e| d.external_txn_id.as_deref() == Some(e.txn.as_str())),
                 || {
+                    let txns: Vec<&str> = effects.iter().map(|e| e.txn.as_str()).collect();
                     format!(
                         "task {s}: delivered transaction {:?} but the provider recorded {}",
-                        d.external_txn_id, e.txn
+                        d.external_txn_id,
+                        txns.join(", ")
                     )
                 },
-            ),
-            None => f.ok(Invariant::OneDeliveryOneCharge, false, || {
-                format!("task {s}: delivered without any effect at the provider")
-            }),
+            );
         }
         if let Some(c) = &t.cancellation
             && c.status == CancelStatus::TooLate
@@ -466,17 +472,18 @@ pub(super) fn check_task(
             || format!("task {s}: a replay showed a delivery the task no longer has"),
         );
     }
-    if let Some(e) = effect
-        && !safe
-        && t.state.is_terminal()
-    {
+    // Effects an executor asked for within its lease: idem must deliver
+    // them (a stale payer's are raised as suspected second effects instead).
+    if paid_in_lease && !safe && t.state.is_terminal() {
         f.ok(
             Invariant::OneDeliveryOneCharge,
             t.delivery.is_some(),
             || {
+                let txns: Vec<&str> = effects.iter().map(|e| e.txn.as_str()).collect();
                 format!(
                     "task {s}: the provider paid {} but the task ended {} without delivery",
-                    e.txn, t.state
+                    txns.join(", "),
+                    t.state
                 )
             },
         );
@@ -505,7 +512,7 @@ pub(super) fn check_task(
         || format!("task {s}: history has both delivered and cancel_confirmed"),
     );
     if !safe && confirmed {
-        f.ok(Invariant::CancelOrDeliver, effect.is_none(), || {
+        f.ok(Invariant::CancelOrDeliver, !paid_in_lease, || {
             format!("task {s}: cancelled although the provider paid it")
         });
     }
