@@ -18,7 +18,6 @@ pub mod search;
 pub mod sign_in;
 pub mod statics;
 pub mod task;
-pub mod verdict;
 
 /// `GET /console`: 303 to the overview when signed in, else to the sign-in form.
 pub async fn root(State(st): State<ConsoleState>, headers: HeaderMap) -> Response {

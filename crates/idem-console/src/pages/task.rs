@@ -9,6 +9,8 @@
 //! page's script swaps in when the live stream ([`super::live`]) says the task
 //! changed.
 
+pub mod verdict;
+
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
@@ -148,7 +150,7 @@ fn attempt_count(s: &Story) -> String {
 pub fn body(s: &Story, who: Option<&SignedIn>) -> Markup {
     let t = &s.task;
     html! {
-        (super::verdict::verdict(s, who.filter(|w| w.key.role == idem_core::model::Role::Admin)))
+        (verdict::verdict(s, who.filter(|w| w.key.role == idem_core::model::Role::Admin)))
         p.summary {
             "State " span #task-state class={ "state state-" (t.state.as_str()) } data-state=(t.state.as_str()) { (t.state.as_str()) }
             " · operation " span.operation { (t.operation) }
@@ -325,9 +327,9 @@ fn fee_words(t: &Task, c: &idem_core::model::Cancellation) -> Markup {
 }
 
 /// Every provider transaction id attempt `a` reported
-/// ([`super::verdict::attempt_txn_ids`]), each with how it was kept.
+/// ([`verdict::attempt_txn_ids`]), each with how it was kept.
 fn txn_ids(a: &Attempt) -> Markup {
-    let ids = super::verdict::attempt_txn_ids(a);
+    let ids = verdict::attempt_txn_ids(a);
     html! {
         @if ids.is_empty() { span.none { "none reported" } }
         @else { ul {
@@ -347,7 +349,7 @@ fn txn_ids(a: &Attempt) -> Markup {
 
 /// The newest message of attempt `a`'s reports, or nothing.
 fn attempt_message(a: &Attempt) -> Markup {
-    match super::verdict::last_message(std::slice::from_ref(a)) {
+    match verdict::last_message(std::slice::from_ref(a)) {
         Some(m) => html! { q { (m.text) } },
         None => html! { "—" },
     }

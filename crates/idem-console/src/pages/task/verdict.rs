@@ -32,7 +32,7 @@ use idem_core::model::{
 use maud::{Markup, html};
 use serde_json::Value;
 
-use super::task::Story;
+use super::Story;
 use crate::html::{count, csrf_input, money, time};
 use crate::session::SignedIn;
 
@@ -164,7 +164,7 @@ fn suspected(s: &Story, admin: Option<&SignedIn>) -> Markup {
                         @match &e.acknowledgment {
                             Some(ack) => p.acknowledgment {
                                 "Acknowledged " strong { (ack.resolution.as_str()) } " by "
-                                (super::task::actor_words(&ack.actor)) " at " (time(ack.acknowledged_at))
+                                (super::actor_words(&ack.actor)) " at " (time(ack.acknowledged_at))
                                 ": " q { (ack.reason) }
                             },
                             None => @if let Some(who) = admin {
@@ -467,7 +467,7 @@ fn redriven(s: &Story) -> Option<(Timestamp, String)> {
             EventData::OperatorRedriven(d) => {
                 return Some((
                     e.at,
-                    format!("{}: {}", super::task::actor_words(&d.actor), d.reason),
+                    format!("{}: {}", super::actor_words(&d.actor), d.reason),
                 ));
             }
             _ => {}
@@ -706,7 +706,7 @@ mod tests {
             let next = text(&next_step(&late).into_string());
             proptest::prop_assert!(next.contains("Its fee is that same charge ("), "{}", next);
             proptest::prop_assert_eq!(check_rendering(&next, &money), Ok(()));
-            let page = text(&super::super::task::body(&late, None).into_string());
+            let page = text(&super::super::body(&late, None).into_string());
             let delivery = &page[page.find("Charge").unwrap()..];
             proptest::prop_assert_eq!(check_rendering(delivery, &money), Ok(()));
 
