@@ -80,6 +80,25 @@ pub(crate) fn summary(task: &Task, config: &Config) -> String {
     if let Some(f) = &task.failure {
         lines.push(format!("failure: {} ({})", f.class, f.message));
     }
+    for e in &task.second_effects {
+        let txn = e
+            .external_txn_id
+            .as_deref()
+            .unwrap_or("(no transaction id)");
+        let status = match &e.acknowledgment {
+            Some(a) => format!(
+                "acknowledged: {} ({})",
+                a.resolution.as_str().replace('_', " "),
+                a.reason
+            ),
+            None => "not acknowledged".to_owned(),
+        };
+        lines.push(format!(
+            "SECOND EFFECT SUSPECTED: transaction {txn}, from {} of generation {}; {status}",
+            e.evidence.as_str().replace('_', " "),
+            e.generation
+        ));
+    }
     lines.join("\n")
 }
 
@@ -237,6 +256,28 @@ mod tests {
             let row = table(std::slice::from_ref(&cancelled), &config);
             proptest::prop_assert_eq!(testing::check_rendering(row.lines().nth(1).unwrap(), &owed), Ok(()));
         }
+    }
+
+    #[test]
+    fn the_summary_names_each_suspected_second_effect_and_its_acknowledgment() {
+        let config = Config::bundled().unwrap();
+        let eur = Currency::from_code("EUR").unwrap();
+        let mut t = task(Some(&eur), 100, None);
+        assert!(!summary(&t, &config).contains("SECOND EFFECT"));
+        t.second_effects.push(idem_core::model::SecondEffect {
+            external_txn_id: Some("po_A".into()),
+            attempt_id: None,
+            generation: 1,
+            evidence: idem_core::model::EffectEvidence::StaleReport,
+            suspected_at: Timestamp(2),
+            acknowledgment: None,
+        });
+        let text = summary(&t, &config);
+        assert!(
+            text.contains("SECOND EFFECT SUSPECTED: transaction po_A, from stale report of generation 1; not acknowledged"),
+            "{text}"
+        );
+        assert!(text.contains("transaction txn-1"), "{text}");
     }
 
     #[test]

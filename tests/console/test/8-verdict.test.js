@@ -183,7 +183,7 @@ test("a double payout: the suspected second effect in red with its evidence; ack
   );
   assert.match(
     await text(page, "#verdict-next"),
-    /^Check the provider for po_A: if it paid twice, refund and acknowledge refund issued; otherwise acknowledge provider deduplicated or false alarm\. Nothing to do/,
+    /^Check the provider for po_A: if it paid twice, refund and acknowledge refund issued; otherwise acknowledge provider deduplicated or false alarm\. The task itself: Nothing to do/,
   );
 
   // The search finds it by the stale report's id and by the filter, with its ids and amount.
@@ -225,7 +225,7 @@ test("a double payout: the suspected second effect in red with its evidence; ack
   assert.equal(await page.locator("#verdict").getAttribute("data-suspected"), "0");
   assert.match(
     await text(page, '#verdict-suspected li[data-txn-id="po_A"] p.acknowledgment'),
-    new RegExp(`^Acknowledged refund_issued by api key ${t.adminKeyId} at \\S+ .*: PSP refunded po_A, ticket R-1042$`),
+    new RegExp(`^Acknowledged refund issued by api key ${t.adminKeyId} at \\S+ .*: PSP refunded po_A, ticket R-1042$`),
   );
   assert.equal(await page.locator('#verdict-suspected form[data-action="acknowledge-effect"]').count(), 0);
   assert.doesNotMatch(await text(page, "#verdict-next"), /Check the provider/);

@@ -147,15 +147,19 @@ fn suspected(s: &Story, admin: Option<&SignedIn>) -> Markup {
                         data-txn-id=[e.external_txn_id.as_deref()] data-evidence=(e.evidence.as_str())
                         data-acknowledged=(if e.acknowledgment.is_some() { "true" } else { "false" }) {
                         p.effect {
-                            strong { "The provider may have carried out this " (t.operation) " twice: " }
-                            (txn(e.external_txn_id.as_deref()))
                             @match delivered {
                                 Some(d) => {
+                                    strong { "The provider may have carried out this " (t.operation) " twice: " }
+                                    (txn(e.external_txn_id.as_deref()))
                                     " besides the delivered "
                                     (txn(d.external_txn_id.as_deref()))
                                     " (charged once, " (money(t, d.charge)) ")"
                                 }
-                                None => { ", though nothing was delivered (task " (t.state.as_str()) ")" }
+                                None => {
+                                    strong { "The provider may have carried out this " (t.operation) " although nothing was delivered: " }
+                                    (txn(e.external_txn_id.as_deref()))
+                                    " (the task ended " (t.state.as_str()) ")"
+                                }
                             }
                             ". Evidence: " (evidence_words(e.evidence))
                             @if let Some(n) = number { " of attempt " (n) }
@@ -163,7 +167,7 @@ fn suspected(s: &Story, admin: Option<&SignedIn>) -> Markup {
                         }
                         @match &e.acknowledgment {
                             Some(ack) => p.acknowledgment {
-                                "Acknowledged " strong { (ack.resolution.as_str()) } " by "
+                                "Acknowledged " strong { (ack.resolution.as_str().replace('_', " ")) } " by "
                                 (super::actor_words(&ack.actor)) " at " (time(ack.acknowledged_at))
                                 ": " q { (ack.reason) }
                             },
@@ -216,7 +220,7 @@ fn acknowledge_form(t: &Task, e: &SecondEffect, i: usize, who: &SignedIn) -> Mar
 /// A resolution as its radio button says it.
 fn resolution_words(r: EffectResolution) -> &'static str {
     match r {
-        EffectResolution::RefundIssued => "refund issued (it paid twice; the second was refunded)",
+        EffectResolution::RefundIssued => "refund issued (the extra effect was refunded)",
         EffectResolution::ProviderDeduplicated => "provider deduplicated (one effect only)",
         EffectResolution::FalseAlarm => "false alarm (no second effect)",
     }
@@ -301,7 +305,7 @@ fn next_step(s: &Story) -> Markup {
                 em { "refund issued" } "; otherwise acknowledge "
                 em { "provider deduplicated" } " or " em { "false alarm" } "."
             }
-            " "
+            " The task itself: "
         }
         (by_state(s))
     }
