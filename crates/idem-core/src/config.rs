@@ -240,7 +240,71 @@ impl DisplayFields {
     ) -> impl Iterator<Item = (&'a str, Option<&'a serde_json::Value>)> {
         self.iter().map(|(n, p)| (n, params.pointer(p.as_ref())))
     }
+
+    /// Whether the fields `amount` and `currency` are both configured: then
+    /// they read as one amount (SPEC §5 "Money": people read amounts in one
+    /// form on every surface).
+    fn has_money(&self) -> bool {
+        self.iter().any(|(n, _)| n == DISPLAY_AMOUNT)
+            && self.iter().any(|(n, _)| n == DISPLAY_CURRENCY)
+    }
+
+    /// The names the fields are shown under, in order: every field's, but
+    /// `currency`'s when it is shown within `amount` ([`DisplayFields::shown`]).
+    pub fn columns(&self) -> impl Iterator<Item = &str> {
+        let money = self.has_money();
+        self.iter()
+            .map(|(n, _)| n)
+            .filter(move |n| !(money && *n == DISPLAY_CURRENCY))
+    }
+
+    /// Each of [`DisplayFields::columns`] with its value in `params` as text,
+    /// `None` where the pointer finds nothing: a string as it is, another
+    /// value as JSON; `amount` with `currency` (an integer of minor units and
+    /// an ISO 4217 code) as [`Money`] writes it (`EUR 12.50`), else both as
+    /// given (`1250 XYZ`).
+    pub fn shown<'a>(&'a self, params: &'a serde_json::Value) -> Vec<(&'a str, Option<String>)> {
+        let money = self.has_money();
+        let values: Vec<(&str, Option<&serde_json::Value>)> = self.values(params).collect();
+        let get = |name: &str| {
+            values
+                .iter()
+                .find(|(n, _)| *n == name)
+                .and_then(|(_, v)| *v)
+        };
+        let text = |v: &serde_json::Value| match v {
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        let mut out = Vec::new();
+        for (name, v) in &values {
+            if money && *name == DISPLAY_CURRENCY {
+                continue;
+            }
+            let shown = v.map(|v| {
+                if !(money && *name == DISPLAY_AMOUNT) {
+                    return text(v);
+                }
+                let code = get(DISPLAY_CURRENCY);
+                let currency = code
+                    .and_then(serde_json::Value::as_str)
+                    .and_then(|c| Currency::from_code(c).ok());
+                match (v.as_i64(), currency, code) {
+                    (Some(minor), Some(c), _) => Money::new(minor, Some(c)).to_string(),
+                    (_, _, Some(c)) => format!("{} {}", text(v), text(c)),
+                    (_, _, None) => text(v),
+                }
+            });
+            out.push((*name, shown));
+        }
+        out
+    }
 }
+
+/// The display field whose integer value is an amount in minor units.
+pub const DISPLAY_AMOUNT: &str = "amount";
+/// The display field whose value is the ISO 4217 code of `amount`.
+pub const DISPLAY_CURRENCY: &str = "currency";
 
 impl Serialize for DisplayFields {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -555,6 +619,51 @@ fn apply_override(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn amount_and_currency_display_as_one_amount() {
+        let d = DisplayFields(vec![
+            ("payee".into(), JsonPointer::parse("/payee").unwrap()),
+            ("amount".into(), JsonPointer::parse("/amount").unwrap()),
+            ("currency".into(), JsonPointer::parse("/currency").unwrap()),
+        ]);
+        assert_eq!(d.columns().collect::<Vec<_>>(), ["payee", "amount"]);
+        let shown = |p: serde_json::Value| {
+            d.shown(&p)
+                .into_iter()
+                .map(|(n, v)| (n.to_owned(), v))
+                .collect::<Vec<_>>()
+        };
+        let eur = serde_json::json!({"payee": "acct-1", "amount": 1250, "currency": "EUR"});
+        assert_eq!(
+            shown(eur),
+            [
+                ("payee".into(), Some("acct-1".into())),
+                ("amount".into(), Some("EUR 12.50".into()))
+            ]
+        );
+        let jpy = serde_json::json!({"amount": 1250, "currency": "JPY"});
+        assert_eq!(shown(jpy)[1], ("amount".into(), Some("JPY 1250".into())));
+        // Not an amount of a known currency: both as given.
+        let odd = serde_json::json!({"amount": "12.50", "currency": "XYZ"});
+        assert_eq!(shown(odd)[1], ("amount".into(), Some("12.50 XYZ".into())));
+        let none = serde_json::json!({"amount": 5});
+        assert_eq!(
+            shown(none),
+            [("payee".into(), None), ("amount".into(), Some("5".into()))]
+        );
+        // Without a `currency` field, `amount` is a field like any other.
+        let plain = DisplayFields(vec![(
+            "amount".into(),
+            JsonPointer::parse("/amount").unwrap(),
+        )]);
+        assert_eq!(
+            plain.shown(&serde_json::json!({"amount": 1250}))[0]
+                .1
+                .as_deref(),
+            Some("1250")
+        );
+    }
 
     #[test]
     fn to_toml_reads_back_equal() {

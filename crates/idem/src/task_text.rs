@@ -25,13 +25,13 @@ fn lost_to_delivery(task: &Task) -> bool {
     )
 }
 
-/// A `params` value in a line or a cell: a string as it is (as JSON when it
-/// holds control characters), anything else as JSON, `-` when absent.
-fn value_text(value: Option<&Value>) -> String {
-    match value {
-        None => "-".to_owned(),
-        Some(Value::String(s)) if !s.chars().any(char::is_control) => s.clone(),
-        Some(v) => v.to_string(),
+/// A display field's text in a line or a cell, as JSON (quoted and escaped)
+/// when it holds control characters, which a terminal would act on.
+fn terminal_text(text: &str) -> String {
+    if text.chars().any(char::is_control) {
+        Value::String(text.to_owned()).to_string()
+    } else {
+        text.to_owned()
     }
 }
 
@@ -62,8 +62,11 @@ pub(crate) fn summary(task: &Task, config: &Config) -> String {
         format!("idempotency key: {}", task.idempotency_key),
     ];
     if let Some(class) = config.operations.get(&task.operation) {
-        for (name, value) in class.display.values(&task.params) {
-            lines.push(format!("{name}: {}", value_text(value)));
+        for (name, value) in class.display.shown(&task.params) {
+            lines.push(format!(
+                "{name}: {}",
+                value.as_deref().map_or("-".to_owned(), terminal_text)
+            ));
         }
     }
     if let Some(d) = &task.delivery {
@@ -110,7 +113,7 @@ pub(crate) fn table(tasks: &[Task], config: &Config) -> String {
     let mut names: Vec<&str> = Vec::new();
     for task in tasks {
         if let Some(class) = config.operations.get(&task.operation) {
-            for (name, _) in class.display.iter() {
+            for name in class.display.columns() {
                 if !names.contains(&name) {
                     names.push(name);
                 }
@@ -128,11 +131,13 @@ pub(crate) fn table(tasks: &[Task], config: &Config) -> String {
             task.operation.clone(),
             task.state.to_string(),
         ];
+        let shown = display.map(|d| d.shown(&task.params)).unwrap_or_default();
         for name in &names {
-            let pointer = display.and_then(|d| d.iter().find(|(n, _)| n == name).map(|(_, p)| p));
-            row.push(value_text(
-                pointer.and_then(|p| task.params.pointer(p.as_ref())),
-            ));
+            let value = shown
+                .iter()
+                .find(|(n, _)| n == name)
+                .and_then(|(_, v)| v.as_deref());
+            row.push(value.map_or("-".to_owned(), terminal_text));
         }
         row.push(delivery_charge(task).map_or("-".to_owned(), |m| m.to_string()));
         let fee = match &task.cancellation {
@@ -296,7 +301,6 @@ mod tests {
                 "STATE",
                 "PAYEE",
                 "AMOUNT",
-                "CURRENCY",
                 "CHARGE",
                 "FEE"
             ]
@@ -308,8 +312,8 @@ mod tests {
                 "payment.release",
                 "succeeded",
                 "acct-alice",
-                "1250",
                 "EUR",
+                "12.50",
                 "EUR",
                 "1.00",
                 "-"
@@ -317,7 +321,7 @@ mod tests {
         );
         let s = summary(&t, &config);
         assert!(
-            s.contains("\npayee: acct-alice\namount: 1250\ncurrency: EUR\n"),
+            s.contains("\npayee: acct-alice\namount: EUR 12.50\ndelivery"),
             "{s}"
         );
         assert!(

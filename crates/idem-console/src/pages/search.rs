@@ -14,12 +14,10 @@
 //! delivered one and each suspected second effect's, marked.
 
 use axum::extract::{RawQuery, State};
-use idem_core::config::{Config, DisplayFields};
+use idem_core::config::Config;
 use idem_core::model::{Task, TaskState};
-use idem_core::money::{Currency, Money};
 use idem_store::ops::search::{DEFAULT_LIMIT, MAX_LIMIT};
 use maud::{Markup, html};
-use serde_json::Value;
 
 use crate::html::{
     self as page, attempt_summary, count, search_href, state_badge, task_link, time,
@@ -205,18 +203,15 @@ pub async fn search(
 }
 
 /// The display names of the classes of `tasks`, in configuration order
-/// (a class's `currency` is shown within its `amount` when it has both).
+/// (a class's `currency` is shown within its `amount` when it has both:
+/// [`idem_core::config::DisplayFields::columns`]).
 fn display_columns(config: &Config, tasks: &[Task]) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for (op, class) in &config.operations {
         if !tasks.iter().any(|t| &t.operation == op) {
             continue;
         }
-        let merged = has_amount_and_currency(&class.display);
-        for (name, _) in class.display.iter() {
-            if merged && name == CURRENCY {
-                continue;
-            }
+        for name in class.display.columns() {
             if !out.iter().any(|c| c == name) {
                 out.push(name.to_owned());
             }
@@ -225,57 +220,19 @@ fn display_columns(config: &Config, tasks: &[Task]) -> Vec<String> {
     out
 }
 
-/// The display field names read as one amount.
-const AMOUNT: &str = "amount";
-const CURRENCY: &str = "currency";
-
-fn has_amount_and_currency(d: &DisplayFields) -> bool {
-    d.iter().any(|(n, _)| n == AMOUNT) && d.iter().any(|(n, _)| n == CURRENCY)
-}
-
-/// Task `t`'s display fields as text, by name: a string as is, another
-/// value as JSON; `amount` with `currency` (an integer of minor units and an
-/// ISO 4217 code) as [`Money`] writes it (`EUR 12.50`).
+/// Task `t`'s display fields as text, by name ([`idem_core::config::DisplayFields::shown`]:
+/// `amount` with `currency` as one amount, `EUR 12.50`); fields its params
+/// lack are left out.
 fn display_values(config: &Config, t: &Task) -> Vec<(String, String)> {
     let Some(class) = config.operations.get(&t.operation) else {
         return Vec::new();
     };
-    let merged = has_amount_and_currency(&class.display);
-    let values: Vec<(&str, Option<&Value>)> = class.display.values(&t.params).collect();
-    let get = |name: &str| {
-        values
-            .iter()
-            .find(|(n, _)| *n == name)
-            .and_then(|(_, v)| *v)
-    };
-    let text = |v: &Value| match v {
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    };
-    let mut out = Vec::new();
-    for (name, v) in &values {
-        if merged && *name == CURRENCY {
-            continue;
-        }
-        let Some(v) = v else { continue };
-        let shown = if merged && *name == AMOUNT {
-            let currency = get(CURRENCY)
-                .and_then(Value::as_str)
-                .and_then(|c| Currency::from_code(c).ok());
-            match (v.as_i64(), currency) {
-                (Some(minor), Some(c)) => Money::new(minor, Some(c)).to_string(),
-                // Not an amount of a known currency: both as given.
-                _ => match get(CURRENCY) {
-                    Some(c) => format!("{} {}", text(v), text(c)),
-                    None => text(v),
-                },
-            }
-        } else {
-            text(v)
-        };
-        out.push(((*name).to_owned(), shown));
-    }
-    out
+    class
+        .display
+        .shown(&t.params)
+        .into_iter()
+        .filter_map(|(name, v)| v.map(|v| (name.to_owned(), v)))
+        .collect()
 }
 
 /// Task `t`'s provider transaction ids: the delivered one, then each

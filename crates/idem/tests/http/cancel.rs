@@ -208,7 +208,6 @@ async fn cancel_requested_then_succeeded_is_too_late() {
             "STATE",
             "PAYEE",
             "AMOUNT",
-            "CURRENCY",
             "CHARGE",
             "FEE"
         ]
