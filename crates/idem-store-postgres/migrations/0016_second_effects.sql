@@ -28,6 +28,15 @@
 --
 -- An expand step: new tables, a column and an index that binaries of schema
 -- v15 never read (their explicit column lists leave the column to its default).
+--
+-- The table locks come first, as in schemas v3 and v4, tasks before evidence
+-- (the order every data transaction takes them in): the foreign keys below
+-- would otherwise take a weaker lock on tasks that the ALTER TABLE then
+-- upgrades, which deadlocks with a transaction of a running instance that
+-- holds a row lock of tasks and waits to write one. Reads and writes of
+-- tasks and evidence wait while this step runs (the index build included).
+
+LOCK TABLE tasks, evidence IN ACCESS EXCLUSIVE MODE;
 
 CREATE TABLE IF NOT EXISTS effect_reports (
     id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

@@ -125,12 +125,20 @@ pub(crate) async fn check<C: tokio_postgres::GenericClient + Sync>(client: &C) -
 }
 
 /// A failed migration step: [`StoreError::Unavailable`] when it gave up
-/// waiting for a table lock (`55P03`, [`MIGRATION_LOCK_TIMEOUT_MS`]; trying
-/// again once that transaction ends can succeed), else
+/// waiting for a table lock (`55P03`, [`MIGRATION_LOCK_TIMEOUT_MS`]) or
+/// deadlocked with a running instance's transaction (`40P01`): trying again
+/// once that transaction ends can succeed; else
 /// [`StoreError::Migration`]. Either way the migration's transaction rolls
 /// back: nothing is applied.
 fn step_error(version: i32, e: &tokio_postgres::Error) -> StoreError {
     let text = pg_error_text(e);
+    if e.code() == Some(&tokio_postgres::error::SqlState::T_R_DEADLOCK_DETECTED) {
+        return StoreError::Unavailable(format!(
+            "migration {version} deadlocked with a transaction of a running instance and was \
+             rolled back, nothing applied ({text}); try again (idem serve retries for up to \
+             IDEM_STORE_WAIT_MS)"
+        ));
+    }
     if e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) {
         return StoreError::Unavailable(format!(
             "migration {version} waited {MIGRATION_LOCK_TIMEOUT_MS} ms for a table lock that another \
