@@ -726,18 +726,15 @@ pub fn report(
                 Disposition::AlreadyReported,
             ),
         );
-        if is_effect(outcome) {
-            j.effect_report(
-                task,
-                EffectReport {
-                    external_txn_id: r.external_txn_id.clone(),
-                    attempt_id: Some(attempt.id),
-                    generation: r.generation,
-                    evidence: EffectEvidence::DuplicateReport,
-                    reported_at: now,
-                },
-            );
-        }
+        keep_effect_report(
+            task,
+            attempt.id,
+            j,
+            r,
+            outcome,
+            EffectEvidence::DuplicateReport,
+            now,
+        );
         let data = EventData::DuplicateReport(ev::DuplicateReport {
             attempt_id: attempt.id,
             existing,
@@ -776,18 +773,15 @@ pub fn report(
             Disposition::Applied,
         ),
     );
-    if is_effect(outcome) {
-        j.effect_report(
-            task,
-            EffectReport {
-                external_txn_id: r.external_txn_id.clone(),
-                attempt_id: Some(attempt.id),
-                generation: r.generation,
-                evidence: EffectEvidence::AppliedReport,
-                reported_at: now,
-            },
-        );
-    }
+    keep_effect_report(
+        task,
+        attempt.id,
+        j,
+        r,
+        outcome,
+        EffectEvidence::AppliedReport,
+        now,
+    );
     task.control.active_attempt_id = None;
     let observed = ev::ReportApplied {
         attempt_id: attempt.id,
@@ -862,6 +856,31 @@ pub fn report(
     Ok(())
 }
 
+/// Keeps report `r` of attempt `attempt_id` as an effect report
+/// ([`Journal::effect_report`]) when `outcome` says the effect happened.
+fn keep_effect_report(
+    task: &mut Task,
+    attempt_id: Uuid,
+    j: &mut Journal,
+    r: &Report,
+    outcome: EvidenceOutcome,
+    evidence: EffectEvidence,
+    now: Timestamp,
+) {
+    if is_effect(outcome) {
+        j.effect_report(
+            task,
+            EffectReport {
+                external_txn_id: r.external_txn_id.clone(),
+                attempt_id: Some(attempt_id),
+                generation: r.generation,
+                evidence,
+                reported_at: now,
+            },
+        );
+    }
+}
+
 /// Whether evidence with `outcome` reports that the external effect
 /// happened: `succeeded` or `committed` (an effect report).
 fn is_effect(outcome: EvidenceOutcome) -> bool {
@@ -885,22 +904,12 @@ fn keep_stale_report(
     // The report's own generation still current: its lease ended (late);
     // else a newer generation holds the task (stale).
     let late = r.generation == attempt.generation && r.generation == task.generation;
-    if is_effect(outcome.into()) {
-        j.effect_report(
-            task,
-            EffectReport {
-                external_txn_id: r.external_txn_id.clone(),
-                attempt_id: Some(attempt.id),
-                generation: r.generation,
-                evidence: if late {
-                    EffectEvidence::LateReport
-                } else {
-                    EffectEvidence::StaleReport
-                },
-                reported_at: now,
-            },
-        );
-    }
+    let kind = if late {
+        EffectEvidence::LateReport
+    } else {
+        EffectEvidence::StaleReport
+    };
+    keep_effect_report(task, attempt.id, j, r, outcome.into(), kind, now);
     j.evidence(
         attempt,
         evidence(
