@@ -456,7 +456,17 @@ impl Worker {
             }
         };
         // The open claim is kept while attempts run (it is dropped, closing
-        // its connection, once none does); what it brings is released.
+        // its connection, once none does); what it brings is released,
+        // including an answer already in when the shutdown came.
+        if running.is_empty()
+            && let Some(answered) = claim.as_mut().and_then(|c| c.now_or_never())
+        {
+            claim = None;
+            for attempt in answered.unwrap_or_default() {
+                let worker = Arc::clone(&worker);
+                running.spawn(async move { worker.release(&attempt).await });
+            }
+        }
         let finish = async {
             loop {
                 let attempts_run = !running.is_empty();
