@@ -32,7 +32,7 @@ use idem_core::model::{
 };
 use idem_store::feed::{FeedCursor, FeedRead};
 use idem_store::identity::{DatabaseIdentity, RecordedIdentity, StoreIdentity};
-use idem_store::ops::console::{ConsoleSession, ConsoleTx, TaskCount};
+use idem_store::ops::console::{ConsoleSession, ConsoleTx, QueueDepth, TaskCount};
 use idem_store::ops::search::TaskSearch;
 use idem_store::ops::{Operation, TaskQuery};
 use idem_store::{Result, ScopeRow, StoreError, Tx};
@@ -518,6 +518,25 @@ impl ConsoleTx for MemTx<'_> {
         _tenant: &str,
         _operations: Option<&[String]>,
     ) -> Result<Vec<TaskCount>> {
+        not_modelled("the console overview")
+    }
+
+    async fn queue_depths(
+        &mut self,
+        _tenant: Option<&str>,
+        _operations: Option<&[String]>,
+        _now: Timestamp,
+    ) -> Result<Vec<QueueDepth>> {
+        not_modelled("the console overview")
+    }
+
+    async fn queue_ready_at(
+        &mut self,
+        _tenant: &str,
+        _operation: &str,
+        _now: Timestamp,
+        _rank: i64,
+    ) -> Result<Option<Timestamp>> {
         not_modelled("the console overview")
     }
 

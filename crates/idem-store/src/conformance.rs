@@ -156,6 +156,7 @@ macro_rules! store_conformance {
             feed_refuses_a_cursor_ahead_of_its_head,
             console_sessions_expire_end_and_follow_their_key,
             console_overview_counts_and_lists_the_tenants_tasks,
+            queues_count_waiting_tasks_and_their_waits,
             store_now_is_the_clock_leases_run_out_by,
             rewind_moves_tasks_that_may_have_started_to_reconcile_first,
             concurrent_identity_checks_rewind_once,

@@ -5,7 +5,7 @@
 
 use idem_core::model::{ApiKey, Role, Task, TaskState, Timestamp};
 use idem_store::Result;
-use idem_store::ops::console::{ConsoleSession, ConsoleTx, TaskCount};
+use idem_store::ops::console::{ConsoleSession, ConsoleTx, QueueDepth, TaskCount};
 use tokio_postgres::Row;
 
 use super::PgTx;
@@ -21,6 +21,11 @@ fn in_classes(operations: Option<&[String]>, n: usize) -> String {
         None => String::new(),
     }
 }
+
+/// A waiting task at `$1` (epoch ms): what a claim could lease now (the
+/// claim's own condition, `CLAIMABLE`).
+const WAITING: &str = "ready_at <= $1 AND active_attempt_id IS NULL \
+     AND state IN ('queued', 'retry_wait', 'reconciling') AND next_kind IS NOT NULL";
 
 impl PgTx<'_> {
     /// The tasks whose ids `ids_sql` selects, with `params`, in the order
@@ -139,6 +144,59 @@ impl ConsoleTx for PgTx<'_> {
                 })
             })
             .collect()
+    }
+
+    async fn queue_depths(
+        &mut self,
+        tenant: Option<&str>,
+        operations: Option<&[String]>,
+        now: Timestamp,
+    ) -> Result<Vec<QueueDepth>> {
+        let now = now.ms();
+        let (tenant_is, classes) = match tenant {
+            Some(_) => (" AND tenant = $2", in_classes(operations, 3)),
+            None => ("", in_classes(operations, 2)),
+        };
+        let sql = format!(
+            "SELECT tenant, operation, count(*) AS n, min(ready_at) AS oldest FROM tasks \
+             WHERE {WAITING}{tenant_is}{classes} \
+             GROUP BY tenant, operation ORDER BY tenant, operation"
+        );
+        let rows = match (tenant, operations) {
+            (Some(t), Some(ops)) => self.query(&sql, &[&now, &t, &ops]).await?,
+            (Some(t), None) => self.query(&sql, &[&now, &t]).await?,
+            (None, Some(ops)) => self.query(&sql, &[&now, &ops]).await?,
+            (None, None) => self.query(&sql, &[&now]).await?,
+        };
+        rows.iter()
+            .map(|r| {
+                Ok(QueueDepth {
+                    tenant: get(r, "tenant")?,
+                    operation: get(r, "operation")?,
+                    depth: get(r, "n")?,
+                    oldest_ready_at: Timestamp(get(r, "oldest")?),
+                })
+            })
+            .collect()
+    }
+
+    async fn queue_ready_at(
+        &mut self,
+        tenant: &str,
+        operation: &str,
+        now: Timestamp,
+        rank: i64,
+    ) -> Result<Option<Timestamp>> {
+        let now = now.ms();
+        let rank = rank.max(0);
+        let sql = format!(
+            "SELECT ready_at FROM tasks WHERE {WAITING} AND tenant = $2 AND operation = $3 \
+             ORDER BY ready_at, id LIMIT 1 OFFSET $4"
+        );
+        self.query_opt(&sql, &[&now, &tenant, &operation, &rank])
+            .await?
+            .map(|r| get(&r, "ready_at").map(Timestamp))
+            .transpose()
     }
 
     async fn stale_reconciling(

@@ -5,7 +5,7 @@
 
 use idem_core::model::{ApiKey, Role, Task, TaskState, Timestamp};
 use idem_store::StoreError;
-use idem_store::ops::console::{ConsoleSession, ConsoleTx, TaskCount};
+use idem_store::ops::console::{ConsoleSession, ConsoleTx, QueueDepth, TaskCount};
 use rusqlite::types::Value as Sql;
 use rusqlite::{OptionalExtension, params};
 
@@ -25,6 +25,11 @@ fn in_classes(operations: Option<&[String]>, params: &mut Vec<Sql>) -> String {
         .collect();
     format!(" AND operation IN ({})", places.join(", "))
 }
+
+/// A waiting task at `?1` (epoch ms): what a claim could lease now (the
+/// claim's own condition, `CLAIMABLE_IN_CLASS`).
+const WAITING: &str = "active_attempt_id IS NULL \
+     AND (state = 'queued' OR state = 'retry_wait' OR state = 'reconciling') AND ready_at <= ?1";
 
 impl SqliteTx<'_> {
     /// The tasks whose ids `ids_sql` selects, with `params`, in the order
@@ -162,6 +167,63 @@ impl ConsoleTx for SqliteTx<'_> {
             })
             .map_err(db)?;
         rows.collect::<rusqlite::Result<Vec<_>>>().map_err(decode)
+    }
+
+    async fn queue_depths(
+        &mut self,
+        tenant: Option<&str>,
+        operations: Option<&[String]>,
+        now: Timestamp,
+    ) -> Result<Vec<QueueDepth>, StoreError> {
+        let mut params = vec![Sql::Integer(now.0)];
+        let tenant_is = match tenant {
+            Some(t) => {
+                params.push(Sql::Text(t.to_owned()));
+                " AND tenant = ?2"
+            }
+            None => "",
+        };
+        let classes = in_classes(operations, &mut params);
+        let sql = format!(
+            "SELECT tenant, operation, count(*), min(ready_at) FROM tasks \
+             WHERE {WAITING}{tenant_is}{classes} \
+             GROUP BY tenant, operation ORDER BY tenant, operation"
+        );
+        let mut stmt = self.conn.prepare_cached(&sql).map_err(db)?;
+        let rows = stmt
+            .query_map(rusqlite::params_from_iter(params.iter()), |r| {
+                Ok(QueueDepth {
+                    tenant: r.get(0)?,
+                    operation: r.get(1)?,
+                    depth: r.get(2)?,
+                    oldest_ready_at: Timestamp(r.get(3)?),
+                })
+            })
+            .map_err(db)?;
+        rows.collect::<rusqlite::Result<Vec<_>>>().map_err(decode)
+    }
+
+    async fn queue_ready_at(
+        &mut self,
+        tenant: &str,
+        operation: &str,
+        now: Timestamp,
+        rank: i64,
+    ) -> Result<Option<Timestamp>, StoreError> {
+        let sql = format!(
+            "SELECT ready_at FROM tasks WHERE {WAITING} AND tenant = ?2 AND operation = ?3 \
+             ORDER BY ready_at, id LIMIT 1 OFFSET ?4"
+        );
+        self.conn
+            .prepare_cached(&sql)
+            .and_then(|mut st| {
+                st.query_row(params![now.0, tenant, operation, rank.max(0)], |r| {
+                    r.get::<_, i64>(0)
+                })
+                .optional()
+            })
+            .map(|at| at.map(Timestamp))
+            .map_err(decode)
     }
 
     async fn stale_reconciling(

@@ -250,3 +250,77 @@ pub async fn store_now_is_the_clock_leases_run_out_by(store: Store) {
         after.ms() - before.ms()
     );
 }
+
+/// A tenant's queues count the tasks a claim could lease now (not one
+/// holding a lease, not one not yet due) and give their waits from
+/// `ready_at` by the store's clock: the longest, the median and the 99th
+/// percentile (nearest rank); another tenant's tasks and ungranted classes
+/// never appear; every tenant's depths are read together for the metrics.
+pub async fn queues_count_waiting_tasks_and_their_waits(store: Store) {
+    let c = Ctx::new(&store, "acme").await;
+    let other = Ctx::new(&store, "other").await;
+    let empty = must(store.task_queues("acme").await, "queues");
+    assert!(empty.queues.is_empty(), "{:?}", empty.queues);
+    // Four safe tasks, 1 s apart; the first is then leased.
+    let mut safe = Vec::new();
+    for _ in 0..4 {
+        safe.push(c.create(SAFE, &contract(SAFE)).await);
+        advance(&store, 1_000);
+    }
+    c.claim_one(SAFE, LONG_LEASE, safe[0].id).await;
+    other.create(SAFE, &contract(SAFE)).await;
+    let pay = c.create(NON_SAFE, &contract(NON_SAFE)).await;
+    advance(&store, 500);
+
+    let q = must(store.task_queues("acme").await, "queues");
+    // Waiting: safe[1..4] for 3.5 s, 2.5 s and 1.5 s; the payment for 0.5 s.
+    let safe_q = q.queues.iter().find(|q| q.operation == SAFE);
+    let Some(safe_q) = safe_q else {
+        panic!("no {SAFE} queue: {:?}", q.queues);
+    };
+    // The store's clock is the moved test clock plus real time: each wait is
+    // the moved time plus the test's own run time so far (well under 0.5 s).
+    let about = |ms: i64, want: i64| (want..want + 500).contains(&ms);
+    assert_eq!(safe_q.depth, 3, "the leased task is not waiting");
+    assert!(about(safe_q.oldest_wait_ms, 3_500), "{safe_q:?}");
+    assert!(about(safe_q.wait_p50_ms, 2_500), "{safe_q:?}");
+    assert!(about(safe_q.wait_p99_ms, 3_500), "{safe_q:?}");
+    let pay_q = q.queues.iter().find(|q| q.operation == NON_SAFE);
+    assert_eq!(pay_q.map(|q| q.depth), Some(1));
+    assert!(
+        pay_q.is_some_and(|q| about(q.oldest_wait_ms, 500)),
+        "{pay_q:?}"
+    );
+    assert_eq!(q.queues.len(), 2, "{:?}", q.queues);
+    assert_eq!(pay.control.tenant, "acme");
+
+    // The overview carries the same queues.
+    let o = must(store.task_overview("acme", QUERY).await, "overview");
+    let shape = |qs: &[crate::ops::QueueStat]| {
+        qs.iter()
+            .map(|q| (q.operation.clone(), q.depth))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(shape(&o.queues), shape(&q.queues));
+    // A key granted the safe class only sees that queue.
+    let safe_only = store.granted(Some(vec![SAFE.to_owned()]));
+    let g = must(safe_only.task_queues("acme").await, "queues");
+    assert_eq!(g.queues.len(), 1);
+    assert_eq!(g.queues[0].operation, SAFE);
+    let theirs = must(store.task_queues("other").await, "queues");
+    assert_eq!(
+        theirs.queues.iter().map(|q| q.depth).collect::<Vec<_>>(),
+        vec![1]
+    );
+
+    // Every tenant's depths, for the metrics.
+    let (_, all) = must(store.all_queue_depths().await, "depths");
+    let depth = |tenant: &str, op: &str| {
+        all.iter()
+            .find(|d| d.tenant == tenant && d.operation == op)
+            .map(|d| d.depth)
+    };
+    assert_eq!(depth("acme", SAFE), Some(3));
+    assert_eq!(depth("acme", NON_SAFE), Some(1));
+    assert_eq!(depth("other", SAFE), Some(1));
+}

@@ -16,7 +16,7 @@ use uuid::Uuid;
 use super::{Grant, Operation};
 use crate::{Result, StoreError, Tx};
 
-pub use crate::tx::console::{ConsoleSession, ConsoleTx, TaskCount};
+pub use crate::tx::console::{ConsoleSession, ConsoleTx, QueueDepth, TaskCount};
 
 /// Bytes of randomness in a session token.
 pub const SESSION_TOKEN_BYTES: usize = 32;
@@ -159,6 +159,105 @@ pub struct Overview {
     pub failed_recent: Vec<Task>,
     /// Tasks whose cancellation is requested and not yet settled, oldest first.
     pub cancel_requested: Vec<Task>,
+    /// The tenant's queues with waiting tasks, by class.
+    pub queues: Vec<QueueStat>,
+}
+
+/// One queue's waiting tasks at a moment: how many, and how long they have
+/// waited (ms since each became claimable, `ready_at`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct QueueStat {
+    /// Operation class.
+    pub operation: String,
+    /// Tasks a claim could lease now.
+    pub depth: i64,
+    /// The longest wait, ms.
+    pub oldest_wait_ms: i64,
+    /// The median wait, ms (nearest rank).
+    pub wait_p50_ms: i64,
+    /// The 99th-percentile wait, ms (nearest rank).
+    pub wait_p99_ms: i64,
+}
+
+/// The 0-based position, in ascending `ready_at` order, of the task whose
+/// wait is the `per_mille`/1000 quantile of `depth` waits (nearest rank: the
+/// wait that `per_mille`/1000 of the waits are at most). Waits ascend as
+/// `ready_at` descends, so rank r (1-based, by wait) is position
+/// `depth - r`.
+fn quantile_position(depth: i64, per_mille: i64) -> i64 {
+    let rank = (depth * per_mille + 999) / 1000;
+    (depth - rank.max(1)).max(0)
+}
+
+/// `tenant`'s queues in `operations` (all classes when `None`) at `now`.
+async fn queue_stats<T: Tx>(
+    tx: &mut T,
+    tenant: &str,
+    operations: Option<&[String]>,
+    now: Timestamp,
+) -> Result<Vec<QueueStat>> {
+    let depths = tx.queue_depths(Some(tenant), operations, now).await?;
+    let mut out = Vec::with_capacity(depths.len());
+    for d in depths {
+        let wait = |at: Option<Timestamp>| at.map_or(0, |at| now.0.saturating_sub(at.0).max(0));
+        let p50 = tx
+            .queue_ready_at(tenant, &d.operation, now, quantile_position(d.depth, 500))
+            .await?;
+        let p99 = tx
+            .queue_ready_at(tenant, &d.operation, now, quantile_position(d.depth, 990))
+            .await?;
+        out.push(QueueStat {
+            operation: d.operation,
+            depth: d.depth,
+            oldest_wait_ms: wait(Some(d.oldest_ready_at)),
+            wait_p50_ms: wait(p50),
+            wait_p99_ms: wait(p99),
+        });
+    }
+    Ok(out)
+}
+
+/// Read a tenant's queues (`GET /v1/queues`).
+#[derive(Debug, Clone)]
+pub struct TaskQueues {
+    /// Tenant.
+    pub tenant: String,
+    /// The caller's grant: a key limited to some classes sees only those.
+    pub grant: Grant,
+}
+
+/// A tenant's queues at a moment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Queues {
+    /// The store's clock when they were read.
+    pub now: Timestamp,
+    /// The queues with waiting tasks, by class.
+    pub queues: Vec<QueueStat>,
+}
+
+impl Operation for TaskQueues {
+    type Reply = Queues;
+    const WRITES: bool = false;
+    async fn run<T: Tx>(&self, tx: &mut T) -> Result<Queues> {
+        let now = tx.now().await?;
+        let ops = self.grant.as_deref().map(Vec::as_slice);
+        let queues = queue_stats(tx, &self.tenant, ops, now).await?;
+        Ok(Queues { now, queues })
+    }
+}
+
+/// Every tenant's queue depths (the `idem_queue_depth` and
+/// `idem_queue_oldest_wait_seconds` gauges): one `GROUP BY`.
+#[derive(Debug, Clone)]
+pub struct AllQueueDepths;
+
+impl Operation for AllQueueDepths {
+    type Reply = (Timestamp, Vec<QueueDepth>);
+    const WRITES: bool = false;
+    async fn run<T: Tx>(&self, tx: &mut T) -> Result<(Timestamp, Vec<QueueDepth>)> {
+        let now = tx.now().await?;
+        Ok((now, tx.queue_depths(None, None, now).await?))
+    }
 }
 
 /// Read a tenant's overview: counts and the three "needs attention" lists.
@@ -199,12 +298,14 @@ impl Operation for TaskOverview {
             .await?;
         let mut cancel_requested = tx.cancel_requested(&self.tenant, ops, limit).await?;
         cancel_requested.retain(Task::cancel_pending);
+        let queues = queue_stats(tx, &self.tenant, ops, now).await?;
         Ok(Overview {
             now,
             counts,
             reconciling_long,
             failed_recent,
             cancel_requested,
+            queues,
         })
     }
 }
@@ -246,6 +347,26 @@ impl crate::Store {
         .await
     }
 
+    /// `tenant`'s queues, in the classes this store's grant allows.
+    ///
+    /// # Errors
+    /// Storage failures ([`StoreError`]).
+    pub async fn task_queues(&self, tenant: &str) -> Result<Queues> {
+        self.call(TaskQueues {
+            tenant: tenant.to_owned(),
+            grant: self.grant.clone(),
+        })
+        .await
+    }
+
+    /// Every tenant's queue depths with the store's clock (the metrics).
+    ///
+    /// # Errors
+    /// Storage failures ([`StoreError`]).
+    pub async fn all_queue_depths(&self) -> Result<(Timestamp, Vec<QueueDepth>)> {
+        self.call(AllQueueDepths).await
+    }
+
     /// `tenant`'s overview, in the classes this store's grant allows.
     ///
     /// # Errors
@@ -257,5 +378,23 @@ impl crate::Store {
             query,
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::quantile_position;
+
+    /// Positions in ascending `ready_at` order (0 = the longest wait).
+    #[test]
+    fn quantiles_count_by_nearest_rank_from_the_shortest_wait() {
+        assert_eq!(quantile_position(1, 500), 0);
+        assert_eq!(quantile_position(1, 990), 0);
+        // Waits 1..=4 (ready_at descending): the median is the 2nd shortest.
+        assert_eq!(quantile_position(4, 500), 2);
+        assert_eq!(quantile_position(4, 990), 0);
+        assert_eq!(quantile_position(100, 990), 1);
+        assert_eq!(quantile_position(100, 500), 50);
+        assert_eq!(quantile_position(0, 500), 0);
     }
 }

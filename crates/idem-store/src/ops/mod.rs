@@ -50,8 +50,8 @@ pub mod tasks;
 pub use attempts::{Acknowledge, Heartbeat, Release, Report};
 pub use claim::{Claim, ClaimRequest, Claimed};
 pub use console::{
-    ConsoleSession, ConsoleSessionLookup, CreateConsoleSession, EndConsoleSession, Overview,
-    OverviewQuery, TaskCount, TaskOverview,
+    AllQueueDepths, ConsoleSession, ConsoleSessionLookup, CreateConsoleSession, EndConsoleSession,
+    Overview, OverviewQuery, QueueDepth, QueueStat, Queues, TaskCount, TaskOverview, TaskQueues,
 };
 pub use feed::{ReadFeed, TaskHistory};
 pub use identity::{CheckIdentity, MarkRestored};
@@ -288,6 +288,10 @@ operations! {
     EndConsoleSession,
     /// [`TaskOverview`].
     TaskOverview,
+    /// [`TaskQueues`].
+    TaskQueues,
+    /// [`AllQueueDepths`].
+    AllQueueDepths,
 }
 
 /// The operation classes a key is limited to (`None`: all), shared by the

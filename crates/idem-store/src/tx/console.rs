@@ -36,6 +36,21 @@ pub struct TaskCount {
     pub count: i64,
 }
 
+/// A queue: the tasks of one tenant and operation class that a claim could
+/// lease now (`queued`, `retry_wait` or `reconciling`, due, no attempt
+/// holding a lease), counted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueDepth {
+    /// Tenant.
+    pub tenant: String,
+    /// Operation class.
+    pub operation: String,
+    /// Tasks waiting.
+    pub depth: i64,
+    /// The earliest `ready_at` among them (epoch ms): the longest wait.
+    pub oldest_ready_at: Timestamp,
+}
+
 /// The primitives of the console a backend offers inside a transaction (a
 /// supertrait of [`crate::Tx`], implemented in each backend's own console
 /// module). Times are epoch ms.
@@ -75,6 +90,25 @@ pub trait ConsoleTx: Send {
         tenant: &str,
         operations: Option<&[String]>,
     ) -> impl Future<Output = Result<Vec<TaskCount>>> + Send;
+    /// The queues with at least one waiting task at `now` ([`QueueDepth`]):
+    /// `tenant`'s when given, else every tenant's (the metrics), in classes of
+    /// `operations` when given; ordered by tenant, then class.
+    fn queue_depths(
+        &mut self,
+        tenant: Option<&str>,
+        operations: Option<&[String]>,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<Vec<QueueDepth>>> + Send;
+    /// The `ready_at` (epoch ms) of the waiting task of `tenant`'s queue of
+    /// `operation` at 0-based position `rank` in `ready_at` order at `now`;
+    /// `None` past the end. Walks the claim-order index up to `rank`.
+    fn queue_ready_at(
+        &mut self,
+        tenant: &str,
+        operation: &str,
+        now: Timestamp,
+        rank: i64,
+    ) -> impl Future<Output = Result<Option<Timestamp>>> + Send;
     /// Up to `limit` of `tenant`'s `reconciling` tasks last changed before
     /// `unchanged_since`, longest unchanged first.
     fn stale_reconciling(
