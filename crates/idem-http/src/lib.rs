@@ -179,6 +179,7 @@ fn api_router() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .routes(routes!(api::submit::submit_task, api::search::list_tasks))
         .routes(routes!(api::tasks::get_task))
+        .routes(routes!(api::queues::list_queues))
         .routes(routes!(api::tasks::list_attempts))
         .routes(routes!(api::tasks::list_events))
         .routes(routes!(api::events::tenant_feed))
@@ -214,11 +215,18 @@ pub fn router(state: AppState) -> Router {
     )
     .route(
         "/metrics",
-        get(move || {
+        get(move |State(st): St| {
             let metrics = metrics.clone();
             async move {
                 match metrics {
                     Some(h) => {
+                        // The queue gauges from the store; a failing store
+                        // leaves them as last read (the other metrics still
+                        // answer).
+                        match st.store.all_queue_depths().await {
+                            Ok((now, depths)) => service_metrics::set_queue_depths(now, &depths),
+                            Err(e) => tracing::warn!(error = %e, "queue depths for /metrics"),
+                        }
                         h.run_upkeep();
                         ([("content-type", "text/plain; version=0.0.4")], h.render())
                             .into_response()

@@ -84,6 +84,67 @@ pub(crate) static REPORTS: std::sync::LazyLock<LabelledCounter<3>> =
         )
     });
 
+/// Time in queue, seconds, by operation class: observed once per lease.
+pub(crate) const QUEUE_WAIT: &str = "idem_queue_wait_seconds";
+/// Tasks waiting, by tenant and operation class: set when `/metrics` is read.
+pub(crate) const QUEUE_DEPTH: &str = "idem_queue_depth";
+/// The longest wait, seconds, by tenant and operation class: set when
+/// `/metrics` is read.
+pub(crate) const QUEUE_OLDEST_WAIT: &str = "idem_queue_oldest_wait_seconds";
+
+/// Records the time `task` waited before `attempt` leased it: from the
+/// moment it became claimable (`ready_at`) to the lease (`leased_at`).
+pub(crate) fn record_queue_wait(
+    task: &idem_core::model::Task,
+    attempt: &idem_core::model::Attempt,
+) {
+    let waited_ms = attempt
+        .leased_at
+        .0
+        .saturating_sub(task.control.ready_at.0)
+        .max(0);
+    #[allow(clippy::cast_precision_loss)] // ms well under 2^52
+    let seconds = waited_ms as f64 / 1000.0;
+    metrics::histogram!(QUEUE_WAIT, "operation" => task.operation.clone()).record(seconds);
+}
+
+/// Sets the queue gauges from every tenant's queue depths read at `now`
+/// (`idem_store::Store::all_queue_depths`). A queue that emptied since the
+/// last read is set to 0 rather than left at its last depth.
+pub(crate) fn set_queue_depths(
+    now: idem_core::model::Timestamp,
+    depths: &[idem_store::ops::QueueDepth],
+) {
+    static SEEN: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(Vec::new());
+    let mut seen = SEEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for (tenant, operation) in seen.iter() {
+        if !depths
+            .iter()
+            .any(|d| &d.tenant == tenant && &d.operation == operation)
+        {
+            let labels = [("tenant", tenant.clone()), ("operation", operation.clone())];
+            metrics::gauge!(QUEUE_DEPTH, &labels).set(0.0);
+            metrics::gauge!(QUEUE_OLDEST_WAIT, &labels).set(0.0);
+        }
+    }
+    seen.clear();
+    for d in depths {
+        let labels = [
+            ("tenant", d.tenant.clone()),
+            ("operation", d.operation.clone()),
+        ];
+        #[allow(clippy::cast_precision_loss)] // counts and ms well under 2^52
+        {
+            metrics::gauge!(QUEUE_DEPTH, &labels).set(d.depth as f64);
+            let oldest_ms = now.0.saturating_sub(d.oldest_ready_at.0).max(0);
+            metrics::gauge!(QUEUE_OLDEST_WAIT, &labels).set(oldest_ms as f64 / 1000.0);
+        }
+        seen.push((d.tenant.clone(), d.operation.clone()));
+    }
+}
+
 /// Upper bounds (seconds) of the buckets every histogram is rendered with,
 /// e.g. `idem_http_request_seconds`: from 0.5 ms to 60 s, past the 30 s
 /// longest long-poll ([`crate::MAX_WAIT_MS`]), which lands in the 60 s bucket.
@@ -172,6 +233,21 @@ fn describe_metrics() {
         idem_store::changes::SECOND_EFFECTS_SUSPECTED,
         Unit::Count,
         "Suspected second effects raised (evidence of an external effect other than the delivered one), by operation."
+    );
+    describe_histogram!(
+        QUEUE_WAIT,
+        Unit::Seconds,
+        "Time in queue at lease, by operation: from when the task became claimable (ready_at) to its lease."
+    );
+    metrics::describe_gauge!(
+        QUEUE_DEPTH,
+        Unit::Count,
+        "Tasks a claim could lease now, by tenant and operation (read from the store when /metrics is read)."
+    );
+    metrics::describe_gauge!(
+        QUEUE_OLDEST_WAIT,
+        Unit::Seconds,
+        "The longest wait among the waiting tasks, by tenant and operation (read when /metrics is read)."
     );
     std::sync::LazyLock::force(&SUBMITS);
     std::sync::LazyLock::force(&REPORTS);

@@ -77,6 +77,11 @@ pub(crate) struct ListArgs {
     /// `unacknowledged`.
     #[arg(long)]
     second_effect: Option<String>,
+    /// The tenant's queues instead of its tasks: per class with waiting
+    /// tasks, the depth and the longest, median and 99th-percentile waits
+    /// (`GET /v1/queues`); the other filters do not apply.
+    #[arg(long)]
+    queues: bool,
     /// Columns instead of JSON: id, class, state, the classes' display
     /// fields, the charge and the cancellation fee with their currency.
     #[arg(long)]
@@ -156,6 +161,13 @@ pub(crate) async fn run(store: &Store, command: TaskCommand) -> Result<()> {
         TaskCommand::List(args) => {
             let tenant = args.tenant.clone();
             let table = args.table;
+            if args.queues {
+                let q = store.task_queues(&tenant).await?;
+                if table {
+                    return Ok(say(crate::task_text::queue_table(&q.queues))?);
+                }
+                return print_json(&serde_json::json!({"now": q.now, "queues": q.queues}));
+            }
             let config = args.config.clone();
             let key = store.cursor_key().await?;
             let query = idem_http::read_task_query(&args.pairs(), &key, &tenant)

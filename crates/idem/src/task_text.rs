@@ -150,6 +150,32 @@ pub(crate) fn table(tasks: &[Task], config: &Config) -> String {
         row.push(fee);
         rows.push(row);
     }
+    columns(&rows)
+}
+
+/// A tenant's queues as columns: class, depth, and the longest, median and
+/// 99th-percentile waits in seconds (`idem task list --queues --table`).
+pub(crate) fn queue_table(queues: &[idem_store::ops::QueueStat]) -> String {
+    let seconds = |ms: i64| format!("{}.{:03}s", ms / 1000, ms % 1000);
+    let mut rows = vec![
+        ["OPERATION", "DEPTH", "OLDEST", "P50", "P99"]
+            .map(String::from)
+            .to_vec(),
+    ];
+    for q in queues {
+        rows.push(vec![
+            q.operation.clone(),
+            q.depth.to_string(),
+            seconds(q.oldest_wait_ms),
+            seconds(q.wait_p50_ms),
+            seconds(q.wait_p99_ms),
+        ]);
+    }
+    columns(&rows)
+}
+
+/// `rows` (the first is the header) as left-aligned columns two spaces apart.
+fn columns(rows: &[Vec<String>]) -> String {
     let columns = rows.first().map_or(0, Vec::len);
     let widths: Vec<usize> = (0..columns)
         .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))

@@ -187,6 +187,9 @@ async fn claim_inner(
         let done = !claimed.is_empty() || tokio::time::Instant::now() >= deadline;
         if done || st.is_draining() {
             metrics::counter!("idem_attempts_leased_total").increment(claimed.len() as u64);
+            for c in &claimed {
+                crate::service_metrics::record_queue_wait(&c.task, &c.attempt);
+            }
             let attempts = claimed
                 .into_iter()
                 .map(|c| ClaimedAttempt {

@@ -1,5 +1,5 @@
 //! Handlers of SPEC §4, each documented for the OpenAPI document: submit
-//! ([`submit`]), task search ([`search`]), task reads and actions ([`tasks`]), the executor protocol
+//! ([`submit`]), task search ([`search`]), queues ([`queues`]), task reads and actions ([`tasks`]), the executor protocol
 //! ([`attempts`]), the operator actions ([`operator`]), live events and the tenant feed
 //! ([`events`]), health ([`health`]); the documents they read and write
 //! ([`wire`]) and how a request's body and path are read ([`extract`]).
@@ -13,6 +13,7 @@ pub mod events;
 pub mod extract;
 pub mod health;
 pub mod operator;
+pub mod queues;
 pub mod search;
 pub mod submit;
 pub mod tasks;
