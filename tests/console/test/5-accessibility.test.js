@@ -74,6 +74,7 @@ describe("signed in as an admin", () => {
   test("overview", async (t1) => {
     await page.goto(`${server.url}/console/overview`);
     assert.ok((await page.locator("table#by-state tr[data-operation]").count()) >= 2, "both classes are on the overview");
+    assert.equal(await page.locator("table#queues caption").count(), 1, "the queues table is on the overview");
     assert.deepEqual(await seriousViolations(page, t1, "overview"), []);
   });
 

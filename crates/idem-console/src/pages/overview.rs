@@ -2,7 +2,9 @@
 //! counts by operation class and state (each a link to the search filtered
 //! by both), and the tasks that need a person: `reconciling` unchanged for
 //! longer than the threshold, `failed` in the last 24 h, cancellations still
-//! requested, [`LIST`] of each at most.
+//! requested, [`LIST`] of each at most; and its queues: per class the tasks
+//! a claim could lease now with their longest, median and 99th-percentile
+//! waits.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -88,6 +90,34 @@ pub async fn overview(
                     }
                 }
             }
+            table #queues {
+                caption { "Queues: tasks a claim could lease now, and how long they have waited" }
+                thead {
+                    tr {
+                        th scope="col" { "Operation class" }
+                        th scope="col" { "Waiting" }
+                        th scope="col" { "Longest wait" }
+                        th scope="col" { "Median wait" }
+                        th scope="col" { "99th percentile" }
+                    }
+                }
+                tbody {
+                    @if o.queues.is_empty() {
+                        tr { td.empty colspan="5" { "Nothing is waiting." } }
+                    }
+                    @for q in &o.queues {
+                        tr data-operation=(q.operation) {
+                            th scope="row" {
+                                a href=(search_href([("operation", q.operation.as_str()), ("state", "queued")])) { (q.operation) }
+                            }
+                            td.depth { (q.depth) }
+                            td.wait { (wait_words(q.oldest_wait_ms)) }
+                            td.wait { (wait_words(q.wait_p50_ms)) }
+                            td.wait { (wait_words(q.wait_p99_ms)) }
+                        }
+                    }
+                }
+            }
             section #needs-attention aria-labelledby="needs-attention-title" {
                 h2 #needs-attention-title { "Needs attention" }
                 (list(
@@ -143,6 +173,20 @@ fn list(id: &str, title: &str, empty: &str, tasks: &[Task], all: &str) -> Markup
     }
 }
 
+/// A wait of `ms` in words: "850 ms", "12.5 s", "4 min 10 s", "3 h 5 min".
+fn wait_words(ms: i64) -> String {
+    let ms = ms.max(0);
+    if ms < 1_000 {
+        format!("{ms} ms")
+    } else if ms < 60_000 {
+        format!("{}.{} s", ms / 1_000, ms % 1_000 / 100)
+    } else if ms < 3_600_000 {
+        format!("{} min {} s", ms / 60_000, ms % 60_000 / 1_000)
+    } else {
+        format!("{} h {} min", ms / 3_600_000, ms % 3_600_000 / 60_000)
+    }
+}
+
 /// `s` seconds in words: "15 min", "2 h", "90 s".
 fn duration_words(s: u64) -> String {
     if s >= 3600 && s.is_multiple_of(3600) {
@@ -151,5 +195,20 @@ fn duration_words(s: u64) -> String {
         format!("{} min", s / 60)
     } else {
         format!("{s} s")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wait_words;
+
+    #[test]
+    fn waits_read_in_the_unit_that_fits() {
+        assert_eq!(wait_words(0), "0 ms");
+        assert_eq!(wait_words(850), "850 ms");
+        assert_eq!(wait_words(12_550), "12.5 s");
+        assert_eq!(wait_words(250_000), "4 min 10 s");
+        assert_eq!(wait_words(11_100_000), "3 h 5 min");
+        assert_eq!(wait_words(-5), "0 ms");
     }
 }
