@@ -191,6 +191,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/queues": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The caller's tenant's queues: waiting tasks and their waits per class. */
+        get: operations["list_queues"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/tasks": {
         parameters: {
             query?: never;
@@ -936,6 +953,42 @@ export interface components {
          * @enum {string}
          */
         ProblemCode: "IDEMPOTENCY_KEY_MISSING" | "IDEMPOTENCY_KEY_INVALID" | "IDEMPOTENCY_CONFLICT" | "INVALID_REQUEST" | "UNAUTHENTICATED" | "PERMISSION_DENIED" | "NOT_FOUND" | "METHOD_NOT_ALLOWED" | "STALE_GENERATION" | "ATTEMPT_ALREADY_REPORTED" | "NOT_DELIVERED" | "INVALID_STATE" | "SUBMITTER_REVOKED" | "CONFLICT" | "REQUEST_TIMEOUT" | "PAYLOAD_TOO_LARGE" | "UNAVAILABLE" | "OVERLOADED" | "NO_SYNC_STANDBY" | "INTERNAL";
+        /** @description One operation class's waiting tasks. */
+        Queue: {
+            /**
+             * Format: int64
+             * @description Tasks a claim could lease now (`queued`, `retry_wait` or
+             *     `reconciling`, due, no attempt holding a lease).
+             */
+            depth: number;
+            /**
+             * Format: int64
+             * @description The longest wait, ms since the task became claimable (`ready_at`).
+             */
+            oldest_wait_ms: number;
+            /** @description Operation class. */
+            operation: string;
+            /**
+             * Format: int64
+             * @description The median wait, ms (nearest rank).
+             */
+            wait_p50_ms: number;
+            /**
+             * Format: int64
+             * @description The 99th-percentile wait, ms (nearest rank).
+             */
+            wait_p99_ms: number;
+        };
+        /** @description The answer of `GET /v1/queues`. */
+        QueuesPage: {
+            /** @description The store's clock when the queues were read. */
+            now: components["schemas"]["Timestamp"];
+            /**
+             * @description The queues with waiting tasks, by class (classes with none are left
+             *     out; a key limited to some classes sees only those).
+             */
+            queues: components["schemas"]["Queue"][];
+        };
         /** @description `{"reason": "…"}`: the body of `retry-now`, `redrive` and an admin's `cancel`. */
         ReasonBody: {
             /**
@@ -1746,6 +1799,53 @@ export interface operations {
                 };
             };
             /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    list_queues: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["QueuesPage"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description an executor key */
             403: {
                 headers: {
                     [name: string]: unknown;
