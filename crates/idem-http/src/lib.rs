@@ -220,12 +220,22 @@ pub fn router(state: AppState) -> Router {
             async move {
                 match metrics {
                     Some(h) => {
-                        // The queue gauges from the store; a failing store
-                        // leaves them as last read (the other metrics still
-                        // answer).
-                        match st.store.all_queue_depths().await {
-                            Ok((now, depths)) => service_metrics::set_queue_depths(now, &depths),
-                            Err(e) => tracing::warn!(error = %e, "queue depths for /metrics"),
+                        // The queue gauges from the store, given at most
+                        // QUEUE_READ_WITHIN: a busy or failing store leaves
+                        // them as last read and the rest still answers.
+                        match tokio::time::timeout(
+                            service_metrics::QUEUE_READ_WITHIN,
+                            st.store.all_queue_depths(),
+                        )
+                        .await
+                        {
+                            Ok(Ok((now, depths))) => {
+                                service_metrics::set_queue_depths(now, &depths)
+                            }
+                            Ok(Err(e)) => tracing::debug!(error = %e, "queue depths for /metrics"),
+                            Err(_) => {
+                                tracing::debug!("queue depths for /metrics: not read in time")
+                            }
                         }
                         h.run_upkeep();
                         ([("content-type", "text/plain; version=0.0.4")], h.render())

@@ -92,6 +92,10 @@ pub(crate) const QUEUE_DEPTH: &str = "idem_queue_depth";
 /// `/metrics` is read.
 pub(crate) const QUEUE_OLDEST_WAIT: &str = "idem_queue_oldest_wait_seconds";
 
+/// How long `/metrics` waits for the queue depths before it answers with the
+/// gauges as last read: metrics must answer when the store is overloaded.
+pub(crate) const QUEUE_READ_WITHIN: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// Records the time `task` waited before `attempt` leased it: from the
 /// moment it became claimable (`ready_at`) to the lease (`leased_at`).
 pub(crate) fn record_queue_wait(
