@@ -73,7 +73,7 @@ problem_codes! {
         /// bound (`IDEM_BODY_TIMEOUT_MS`); the connection is closed.
         RequestTimeout => "REQUEST_TIMEOUT",
         /// 429: a new task over a rate limit of its tenant or class
-        /// (SPEC §7.1); nothing was created and the `Idempotency-Key` is
+        /// (SPEC §8.1); nothing was created and the `Idempotency-Key` is
         /// still free. Sent with `Retry-After` (seconds, >= 1).
         RateLimited => "RATE_LIMITED",
         /// 413: the body is over the limit.

@@ -220,7 +220,7 @@ pub struct OperationClass {
     /// task list --table`): display name → JSON Pointer, in written order.
     #[serde(default, skip_serializing_if = "DisplayFields::is_empty")]
     pub display: DisplayFields,
-    /// Flow control of the class (`[operations."<class>".flow]`, SPEC §7).
+    /// Flow control of the class (`[operations."<class>".flow]`, SPEC §8).
     #[serde(default, skip_serializing_if = "crate::flow::ClassFlow::is_empty")]
     pub flow: crate::flow::ClassFlow,
 }
@@ -357,7 +357,7 @@ impl<'de> Deserialize<'de> for DisplayFields {
 pub struct Config {
     /// Operation classes by name.
     pub operations: BTreeMap<String, OperationClass>,
-    /// Per-tenant settings (`[tenants."<tenant>"]`, SPEC §7), by tenant.
+    /// Per-tenant settings (`[tenants."<tenant>"]`, SPEC §8), by tenant.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tenants: BTreeMap<String, crate::flow::TenantSettings>,
 }
@@ -627,6 +627,10 @@ fn apply_override(
     let fields: Vec<String> = parts.map(|p| p.to_ascii_lowercase()).collect();
     let (last, sections) = fields.split_last().ok_or_else(|| err("names no field"))?;
     for section in sections {
+        // `flow` is optional as a whole: an override may add it.
+        if section == "flow" && !table.contains_key("flow") {
+            table.insert("flow".into(), toml::Value::Table(toml::Table::new()));
+        }
         table = table
             .get_mut(section.as_str())
             .and_then(|v| v.as_table_mut())

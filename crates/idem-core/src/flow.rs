@@ -1,4 +1,4 @@
-//! Flow control configuration (SPEC §7 "Flow control"): per-tenant settings
+//! Flow control configuration (SPEC §8 "Flow control"): per-tenant settings
 //! (`[tenants."<tenant>"]`) and per-class settings (`[operations."<class>".flow]`),
 //! and the rate limits they define: token buckets run by GCRA (the generic
 //! cell rate algorithm: one theoretical arrival time per bucket) whose state
@@ -229,6 +229,21 @@ mod tests {
         let bad_class =
             format!("{base}\n[operations.\"{class}\".flow]\nattempt_starts_per_s = 0\n");
         assert!(crate::config::Config::from_toml(&bad_class).is_err());
+        let env = crate::config::Config::from_toml_with_env(
+            base,
+            [(
+                format!(
+                    "IDEM_OPERATIONS__{}__FLOW__ATTEMPT_STARTS_PER_S",
+                    class.to_ascii_uppercase().replace(['.', '-'], "_")
+                ),
+                "7".to_owned(),
+            )],
+        )
+        .unwrap();
+        assert_eq!(
+            env.start_limits().get(&class),
+            Some(&RateLimit::new(7.0, None))
+        );
         // Without flow settings the configuration version is unchanged.
         let plain = crate::config::Config::from_toml(base).unwrap();
         assert!(!plain.to_toml().unwrap().contains("flow"));

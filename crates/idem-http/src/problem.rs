@@ -176,7 +176,7 @@ impl Problem {
         p
     }
     /// 429 `RATE_LIMITED` with `Retry-After`: a new task over a rate limit
-    /// (SPEC §7.1), admitted again in `retry_after_ms` (whole seconds,
+    /// (SPEC §8.1), admitted again in `retry_after_ms` (whole seconds,
     /// rounded up, at least 1); nothing was written and the
     /// `Idempotency-Key` is still free.
     pub fn rate_limited(retry_after_ms: i64) -> Problem {

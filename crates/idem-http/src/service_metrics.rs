@@ -60,7 +60,7 @@ pub(crate) static SUBMITS: std::sync::LazyLock<LabelledCounter<8>> =
     });
 
 /// `idem_submits_rate_limited_total`: new submits refused for a rate limit
-/// (SPEC §7.1), by `tenant` and `operation` (docs/operations.md).
+/// (SPEC §8.1), by `tenant` and `operation` (docs/operations.md).
 pub(crate) const SUBMITS_RATE_LIMITED: &str = "idem_submits_rate_limited_total";
 
 /// Counts one submit refused for a rate limit in

@@ -1,4 +1,4 @@
--- idem schema v17 (PostgreSQL): rate limits (SPEC §7.1). One row per token
+-- idem schema v17 (PostgreSQL): rate limits (SPEC §8.1). One row per token
 -- bucket, by scope (`tenant:<tenant>`, `class:<class>`, `starts:<class>`),
 -- holding GCRA's theoretical arrival time in µs since the epoch. A submit or
 -- claim that takes a token locks the row until it commits, so one limit holds

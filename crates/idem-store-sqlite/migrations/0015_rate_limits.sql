@@ -1,4 +1,4 @@
--- idem schema v15 (SQLite): rate limits (SPEC §7.1). One row per token
+-- idem schema v15 (SQLite): rate limits (SPEC §8.1). One row per token
 -- bucket, by scope (`tenant:<tenant>`, `class:<class>`, `starts:<class>`),
 -- holding GCRA's theoretical arrival time in µs since the epoch, written by
 -- the one writer in the submit's or claim's transaction. A new table only

@@ -46,7 +46,7 @@ pub struct Submission {
     /// of the fingerprint (a replay answers the task as it was accepted).
     pub traceparent: Option<TraceParent>,
     /// The rate-limit buckets a new task of this submission takes a token
-    /// from, as `(scope, limit)` (SPEC §7.1; empty = none): a replay or a
+    /// from, as `(scope, limit)` (SPEC §8.1; empty = none): a replay or a
     /// conflict takes none.
     pub rate_limits: Vec<(String, idem_core::flow::RateLimit)>,
 }

@@ -52,7 +52,7 @@ fn request_id(headers: &HeaderMap) -> String {
         (status = 403, body = Problem, content_type = "application/problem+json"),
         (status = 413, body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "IDEMPOTENCY_CONFLICT: same scope, different fingerprint", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "RATE_LIMITED: a new task over a rate limit of its tenant or class (SPEC §7.1); nothing was created and the Idempotency-Key is still free",
+        (status = 429, description = "RATE_LIMITED: a new task over a rate limit of its tenant or class (SPEC §8.1); nothing was created and the Idempotency-Key is still free",
             headers(("Retry-After" = u32, description = "Seconds (>= 1) until the limit admits a new task")),
             body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "UNAVAILABLE, OVERLOADED, NO_SYNC_STANDBY (with `Retry-After`)", body = Problem, content_type = "application/problem+json"),

@@ -1,4 +1,4 @@
-//! Rate limits (SPEC §7.1): a new submit takes a token of each bucket it
+//! Rate limits (SPEC §8.1): a new submit takes a token of each bucket it
 //! carries or is refused with nothing written and its idempotency key still
 //! free; replays and conflicts are never charged nor refused; a claim leases
 //! no more of a class whose attempt-start bucket is empty. The buckets'

@@ -22,7 +22,7 @@ pub struct ClaimRequest {
     pub max: i64,
     /// Lease length; `None` = the class default.
     pub lease_ms: Option<i64>,
-    /// The flow control that applies (SPEC §7; default: none).
+    /// The flow control that applies (SPEC §8; default: none).
     pub flow: ClaimFlow,
 }
 
@@ -30,7 +30,7 @@ pub struct ClaimRequest {
 /// holds none).
 #[derive(Debug, Clone, Default)]
 pub struct ClaimFlow {
-    /// Attempt starts per class (`flow.attempt_starts_per_s`, SPEC §7.1):
+    /// Attempt starts per class (`flow.attempt_starts_per_s`, SPEC §8.1):
     /// each lease takes a token of the class's `starts:<class>` bucket;
     /// without one the claim leases no more of that class.
     pub starts_per_s: BTreeMap<String, RateLimit>,

@@ -1,4 +1,4 @@
-//! Rate limits kept in the database (SPEC §7.1): the token of each bucket a
+//! Rate limits kept in the database (SPEC §8.1): the token of each bucket a
 //! new submit or an attempt start takes, by GCRA over the bucket's one row
 //! (`rate_limits`: scope, theoretical arrival time in µs), locked for the
 //! transaction that takes it. The configuration is the caller's: the

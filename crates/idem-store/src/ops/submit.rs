@@ -14,7 +14,7 @@
 //!    of each of their buckets ([`super::rates::take_tokens`]); a winner
 //!    refused for want of one has its scope row deleted again, so it writes
 //!    nothing and the idempotency key stays free, and answers
-//!    [`SubmitOutcome::RateLimited`] (SPEC §7.1). Replays and conflicts
+//!    [`SubmitOutcome::RateLimited`] (SPEC §8.1). Replays and conflicts
 //!    lost the scope row, so they are never charged nor refused;
 //! 3. **accept winners**: the tasks of the rows this transaction inserted,
 //!    with their `task_submitted` events;
@@ -64,7 +64,7 @@ pub enum SubmitOutcome {
         api_key_id: Uuid,
     },
     /// A new task, refused for want of a token of one of its rate-limit
-    /// buckets (SPEC §7.1): nothing was written and the idempotency key is
+    /// buckets (SPEC §8.1): nothing was written and the idempotency key is
     /// still free.
     RateLimited {
         /// Milliseconds until every bucket of the submission has a token (>= 1).
