@@ -975,6 +975,7 @@ async fn claims_walk_the_claim_index_instead_of_sorting_the_backlog() {
             executor_id: "ex".into(),
             max: 4,
             lease_ms: None,
+            flow: Default::default(),
         })
         .await
         .unwrap();

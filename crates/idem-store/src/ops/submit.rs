@@ -9,8 +9,8 @@
 //!    submissions touch nothing and answer [`SubmitOutcome::KeyRevoked`];
 //! 2. **scope rows**: `INSERT … ON CONFLICT DO NOTHING` of one row per
 //!    submission, each naming a fresh task id: the unique constraint alone
-//!    decides which submission gets a task;
-//! 2b. **rate limits**: the winners that carry rate limits take a token
+//!    decides which submission gets a task; then the **rate limits**
+//!    (step 2b): the winners that carry rate limits take a token
 //!    of each of their buckets ([`super::rates::take_tokens`]); a winner
 //!    refused for want of one has its scope row deleted again, so it writes
 //!    nothing and the idempotency key stays free, and answers
