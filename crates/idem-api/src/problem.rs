@@ -72,6 +72,10 @@ problem_codes! {
         /// 408: the request body was not complete within the server's body
         /// bound (`IDEM_BODY_TIMEOUT_MS`); the connection is closed.
         RequestTimeout => "REQUEST_TIMEOUT",
+        /// 429: a new task over a rate limit of its tenant or class
+        /// (SPEC §8.1); nothing was created and the `Idempotency-Key` is
+        /// still free. Sent with `Retry-After` (seconds, >= 1).
+        RateLimited => "RATE_LIMITED",
         /// 413: the body is over the limit.
         PayloadTooLarge => "PAYLOAD_TOO_LARGE",
         /// 503: the store (or the metrics recorder) is unavailable; nothing

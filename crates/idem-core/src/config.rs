@@ -45,6 +45,14 @@ pub enum ConfigError {
         /// What is wrong.
         message: String,
     },
+    /// A tenant's setting is out of its range (`[tenants."<tenant>"]`).
+    #[error("tenant `{tenant}`: {message}")]
+    Tenant {
+        /// The tenant.
+        tenant: String,
+        /// What is wrong.
+        message: String,
+    },
     /// An `IDEM_OPERATIONS__…` variable names nothing in the configuration.
     #[error("environment override {name}: {message}")]
     Override {
@@ -212,6 +220,9 @@ pub struct OperationClass {
     /// task list --table`): display name → JSON Pointer, in written order.
     #[serde(default, skip_serializing_if = "DisplayFields::is_empty")]
     pub display: DisplayFields,
+    /// Flow control of the class (`[operations."<class>".flow]`, SPEC §8).
+    #[serde(default, skip_serializing_if = "crate::flow::ClassFlow::is_empty")]
+    pub flow: crate::flow::ClassFlow,
 }
 
 /// A class's `[display]` table: named JSON Pointers (RFC 6901) into a task's
@@ -346,6 +357,9 @@ impl<'de> Deserialize<'de> for DisplayFields {
 pub struct Config {
     /// Operation classes by name.
     pub operations: BTreeMap<String, OperationClass>,
+    /// Per-tenant settings (`[tenants."<tenant>"]`, SPEC §8), by tenant.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tenants: BTreeMap<String, crate::flow::TenantSettings>,
 }
 
 /// The policy frozen onto a task when it is accepted (SPEC §1 "contract").
@@ -531,7 +545,17 @@ impl Config {
             if let Some(schema) = &class.params_schema {
                 schema.compile().map_err(|e| invalid(&e.to_string()))?;
             }
+            crate::flow::check_rate("flow.submits_per_s", class.flow.submits_per_s)
+                .and_then(|()| {
+                    crate::flow::check_rate(
+                        "flow.attempt_starts_per_s",
+                        class.flow.attempt_starts_per_s,
+                    )
+                })
+                .map_err(|m| invalid(&m))?;
         }
+        crate::flow::check_tenants(&self.tenants)
+            .map_err(|(tenant, message)| ConfigError::Tenant { tenant, message })?;
         Ok(())
     }
 
@@ -603,6 +627,10 @@ fn apply_override(
     let fields: Vec<String> = parts.map(|p| p.to_ascii_lowercase()).collect();
     let (last, sections) = fields.split_last().ok_or_else(|| err("names no field"))?;
     for section in sections {
+        // `flow` is optional as a whole: an override may add it.
+        if section == "flow" && !table.contains_key("flow") {
+            table.insert("flow".into(), toml::Value::Table(toml::Table::new()));
+        }
         table = table
             .get_mut(section.as_str())
             .and_then(|v| v.as_table_mut())

@@ -20,5 +20,6 @@ pub mod chaos;
 pub mod console_bench;
 pub mod demo;
 pub mod fault_proxy;
+pub mod rate_bench;
 pub mod server;
 pub mod waiters;

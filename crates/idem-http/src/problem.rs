@@ -175,6 +175,24 @@ impl Problem {
         p.retry_after = Some(NO_SYNC_STANDBY_RETRY_AFTER_S);
         p
     }
+    /// 429 `RATE_LIMITED` with `Retry-After`: a new task over a rate limit
+    /// (SPEC §8.1), admitted again in `retry_after_ms` (whole seconds,
+    /// rounded up, at least 1); nothing was written and the
+    /// `Idempotency-Key` is still free.
+    pub fn rate_limited(retry_after_ms: i64) -> Problem {
+        let seconds = u32::try_from(retry_after_ms.max(1).saturating_add(999) / 1000)
+            .unwrap_or(u32::MAX)
+            .max(1);
+        let mut p = Problem::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            ProblemCode::RateLimited,
+            format!(
+                "over the rate limit of new tasks; nothing was created and this Idempotency-Key is still free: retry after {seconds} s"
+            ),
+        );
+        p.retry_after = Some(seconds);
+        p
+    }
 }
 
 impl From<StoreError> for Problem {

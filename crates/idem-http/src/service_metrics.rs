@@ -41,7 +41,7 @@ impl<const N: usize> LabelledCounter<N> {
 }
 
 /// `idem_submits_total` by `outcome` (docs/operations.md).
-pub(crate) static SUBMITS: std::sync::LazyLock<LabelledCounter<7>> =
+pub(crate) static SUBMITS: std::sync::LazyLock<LabelledCounter<8>> =
     std::sync::LazyLock::new(|| {
         LabelledCounter::register(
             "idem_submits_total",
@@ -54,19 +54,33 @@ pub(crate) static SUBMITS: std::sync::LazyLock<LabelledCounter<7>> =
                 "forbidden",
                 "error",
                 "invalid",
+                "rate_limited",
             ],
         )
     });
 
+/// `idem_submits_rate_limited_total`: new submits refused for a rate limit
+/// (SPEC §8.1), by `tenant` and `operation` (docs/operations.md).
+pub(crate) const SUBMITS_RATE_LIMITED: &str = "idem_submits_rate_limited_total";
+
+/// Counts one submit refused for a rate limit in
+/// [`SUBMITS_RATE_LIMITED`].
+pub(crate) fn count_rate_limited(tenant: &str, operation: &str) {
+    metrics::counter!(SUBMITS_RATE_LIMITED, "tenant" => tenant.to_owned(), "operation" => operation.to_owned())
+        .increment(1);
+}
+
 /// `idem_reports_total` by `result` (docs/operations.md).
 /// Counts one submit in `idem_submits_total` by its outcome: `Ok(replayed)`,
 /// or the problem it was refused with (401 unauthenticated, 403 forbidden,
-/// 422 `IDEMPOTENCY_CONFLICT` conflict, 5xx error, any other 4xx invalid).
+/// 422 `IDEMPOTENCY_CONFLICT` conflict, 429 `RATE_LIMITED` rate_limited, 5xx
+/// error, any other 4xx invalid).
 pub(crate) fn count_submit(res: Result<bool, &Problem>) {
     let outcome = match res {
         Ok(true) => "replayed",
         Ok(false) => "created",
         Err(p) if p.code == ProblemCode::IdempotencyConflict => "conflict",
+        Err(p) if p.code == ProblemCode::RateLimited => "rate_limited",
         Err(p) if p.status == 401 => "unauthenticated",
         Err(p) if p.status == 403 => "forbidden",
         Err(p) if p.status >= 500 => "error",
@@ -194,7 +208,17 @@ fn describe_metrics() {
     describe_counter!(
         "idem_submits_total",
         Unit::Count,
-        "Submissions (POST /v1/tasks) by outcome: created, replayed, conflict, unauthenticated, forbidden, invalid, error."
+        "Submissions (POST /v1/tasks) by outcome: created, replayed, conflict, unauthenticated, forbidden, invalid, error, rate_limited."
+    );
+    describe_counter!(
+        SUBMITS_RATE_LIMITED,
+        Unit::Count,
+        "New submits refused 429 RATE_LIMITED by a rate limit of their tenant or class, by tenant and operation."
+    );
+    describe_counter!(
+        idem_store::ops::rates::ATTEMPT_STARTS_THROTTLED,
+        Unit::Count,
+        "Leases a claim did not grant because the class's attempt_starts_per_s bucket had no token, by operation (the task stays queued)."
     );
     describe_counter!(
         "idem_reports_total",

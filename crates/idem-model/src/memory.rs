@@ -214,6 +214,14 @@ impl Tx for MemTx<'_> {
             }))
     }
 
+    async fn lock_rate(&mut self, _scope: &str) -> Result<i64> {
+        not_modelled("rate limits")
+    }
+
+    async fn set_rate(&mut self, _scope: &str, _tat_us: i64) -> Result<()> {
+        not_modelled("rate limits")
+    }
+
     async fn delete_scope(&mut self, task_id: Uuid) -> Result<()> {
         self.state.scopes.retain(|sc| sc.task_id != task_id);
         Ok(())

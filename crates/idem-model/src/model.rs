@@ -175,6 +175,7 @@ impl IdemModel {
                     api_key_id: api_key_id(k.tenant),
                     grant: None,
                     traceparent: None,
+                    rate_limits: Vec::new(),
                 };
                 let outcome = match self.run(n, None, &Submit(submission)) {
                     Ok(o) => o,
@@ -189,6 +190,8 @@ impl IdemModel {
                         (Answer::Conflict, task.params == req.params)
                     }
                     SubmitOutcome::KeyRevoked { .. } => (Answer::KeyRevoked, false),
+                    // The model's submissions carry no rate limit.
+                    SubmitOutcome::RateLimited { .. } => (Answer::KeyRevoked, true),
                 };
                 if wrong {
                     n.violations |= violation::WRONG_SUBMIT_ANSWER;
@@ -234,6 +237,7 @@ impl IdemModel {
                     executor_id: format!("executor-{executor}"),
                     max: 1,
                     lease_ms: None,
+                    flow: Default::default(),
                 });
                 let claimed = match self.run(n, bound, &op) {
                     Ok(c) => c,

@@ -14,6 +14,7 @@ use idem_store::batch::{self, Queue};
 use idem_store::contracts::StoredContracts;
 use idem_store::ops::{
     Authenticate, Call, Operation, Runner, Submission, Submit, SubmitBatch, SubmitOutcome,
+    SubmitPlan,
 };
 use idem_store::retries::Lane;
 use idem_store::{Backend, BoxFuture, Clock, Op, Result, StoreError, retries};
@@ -347,9 +348,11 @@ impl Work for Pipelined<'_> {
     type Out = Vec<SubmitOutcome>;
     const CHECK_REUSED: bool = true;
     /// The submit plan pipelined; a batch with a revoked key runs as an
-    /// ordinary transaction instead (it refuses that key's submissions only).
+    /// ordinary transaction instead (it refuses that key's submissions only),
+    /// as does a batch with rate limits (their tokens are taken between the
+    /// scope rows and the tasks: [`SubmitPlan::charge_rates`]).
     async fn run_on(&self, client: &mut Object) -> Result<Vec<SubmitOutcome>> {
-        {
+        if !SubmitPlan::has_rate_limits(self.0) {
             let mut pg = PgTx::autocommit(client, self.1);
             if let Some(outcomes) = pg.submit_pipelined(self.0, self.2).await? {
                 self.3.committed(pg.take_changes());

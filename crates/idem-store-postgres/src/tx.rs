@@ -355,6 +355,27 @@ impl Tx for PgTx<'_> {
         Ok(())
     }
 
+    async fn lock_rate(&mut self, scope: &str) -> Result<i64> {
+        let r = self
+            .query_opt(
+                "INSERT INTO rate_limits (scope, tat_us) VALUES ($1, 0) \
+                 ON CONFLICT (scope) DO UPDATE SET tat_us = rate_limits.tat_us RETURNING tat_us",
+                &[&scope],
+            )
+            .await?
+            .ok_or_else(|| StoreError::Corrupt(format!("rate limit {scope} not locked")))?;
+        get(&r, "tat_us")
+    }
+
+    async fn set_rate(&mut self, scope: &str, tat_us: i64) -> Result<()> {
+        self.exec(
+            "UPDATE rate_limits SET tat_us = $2 WHERE scope = $1",
+            &[&scope, &tat_us],
+        )
+        .await?;
+        Ok(())
+    }
+
     /// The task, after its contract's row (written if absent).
     async fn insert_task(&mut self, task: &Task) -> Result<()> {
         let c = &task.contract;

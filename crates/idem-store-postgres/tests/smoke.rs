@@ -63,6 +63,7 @@ fn submission(tenant: &str, key: &str, api_key_id: Uuid, fp: char) -> Submission
         api_key_id,
         grant: None,
         traceparent: None,
+        rate_limits: Vec::new(),
     }
 }
 
@@ -136,6 +137,7 @@ async fn submit_replay_conflict_claim_report() {
             executor_id: "ex-1".into(),
             max: 4,
             lease_ms: Some(10_000),
+            flow: Default::default(),
         })
         .await
         .unwrap();
@@ -220,6 +222,7 @@ async fn submit_replay_conflict_claim_report() {
             executor_id: "ex-1".into(),
             max: 1,
             lease_ms: None,
+            flow: Default::default(),
         })
         .await
         .unwrap();
@@ -257,6 +260,7 @@ async fn concurrent_identical_submits_yield_one_task() {
             }
             SubmitOutcome::Conflict { .. } => panic!("same fingerprint must not conflict"),
             SubmitOutcome::KeyRevoked { .. } => panic!("the key is live"),
+            SubmitOutcome::RateLimited { .. } => panic!("no rate limit is set"),
         }
     }
     assert_eq!(created, 1);
@@ -289,6 +293,7 @@ async fn concurrent_claims_lease_each_task_once() {
                         executor_id: format!("ex-{n}"),
                         max: 2,
                         lease_ms: None,
+                        flow: Default::default(),
                     })
                     .await
                     .unwrap();
@@ -410,6 +415,7 @@ fn claim_req(max: i64, lease_ms: Option<i64>) -> ClaimRequest {
         executor_id: "ex".into(),
         max,
         lease_ms,
+        flow: Default::default(),
     }
 }
 
@@ -969,6 +975,7 @@ async fn claims_walk_the_claim_index_instead_of_sorting_the_backlog() {
             executor_id: "ex".into(),
             max: 4,
             lease_ms: None,
+            flow: Default::default(),
         })
         .await
         .unwrap();

@@ -495,6 +495,26 @@ impl Tx for SqliteTx<'_> {
         Ok(out)
     }
 
+    async fn lock_rate(&mut self, scope: &str) -> Result<i64, StoreError> {
+        // The one writer holds the database: the row needs no lock of its own.
+        self.conn
+            .prepare_cached("SELECT tat_us FROM rate_limits WHERE scope = ?1")
+            .and_then(|mut s| s.query_row([scope], |r| r.get(0)).optional())
+            .map(|t| t.unwrap_or(0))
+            .map_err(db)
+    }
+
+    async fn set_rate(&mut self, scope: &str, tat_us: i64) -> Result<(), StoreError> {
+        self.conn
+            .prepare_cached(
+                "INSERT INTO rate_limits (scope, tat_us) VALUES (?1, ?2) \
+                 ON CONFLICT (scope) DO UPDATE SET tat_us = excluded.tat_us",
+            )
+            .and_then(|mut s| s.execute(rusqlite::params![scope, tat_us]))
+            .map_err(db)?;
+        Ok(())
+    }
+
     async fn delete_scope(&mut self, task_id: Uuid) -> Result<(), StoreError> {
         self.conn
             .prepare_cached("DELETE FROM idempotency_keys WHERE task_id = ?1")

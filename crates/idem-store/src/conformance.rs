@@ -28,7 +28,7 @@
 //! share ([`contract`], [`params`], [`submission`], a tenant context and the
 //! history check every case ends with); the cases live in one submodule per
 //! part of SPEC §2 (scope, claims, failures, concurrency, cancel, audit,
-//! release, rewind, second effects) and
+//! release, rewind, second effects, rate limits) and
 //! of SPEC §4, "Live events" (feed), and are re-exported here, so each is `conformance::<case>`.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -167,6 +167,10 @@ macro_rules! store_conformance {
             second_effect_acknowledgment_is_audited_and_idempotent,
             second_effect_acknowledgment_races_a_report,
             every_reported_id_finds_the_task_and_a_replay_shows_its_second_effects,
+            rate_limited_submit_writes_nothing_and_keeps_the_key_free,
+            rate_limits_in_a_batch_and_across_buckets,
+            concurrent_submits_share_one_bucket,
+            attempt_starts_are_throttled_per_class,
         );
     };
     (@cases $make:expr; $($case:ident),+ $(,)?) => {
@@ -190,6 +194,7 @@ mod effects;
 mod failures;
 mod feed;
 mod operator;
+mod rates;
 mod release;
 mod rewind;
 mod scope;
@@ -207,6 +212,7 @@ pub use effects::*;
 pub use failures::*;
 pub use feed::*;
 pub use operator::*;
+pub use rates::*;
 pub use release::*;
 pub use rewind::*;
 pub use scope::*;
@@ -302,6 +308,7 @@ pub fn submission(
         api_key_id: api_key.id,
         grant: api_key.operations.clone(),
         traceparent: None,
+        rate_limits: Vec::new(),
     }
 }
 
@@ -535,6 +542,7 @@ impl Ctx {
             executor_id: format!("executor-{}", self.tenant),
             max,
             lease_ms,
+            flow: Default::default(),
         };
         must(self.store.claim(req).await, "claim")
     }

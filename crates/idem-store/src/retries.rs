@@ -77,9 +77,13 @@ impl ScopeHints {
     }
 
     /// Remembers the scope hashed to `h` when `outcome` found it bound
-    /// (anything but [`SubmitOutcome::KeyRevoked`]).
+    /// (anything but [`SubmitOutcome::KeyRevoked`] and
+    /// [`SubmitOutcome::RateLimited`]).
     pub fn remember(&self, h: ScopeHash, outcome: &SubmitOutcome) {
-        if !matches!(outcome, SubmitOutcome::KeyRevoked { .. }) {
+        if !matches!(
+            outcome,
+            SubmitOutcome::KeyRevoked { .. } | SubmitOutcome::RateLimited { .. }
+        ) {
             self.seen.insert(h.0, ());
         }
     }
@@ -192,6 +196,7 @@ mod tests {
             api_key_id: Uuid::nil(),
             grant: None,
             traceparent: None,
+            rate_limits: Vec::new(),
         }
     }
 

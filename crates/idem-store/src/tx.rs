@@ -45,6 +45,10 @@ pub struct Submission {
     /// The W3C `traceparent` the submit carried: kept on a new task, not part
     /// of the fingerprint (a replay answers the task as it was accepted).
     pub traceparent: Option<TraceParent>,
+    /// The rate-limit buckets a new task of this submission takes a token
+    /// from, as `(scope, limit)` (SPEC §8.1; empty = none): a replay or a
+    /// conflict takes none.
+    pub rate_limits: Vec<(String, idem_core::flow::RateLimit)>,
 }
 
 impl Submission {
@@ -121,6 +125,15 @@ pub trait Tx: Send + TaskSearch + ConsoleTx {
     ) -> impl Future<Output = Result<Option<ScopeRow>>> + Send;
     /// Removes the scope row of a task (retention sweeper, SPEC §2.9).
     fn delete_scope(&mut self, task_id: Uuid) -> impl Future<Output = Result<()>> + Send;
+
+    /// Locks the rate-limit bucket `scope` until commit, creating it when
+    /// missing (`INSERT … ON CONFLICT DO UPDATE … RETURNING`, so concurrent
+    /// first uses wait on one row), and answers its theoretical arrival
+    /// time (µs since the epoch; 0 for a bucket never used).
+    fn lock_rate(&mut self, scope: &str) -> impl Future<Output = Result<i64>> + Send;
+    /// Writes the theoretical arrival time (µs) of the bucket `scope`,
+    /// locked by [`Tx::lock_rate`] in this transaction.
+    fn set_rate(&mut self, scope: &str, tat_us: i64) -> impl Future<Output = Result<()>> + Send;
 
     /// Inserts a new task row.
     fn insert_task(&mut self, task: &Task) -> impl Future<Output = Result<()>> + Send;

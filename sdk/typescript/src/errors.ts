@@ -34,7 +34,7 @@ export class IdemError extends Error {
   readonly title: string | undefined;
   readonly detail: string | undefined;
   readonly requestId: string | undefined;
-  /** `Retry-After`, in ms (503 `UNAVAILABLE` or `OVERLOADED`). */
+  /** `Retry-After`, in ms (503 `UNAVAILABLE` or `OVERLOADED`, 429 `RATE_LIMITED`). */
   readonly retryAfterMs: number | undefined;
   /** The whole problem document (extension members included). */
   readonly problem: Partial<Problem>;
@@ -173,6 +173,11 @@ export class PayloadTooLargeError extends IdemError {
   static override readonly code = "PAYLOAD_TOO_LARGE" as const;
   static override readonly status = 413;
 }
+/** 429: a new task over a rate limit of its tenant or class; nothing was created and the idempotency key is still free. Submit again with the same key no sooner than `retryAfterMs`. */
+export class RateLimitedError extends IdemError {
+  static override readonly code = "RATE_LIMITED" as const;
+  static override readonly status = 429;
+}
 /** 503: the store is unavailable; nothing was half-written. `retryAfterMs` says when to retry. */
 export class UnavailableError extends IdemError {
   static override readonly code = "UNAVAILABLE" as const;
@@ -212,6 +217,7 @@ const ERRORS: { [C in ProblemCode]: typeof IdemError } = {
   CONFLICT: ConflictError,
   REQUEST_TIMEOUT: RequestTimeoutError,
   PAYLOAD_TOO_LARGE: PayloadTooLargeError,
+  RATE_LIMITED: RateLimitedError,
   UNAVAILABLE: UnavailableError,
   OVERLOADED: OverloadedError,
   NO_SYNC_STANDBY: NoSyncStandbyError,

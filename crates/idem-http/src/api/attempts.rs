@@ -115,6 +115,9 @@ async fn claim_inner(
         executor_id: body.executor_id,
         max,
         lease_ms: body.lease_ms,
+        flow: idem_store::ops::ClaimFlow {
+            starts_per_s: st.config.start_limits(),
+        },
     };
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
     // A claim that may wait takes a seat among this instance's waiting claims

@@ -52,6 +52,9 @@ fn request_id(headers: &HeaderMap) -> String {
         (status = 403, body = Problem, content_type = "application/problem+json"),
         (status = 413, body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "IDEMPOTENCY_CONFLICT: same scope, different fingerprint", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "RATE_LIMITED: a new task over a rate limit of its tenant or class (SPEC §8.1); nothing was created and the Idempotency-Key is still free",
+            headers(("Retry-After" = u32, description = "Seconds (>= 1) until the limit admits a new task")),
+            body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "UNAVAILABLE, OVERLOADED, NO_SYNC_STANDBY (with `Retry-After`)", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn submit_task(
@@ -85,6 +88,7 @@ async fn submit_inner(
         return Err(Problem::no_sync_standby(&why));
     }
     let key = submission.idempotency_key.clone();
+    let operation = submission.operation.clone();
     let outcome = match schema_refusal {
         None => st.store.submit(submission).await?,
         Some(refusal) => retry_of_accepted(st, submitter, headers, &submission, refusal).await?,
@@ -108,6 +112,10 @@ async fn submit_inner(
         SubmitOutcome::KeyRevoked { .. } => {
             st.keys.remove(&submitter.token_hash);
             return Err(Problem::unauthenticated("this API key was revoked"));
+        }
+        SubmitOutcome::RateLimited { retry_after_ms } => {
+            crate::service_metrics::count_rate_limited(&submitter.caller.0.tenant, &operation);
+            return Err(Problem::rate_limited(retry_after_ms));
         }
     };
     let wait = crate::wait::wait_preference(headers);
@@ -278,6 +286,9 @@ fn prepare_submission(
         api_key_id: caller.0.id,
         grant: caller.0.operations.clone(),
         traceparent,
+        rate_limits: st
+            .config
+            .submit_limits(&caller.0.tenant, &prepared.operation),
     };
     Ok((submission, schema_refusal))
 }

@@ -387,6 +387,7 @@ pub async fn concurrent_conflicting_submits_create_one_task(store: Store) {
                     assert_ne!(*fp, winner.fingerprint, "the winner's twin never conflicts");
                 }
                 SubmitOutcome::KeyRevoked { .. } => panic!("round {round}: the key is live"),
+                SubmitOutcome::RateLimited { .. } => panic!("round {round}: no rate limit is set"),
             }
         }
         assert_history(&store, winner.id).await;

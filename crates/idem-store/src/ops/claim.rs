@@ -1,5 +1,8 @@
 //! Claims: lease attempts of claimable tasks (SPEC §4 `POST /v1/attempts/claim`).
 
+use std::collections::{BTreeMap, HashSet};
+
+use idem_core::flow::RateLimit;
 use idem_core::machine::{self, Authority, Journal};
 use idem_core::model::{Attempt, Task};
 
@@ -19,6 +22,18 @@ pub struct ClaimRequest {
     pub max: i64,
     /// Lease length; `None` = the class default.
     pub lease_ms: Option<i64>,
+    /// The flow control that applies (SPEC §8; default: none).
+    pub flow: ClaimFlow,
+}
+
+/// The flow control a claim applies, from the configuration (the store
+/// holds none).
+#[derive(Debug, Clone, Default)]
+pub struct ClaimFlow {
+    /// Attempt starts per class (`flow.attempt_starts_per_s`, SPEC §8.1):
+    /// each lease takes a token of the class's `starts:<class>` bucket;
+    /// without one the claim leases no more of that class.
+    pub starts_per_s: BTreeMap<String, RateLimit>,
 }
 
 /// A leased attempt with its task.
@@ -60,6 +75,8 @@ impl Operation for Claim {
         // that finds work at once still reads (and, on PostgreSQL, locks)
         // only 2 × max candidates.
         let mut limit = max.saturating_mul(2);
+        // Classes whose attempt-start bucket ran dry in this claim.
+        let mut throttled: HashSet<String> = HashSet::new();
         for _ in 0..8 {
             let ids = tx
                 .claimable(&req.tenant, &req.operations, now, limit)
@@ -80,6 +97,13 @@ impl Operation for Claim {
                     Some(k) if k.grants(&task.operation) => Authority::Granted,
                     _ => Authority::Revoked,
                 };
+                if let Some(&rate) = req.flow.starts_per_s.get(&task.operation)
+                    && (throttled.contains(&task.operation)
+                        || !super::rates::take_start_token(tx, &task.operation, rate, now).await?)
+                {
+                    throttled.insert(task.operation.clone());
+                    continue;
+                }
                 let mut j = Journal::default();
                 let attempt_id = tx.new_id();
                 match machine::claim(

@@ -16,7 +16,7 @@
 //! when it did not.
 //!
 //! Families: [`keys`] (API keys), [`submit`] (submissions and the one
-//! [`submit::SubmitPlan`]), [`claim`], [`attempts`] (heartbeats,
+//! [`submit::SubmitPlan`]), [`claim`], [`rates`] (rate limits), [`attempts`] (heartbeats,
 //! acknowledgments, reports, releases), [`keyed`] (a claim or report
 //! whose executor key is checked in its transaction), [`tasks`] (reads, cancellation, delivery),
 //! [`search`] (a tenant's tasks in pages), [`operator`] (an admin's
@@ -42,13 +42,14 @@ pub mod identity;
 pub mod keyed;
 pub mod keys;
 pub mod operator;
+pub mod rates;
 pub mod search;
 pub mod submit;
 pub mod sweep;
 pub mod tasks;
 
 pub use attempts::{Acknowledge, Heartbeat, Release, Report};
-pub use claim::{Claim, ClaimRequest, Claimed};
+pub use claim::{Claim, ClaimFlow, ClaimRequest, Claimed};
 pub use console::{
     AllQueueDepths, ConsoleSession, ConsoleSessionLookup, CreateConsoleSession, EndConsoleSession,
     Overview, OverviewQuery, QueueDepth, QueueStat, Queues, TaskCount, TaskOverview, TaskQueues,

@@ -9,7 +9,13 @@
 //!    submissions touch nothing and answer [`SubmitOutcome::KeyRevoked`];
 //! 2. **scope rows**: `INSERT … ON CONFLICT DO NOTHING` of one row per
 //!    submission, each naming a fresh task id: the unique constraint alone
-//!    decides which submission gets a task;
+//!    decides which submission gets a task; then the **rate limits**
+//!    (step 2b): the winners that carry rate limits take a token
+//!    of each of their buckets ([`super::rates::take_tokens`]); a winner
+//!    refused for want of one has its scope row deleted again, so it writes
+//!    nothing and the idempotency key stays free, and answers
+//!    [`SubmitOutcome::RateLimited`] (SPEC §8.1). Replays and conflicts
+//!    lost the scope row, so they are never charged nor refused;
 //! 3. **accept winners**: the tasks of the rows this transaction inserted,
 //!    with their `task_submitted` events;
 //! 4. **read back**: the scope rows it did not insert, with their tasks, in a
@@ -57,6 +63,13 @@ pub enum SubmitOutcome {
         /// The refused key.
         api_key_id: Uuid,
     },
+    /// A new task, refused for want of a token of one of its rate-limit
+    /// buckets (SPEC §8.1): nothing was written and the idempotency key is
+    /// still free.
+    RateLimited {
+        /// Milliseconds until every bucket of the submission has a token (>= 1).
+        retry_after_ms: i64,
+    },
 }
 
 /// Submit one task. Backends gather these into submit batches.
@@ -101,6 +114,9 @@ pub struct SubmitPlan<'s> {
     /// One scope row per `live` submission, each naming a fresh task id
     /// (UUID v7) that becomes the task's id if the row wins.
     rows: Vec<ScopeRow>,
+    /// Submissions refused for a rate limit, with the ms until a token
+    /// ([`SubmitPlan::charge_rates`]).
+    refused: Vec<(usize, i64)>,
 }
 
 impl<'s> SubmitPlan<'s> {
@@ -121,6 +137,7 @@ impl<'s> SubmitPlan<'s> {
             keys,
             live: (0..subs.len()).collect(),
             rows: subs.iter().map(|s| scope_row(s, new_id())).collect(),
+            refused: Vec::new(),
         }
     }
 
@@ -134,11 +151,12 @@ impl<'s> SubmitPlan<'s> {
         let mut plan = SubmitPlan::with_ids(subs, || tx.new_id());
         let (now, live) = tx.now_and_live_api_keys(plan.keys()).await?;
         plan.check_keys(&live);
-        let won = if plan.scope_rows().is_empty() {
+        let mut won = if plan.scope_rows().is_empty() {
             Vec::new()
         } else {
             tx.insert_scopes(plan.scope_rows()).await?
         };
+        plan.charge_rates(tx, &mut won, now).await?;
         let accepted = plan.accept(&won, now)?;
         let (tasks, events) = accepted.new_tasks();
         if !tasks.is_empty() {
@@ -177,6 +195,81 @@ impl<'s> SubmitPlan<'s> {
             .collect();
         (self.live, self.rows) = kept.into_iter().unzip();
         false
+    }
+
+    /// Whether a submission carries rate limits (a backend that cannot run
+    /// [`SubmitPlan::charge_rates`] between its steps runs such a batch with
+    /// [`SubmitPlan::run`]).
+    pub fn has_rate_limits(subs: &[Submission]) -> bool {
+        subs.iter().any(|s| !s.rate_limits.is_empty())
+    }
+
+    /// Step 2b: the winners (`won`, as step 2 answered) that carry rate
+    /// limits take their tokens at `now` (ms); each one refused has its
+    /// scope row deleted, leaves the plan and answers
+    /// [`SubmitOutcome::RateLimited`], as does a later submission of the
+    /// same scope in the batch (it would be new as well). `won` is
+    /// narrowed to the submissions left.
+    ///
+    /// # Errors
+    /// Any [`StoreError`] of the statements; [`StoreError::Corrupt`] when
+    /// `won` does not have one entry per row.
+    pub async fn charge_rates<T: Tx>(
+        &mut self,
+        tx: &mut T,
+        won: &mut Vec<bool>,
+        now: Timestamp,
+    ) -> Result<()> {
+        if won.len() != self.rows.len() {
+            return Err(StoreError::Corrupt(format!(
+                "{} scope rows answered for {}",
+                won.len(),
+                self.rows.len()
+            )));
+        }
+        let subs = self.subs;
+        let charged: Vec<usize> = (0..self.rows.len())
+            .filter(|&j| won[j] && !subs[self.live[j]].rate_limits.is_empty())
+            .collect();
+        if charged.is_empty() {
+            return Ok(());
+        }
+        let wanted: Vec<&[(String, idem_core::flow::RateLimit)]> = charged
+            .iter()
+            .map(|&j| subs[self.live[j]].rate_limits.as_slice())
+            .collect();
+        let taken = super::rates::take_tokens(tx, &wanted, now).await?;
+        let mut drop_rows: Vec<(usize, i64)> = Vec::new();
+        for (&j, t) in charged.iter().zip(taken) {
+            if let Err(wait_ms) = t {
+                tx.delete_scope(self.rows[j].task_id).await?;
+                drop_rows.push((j, wait_ms));
+                // Later submissions of this scope in the batch lost to the
+                // deleted row: they are new submissions too.
+                let scope = subs[self.live[j]].scope();
+                drop_rows.extend(
+                    (j + 1..self.rows.len())
+                        .filter(|&k| !won[k] && subs[self.live[k]].scope() == scope)
+                        .map(|k| (k, wait_ms)),
+                );
+            }
+        }
+        if drop_rows.is_empty() {
+            return Ok(());
+        }
+        let mut keep = vec![true; self.rows.len()];
+        for (j, wait_ms) in drop_rows {
+            if std::mem::replace(&mut keep[j], false) {
+                self.refused.push((self.live[j], wait_ms));
+            }
+        }
+        let mut k = keep.iter();
+        self.live.retain(|_| k.next().copied().unwrap_or(true));
+        let mut k = keep.iter();
+        self.rows.retain(|_| k.next().copied().unwrap_or(true));
+        let mut k = keep.iter();
+        won.retain(|_| k.next().copied().unwrap_or(true));
+        Ok(())
     }
 
     /// Step 2: the scope rows to insert, in request order (of the
@@ -234,6 +327,7 @@ impl<'s> SubmitPlan<'s> {
             created,
             events,
             taken,
+            refused: self.refused,
         })
     }
 
@@ -247,6 +341,7 @@ impl<'s> SubmitPlan<'s> {
             live: self.live,
             created: Vec::new(),
             events: Vec::new(),
+            refused: self.refused,
         }
     }
 }
@@ -271,6 +366,7 @@ pub struct Accepted<'s> {
     created: Vec<Task>,
     events: Vec<Vec<Event>>,
     taken: Vec<(String, String, String)>,
+    refused: Vec<(usize, i64)>,
 }
 
 impl Accepted<'_> {
@@ -311,6 +407,9 @@ impl Accepted<'_> {
                 })
             })
             .collect();
+        for &(i, retry_after_ms) in &self.refused {
+            out[i] = Some(SubmitOutcome::RateLimited { retry_after_ms });
+        }
         let mut existing = existing.into_iter();
         let mut fresh = self.created.into_iter();
         for (&i, won) in self.live.iter().zip(self.won) {

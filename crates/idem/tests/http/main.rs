@@ -19,7 +19,11 @@ mod multi_pg;
 mod operator;
 mod overload;
 mod pg_start;
+<<<<<<< HEAD
 mod queues;
+=======
+mod rates;
+>>>>>>> rate
 mod release;
 mod sdk;
 mod search;

@@ -37,7 +37,8 @@ class IdemError(Exception):
         self.title = title
         #: The answer's ``X-Request-Id``.
         self.request_id = request_id
-        #: ``Retry-After`` in seconds (503 ``UNAVAILABLE`` or ``OVERLOADED``).
+        #: ``Retry-After`` in seconds (503 ``UNAVAILABLE`` or ``OVERLOADED``,
+        #: 429 ``RATE_LIMITED``).
         self.retry_after = retry_after
         #: The whole problem document as received.
         self.problem: dict[str, Any] = problem or {}
@@ -142,6 +143,12 @@ class PayloadTooLargeError(IdemError):
     """413 ``PAYLOAD_TOO_LARGE``."""
 
 
+class RateLimitedError(IdemError):
+    """429 ``RATE_LIMITED``: a new task over a rate limit of its tenant or
+    class; nothing was created and the idempotency key is still free. Submit
+    again with the same key no sooner than ``retry_after`` seconds."""
+
+
 class UnavailableError(IdemError):
     """503 ``UNAVAILABLE``: the store is unavailable, nothing was half-written."""
 
@@ -179,6 +186,7 @@ ERRORS_BY_CODE: dict[str, type[IdemError]] = {
     "CONFLICT": ConflictError,
     "REQUEST_TIMEOUT": RequestTimeoutError,
     "PAYLOAD_TOO_LARGE": PayloadTooLargeError,
+    "RATE_LIMITED": RateLimitedError,
     "UNAVAILABLE": UnavailableError,
     "OVERLOADED": OverloadedError,
     "NO_SYNC_STANDBY": NoSyncStandbyError,

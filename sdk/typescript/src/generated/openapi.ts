@@ -952,7 +952,7 @@ export interface components {
          * @description Stable machine-readable code of a problem (SPEC §4 status table).
          * @enum {string}
          */
-        ProblemCode: "IDEMPOTENCY_KEY_MISSING" | "IDEMPOTENCY_KEY_INVALID" | "IDEMPOTENCY_CONFLICT" | "INVALID_REQUEST" | "UNAUTHENTICATED" | "PERMISSION_DENIED" | "NOT_FOUND" | "METHOD_NOT_ALLOWED" | "STALE_GENERATION" | "ATTEMPT_ALREADY_REPORTED" | "NOT_DELIVERED" | "INVALID_STATE" | "SUBMITTER_REVOKED" | "CONFLICT" | "REQUEST_TIMEOUT" | "PAYLOAD_TOO_LARGE" | "UNAVAILABLE" | "OVERLOADED" | "NO_SYNC_STANDBY" | "INTERNAL";
+        ProblemCode: "IDEMPOTENCY_KEY_MISSING" | "IDEMPOTENCY_KEY_INVALID" | "IDEMPOTENCY_CONFLICT" | "INVALID_REQUEST" | "UNAUTHENTICATED" | "PERMISSION_DENIED" | "NOT_FOUND" | "METHOD_NOT_ALLOWED" | "STALE_GENERATION" | "ATTEMPT_ALREADY_REPORTED" | "NOT_DELIVERED" | "INVALID_STATE" | "SUBMITTER_REVOKED" | "CONFLICT" | "REQUEST_TIMEOUT" | "RATE_LIMITED" | "PAYLOAD_TOO_LARGE" | "UNAVAILABLE" | "OVERLOADED" | "NO_SYNC_STANDBY" | "INTERNAL";
         /** @description One operation class's waiting tasks. */
         Queue: {
             /**
@@ -2039,6 +2039,17 @@ export interface operations {
             /** @description IDEMPOTENCY_CONFLICT: same scope, different fingerprint */
             422: {
                 headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description RATE_LIMITED: a new task over a rate limit of its tenant or class (SPEC §8.1); nothing was created and the Idempotency-Key is still free */
+            429: {
+                headers: {
+                    /** @description Seconds (>= 1) until the limit admits a new task */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {

@@ -144,6 +144,28 @@ enum Command {
         #[command(flatten)]
         idem: IdemBin,
     },
+    /// Rate limits where replays are free (docs/benchmarks.md "Rate limits"): an in-process
+    /// server whose tenant may create --per-s new tasks per second gets --load × that for
+    /// --seconds (50 % new keys, 40 % replays, 10 % conflicts); then every refused key is
+    /// submitted again. Exit 1 when a replay or conflict was not answered as usual, a 429
+    /// lacked Retry-After, or a refused key was not accepted as new later.
+    BenchRates {
+        /// The tenant's limit, new tasks per second.
+        #[arg(long, default_value_t = 50.0)]
+        per_s: f64,
+        /// Offered submits as a multiple of --per-s.
+        #[arg(long, default_value_t = 3.0)]
+        load: f64,
+        /// Length of the load, seconds.
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        /// Store of the in-process server (default: a temporary SQLite file).
+        #[arg(long = "bench-store")]
+        bench_store: Option<String>,
+        /// The figures as one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// What executors long-polling for work cost (real `idem serve` processes): database
     /// transactions per second with no waiter and with --waiters waiting, sequential submit
     /// latency without and with them, and the delay until a waiter claims a submitted task.
@@ -362,6 +384,35 @@ async fn run() -> Result<()> {
                      `statuses`: these figures do not measure idem",
                     failed.join(", ")
                 );
+            }
+            Ok(())
+        }
+        Command::BenchRates {
+            per_s,
+            load,
+            seconds,
+            bench_store,
+            json,
+        } => {
+            let r = idem_harness::rate_bench::run(idem_harness::rate_bench::RateBenchOptions {
+                per_s,
+                load,
+                seconds,
+                store: bench_store,
+            })
+            .await?;
+            if json {
+                say(serde_json::to_string(&r)?)?;
+            } else {
+                say_raw(idem_harness::rate_bench::render(&r))?;
+            }
+            if r.unexpected > 0
+                || r.retry_after_missing > 0
+                || r.replays.0 != r.replays.1
+                || r.conflicts.0 != r.conflicts.1
+                || r.retried.0 != r.retried.1
+            {
+                bail!("rate limits: an answer was not as SPEC §8.1 says");
             }
             Ok(())
         }

@@ -1,0 +1,259 @@
+//! Flow control configuration (SPEC §8 "Flow control"): per-tenant settings
+//! (`[tenants."<tenant>"]`) and per-class settings (`[operations."<class>".flow]`),
+//! and the rate limits they define: token buckets run by GCRA (the generic
+//! cell rate algorithm: one theoretical arrival time per bucket) whose state
+//! is kept in the database, so one limit holds across every instance on it.
+//!
+//! Limits are configuration, not part of a task's frozen contract: a change
+//! applies to the next submit and the next claim. A missing section is no
+//! limit.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Settings of one tenant (`[tenants."<tenant>"]`).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantSettings {
+    /// New submits per second of this tenant, all classes (a token bucket;
+    /// replays and conflicts are not counted). `None` = no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submits_per_s: Option<f64>,
+    /// Most new submits admitted at once after a quiet spell (the bucket's
+    /// size); default: `submits_per_s` rounded up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submits_burst: Option<u32>,
+}
+
+/// Flow settings of one operation class (`[operations."<class>".flow]`).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClassFlow {
+    /// New submits per second of this class, all tenants; burst = the rate
+    /// rounded up. `None` = no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submits_per_s: Option<f64>,
+    /// Leases granted per second for this class, all tenants (the
+    /// provider's limit); burst = the rate rounded up. `None` = no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_starts_per_s: Option<f64>,
+}
+
+impl ClassFlow {
+    /// Whether nothing is set (the section is left out when written).
+    pub fn is_empty(&self) -> bool {
+        *self == ClassFlow::default()
+    }
+}
+
+/// Highest rate accepted, per second (one token per microsecond).
+pub const MAX_RATE_PER_S: f64 = 1_000_000.0;
+
+/// A token bucket: `per_s` tokens per second, at most `burst` at once.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RateLimit {
+    /// Tokens per second, `0 < per_s <= MAX_RATE_PER_S`.
+    pub per_s: f64,
+    /// Bucket size, >= 1.
+    pub burst: u32,
+}
+
+impl RateLimit {
+    /// `per_s` with a burst of `burst`, or of `per_s` rounded up (at least 1).
+    pub fn new(per_s: f64, burst: Option<u32>) -> RateLimit {
+        let burst = burst.unwrap_or_else(|| per_s.ceil().clamp(1.0, f64::from(u32::MAX)) as u32);
+        RateLimit {
+            per_s,
+            burst: burst.max(1),
+        }
+    }
+
+    /// The emission interval: microseconds per token (>= 1).
+    pub fn interval_us(&self) -> i64 {
+        ((1_000_000.0 / self.per_s).round() as i64).max(1)
+    }
+
+    /// GCRA: with the bucket's theoretical arrival time `tat_us` (µs since
+    /// the epoch; 0 for a bucket never used) at `now_us`, `Ok(new tat)` when
+    /// a token is free (admit iff `max(tat, now) + interval - burst ×
+    /// interval <= now`), else `Err(µs until one is)`, >= 1.
+    pub fn take(&self, tat_us: i64, now_us: i64) -> Result<i64, i64> {
+        let interval = self.interval_us();
+        let next = tat_us.max(now_us).saturating_add(interval);
+        let allowed_at = next.saturating_sub(interval.saturating_mul(i64::from(self.burst)));
+        if allowed_at <= now_us {
+            Ok(next)
+        } else {
+            Err(allowed_at - now_us)
+        }
+    }
+}
+
+/// Checks a rate setting: finite, positive, at most [`MAX_RATE_PER_S`].
+pub(crate) fn check_rate(name: &str, per_s: Option<f64>) -> Result<(), String> {
+    match per_s {
+        Some(r) if !(r.is_finite() && r > 0.0 && r <= MAX_RATE_PER_S) => Err(format!(
+            "{name} must be a number > 0 and <= {MAX_RATE_PER_S}"
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Checks every tenant's settings.
+///
+/// # Errors
+/// `(tenant, message)` of the first setting out of range.
+pub(crate) fn check_tenants(
+    tenants: &BTreeMap<String, TenantSettings>,
+) -> Result<(), (String, String)> {
+    for (name, t) in tenants {
+        check_rate("submits_per_s", t.submits_per_s).map_err(|m| (name.clone(), m))?;
+        if t.submits_burst == Some(0) {
+            return Err((name.clone(), "submits_burst must be at least 1".into()));
+        }
+        if t.submits_burst.is_some() && t.submits_per_s.is_none() {
+            return Err((name.clone(), "submits_burst needs submits_per_s".into()));
+        }
+    }
+    Ok(())
+}
+
+impl crate::config::Config {
+    /// The buckets a new submit of `operation` by `tenant` takes a token
+    /// from, as `(scope, limit)`: the tenant's (`submits_per_s`,
+    /// `submits_burst`) and the class's (`flow.submits_per_s`), when set.
+    pub fn submit_limits(&self, tenant: &str, operation: &str) -> Vec<(String, RateLimit)> {
+        let mut out = Vec::new();
+        if let Some(t) = self.tenants.get(tenant)
+            && let Some(per_s) = t.submits_per_s
+        {
+            out.push((tenant_scope(tenant), RateLimit::new(per_s, t.submits_burst)));
+        }
+        if let Some(per_s) = self
+            .operations
+            .get(operation)
+            .and_then(|c| c.flow.submits_per_s)
+        {
+            out.push((class_scope(operation), RateLimit::new(per_s, None)));
+        }
+        out
+    }
+
+    /// The attempt-start limit of each class that has one
+    /// (`flow.attempt_starts_per_s`), by class.
+    pub fn start_limits(&self) -> BTreeMap<String, RateLimit> {
+        self.operations
+            .iter()
+            .filter_map(|(name, c)| {
+                c.flow
+                    .attempt_starts_per_s
+                    .map(|r| (name.clone(), RateLimit::new(r, None)))
+            })
+            .collect()
+    }
+}
+
+/// The bucket scope of a tenant's new submits (`tenant:<tenant>`).
+pub fn tenant_scope(tenant: &str) -> String {
+    format!("tenant:{tenant}")
+}
+
+/// The bucket scope of a class's new submits (`class:<class>`).
+pub fn class_scope(class: &str) -> String {
+    format!("class:{class}")
+}
+
+/// The bucket scope of a class's attempt starts (`starts:<class>`).
+pub fn starts_scope(class: &str) -> String {
+    format!("starts:{class}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A burst of `burst` is admitted at once, the next token one interval
+    /// later; the wait is exact.
+    #[test]
+    fn gcra_admits_burst_then_rate() {
+        let l = RateLimit::new(50.0, Some(2));
+        assert_eq!(l.interval_us(), 20_000);
+        let now = 1_000_000_000;
+        let t1 = l.take(0, now).unwrap();
+        let t2 = l.take(t1, now).unwrap();
+        assert_eq!(l.take(t2, now), Err(20_000));
+        assert_eq!(l.take(t2, now + 19_999), Err(1));
+        assert!(l.take(t2, now + 20_000).is_ok());
+    }
+
+    /// Tenant and class limits parse, apply to their tenant and class, and
+    /// out-of-range values are refused.
+    #[test]
+    fn limits_from_config() {
+        let base = crate::config::DEFAULT_TOML;
+        let class = crate::config::Config::from_toml(base)
+            .unwrap()
+            .operations
+            .keys()
+            .next()
+            .unwrap()
+            .clone();
+        let text = format!(
+            "{base}\n[tenants.acme]\nsubmits_per_s = 50\nsubmits_burst = 5\n[operations.\"{class}\".flow]\nsubmits_per_s = 2.5\nattempt_starts_per_s = 10\n"
+        );
+        let c = crate::config::Config::from_toml(&text).unwrap();
+        assert_eq!(
+            c.submit_limits("acme", &class),
+            vec![
+                ("tenant:acme".into(), RateLimit::new(50.0, Some(5))),
+                (format!("class:{class}"), RateLimit::new(2.5, None)),
+            ]
+        );
+        assert_eq!(c.submit_limits("other", "nope"), vec![]);
+        assert_eq!(
+            c.start_limits().get(&class),
+            Some(&RateLimit::new(10.0, None))
+        );
+        for bad in [
+            "[tenants.acme]\nsubmits_per_s = 0",
+            "[tenants.acme]\nsubmits_per_s = 5\nsubmits_burst = 0",
+            "[tenants.acme]\nsubmits_burst = 5",
+            "[tenants.acme]\nsubmits_per_s = -1",
+        ] {
+            assert!(
+                crate::config::Config::from_toml(&format!("{base}\n{bad}\n")).is_err(),
+                "{bad}"
+            );
+        }
+        let bad_class =
+            format!("{base}\n[operations.\"{class}\".flow]\nattempt_starts_per_s = 0\n");
+        assert!(crate::config::Config::from_toml(&bad_class).is_err());
+        let env = crate::config::Config::from_toml_with_env(
+            base,
+            [(
+                format!(
+                    "IDEM_OPERATIONS__{}__FLOW__ATTEMPT_STARTS_PER_S",
+                    class.to_ascii_uppercase().replace(['.', '-'], "_")
+                ),
+                "7".to_owned(),
+            )],
+        )
+        .unwrap();
+        assert_eq!(
+            env.start_limits().get(&class),
+            Some(&RateLimit::new(7.0, None))
+        );
+        // Without flow settings the configuration version is unchanged.
+        let plain = crate::config::Config::from_toml(base).unwrap();
+        assert!(!plain.to_toml().unwrap().contains("flow"));
+    }
+
+    /// The default burst is the rate rounded up, at least 1.
+    #[test]
+    fn default_burst() {
+        assert_eq!(RateLimit::new(2.5, None).burst, 3);
+        assert_eq!(RateLimit::new(0.1, None).burst, 1);
+        assert_eq!(RateLimit::new(0.1, None).interval_us(), 10_000_000);
+    }
+}
