@@ -19,11 +19,8 @@ mod multi_pg;
 mod operator;
 mod overload;
 mod pg_start;
-<<<<<<< HEAD
 mod queues;
-=======
 mod rates;
->>>>>>> rate
 mod release;
 mod sdk;
 mod search;
