@@ -564,6 +564,7 @@ async fn metrics_list_every_counter_at_zero_with_help_from_the_start() {
         "forbidden",
         "invalid",
         "error",
+        "rate_limited",
     ]
     .iter()
     .map(|o| format!("idem_submits_total{{outcome=\"{o}\"}}"))
