@@ -61,6 +61,7 @@ impl IdemModel {
             operator_left: self.bounds.operator,
             lost_left: self.bounds.lost,
             violations: 0,
+            slots: Vec::new(),
         }
     }
 
@@ -175,6 +176,7 @@ impl IdemModel {
                     api_key_id: api_key_id(k.tenant),
                     grant: None,
                     traceparent: None,
+                    concurrency_key: None,
                 };
                 let outcome = match self.run(n, None, &Submit(submission)) {
                     Ok(o) => o,
@@ -234,6 +236,7 @@ impl IdemModel {
                     executor_id: format!("executor-{executor}"),
                     max: 1,
                     lease_ms: None,
+                    flow: Default::default(),
                 });
                 let claimed = match self.run(n, bound, &op) {
                     Ok(c) => c,

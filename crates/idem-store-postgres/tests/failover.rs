@@ -32,6 +32,7 @@ fn submission(key: &str, api_key_id: Uuid) -> Submission {
         api_key_id,
         grant: None,
         traceparent: None,
+        concurrency_key: None,
     }
 }
 

@@ -63,6 +63,7 @@ fn submission(tenant: &str, key: &str, api_key_id: Uuid, fp: char) -> Submission
         api_key_id,
         grant: None,
         traceparent: None,
+        concurrency_key: None,
     }
 }
 
@@ -136,6 +137,7 @@ async fn submit_replay_conflict_claim_report() {
             executor_id: "ex-1".into(),
             max: 4,
             lease_ms: Some(10_000),
+            flow: Default::default(),
         })
         .await
         .unwrap();
@@ -220,6 +222,7 @@ async fn submit_replay_conflict_claim_report() {
             executor_id: "ex-1".into(),
             max: 1,
             lease_ms: None,
+            flow: Default::default(),
         })
         .await
         .unwrap();
@@ -289,6 +292,7 @@ async fn concurrent_claims_lease_each_task_once() {
                         executor_id: format!("ex-{n}"),
                         max: 2,
                         lease_ms: None,
+                        flow: Default::default(),
                     })
                     .await
                     .unwrap();
@@ -410,6 +414,7 @@ fn claim_req(max: i64, lease_ms: Option<i64>) -> ClaimRequest {
         executor_id: "ex".into(),
         max,
         lease_ms,
+        flow: Default::default(),
     }
 }
 
@@ -969,6 +974,7 @@ async fn claims_walk_the_claim_index_instead_of_sorting_the_backlog() {
             executor_id: "ex".into(),
             max: 4,
             lease_ms: None,
+            flow: Default::default(),
         })
         .await
         .unwrap();

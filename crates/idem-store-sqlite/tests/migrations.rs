@@ -19,6 +19,7 @@ fn claim(operation: &str, executor: &str, max: i64) -> ClaimRequest {
         executor_id: executor.into(),
         max,
         lease_ms: Some(60_000),
+        flow: Default::default(),
     }
 }
 

@@ -166,6 +166,8 @@ macro_rules! store_conformance {
             second_effect_acknowledgment_is_audited_and_idempotent,
             second_effect_acknowledgment_races_a_report,
             every_reported_id_finds_the_task_and_a_replay_shows_its_second_effects,
+            concurrency_key_cap_holds_under_concurrent_claims,
+            capped_tasks_wait_without_using_attempts,
         );
     };
     (@cases $make:expr; $($case:ident),+ $(,)?) => {
@@ -180,6 +182,7 @@ macro_rules! store_conformance {
 
 mod audit;
 mod cancel;
+mod caps;
 mod changes;
 mod claims;
 mod concurrency;
@@ -197,6 +200,7 @@ mod search_bench;
 
 pub use audit::*;
 pub use cancel::*;
+pub use caps::*;
 pub use changes::*;
 pub use claims::*;
 pub use concurrency::*;
@@ -301,6 +305,7 @@ pub fn submission(
         api_key_id: api_key.id,
         grant: api_key.operations.clone(),
         traceparent: None,
+        concurrency_key: None,
     }
 }
 
@@ -534,6 +539,7 @@ impl Ctx {
             executor_id: format!("executor-{}", self.tenant),
             max,
             lease_ms,
+            flow: Default::default(),
         };
         must(self.store.claim(req).await, "claim")
     }

@@ -192,6 +192,7 @@ mod tests {
             api_key_id: Uuid::nil(),
             grant: None,
             traceparent: None,
+            concurrency_key: None,
         }
     }
 

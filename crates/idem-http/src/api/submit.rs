@@ -278,6 +278,13 @@ fn prepare_submission(
         api_key_id: caller.0.id,
         grant: caller.0.operations.clone(),
         traceparent,
+        // SPEC §5 "Concurrency caps": read at submit, kept on the task.
+        concurrency_key: st
+            .config
+            .operations
+            .get(&prepared.operation)
+            .and_then(|c| c.flow.concurrency_key.as_ref())
+            .and_then(|p| idem_core::flow::concurrency_key(p, &prepared.params)),
     };
     Ok((submission, schema_refusal))
 }

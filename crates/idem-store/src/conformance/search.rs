@@ -43,6 +43,7 @@ fn submission_of(tenant: &str, class: &str, key: &str, n: usize, api_key: Uuid) 
         api_key_id: api_key,
         grant: None,
         traceparent: None,
+        concurrency_key: None,
     }
 }
 
@@ -90,6 +91,7 @@ async fn spread_states(store: &Store, tenant: &str, tasks: &[Task]) {
                     executor_id: "search-case".into(),
                     max: 40,
                     lease_ms: Some(super::LONG_LEASE),
+                    flow: Default::default(),
                 })
                 .await,
             "claim",

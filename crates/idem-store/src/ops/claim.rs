@@ -4,6 +4,7 @@ use idem_core::machine::{self, Authority, Journal};
 use idem_core::model::{Attempt, Task};
 
 use super::{Operation, persist};
+use crate::caps::{CLAIMS_CAPPED, CapKind, ClaimFlow};
 use crate::{Result, Tx};
 
 /// A claim request.
@@ -19,6 +20,8 @@ pub struct ClaimRequest {
     pub max: i64,
     /// Lease length; `None` = the class default.
     pub lease_ms: Option<i64>,
+    /// The caps that apply (SPEC §5 "Flow control"); the default: none.
+    pub flow: ClaimFlow,
 }
 
 /// A leased attempt with its task.
@@ -33,6 +36,11 @@ pub struct Claimed {
 /// Lease up to `max` attempts, oldest `ready_at` first.
 #[derive(Debug, Clone)]
 pub struct Claim(pub ClaimRequest);
+
+/// TEST ONLY: leases without taking cap slots. The `broken-caps` feature
+/// sets it, which exists so the model checker can show it finds a cap
+/// exceeded (docs/verification.md, "Seeded defects").
+const BROKEN_CAPS: bool = cfg!(feature = "broken-caps");
 
 /// Most candidates one round of a claim reads once earlier rounds found
 /// candidates that ended instead (8 rounds: up to about 250 ended per claim).
@@ -60,10 +68,19 @@ impl Operation for Claim {
         // that finds work at once still reads (and, on PostgreSQL, locks)
         // only 2 × max candidates.
         let mut limit = max.saturating_mul(2);
+        // Classes whose class or (tenant, class) cap is full leave the scan
+        // (SPEC §5 "Concurrency caps"), so their waiting tasks do not hide
+        // the other classes' tasks behind them.
+        let mut operations = req.operations.clone();
+        // Cap scopes found full in this claim, and the candidates they held
+        // back: a later round reads those again and skips them unread.
+        let mut full_scopes = std::collections::HashSet::new();
+        let mut held_back = std::collections::HashSet::new();
         for _ in 0..8 {
-            let ids = tx
-                .claimable(&req.tenant, &req.operations, now, limit)
-                .await?;
+            if operations.is_empty() {
+                break;
+            }
+            let ids = tx.claimable(&req.tenant, &operations, now, limit).await?;
             if ids.is_empty() {
                 break;
             }
@@ -72,9 +89,16 @@ impl Operation for Claim {
                 if out.len() as i64 >= max {
                     return Ok(out);
                 }
+                if held_back.contains(&id) {
+                    ended += 1;
+                    continue;
+                }
                 let Some(mut task) = super::load_task(tx, id, true).await? else {
                     continue;
                 };
+                if !operations.contains(&task.operation) {
+                    continue;
+                }
                 let loaded = (task.control.version, task.generation);
                 let authority = match tx.api_key(task.control.api_key_id).await? {
                     Some(k) if k.grants(&task.operation) => Authority::Granted,
@@ -92,6 +116,32 @@ impl Operation for Claim {
                     now,
                 ) {
                     Ok(Some(attempt)) => {
+                        let slots = req.flow.slots(&task);
+                        let full = match slots.iter().position(|s| full_scopes.contains(&s.scope)) {
+                            Some(i) => Some(i),
+                            None if slots.is_empty() || BROKEN_CAPS => None,
+                            None => tx.take_slots(task.id, attempt.id, &slots).await?,
+                        };
+                        if let Some(full) = full {
+                            // Capped: nothing is written, the task waits
+                            // without using an attempt.
+                            let kind = slots.get(full).map_or(CapKind::Tenant, |s| s.kind);
+                            if let Some(s) = slots.get(full) {
+                                full_scopes.insert(s.scope.clone());
+                            }
+                            held_back.insert(task.id);
+                            metrics::counter!(CLAIMS_CAPPED, "operation" => task.operation.clone(), "cap" => kind.as_str())
+                                .increment(1);
+                            match kind {
+                                CapKind::Tenant => return Ok(out),
+                                CapKind::Class | CapKind::TenantClass => {
+                                    operations.retain(|o| o != &task.operation);
+                                }
+                                CapKind::ConcurrencyKey => {}
+                            }
+                            ended += 1;
+                            continue;
+                        }
                         tx.insert_attempt(&attempt).await?;
                         persist(tx, &task, loaded, &j).await?;
                         out.push(Claimed { attempt, task });
