@@ -144,7 +144,11 @@ pub(crate) fn cap_holds(s: &State, cap: u8) -> bool {
         let t = &r.task;
         if let (Some(key), Some(_)) = (&t.control.concurrency_key, t.control.active_attempt_id) {
             let n = held
-                .entry((t.control.tenant.as_str(), t.operation.as_str(), key.as_str()))
+                .entry((
+                    t.control.tenant.as_str(),
+                    t.operation.as_str(),
+                    key.as_str(),
+                ))
                 .or_default();
             *n += 1;
             if *n > cap {
