@@ -182,6 +182,10 @@ mod sound {
     /// every other property holds, and the cap is reached with the other
     /// task waiting, as are lease expiries and releases.
     #[test]
+    #[cfg_attr(
+        debug_assertions,
+        ignore = "about 4.4 million states: run in a release build"
+    )]
     fn the_caps_bound_has_no_counterexample() {
         assert_caps_sound(caps_report());
     }
