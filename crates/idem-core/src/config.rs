@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::fingerprint::JsonPointer;
+use crate::flow::{ClassFlow, TenantSettings};
 use crate::money::{Currency, Money};
 use crate::schema::ParamsSchema;
 
@@ -221,8 +222,8 @@ pub struct OperationClass {
     #[serde(default, skip_serializing_if = "DisplayFields::is_empty")]
     pub display: DisplayFields,
     /// Flow control of the class (`[operations."<class>".flow]`, SPEC §8).
-    #[serde(default, skip_serializing_if = "crate::flow::ClassFlow::is_empty")]
-    pub flow: crate::flow::ClassFlow,
+    #[serde(default, skip_serializing_if = "ClassFlow::is_empty")]
+    pub flow: ClassFlow,
 }
 
 /// A class's `[display]` table: named JSON Pointers (RFC 6901) into a task's
@@ -359,7 +360,7 @@ pub struct Config {
     pub operations: BTreeMap<String, OperationClass>,
     /// Per-tenant settings (`[tenants."<tenant>"]`, SPEC §8), by tenant.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub tenants: BTreeMap<String, crate::flow::TenantSettings>,
+    pub tenants: BTreeMap<String, TenantSettings>,
 }
 
 /// The policy frozen onto a task when it is accepted (SPEC §1 "contract").
@@ -552,7 +553,14 @@ impl Config {
                         class.flow.attempt_starts_per_s,
                     )
                 })
+                .and_then(|()| class.flow.check())
                 .map_err(|m| invalid(&m))?;
+        }
+        for (name, tenant) in &self.tenants {
+            tenant.check().map_err(|message| ConfigError::Tenant {
+                tenant: name.clone(),
+                message,
+            })?;
         }
         crate::flow::check_tenants(&self.tenants)
             .map_err(|(tenant, message)| ConfigError::Tenant { tenant, message })?;
@@ -647,6 +655,49 @@ fn apply_override(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn flow_caps_parse_and_are_checked() {
+        let base = DEFAULT_TOML.to_owned();
+        let text = format!(
+            "{base}\n[tenants.\"acme\"]\ncap = 10\n\n[operations.\"payment.release\".flow]\nconcurrency_key = \"/payee\"\nconcurrency_key_cap = 1\ncap = 50\ntenant_cap = 5\n"
+        );
+        let config = Config::from_toml(&text).unwrap();
+        let flow = &config.operations["payment.release"].flow;
+        assert_eq!(flow.cap, Some(50));
+        assert_eq!(flow.tenant_cap, Some(5));
+        assert_eq!(flow.concurrency_key_cap, Some(1));
+        assert_eq!(
+            flow.concurrency_key.as_ref().map(|p| p.as_str()),
+            Some("/payee")
+        );
+        assert_eq!(config.tenants["acme"].cap, Some(10));
+        // Without flow settings the version is what it was.
+        assert_eq!(
+            Config::from_toml(&base).unwrap().version(),
+            Config::bundled().unwrap().version()
+        );
+        let bad = format!("{base}\n[tenants.\"acme\"]\ncap = 0\n");
+        assert!(matches!(
+            Config::from_toml(&bad),
+            Err(ConfigError::Tenant { .. })
+        ));
+        let keyless =
+            format!("{base}\n[operations.\"payment.release\".flow]\nconcurrency_key_cap = 1\n");
+        assert!(matches!(
+            Config::from_toml(&keyless),
+            Err(ConfigError::Invalid { .. })
+        ));
+        let env = Config::from_toml_with_env(
+            &text,
+            [(
+                "IDEM_OPERATIONS__PAYMENT_RELEASE__FLOW__CAP".to_owned(),
+                "7".to_owned(),
+            )],
+        )
+        .unwrap();
+        assert_eq!(env.operations["payment.release"].flow.cap, Some(7));
+    }
 
     #[test]
     fn amount_and_currency_display_as_one_amount() {

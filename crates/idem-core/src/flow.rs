@@ -1,16 +1,21 @@
-//! Flow control configuration (SPEC §8 "Flow control"): per-tenant settings
-//! (`[tenants."<tenant>"]`) and per-class settings (`[operations."<class>".flow]`),
-//! and the rate limits they define: token buckets run by GCRA (the generic
-//! cell rate algorithm: one theoretical arrival time per bucket) whose state
-//! is kept in the database, so one limit holds across every instance on it.
+//! Flow control (SPEC §8 "Flow control"): per-tenant settings
+//! (`[tenants."<tenant>"]`) and per-class settings (`[operations."<class>".flow]`).
+//! - Rate limits: token buckets run by GCRA (the generic cell rate
+//!   algorithm: one theoretical arrival time per bucket) whose state is kept
+//!   in the database, so one limit holds across every instance on it.
+//! - Concurrency caps: what a class, a tenant, a (tenant, class) and a
+//!   concurrency key value may hold leased at once.
 //!
-//! Limits are configuration, not part of a task's frozen contract: a change
-//! applies to the next submit and the next claim. A missing section is no
-//! limit.
+//! Limits and caps are configuration, not part of a task's frozen contract:
+//! a change applies to the next submit and the next claim. A missing table
+//! or field is no limit.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::fingerprint::{JsonPointer, canonical_json};
 
 /// Settings of one tenant (`[tenants."<tenant>"]`).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -24,6 +29,23 @@ pub struct TenantSettings {
     /// size); default: `submits_per_s` rounded up.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub submits_burst: Option<u32>,
+    /// Leased attempts of this tenant at once, all classes together
+    /// (SPEC §8 "Concurrency caps"); `None` = no cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cap: Option<i64>,
+}
+
+impl TenantSettings {
+    /// Checks the caps (a cap is at least 1).
+    ///
+    /// # Errors
+    /// What is wrong, to be reported against the tenant.
+    pub fn check(&self) -> Result<(), String> {
+        if self.cap.is_some_and(|c| c < 1) {
+            return Err("cap must be at least 1".to_owned());
+        }
+        Ok(())
+    }
 }
 
 /// Flow settings of one operation class (`[operations."<class>".flow]`).
@@ -38,12 +60,57 @@ pub struct ClassFlow {
     /// provider's limit); burst = the rate rounded up. `None` = no limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempt_starts_per_s: Option<f64>,
+    /// Leased attempts of this class at once, all tenants together
+    /// (SPEC §8 "Concurrency caps"); `None` = no cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cap: Option<i64>,
+    /// Leased attempts of this class at once per tenant; `None` = no cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_cap: Option<i64>,
+    /// JSON Pointer (RFC 6901) into `params` naming the concurrency key,
+    /// read at submit ([`concurrency_key`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency_key: Option<JsonPointer>,
+    /// Leased attempts at once per concurrency key value (of this class and
+    /// tenant); requires `concurrency_key`; `None` = no cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency_key_cap: Option<i64>,
 }
 
 impl ClassFlow {
     /// Whether nothing is set (the section is left out when written).
     pub fn is_empty(&self) -> bool {
         *self == ClassFlow::default()
+    }
+
+    /// Checks the caps (each at least 1; a key cap needs a key pointer).
+    ///
+    /// # Errors
+    /// What is wrong, to be reported against the class.
+    pub fn check(&self) -> Result<(), String> {
+        for (name, cap) in [
+            ("flow.cap", self.cap),
+            ("flow.tenant_cap", self.tenant_cap),
+            ("flow.concurrency_key_cap", self.concurrency_key_cap),
+        ] {
+            if cap.is_some_and(|c| c < 1) {
+                return Err(format!("{name} must be at least 1"));
+            }
+        }
+        if self.concurrency_key_cap.is_some() && self.concurrency_key.is_none() {
+            return Err("flow.concurrency_key_cap needs flow.concurrency_key".to_owned());
+        }
+        Ok(())
+    }
+}
+
+/// The concurrency key of `params` under `pointer` (SPEC §8 "Concurrency
+/// caps"): a string value as it is, any other JSON value as its RFC 8785
+/// canonical text; `None` when the pointer names nothing.
+pub fn concurrency_key(pointer: &JsonPointer, params: &Value) -> Option<String> {
+    match params.pointer(pointer.as_str())? {
+        Value::String(s) => Some(s.clone()),
+        other => canonical_json(other).ok(),
     }
 }
 
@@ -172,6 +239,57 @@ pub fn starts_scope(class: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    fn pointer(s: &str) -> JsonPointer {
+        JsonPointer::parse(s).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn concurrency_key_is_the_string_or_the_canonical_text() {
+        let params = json!({"payee": "p-1", "n": 1.0, "o": {"b": 1, "a": [true]}});
+        assert_eq!(
+            concurrency_key(&pointer("/payee"), &params).as_deref(),
+            Some("p-1")
+        );
+        assert_eq!(
+            concurrency_key(&pointer("/n"), &params).as_deref(),
+            Some("1")
+        );
+        assert_eq!(
+            concurrency_key(&pointer("/o"), &params).as_deref(),
+            Some(r#"{"a":[true],"b":1}"#)
+        );
+        assert_eq!(concurrency_key(&pointer("/missing"), &params), None);
+    }
+
+    #[test]
+    fn caps_are_checked() {
+        let ok = ClassFlow {
+            cap: Some(1),
+            tenant_cap: Some(2),
+            concurrency_key: Some(pointer("/payee")),
+            concurrency_key_cap: Some(1),
+            ..ClassFlow::default()
+        };
+        assert_eq!(ok.check(), Ok(()));
+        let zero = ClassFlow {
+            cap: Some(0),
+            ..ClassFlow::default()
+        };
+        assert!(zero.check().is_err());
+        let keyless = ClassFlow {
+            concurrency_key_cap: Some(1),
+            ..ClassFlow::default()
+        };
+        assert!(keyless.check().is_err());
+        let tenant = |cap| TenantSettings {
+            cap: Some(cap),
+            ..TenantSettings::default()
+        };
+        assert!(tenant(0).check().is_err());
+        assert_eq!(tenant(3).check(), Ok(()));
+    }
 
     /// A burst of `burst` is admitted at once, the next token one interval
     /// later; the wait is exact.

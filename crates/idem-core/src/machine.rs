@@ -262,6 +262,7 @@ pub fn accept(new: NewTask, now: Timestamp) -> (Task, Journal) {
             key_expires_at: None,
             effect_reports: Vec::new(),
             effect_report_count: 0,
+            concurrency_key: None,
         },
         second_effects: Vec::new(),
     };

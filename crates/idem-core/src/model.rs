@@ -557,6 +557,10 @@ pub struct TaskControl {
     /// [`TaskControl::effect_reports`] and second effects only when it is
     /// above 0 (second effects come only from effect reports).
     pub effect_report_count: i64,
+    /// The concurrency key read from `params` at submit under the class's
+    /// `flow.concurrency_key` pointer (SPEC §5 "Concurrency caps"); with
+    /// the tenant and operation it names the key's cap scope. `None`: no key.
+    pub concurrency_key: Option<String>,
 }
 
 /// A task: the one durable logical operation a scope maps to (SPEC §4 TASK).

@@ -135,7 +135,7 @@ pub async fn run(opts: RateBenchOptions) -> Result<RateBenchResult> {
         "bench".into(),
         idem_core::flow::TenantSettings {
             submits_per_s: Some(opts.per_s),
-            submits_burst: None,
+            ..idem_core::flow::TenantSettings::default()
         },
     );
     let burst = idem_core::flow::RateLimit::new(opts.per_s, None).burst;

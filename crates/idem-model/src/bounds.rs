@@ -65,6 +65,10 @@ pub struct Bounds {
     pub tenants: u8,
     /// Report answers lost in all (the executor sends the same report again).
     pub lost: u8,
+    /// Concurrency key cap (SPEC §5 "Concurrency caps"): every task carries
+    /// the same concurrency key and claims enforce at most this many leased
+    /// at once; 0 = no cap (tasks carry no key).
+    pub cap: u8,
 }
 
 impl Bounds {
@@ -84,6 +88,7 @@ impl Bounds {
             horizon: 2,
             tenants: 1,
             lost: 0,
+            cap: 0,
         }
     }
 
@@ -103,6 +108,7 @@ impl Bounds {
             horizon: 2,
             tenants: 1,
             lost: 1,
+            cap: 0,
         }
     }
 

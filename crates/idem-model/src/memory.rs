@@ -222,6 +222,59 @@ impl Tx for MemTx<'_> {
         not_modelled("rate limits")
     }
 
+    async fn take_slots(
+        &mut self,
+        task_id: Uuid,
+        attempt_id: Uuid,
+        slots: &[idem_store::caps::CapSlot],
+    ) -> Result<Option<usize>> {
+        for (i, s) in slots.iter().enumerate() {
+            // A slot whose attempt no longer holds its task's lease is free.
+            let tasks = &self.state.tasks;
+            self.state.slots.retain(|row| {
+                row.scope != s.scope
+                    || tasks.iter().any(|r| {
+                        r.task.id == row.task_id
+                            && r.task.control.active_attempt_id == Some(row.attempt_id)
+                    })
+            });
+            let taken = |n: i64| {
+                self.state
+                    .slots
+                    .iter()
+                    .any(|row| row.scope == s.scope && row.slot == n)
+            };
+            let free = (0..s.cap).find(|&n| !taken(n));
+            match free {
+                Some(slot) => {
+                    self.state.slots.push(crate::state::Slot {
+                        scope: s.scope.clone(),
+                        slot,
+                        task_id,
+                        attempt_id,
+                    });
+                    self.state
+                        .slots
+                        .sort_by(|a, b| (&a.scope, a.slot).cmp(&(&b.scope, b.slot)));
+                }
+                None => {
+                    self.state
+                        .slots
+                        .retain(|row| !(row.task_id == task_id && row.attempt_id == attempt_id));
+                    return Ok(Some(i));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    async fn free_slots(&mut self, task_id: Uuid, keep: Option<Uuid>) -> Result<()> {
+        self.state
+            .slots
+            .retain(|row| row.task_id != task_id || Some(row.attempt_id) == keep);
+        Ok(())
+    }
+
     async fn delete_scope(&mut self, task_id: Uuid) -> Result<()> {
         self.state.scopes.retain(|sc| sc.task_id != task_id);
         Ok(())

@@ -37,7 +37,31 @@ pub struct IdemModel {
     pub setup: Setup,
 }
 
+/// The concurrency key every task carries when [`Bounds::cap`] is above 0.
+pub const CONCURRENCY_KEY: &str = "payee-1";
+
 impl IdemModel {
+    /// The caps claims enforce: [`Bounds::cap`] per concurrency key in both
+    /// classes (none when it is 0).
+    fn claim_flow(&self) -> idem_store::caps::ClaimFlow {
+        let cap = self.bounds.cap;
+        if cap == 0 {
+            return idem_store::caps::ClaimFlow::default();
+        }
+        let caps = idem_store::caps::ClassCaps {
+            concurrency_key_cap: Some(i64::from(cap)),
+            ..idem_store::caps::ClassCaps::default()
+        };
+        idem_store::caps::ClaimFlow {
+            tenant_cap: None,
+            classes: [UNSAFE_CLASS, SAFE_CLASS]
+                .into_iter()
+                .map(|c| (c.to_owned(), caps))
+                .collect(),
+            ..idem_store::caps::ClaimFlow::default()
+        }
+    }
+
     /// The model of `bounds`.
     ///
     /// # Errors
@@ -61,6 +85,7 @@ impl IdemModel {
             operator_left: self.bounds.operator,
             lost_left: self.bounds.lost,
             violations: 0,
+            slots: Vec::new(),
         }
     }
 
@@ -176,6 +201,7 @@ impl IdemModel {
                     grant: None,
                     traceparent: None,
                     rate_limits: Vec::new(),
+                    concurrency_key: (self.bounds.cap > 0).then(|| CONCURRENCY_KEY.to_owned()),
                 };
                 let outcome = match self.run(n, None, &Submit(submission)) {
                     Ok(o) => o,
@@ -237,7 +263,7 @@ impl IdemModel {
                     executor_id: format!("executor-{executor}"),
                     max: 1,
                     lease_ms: None,
-                    flow: Default::default(),
+                    flow: self.claim_flow(),
                 });
                 let claimed = match self.run(n, bound, &op) {
                     Ok(c) => c,
@@ -834,6 +860,15 @@ impl Model for IdemModel {
         ];
         // Witnesses of what only some bounds explore.
         let b = &self.bounds;
+        if b.cap > 0 {
+            properties.push(Property::always(CAP_HOLDS, |m: &IdemModel, s: &State| {
+                cap_holds(s, m.bounds.cap)
+            }));
+            properties.push(Property::sometimes(
+                REACHED_CAPPED,
+                |m: &IdemModel, s: &State| capped_task_waits(s, m.bounds.cap),
+            ));
+        }
         if b.lost > 0 {
             properties.push(Property::sometimes(REACHED_REPEAT, |_, s: &State| {
                 s.tasks.iter().any(|r| r.repeat_kept)

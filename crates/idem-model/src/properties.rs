@@ -37,6 +37,12 @@ pub const USAGE_KEPT: &str = "usage is kept: never lost, never lowered (SPEC §2
 /// Liveness.
 pub const EVERY_TASK_ENDS: &str =
     "every task ends terminal once faults stop (liveness, drained runs)";
+/// SPEC §5 "Concurrency caps".
+pub const CAP_HOLDS: &str =
+    "never more attempts leased at once per concurrency key than its cap (SPEC §5)";
+/// Witness.
+pub const REACHED_CAPPED: &str =
+    "reached: a task waits, with no attempt, while its concurrency key's cap is held";
 /// Witness.
 pub const REACHED_DELIVERY: &str = "reached: a task is delivered";
 /// Witness.
@@ -128,4 +134,43 @@ pub(crate) fn usage_kept(s: &State) -> bool {
         && s.tasks
             .iter()
             .all(|r| r.task.usage == r.attempts.iter().map(|a| a.usage).sum::<i64>())
+}
+
+/// Tasks holding a lease, per (tenant, class, concurrency key): at most `cap`.
+pub(crate) fn cap_holds(s: &State, cap: u8) -> bool {
+    let mut held: std::collections::HashMap<(&str, &str, &str), u8> =
+        std::collections::HashMap::new();
+    for r in &s.tasks {
+        let t = &r.task;
+        if let (Some(key), Some(_)) = (&t.control.concurrency_key, t.control.active_attempt_id) {
+            let n = held
+                .entry((
+                    t.control.tenant.as_str(),
+                    t.operation.as_str(),
+                    key.as_str(),
+                ))
+                .or_default();
+            *n += 1;
+            if *n > cap {
+                return false;
+            }
+        }
+    }
+    true
+}
+
+/// A concurrency key has `cap` leased attempts while another of its tasks
+/// that never had an attempt waits, claimable, for a slot.
+pub(crate) fn capped_task_waits(s: &State, cap: u8) -> bool {
+    let leased = s
+        .tasks
+        .iter()
+        .filter(|r| r.task.control.active_attempt_id.is_some())
+        .count();
+    leased == usize::from(cap)
+        && s.tasks.iter().any(|r| {
+            r.task.state == TaskState::Queued
+                && r.task.attempt_count == 0
+                && r.task.control.ready_at <= crate::setup::at(s.clock)
+        })
 }

@@ -215,6 +215,21 @@ pub struct Scope {
     pub task_id: Uuid,
 }
 
+/// A row of the store's `lease_slots` (SPEC §5 "Concurrency caps"):
+/// slot `slot` of cap scope `scope`, held by the lease of `attempt_id` of
+/// `task_id` (hashed by the task's index and the attempt's number).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Slot {
+    /// The cap scope.
+    pub scope: String,
+    /// The slot number, below the cap.
+    pub slot: i64,
+    /// The task.
+    pub task_id: Uuid,
+    /// The attempt holding the lease.
+    pub attempt_id: Uuid,
+}
+
 /// The provider's ledger for one task: idempotent, keyed by task id (the
 /// executors pass it on as the provider's idempotency key, SPEC §2 "not
 /// promised"). Reconcile attempts query it.
@@ -278,6 +293,8 @@ pub struct State {
     pub lost_left: u8,
     /// Ghost: transition checks that failed ([`violation`] bits).
     pub violations: u16,
+    /// The store's cap slots, ordered by scope and slot.
+    pub slots: Vec<Slot>,
 }
 
 impl Hash for State {
@@ -297,6 +314,20 @@ impl Hash for State {
         self.operator_left.hash(h);
         self.lost_left.hash(h);
         self.violations.hash(h);
+        self.slots.len().hash(h);
+        for s in &self.slots {
+            s.scope.hash(h);
+            s.slot.hash(h);
+            let task = self.task_index(s.task_id);
+            task.hash(h);
+            task.and_then(|i| {
+                self.tasks[i]
+                    .attempts
+                    .iter()
+                    .position(|a| a.id == s.attempt_id)
+            })
+            .hash(h);
+        }
     }
 }
 

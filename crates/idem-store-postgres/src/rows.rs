@@ -232,6 +232,7 @@ task_columns! {
     attempts_granted: "bigint",
     traceparent: "text",
     effect_report_count: "bigint",
+    concurrency_key: "text",
 }
 
 pub(crate) const VERSION_INDEX: usize = 9;
@@ -291,6 +292,7 @@ pub(crate) struct TaskArrays<'v> {
     granted: Vec<i64>,
     traceparents: Vec<Option<&'v str>>,
     effect_report_counts: Vec<i64>,
+    concurrency_keys: Vec<Option<&'v str>>,
 }
 
 impl<'v> TaskArrays<'v> {
@@ -328,6 +330,7 @@ impl<'v> TaskArrays<'v> {
                 v.task.traceparent.as_ref().map(TraceParent::as_str)
             }),
             effect_report_counts: column(values, |v| v.task.control.effect_report_count),
+            concurrency_keys: column(values, |v| v.task.control.concurrency_key.as_deref()),
         }
     }
 
@@ -363,6 +366,7 @@ impl<'v> TaskArrays<'v> {
             &self.granted,
             &self.traceparents,
             &self.effect_report_counts,
+            &self.concurrency_keys,
         ]
     }
 }
@@ -573,6 +577,7 @@ impl<'t> TaskValues<'t> {
             &c.attempts_granted,
             &self.traceparent,
             &c.effect_report_count,
+            &c.concurrency_key,
         ]
     }
 }
@@ -615,6 +620,7 @@ pub(crate) fn task_from_row(row: &Row, c: &TaskCols) -> Result<Task> {
             key_expires_at: opt_ts(row, c.key_expires_at)?,
             effect_reports: Vec::new(),
             effect_report_count: get(row, c.effect_report_count)?,
+            concurrency_key: get(row, c.concurrency_key)?,
         },
     })
 }

@@ -346,6 +346,57 @@ impl Tx for PgTx<'_> {
         }))
     }
 
+    async fn take_slots(
+        &mut self,
+        task_id: Uuid,
+        attempt_id: Uuid,
+        slots: &[idem_store::caps::CapSlot],
+    ) -> Result<Option<usize>> {
+        for (i, s) in slots.iter().enumerate() {
+            let cap = i32::try_from(s.cap).unwrap_or(i32::MAX);
+            self.exec(
+                "DELETE FROM lease_slots l WHERE l.scope = $1 AND NOT EXISTS \
+                 (SELECT 1 FROM tasks t WHERE t.id = l.task_id AND t.active_attempt_id = l.attempt_id)",
+                &[&s.scope],
+            )
+            .await?;
+            // The lowest free slot below the cap; a slot a concurrent
+            // transaction inserted first makes this one wait for it, then
+            // insert nothing (capped).
+            let taken = self
+                .exec(
+                    "INSERT INTO lease_slots (scope, slot, task_id, attempt_id) \
+                     SELECT $1, f.slot, $2, $3 FROM (SELECT CASE \
+                       WHEN NOT EXISTS (SELECT 1 FROM lease_slots WHERE scope = $1 AND slot = 0) THEN 0 \
+                       ELSE (SELECT min(l.slot) + 1 FROM lease_slots l WHERE l.scope = $1 AND NOT EXISTS \
+                             (SELECT 1 FROM lease_slots m WHERE m.scope = $1 AND m.slot = l.slot + 1)) \
+                     END AS slot) f \
+                     WHERE f.slot < $4 \
+                     ON CONFLICT DO NOTHING",
+                    &[&s.scope, &task_id, &attempt_id, &cap],
+                )
+                .await?;
+            if taken == 0 {
+                self.exec(
+                    "DELETE FROM lease_slots WHERE task_id = $1 AND attempt_id = $2",
+                    &[&task_id, &attempt_id],
+                )
+                .await?;
+                return Ok(Some(i));
+            }
+        }
+        Ok(None)
+    }
+
+    async fn free_slots(&mut self, task_id: Uuid, keep: Option<Uuid>) -> Result<()> {
+        self.exec(
+            "DELETE FROM lease_slots WHERE task_id = $1 AND attempt_id IS DISTINCT FROM $2",
+            &[&task_id, &keep],
+        )
+        .await?;
+        Ok(())
+    }
+
     async fn delete_scope(&mut self, task_id: Uuid) -> Result<()> {
         self.exec(
             "DELETE FROM idempotency_keys WHERE task_id = $1",

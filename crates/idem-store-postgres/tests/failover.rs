@@ -33,6 +33,7 @@ fn submission(key: &str, api_key_id: Uuid) -> Submission {
         grant: None,
         traceparent: None,
         rate_limits: Vec::new(),
+        concurrency_key: None,
     }
 }
 

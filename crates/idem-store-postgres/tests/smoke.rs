@@ -64,6 +64,7 @@ fn submission(tenant: &str, key: &str, api_key_id: Uuid, fp: char) -> Submission
         grant: None,
         traceparent: None,
         rate_limits: Vec::new(),
+        concurrency_key: None,
     }
 }
 

@@ -95,7 +95,7 @@ fn applied_report(s: Option<String>) -> rusqlite::Result<Option<AppliedReport>> 
 /// [`task_row`] reads and [`task_values`] fills) is generated from it.
 macro_rules! with_task_columns {
     ($then:ident!($($args:tt)*)) => {
-        $then! { $($args)*; id, tenant, operation, idempotency_key, fingerprint, canonical_request, params, state, generation, version, event_seq, attempt_count, execute_count, usage, contract_id, cancellation, delivery, failure, api_key_id, next_kind, active_attempt_id, ready_at, deadline_at, terminal_at, key_expires_at, created_at, updated_at, attempts_granted, traceparent, effect_report_count }
+        $then! { $($args)*; id, tenant, operation, idempotency_key, fingerprint, canonical_request, params, state, generation, version, event_seq, attempt_count, execute_count, usage, contract_id, cancellation, delivery, failure, api_key_id, next_kind, active_attempt_id, ready_at, deadline_at, terminal_at, key_expires_at, created_at, updated_at, attempts_granted, traceparent, effect_report_count, concurrency_key }
     };
 }
 
@@ -306,6 +306,7 @@ fn task_row(r: &Row<'_>) -> rusqlite::Result<Task> {
                 .map(Timestamp),
             effect_reports: Vec::new(),
             effect_report_count: r.get(C::effect_report_count.at())?,
+            concurrency_key: r.get(C::concurrency_key.at())?,
         },
     })
 }
@@ -511,6 +512,59 @@ impl Tx for SqliteTx<'_> {
                  ON CONFLICT (scope) DO UPDATE SET tat_us = excluded.tat_us",
             )
             .and_then(|mut s| s.execute(rusqlite::params![scope, tat_us]))
+            .map_err(db)?;
+        Ok(())
+    }
+
+    async fn take_slots(
+        &mut self,
+        task_id: Uuid,
+        attempt_id: Uuid,
+        slots: &[idem_store::caps::CapSlot],
+    ) -> Result<Option<usize>, StoreError> {
+        let (task, attempt) = (task_id.to_string(), attempt_id.to_string());
+        for (i, s) in slots.iter().enumerate() {
+            self.conn
+                .prepare_cached(
+                    "DELETE FROM lease_slots WHERE scope = ?1 AND NOT EXISTS \
+                     (SELECT 1 FROM tasks t WHERE t.id = lease_slots.task_id \
+                        AND t.active_attempt_id = lease_slots.attempt_id)",
+                )
+                .and_then(|mut st| st.execute([&s.scope]))
+                .map_err(db)?;
+            let taken = self
+                .conn
+                .prepare_cached(
+                    "INSERT INTO lease_slots (scope, slot, task_id, attempt_id) \
+                     SELECT ?1, f.slot, ?2, ?3 FROM (SELECT CASE \
+                       WHEN NOT EXISTS (SELECT 1 FROM lease_slots WHERE scope = ?1 AND slot = 0) THEN 0 \
+                       ELSE (SELECT min(l.slot) + 1 FROM lease_slots l WHERE l.scope = ?1 AND NOT EXISTS \
+                             (SELECT 1 FROM lease_slots m WHERE m.scope = ?1 AND m.slot = l.slot + 1)) \
+                     END AS slot) f \
+                     WHERE f.slot < ?4 \
+                     ON CONFLICT DO NOTHING",
+                )
+                .and_then(|mut st| st.execute(params![s.scope, task, attempt, s.cap]))
+                .map_err(db)?;
+            if taken == 0 {
+                self.conn
+                    .prepare_cached(
+                        "DELETE FROM lease_slots WHERE task_id = ?1 AND attempt_id = ?2",
+                    )
+                    .and_then(|mut st| st.execute([&task, &attempt]))
+                    .map_err(db)?;
+                return Ok(Some(i));
+            }
+        }
+        Ok(None)
+    }
+
+    async fn free_slots(&mut self, task_id: Uuid, keep: Option<Uuid>) -> Result<(), StoreError> {
+        self.conn
+            .prepare_cached("DELETE FROM lease_slots WHERE task_id = ?1 AND attempt_id IS NOT ?2")
+            .and_then(|mut st| {
+                st.execute(params![task_id.to_string(), keep.map(|k| k.to_string())])
+            })
             .map_err(db)?;
         Ok(())
     }

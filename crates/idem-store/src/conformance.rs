@@ -171,6 +171,8 @@ macro_rules! store_conformance {
             rate_limits_in_a_batch_and_across_buckets,
             concurrent_submits_share_one_bucket,
             attempt_starts_are_throttled_per_class,
+            concurrency_key_cap_holds_under_concurrent_claims,
+            capped_tasks_wait_without_using_attempts,
         );
     };
     (@cases $make:expr; $($case:ident),+ $(,)?) => {
@@ -185,6 +187,7 @@ macro_rules! store_conformance {
 
 mod audit;
 mod cancel;
+mod caps;
 mod changes;
 mod claims;
 mod concurrency;
@@ -203,6 +206,7 @@ mod search_bench;
 
 pub use audit::*;
 pub use cancel::*;
+pub use caps::*;
 pub use changes::*;
 pub use claims::*;
 pub use concurrency::*;
@@ -309,6 +313,7 @@ pub fn submission(
         grant: api_key.operations.clone(),
         traceparent: None,
         rate_limits: Vec::new(),
+        concurrency_key: None,
     }
 }
 

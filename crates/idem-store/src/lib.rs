@@ -48,6 +48,7 @@ use idem_core::model::Task;
 use uuid::Uuid;
 
 pub mod batch;
+pub mod caps;
 pub mod changes;
 pub mod clock;
 #[cfg(feature = "conformance")]

@@ -197,6 +197,7 @@ mod tests {
             grant: None,
             traceparent: None,
             rate_limits: Vec::new(),
+            concurrency_key: None,
         }
     }
 

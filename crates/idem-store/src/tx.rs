@@ -49,6 +49,10 @@ pub struct Submission {
     /// from, as `(scope, limit)` (SPEC §8.1; empty = none): a replay or a
     /// conflict takes none.
     pub rate_limits: Vec<(String, idem_core::flow::RateLimit)>,
+    /// The concurrency key read from `params` under the class's
+    /// `flow.concurrency_key` pointer (SPEC §5 "Concurrency caps"), kept
+    /// on a new task; `None`: no key.
+    pub concurrency_key: Option<String>,
 }
 
 impl Submission {
@@ -351,6 +355,29 @@ pub trait Tx: Send + TaskSearch + ConsoleTx {
         after: feed::FeedCursor,
         limit: i64,
     ) -> impl Future<Output = Result<feed::FeedRead>> + Send;
+
+    /// Takes, for the lease of `attempt_id` of `task_id`, one free slot
+    /// `0..cap` of each of `slots` (SPEC §5 "Concurrency caps",
+    /// [`crate::caps`]): first removes the scope's slots whose attempt no
+    /// longer holds its task's lease (left by a binary that did not free
+    /// them), then inserts the lowest free slot (`INSERT … ON CONFLICT DO
+    /// NOTHING`). Answers the index in `slots` of the first scope with no
+    /// free slot (or whose slot a concurrent transaction took first), having
+    /// removed the slots this call took; `None` when every slot was taken.
+    fn take_slots(
+        &mut self,
+        task_id: Uuid,
+        attempt_id: Uuid,
+        slots: &[crate::caps::CapSlot],
+    ) -> impl Future<Output = Result<Option<usize>>> + Send;
+    /// Removes the slots of `task_id` held by any attempt but `keep` (the
+    /// task's active attempt after the write; `None`: all of them): run with
+    /// every task write, so a lease's slots go in the transaction that ends it.
+    fn free_slots(
+        &mut self,
+        task_id: Uuid,
+        keep: Option<Uuid>,
+    ) -> impl Future<Output = Result<()>> + Send;
 
     /// Up to `limit` claimable task ids of `tenant` in `operations`, oldest `ready_at`
     /// first, locked for this transaction and skipping rows other transactions hold

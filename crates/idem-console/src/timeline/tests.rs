@@ -81,6 +81,7 @@ impl Ctx {
             grant: None,
             traceparent: None,
             rate_limits: Vec::new(),
+            concurrency_key: None,
         };
         match self.store.submit(s).await.expect("submit") {
             SubmitOutcome::Created(t) => t,

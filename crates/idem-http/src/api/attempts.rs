@@ -109,15 +109,14 @@ async fn claim_inner(
             "`wait_ms` must be 0–{MAX_WAIT_MS}"
         )));
     }
+    let flow = claim_flow(&st.config, &caller.0.tenant, &operations);
     let req = ClaimRequest {
         tenant: caller.0.tenant.clone(),
         operations,
         executor_id: body.executor_id,
         max,
         lease_ms: body.lease_ms,
-        flow: idem_store::ops::ClaimFlow {
-            starts_per_s: st.config.start_limits(),
-        },
+        flow,
     };
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
     // A claim that may wait takes a seat among this instance's waiting claims
@@ -380,4 +379,31 @@ pub async fn release(
         .await?
         .map_err(|r| Problem::refused(r, no_attempt(attempt_id)))?;
     Ok(Json(TaskEnvelope { task }))
+}
+
+/// The flow control a claim of `tenant` from `operations` enforces (SPEC §8),
+/// from the configuration: the tenant's `cap`, each class's `flow` caps and
+/// the attempt-start limits; none configured gives the default (none).
+fn claim_flow(
+    config: &idem_core::config::Config,
+    tenant: &str,
+    operations: &[String],
+) -> idem_store::caps::ClaimFlow {
+    let classes = operations
+        .iter()
+        .filter_map(|op| {
+            let f = &config.operations.get(op)?.flow;
+            let caps = idem_store::caps::ClassCaps {
+                cap: f.cap,
+                tenant_cap: f.tenant_cap,
+                concurrency_key_cap: f.concurrency_key_cap,
+            };
+            (caps != idem_store::caps::ClassCaps::default()).then(|| (op.clone(), caps))
+        })
+        .collect();
+    idem_store::caps::ClaimFlow {
+        tenant_cap: config.tenants.get(tenant).and_then(|t| t.cap),
+        classes,
+        starts_per_s: config.start_limits(),
+    }
 }

@@ -289,6 +289,13 @@ fn prepare_submission(
         rate_limits: st
             .config
             .submit_limits(&caller.0.tenant, &prepared.operation),
+        // SPEC §5 "Concurrency caps": read at submit, kept on the task.
+        concurrency_key: st
+            .config
+            .operations
+            .get(&prepared.operation)
+            .and_then(|c| c.flow.concurrency_key.as_ref())
+            .and_then(|p| idem_core::flow::concurrency_key(p, &prepared.params)),
     };
     Ok((submission, schema_refusal))
 }

@@ -98,6 +98,7 @@ pub(super) fn task_values(t: &Task) -> Result<Vec<rusqlite::types::Value>, Store
             Col::traceparent,
             opt_text(t.traceparent.as_ref().map(|tp| tp.as_str().to_owned())),
         ),
+        (Col::concurrency_key, opt_text(c.concurrency_key.clone())),
     ];
     let mut values = vec![V::Null; TASK_COLUMN_COUNT];
     for (col, value) in columns {

@@ -177,6 +177,7 @@ pub async fn attempt_starts_are_throttled_per_class(store: Store) {
             lease_ms: Some(LONG_LEASE),
             flow: ClaimFlow {
                 starts_per_s: [(NON_SAFE.to_owned(), RateLimit::new(PER_S, Some(1)))].into(),
+                ..ClaimFlow::default()
             },
         };
         let store = store.clone();

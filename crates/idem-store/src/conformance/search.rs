@@ -44,6 +44,7 @@ fn submission_of(tenant: &str, class: &str, key: &str, n: usize, api_key: Uuid) 
         grant: None,
         traceparent: None,
         rate_limits: Vec::new(),
+        concurrency_key: None,
     }
 }
 

@@ -398,6 +398,10 @@ pub(crate) async fn persist<T: Tx>(
     j: &Journal,
 ) -> Result<()> {
     tx.update_task(task, loaded.0, loaded.1).await?;
+    // A lease's cap slots go with it (SPEC §5 "Concurrency caps"): every
+    // transition that ends an attempt's lease writes the task here.
+    tx.free_slots(task.id, task.control.active_attempt_id)
+        .await?;
     if !j.events.is_empty() {
         tx.insert_events(task.id, &j.events).await?;
     }

@@ -298,7 +298,7 @@ impl<'s> SubmitPlan<'s> {
         for ((&i, row), &won) in self.live.iter().zip(&self.rows).zip(won) {
             let s = &self.subs[i];
             if won {
-                let (task, j) = machine::accept(
+                let (mut task, j) = machine::accept(
                     NewTask {
                         id: row.task_id,
                         tenant: s.tenant.clone(),
@@ -314,6 +314,7 @@ impl<'s> SubmitPlan<'s> {
                     },
                     now,
                 );
+                task.control.concurrency_key = s.concurrency_key.clone();
                 created.push(task);
                 events.push(j.events);
             } else {

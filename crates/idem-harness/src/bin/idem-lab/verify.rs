@@ -47,6 +47,11 @@ pub(crate) struct VerifyArgs {
     /// Report answers lost in all (the executor sends the same report again).
     #[arg(long)]
     lost: Option<u8>,
+    /// Concurrency key cap (SPEC §5 "Concurrency caps"): every task carries
+    /// one concurrency key and claims lease at most this many of its tasks
+    /// at once; 0 (the default): no cap.
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=8))]
+    cap: Option<u8>,
     /// Clock horizon in ticks of 100 ms: faults happen before it, then the
     /// run drains and liveness is checked.
     #[arg(long, value_parser = clap::value_parser!(u8).range(1..=32))]
@@ -88,6 +93,7 @@ fn full() -> Bounds {
         horizon: 3,
         tenants: 1,
         lost: 0,
+        cap: 0,
     }
 }
 
@@ -117,6 +123,7 @@ impl VerifyArgs {
             horizon: self.horizon.unwrap_or(base.horizon),
             tenants: self.tenants.unwrap_or(base.tenants),
             lost: self.lost.unwrap_or(base.lost),
+            cap: self.cap.unwrap_or(base.cap),
         }
     }
 }
