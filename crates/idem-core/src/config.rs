@@ -212,6 +212,9 @@ pub struct OperationClass {
     /// task list --table`): display name → JSON Pointer, in written order.
     #[serde(default, skip_serializing_if = "DisplayFields::is_empty")]
     pub display: DisplayFields,
+    /// Flow control of the class (`[operations."C".flow]`, SPEC §2.12).
+    #[serde(default, skip_serializing_if = "crate::flow::ClassFlow::is_default")]
+    pub flow: crate::flow::ClassFlow,
 }
 
 /// A class's `[display]` table: named JSON Pointers (RFC 6901) into a task's
@@ -346,6 +349,9 @@ impl<'de> Deserialize<'de> for DisplayFields {
 pub struct Config {
     /// Operation classes by name.
     pub operations: BTreeMap<String, OperationClass>,
+    /// Per-tenant settings by tenant (`[tenants."T"]`, SPEC §2.12).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tenants: BTreeMap<String, crate::flow::TenantSettings>,
 }
 
 /// The policy frozen onto a task when it is accepted (SPEC §1 "contract").
@@ -474,11 +480,22 @@ impl Config {
         if self.operations.is_empty() {
             return Err(ConfigError::Empty);
         }
+        for (tenant, settings) in &self.tenants {
+            if settings.weight < 1 {
+                return Err(ConfigError::Invalid {
+                    class: format!("tenants.{tenant}"),
+                    message: "weight must be at least 1".to_owned(),
+                });
+            }
+        }
         for (name, class) in &self.operations {
             let invalid = |message: &str| ConfigError::Invalid {
                 class: name.clone(),
                 message: message.to_owned(),
             };
+            if let Some(problem) = class.flow.problem() {
+                return Err(invalid(problem));
+            }
             let r = &class.retry;
             if r.max_attempts < 1 {
                 return Err(invalid("retry.max_attempts must be at least 1"));

@@ -25,6 +25,7 @@
 pub mod config;
 pub mod contract;
 pub mod fingerprint;
+pub mod flow;
 pub mod json;
 pub mod key;
 pub mod machine;

@@ -282,6 +282,7 @@ pub fn waiters_config(classes: usize) -> Result<Config> {
         operations: (0..classes.max(1))
             .map(|i| (class(i), template.clone()))
             .collect(),
+        tenants: Default::default(),
     })
 }
 

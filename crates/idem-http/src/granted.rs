@@ -230,6 +230,7 @@ mod tests {
             executor_id: "ex".to_owned(),
             max: 1,
             lease_ms: None,
+            flow: Default::default(),
         }
     }
 

@@ -130,6 +130,35 @@ impl AppState {
         }
     }
 
+    /// What a claim by `key` of `operations` brings of the configuration
+    /// (SPEC §2.12): the tenants its pool serves, the classes among
+    /// `operations` with a fairness key, the tenants' weights.
+    pub fn claim_flow(
+        &self,
+        key: &idem_core::model::ApiKey,
+        operations: &[String],
+    ) -> idem_store::flow::ClaimFlow {
+        idem_store::flow::ClaimFlow {
+            serves: key.serves.clone(),
+            fair_classes: operations
+                .iter()
+                .filter(|op| {
+                    self.config
+                        .operations
+                        .get(op.as_str())
+                        .is_some_and(|c| c.flow.fairness_key.is_some())
+                })
+                .cloned()
+                .collect(),
+            weights: self
+                .config
+                .tenants
+                .iter()
+                .map(|(t, s)| (t.clone(), s.weight))
+                .collect(),
+        }
+    }
+
     /// Makes `/readyz` and submits answer 503 `NO_SYNC_STANDBY` (with
     /// `Retry-After`, nothing written) while `gate` gives a reason (SPEC §5,
     /// `IDEM_REQUIRE_SYNC_STANDBY`). `gate` is called on every submit: it

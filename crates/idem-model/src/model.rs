@@ -175,6 +175,8 @@ impl IdemModel {
                     api_key_id: api_key_id(k.tenant),
                     grant: None,
                     traceparent: None,
+                    priority: 3,
+                    fairness_key: None,
                 };
                 let outcome = match self.run(n, None, &Submit(submission)) {
                     Ok(o) => o,
@@ -234,6 +236,7 @@ impl IdemModel {
                     executor_id: format!("executor-{executor}"),
                     max: 1,
                     lease_ms: None,
+                    flow: Default::default(),
                 });
                 let claimed = match self.run(n, bound, &op) {
                     Ok(c) => c,

@@ -36,6 +36,7 @@ pub const MIGRATIONS: &[Migration] = &[
     ),
     Migration::expand(15, include_str!("../migrations/0015_store_identity.sql")),
     Migration::expand(16, include_str!("../migrations/0016_second_effects.sql")),
+    Migration::expand(17, include_str!("../migrations/0019_fair_claims.sql")),
 ];
 
 /// How long a migration statement waits for a table lock, ms, before the

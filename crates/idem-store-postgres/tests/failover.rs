@@ -32,6 +32,8 @@ fn submission(key: &str, api_key_id: Uuid) -> Submission {
         api_key_id,
         grant: None,
         traceparent: None,
+        priority: 3,
+        fairness_key: None,
     }
 }
 

@@ -63,6 +63,8 @@ fn submission(tenant: &str, key: &str, api_key_id: Uuid, fp: char) -> Submission
         api_key_id,
         grant: None,
         traceparent: None,
+        priority: 3,
+        fairness_key: None,
     }
 }
 
@@ -136,6 +138,7 @@ async fn submit_replay_conflict_claim_report() {
             executor_id: "ex-1".into(),
             max: 4,
             lease_ms: Some(10_000),
+            flow: Default::default(),
         })
         .await
         .unwrap();
@@ -220,6 +223,7 @@ async fn submit_replay_conflict_claim_report() {
             executor_id: "ex-1".into(),
             max: 1,
             lease_ms: None,
+            flow: Default::default(),
         })
         .await
         .unwrap();
@@ -289,6 +293,7 @@ async fn concurrent_claims_lease_each_task_once() {
                         executor_id: format!("ex-{n}"),
                         max: 2,
                         lease_ms: None,
+                        flow: Default::default(),
                     })
                     .await
                     .unwrap();
@@ -410,6 +415,7 @@ fn claim_req(max: i64, lease_ms: Option<i64>) -> ClaimRequest {
         executor_id: "ex".into(),
         max,
         lease_ms,
+        flow: Default::default(),
     }
 }
 
@@ -874,7 +880,7 @@ async fn a_batch_that_fails_after_its_inserts_commits_nothing() {
     }
 }
 
-/// A claim walks `tasks_claim_order` once per class and stops at its limit: no
+/// A claim walks `tasks_claim_rank` once per class and stops at its limit: no
 /// sort of the tenant's backlog, whatever the backlog (migration 3). Checked on
 /// the generic plan idem's sessions use, with a backlog of 2,000 tasks in two
 /// classes, plus the answer: the oldest across both classes, a class listed
@@ -930,7 +936,7 @@ async fn claims_walk_the_claim_index_instead_of_sorting_the_backlog() {
     let plan = plan.join("\n");
     let walks: Vec<u64> = plan
         .lines()
-        .skip_while(|l| !l.contains("Index Scan using tasks_claim_order"))
+        .skip_while(|l| !l.contains("Index Scan using tasks_claim_rank"))
         .take(1)
         .filter_map(|l| {
             l.split("rows=")
@@ -941,7 +947,7 @@ async fn claims_walk_the_claim_index_instead_of_sorting_the_backlog() {
                 .ok()
         })
         .collect();
-    assert_eq!(walks.len(), 1, "the claim walks tasks_claim_order: {plan}");
+    assert_eq!(walks.len(), 1, "the claim walks tasks_claim_rank: {plan}");
     assert!(walks[0] <= 4 + 64, "a walk read {} rows: {plan}", walks[0]);
     assert!(
         plan.contains("row locks 4"),
@@ -969,6 +975,7 @@ async fn claims_walk_the_claim_index_instead_of_sorting_the_backlog() {
             executor_id: "ex".into(),
             max: 4,
             lease_ms: None,
+            flow: Default::default(),
         })
         .await
         .unwrap();

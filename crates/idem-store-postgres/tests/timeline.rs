@@ -258,6 +258,7 @@ fn claim(tenant: &str) -> ClaimRequest {
         executor_id: "executor-1".into(),
         max: 10,
         lease_ms: Some(120_000),
+        flow: Default::default(),
     }
 }
 

@@ -80,6 +80,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration::expand(12, include_str!("../migrations/0012_shared_secrets.sql")),
     Migration::expand(13, include_str!("../migrations/0013_store_identity.sql")),
     Migration::expand(14, include_str!("../migrations/0014_second_effects.sql")),
+    Migration::expand(15, include_str!("../migrations/0017_fair_claims.sql")),
 ];
 
 /// The schema of the database on `conn`: `PRAGMA user_version` and the

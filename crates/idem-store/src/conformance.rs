@@ -301,6 +301,8 @@ pub fn submission(
         api_key_id: api_key.id,
         grant: api_key.operations.clone(),
         traceparent: None,
+        priority: 3,
+        fairness_key: None,
     }
 }
 
@@ -534,6 +536,7 @@ impl Ctx {
             executor_id: format!("executor-{}", self.tenant),
             max,
             lease_ms,
+            flow: Default::default(),
         };
         must(self.store.claim(req).await, "claim")
     }

@@ -192,6 +192,8 @@ mod tests {
             api_key_id: Uuid::nil(),
             grant: None,
             traceparent: None,
+            priority: 3,
+            fairness_key: None,
         }
     }
 
@@ -208,6 +210,8 @@ mod tests {
             api_key_id: s.api_key_id,
             grant: s.grant,
             traceparent: s.traceparent,
+            priority: s.priority,
+            fairness_key: s.fairness_key,
         };
         idem_core::machine::accept(new, idem_core::model::Timestamp(0)).0
     }

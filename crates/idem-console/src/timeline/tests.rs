@@ -80,6 +80,8 @@ impl Ctx {
             api_key_id: self.key.id,
             grant: None,
             traceparent: None,
+            priority: 3,
+            fairness_key: None,
         };
         match self.store.submit(s).await.expect("submit") {
             SubmitOutcome::Created(t) => t,
@@ -94,6 +96,7 @@ impl Ctx {
             executor_id: executor.to_owned(),
             max: 1,
             lease_ms: None,
+            flow: Default::default(),
         };
         let mut got = self.store.claim(req).await.expect("claim");
         assert_eq!(got.len(), 1, "one claimable attempt");

@@ -267,6 +267,15 @@ fn prepare_submission(
         .get(&prepared.operation)
         .cloned()
         .ok_or_else(|| unknown_operation(st, &prepared.operation))?;
+    let flow = st
+        .config
+        .operations
+        .get(&prepared.operation)
+        .map(|c| &c.flow)
+        .ok_or_else(|| unknown_operation(st, &prepared.operation))?;
+    let priority = idem_core::submit::priority_of(prepared.priority, flow.priority_range())
+        .map_err(Problem::invalid)?;
+    let fairness_key = flow.fairness_value(&prepared.params);
     let submission = Submission {
         tenant: caller.0.tenant.clone(),
         operation: prepared.operation.clone(),
@@ -278,6 +287,8 @@ fn prepare_submission(
         api_key_id: caller.0.id,
         grant: caller.0.operations.clone(),
         traceparent,
+        priority,
+        fairness_key,
     };
     Ok((submission, schema_refusal))
 }
@@ -310,6 +321,7 @@ fn prepare_body(
         params: prepared.params,
         fingerprint: prepared.canonical.fingerprint.to_string(),
         canonical_request: prepared.canonical.canonical,
+        priority: prepared.priority,
     };
     Ok((body, schema_refusal))
 }

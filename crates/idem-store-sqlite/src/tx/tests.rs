@@ -33,7 +33,7 @@ fn the_column_list_is_the_task_table() {
         *TASK_UPDATE
     );
     assert!(
-        TASK_UPDATE.ends_with("?31 AND generation = ?32"),
+        TASK_UPDATE.ends_with("?33 AND generation = ?34"),
         "{}",
         *TASK_UPDATE
     );

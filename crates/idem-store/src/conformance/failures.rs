@@ -379,6 +379,7 @@ pub async fn executor_key_is_checked_in_the_claim_and_report_transactions(store:
         executor_id: "executor-keyed".into(),
         max: 1,
         lease_ms: Some(LONG_LEASE),
+        flow: Default::default(),
     };
     let got = must(store.claim_as(keys[0], req.clone()).await, "claim_as");
     let Some(claimed) = got else {

@@ -43,6 +43,8 @@ fn submission_of(tenant: &str, class: &str, key: &str, n: usize, api_key: Uuid) 
         api_key_id: api_key,
         grant: None,
         traceparent: None,
+        priority: 3,
+        fairness_key: None,
     }
 }
 
@@ -90,6 +92,7 @@ async fn spread_states(store: &Store, tenant: &str, tasks: &[Task]) {
                     executor_id: "search-case".into(),
                     max: 40,
                     lease_ms: Some(super::LONG_LEASE),
+                    flow: Default::default(),
                 })
                 .await,
             "claim",

@@ -47,7 +47,7 @@ pub mod submit;
 pub mod sweep;
 pub mod tasks;
 
-pub use attempts::{Acknowledge, Heartbeat, Release, Report};
+pub use attempts::{Acknowledge, AttemptTenant, Heartbeat, Release, Report};
 pub use claim::{Claim, ClaimRequest, Claimed};
 pub use console::{
     ConsoleSession, ConsoleSessionLookup, CreateConsoleSession, EndConsoleSession, Overview,
@@ -250,6 +250,8 @@ operations! {
     Claim,
     /// [`ClaimAs`].
     ClaimAs,
+    /// [`AttemptTenant`].
+    AttemptTenant,
     /// [`Heartbeat`].
     Heartbeat,
     /// [`Acknowledge`].
@@ -393,6 +395,11 @@ pub(crate) async fn persist<T: Tx>(
     j: &Journal,
 ) -> Result<()> {
     tx.update_task(task, loaded.0, loaded.1).await?;
+    if crate::flow::waits(task) {
+        // Its claim queues may have been parked while it was leased or
+        // ended (SPEC §2.12).
+        tx.open_queues(task).await?;
+    }
     if !j.events.is_empty() {
         tx.insert_events(task.id, &j.events).await?;
     }
