@@ -166,6 +166,10 @@ macro_rules! store_conformance {
             second_effect_acknowledgment_is_audited_and_idempotent,
             second_effect_acknowledgment_races_a_report,
             every_reported_id_finds_the_task_and_a_replay_shows_its_second_effects,
+            pool_keys_claim_only_the_tenants_they_serve,
+            pool_claims_serve_tenants_in_weighted_turns,
+            fairness_key_values_are_served_in_turn,
+            priorities_order_claims_and_age,
         );
     };
     (@cases $make:expr; $($case:ident),+ $(,)?) => {
@@ -187,6 +191,7 @@ mod console;
 mod corpus;
 mod effects;
 mod failures;
+mod fairness;
 mod feed;
 mod operator;
 mod release;
@@ -204,6 +209,7 @@ pub use console::*;
 pub use corpus::*;
 pub use effects::*;
 pub use failures::*;
+pub use fairness::*;
 pub use feed::*;
 pub use operator::*;
 pub use release::*;
