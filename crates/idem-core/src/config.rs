@@ -212,7 +212,7 @@ pub struct OperationClass {
     /// task list --table`): display name → JSON Pointer, in written order.
     #[serde(default, skip_serializing_if = "DisplayFields::is_empty")]
     pub display: DisplayFields,
-    /// Flow control of the class (`[operations."C".flow]`, SPEC §2.12).
+    /// Flow control of the class (`[operations."C".flow]`, SPEC §2.13).
     #[serde(default, skip_serializing_if = "crate::flow::ClassFlow::is_default")]
     pub flow: crate::flow::ClassFlow,
 }
@@ -349,7 +349,7 @@ impl<'de> Deserialize<'de> for DisplayFields {
 pub struct Config {
     /// Operation classes by name.
     pub operations: BTreeMap<String, OperationClass>,
-    /// Per-tenant settings by tenant (`[tenants."T"]`, SPEC §2.12).
+    /// Per-tenant settings by tenant (`[tenants."T"]`, SPEC §2.13).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tenants: BTreeMap<String, crate::flow::TenantSettings>,
 }

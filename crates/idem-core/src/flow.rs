@@ -1,4 +1,4 @@
-//! Flow control settings (SPEC §2.12, docs/configuration.md): per-tenant
+//! Flow control settings (SPEC §2.13, docs/configuration.md): per-tenant
 //! settings (`[tenants."T"]`) and a class's flow table
 //! (`[operations."C".flow]`).
 
@@ -12,7 +12,7 @@ use crate::fingerprint::{JsonPointer, canonical_json};
 #[serde(deny_unknown_fields)]
 pub struct TenantSettings {
     /// The tenant's share of the claims of a pool serving it, against the
-    /// other tenants with work (weighted round robin, SPEC §2.12); ≥ 1.
+    /// other tenants with work (weighted round robin, SPEC §2.13); ≥ 1.
     #[serde(default = "one")]
     pub weight: i64,
 }
@@ -35,7 +35,7 @@ pub const PRIORITY_RANGE: [i64; 2] = [1, 5];
 #[serde(deny_unknown_fields)]
 pub struct ClassFlow {
     /// JSON Pointer into params: claims serve the values found there (per
-    /// tenant) in turn (SPEC §2.12).
+    /// tenant) in turn (SPEC §2.13).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fairness_key: Option<JsonPointer>,
     /// The priorities a submit may name, `[min, max]` within 1–5 (default
@@ -65,7 +65,7 @@ impl ClassFlow {
         }
     }
 
-    /// The fairness key value of `params` (SPEC §2.12): `None` when the class
+    /// The fairness key value of `params` (SPEC §2.13): `None` when the class
     /// names no pointer; the string at the pointer as is, any other JSON
     /// value as its canonical text, `""` when the params have nothing there
     /// (those tasks share one queue).

@@ -225,7 +225,7 @@ pub struct NewTask {
     pub traceparent: Option<crate::trace::TraceParent>,
     /// Claim priority 1–5 (SPEC §4).
     pub priority: i64,
-    /// The class's fairness key value for these params (SPEC §2.12).
+    /// The class's fairness key value for these params (SPEC §2.13).
     pub fairness_key: Option<String>,
 }
 

@@ -560,7 +560,7 @@ pub struct TaskControl {
     /// The value at the class's `fairness_key` pointer in the params at
     /// acceptance (a string as is, other JSON as its canonical text), `None`
     /// when the class names no pointer or the params have no value there:
-    /// claims serve the values of one tenant and class in turn (SPEC §2.12).
+    /// claims serve the values of one tenant and class in turn (SPEC §2.13).
     pub fairness_key: Option<String>,
 }
 
@@ -861,7 +861,7 @@ pub struct ApiKey {
     pub role: Role,
     /// Operation classes the key is limited to; `None` means all.
     pub operations: Option<Vec<String>>,
-    /// The tenants an executor key of a shared pool claims for (SPEC §2.12);
+    /// The tenants an executor key of a shared pool claims for (SPEC §2.13);
     /// `None`: its own tenant only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub serves: Option<Serves>,
@@ -871,7 +871,7 @@ pub struct ApiKey {
     pub revoked_at: Option<Timestamp>,
 }
 
-/// The tenants a pool executor key serves (SPEC §2.12).
+/// The tenants a pool executor key serves (SPEC §2.13).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(untagged)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -925,7 +925,7 @@ impl Serves {
 
 impl ApiKey {
     /// Whether the key claims for `tenant`: its own tenant, or one its
-    /// pool serves (SPEC §2.12).
+    /// pool serves (SPEC §2.13).
     pub fn serves_tenant(&self, tenant: &str) -> bool {
         match &self.serves {
             None => self.tenant == tenant,

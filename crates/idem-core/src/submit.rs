@@ -30,14 +30,14 @@ pub struct PreparedSubmit {
     /// The canonical request of the class's material fields and its
     /// fingerprint (SPEC §1).
     pub canonical: CanonicalRequest,
-    /// The body's `priority`, if it named one (SPEC §2.12; checked against
+    /// The body's `priority`, if it named one (SPEC §2.13; checked against
     /// the class's range by [`priority_of`]).
     pub priority: Option<i64>,
 }
 
 /// The priority of a submit naming `asked` (if any) to a class whose
 /// allowed range is `[lo, hi]`: `asked` when within it; with none, 3
-/// raised or lowered into the range (SPEC §2.12).
+/// raised or lowered into the range (SPEC §2.13).
 ///
 /// # Errors
 /// The message of the 400 `INVALID_REQUEST` for a priority outside it.

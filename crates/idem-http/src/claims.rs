@@ -64,7 +64,7 @@ pub const DUE_MARGIN: Duration = Duration::from_millis(5);
 pub const REMOTE_DEFER: Duration = Duration::from_millis(50);
 
 /// A group: the claims of one tenant, or of one pool's tenants (SPEC
-/// §2.12), for one set of classes.
+/// §2.13), for one set of classes.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct GroupKey {
     tenant: String,

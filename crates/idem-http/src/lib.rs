@@ -131,7 +131,7 @@ impl AppState {
     }
 
     /// What a claim by `key` of `operations` brings of the configuration
-    /// (SPEC §2.12): the tenants its pool serves, the classes among
+    /// (SPEC §2.13): the tenants its pool serves, the classes among
     /// `operations` with a fairness key, the tenants' weights.
     pub fn claim_flow(
         &self,

@@ -1,5 +1,5 @@
 -- idem schema (PostgreSQL): fair claims, priorities and shared executor pools
--- (SPEC §2.12).
+-- (SPEC §2.13).
 --
 --   * tasks.priority: 1 (least urgent) to 5 (most urgent), 3 unless the
 --     submit named one. Claims take a tenant's and class's tasks in

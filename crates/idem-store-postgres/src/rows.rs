@@ -444,7 +444,7 @@ pub(crate) const CONTRACT_INSERT: &str =
 /// tenant and class from $2 and $3; `txid` and `position` by default: a new
 /// task has no earlier event) and the contract rows they name that may be
 /// absent ($n+6 ids, $n+7 texts; written first, each unless stored already)
-/// and the claim queues of the tasks (inserted or unparked, SPEC §2.12;
+/// and the claim queues of the tasks (inserted or unparked, SPEC §2.13;
 /// `fairness_key` is the last task column, $n) in one statement.
 pub(crate) static TASKS_WITH_EVENTS_INSERT: LazyLock<String> = LazyLock::new(|| {
     let arrays: Vec<String> = TASK_COLUMN_TYPES
@@ -729,7 +729,7 @@ pub(crate) fn evidence_from_row(row: &Row) -> Result<Evidence> {
 }
 
 /// The claimable tasks of tenant `$1` in classes `$2` ready at `$3` (ms), lowest
-/// claim rank first (`ready_at - priority * 10000`, SPEC §2.12, then `id`), at
+/// claim rank first (`ready_at - priority * 10000`, SPEC §2.13, then `id`), at
 /// most `$4`, locked `FOR UPDATE SKIP LOCKED`.
 ///
 /// Candidates: one ordered walk of the partial index `tasks_claim_rank` per

@@ -1,5 +1,5 @@
 -- idem schema (SQLite): fair claims, priorities and shared executor pools
--- (SPEC §2.12). The same columns, table and indexes as PostgreSQL's
+-- (SPEC §2.13). The same columns, table and indexes as PostgreSQL's
 -- 0019_fair_claims.sql (its header gives each one's meaning): claims order a
 -- tenant's and class's tasks by the claim rank `ready_at - priority * 10000`
 -- (tasks_claim_rank replaces tasks_claim_order; the predicate and the

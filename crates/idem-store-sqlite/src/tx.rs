@@ -332,7 +332,7 @@ impl SqliteTx<'_> {
 }
 
 /// The claimable tasks of tenant `?1` in class `?2` ready at `?3` (ms), lowest
-/// claim rank first (`ready_at - priority * 10000`, SPEC §2.12, then `id`), at
+/// claim rank first (`ready_at - priority * 10000`, SPEC §2.13, then `id`), at
 /// most `?4`: an ordered walk of the partial index `tasks_claim_rank`, whose
 /// predicate and expression it repeats word for word.
 pub const CLAIMABLE_IN_CLASS: &str = "SELECT id, ready_at - priority * 10000 FROM tasks WHERE tenant = ?1 AND operation = ?2 \

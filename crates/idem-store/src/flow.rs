@@ -1,4 +1,4 @@
-//! Fair claims and priorities (SPEC §2.12): the claim rank, the claim
+//! Fair claims and priorities (SPEC §2.13): the claim rank, the claim
 //! queues and their turns, and what a claim brings of the configuration.
 //!
 //! A claim by a pool key (one serving several tenants), or of a class with a
@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use idem_core::model::{Serves, Task, TaskState};
 
-/// Milliseconds of time in queue one priority level is worth (SPEC §2.12):
+/// Milliseconds of time in queue one priority level is worth (SPEC §2.13):
 /// a claim takes a queue's tasks in `ready_at - priority × AGING_MS` order, so
 /// a task of priority p waits at most `(5 - p) × AGING_MS` behind tasks of
 /// priority 5 that became ready after it. Fixed: the claim indexes

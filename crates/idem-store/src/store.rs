@@ -157,7 +157,7 @@ impl Store {
     }
 
     /// Creates an API key that serves `serves` (a shared executor pool,
-    /// SPEC §2.12; `None`: its own tenant); returns the record and the plain key.
+    /// SPEC §2.13; `None`: its own tenant); returns the record and the plain key.
     ///
     /// # Errors
     /// Storage failures ([`StoreError`]).
@@ -428,7 +428,7 @@ impl Store {
     }
 
     /// The tenant of an attempt's task; `None` when there is no such attempt
-    /// (SPEC §2.12: what a pool key checks against the tenants it serves).
+    /// (SPEC §2.13: what a pool key checks against the tenants it serves).
     ///
     /// # Errors
     /// Storage failures ([`StoreError`]).

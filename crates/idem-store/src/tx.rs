@@ -49,7 +49,7 @@ pub struct Submission {
     /// Claim priority 1–5, within the class's range (SPEC §4; checked by
     /// the HTTP layer).
     pub priority: i64,
-    /// The class's fairness key value for these params (SPEC §2.12).
+    /// The class's fairness key value for these params (SPEC §2.13).
     pub fairness_key: Option<String>,
 }
 
@@ -356,7 +356,7 @@ pub trait Tx: Send + TaskSearch + ConsoleTx {
         now: Timestamp,
         limit: i64,
     ) -> impl Future<Output = Result<Vec<Uuid>>> + Send;
-    /// Fair claims (SPEC §2.12): up to `limit` unparked tenant queues of
+    /// Fair claims (SPEC §2.13): up to `limit` unparked tenant queues of
     /// `operations` whose tenant `tenants` lists (`None`: every tenant), lowest
     /// turn first (then tenant, class). `locked`: each locked for this
     /// transaction, skipping queues other claims hold (`FOR UPDATE SKIP

@@ -70,7 +70,7 @@ fn warn_unknown_classes(ops: &[String], path: Option<&PathBuf>) {
 }
 
 /// The `--serves` of `keys create`: `None` without one; an executor key's
-/// tenant set (SPEC §2.12).
+/// tenant set (SPEC §2.13).
 ///
 /// # Errors
 /// A `--serves` on a key whose role is not `executor`, or one with an empty

@@ -188,7 +188,7 @@ enum KeysCommand {
         #[arg(long, value_delimiter = ',')]
         operations: Option<Vec<String>>,
         /// An executor key of a shared pool: `all` tenants, or a
-        /// comma-separated list of tenants it claims for (SPEC §2.12);
+        /// comma-separated list of tenants it claims for (SPEC §2.13);
         /// default: its own tenant only.
         #[arg(long)]
         serves: Option<String>,

@@ -194,6 +194,22 @@ async fn claim_inner(
         let done = !claimed.is_empty() || tokio::time::Instant::now() >= deadline;
         if done || st.is_draining() {
             metrics::counter!("idem_attempts_leased_total").increment(claimed.len() as u64);
+            for c in &claimed {
+                // Time in queue at lease (SPEC §2.13): from the moment the
+                // task became claimable.
+                let waited_ms = c
+                    .attempt
+                    .leased_at
+                    .0
+                    .saturating_sub(c.task.control.ready_at.0)
+                    .max(0);
+                metrics::histogram!(
+                    "idem_queue_wait_seconds",
+                    "tenant" => c.task.control.tenant.clone(),
+                    "operation" => c.task.operation.clone()
+                )
+                .record(waited_ms as f64 / 1000.0);
+            }
             let attempts = claimed
                 .into_iter()
                 .map(|c| ClaimedAttempt {
@@ -387,7 +403,7 @@ pub async fn release(
     Ok(Json(TaskEnvelope { task }))
 }
 
-/// The tenant an executor key acts for on `attempt_id` (SPEC §2.12): its
+/// The tenant an executor key acts for on `attempt_id` (SPEC §2.13): its
 /// own; for a pool key, the attempt's tenant when the pool serves it. Another
 /// tenant's attempt gets the key's own tenant, whose scoped operation
 /// answers 404 as for any attempt of another tenant.

@@ -1,4 +1,4 @@
-//! Fair claims on PostgreSQL ([`idem_store::flow`], SPEC §2.12): the claim
+//! Fair claims on PostgreSQL ([`idem_store::flow`], SPEC §2.13): the claim
 //! queues (`claim_turns`) and the claimable tasks of a fairness key value.
 //! Parallel claimers lock the queues they serve `FOR UPDATE SKIP LOCKED`, so
 //! they serve different queues; a claimer that finds every waiting queue
@@ -63,10 +63,14 @@ const VALUE_WAITS: &str = "SELECT EXISTS (SELECT 1 FROM tasks WHERE tenant = $1 
      AND active_attempt_id IS NULL AND state IN ('queued', 'retry_wait', 'reconciling') \
      AND next_kind IS NOT NULL) AS e";
 
-/// Inserts or unparks the queues `(tenants[i], operations[i], keys[i])`
-/// (`$1`–`$3`; NULL keys are skipped), each at the lowest unparked turn of
-/// its level; a queue in the turn order is left as it is (not written, not
-/// locked). Also the `q` CTE of the task insert (`TASKS_WITH_EVENTS_INSERT`).
+/// Inserts or unparks the queues of `(tenants[i], operations[i], values[i])`
+/// (the tenant's queue, and the value's when `values[i]` is not NULL), each
+/// at the lowest unparked turn of its level; a queue in the turn order is
+/// not written. The conflict locks the queue row (in tenant, class, key
+/// order) even then: a claim that holds the row and parks it (it saw none of
+/// this transaction's tasks) commits first, and this statement then sees the
+/// row parked and unparks it, so no waiting task is left in a parked queue.
+/// Also the `q` CTE of the task insert (`TASKS_WITH_EVENTS_INSERT`).
 pub(crate) fn open_queues_sql(tenants: &str, operations: &str, values: &str) -> String {
     format!(
         "INSERT INTO claim_turns (tenant, operation, fairness_key, turn) \
@@ -77,10 +81,9 @@ pub(crate) fn open_queues_sql(tenants: &str, operations: &str, values: &str) -> 
          FROM (SELECT DISTINCT u.tenant, u.operation, k.k \
                FROM unnest({tenants}::text[], {operations}::text[], {values}::text[]) AS u(tenant, operation, fk) \
                CROSS JOIN LATERAL unnest(ARRAY['', '=' || u.fk]) AS k(k) WHERE k.k IS NOT NULL) AS n \
-         WHERE NOT EXISTS (SELECT 1 FROM claim_turns e WHERE e.tenant = n.tenant AND e.operation = n.operation \
-                             AND e.fairness_key = n.k AND NOT e.parked) \
          ORDER BY n.tenant, n.operation, n.k \
-         ON CONFLICT (tenant, operation, fairness_key) DO UPDATE SET parked = false, turn = EXCLUDED.turn"
+         ON CONFLICT (tenant, operation, fairness_key) DO UPDATE SET parked = false, turn = EXCLUDED.turn \
+         WHERE claim_turns.parked"
     )
 }
 

@@ -1,4 +1,4 @@
-//! Fair claims on SQLite ([`idem_store::flow`], SPEC §2.12): the claim
+//! Fair claims on SQLite ([`idem_store::flow`], SPEC §2.13): the claim
 //! queues (`claim_turns`) and the claimable tasks of a fairness key value.
 //! The one writer runs one transaction at a time, so a queue read is a queue
 //! held (no row locks to take or skip).

@@ -1,4 +1,4 @@
-//! SPEC §2.12: shared executor pools, fair claims and priorities.
+//! SPEC §2.13: shared executor pools, fair claims and priorities.
 
 use std::collections::BTreeMap;
 

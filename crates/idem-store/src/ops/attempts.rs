@@ -177,7 +177,7 @@ async fn on_attempt<T: Tx, R>(
 /// The tenant of attempt `attempt_id`'s task (`None`: no such attempt): what
 /// a pool executor key's heartbeat, acknowledge, report and release check
 /// against the tenants it serves before the tenant-scoped operation (SPEC
-/// §2.12). An attempt's tenant never changes.
+/// §2.13). An attempt's tenant never changes.
 #[derive(Debug, Clone)]
 pub struct AttemptTenant {
     /// Attempt.

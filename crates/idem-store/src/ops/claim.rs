@@ -1,5 +1,5 @@
 //! Claims: lease attempts of claimable tasks (SPEC §4 `POST /v1/attempts/claim`,
-//! fair claims and priorities SPEC §2.12).
+//! fair claims and priorities SPEC §2.13).
 
 use std::collections::HashSet;
 
@@ -25,7 +25,7 @@ pub struct ClaimRequest {
     /// Lease length; `None` = the class default.
     pub lease_ms: Option<i64>,
     /// The pool's tenants, the classes with a fairness key and the tenants'
-    /// weights (SPEC §2.12); the default: the key's own tenant, no fairness
+    /// weights (SPEC §2.13); the default: the key's own tenant, no fairness
     /// key, weight 1.
     pub flow: ClaimFlow,
 }
@@ -41,7 +41,7 @@ pub struct Claimed {
 
 /// Lease up to `max` attempts, lowest claim rank first (`ready_at -
 /// priority × AGING_MS`); by turns among the claim queues for a pool key or
-/// a class with a fairness key (SPEC §2.12).
+/// a class with a fairness key (SPEC §2.13).
 #[derive(Debug, Clone)]
 pub struct Claim(pub ClaimRequest);
 
@@ -159,7 +159,7 @@ struct Pick {
     advance: bool,
 }
 
-/// A claim by turns (SPEC §2.12): each attempt comes from the waiting queue
+/// A claim by turns (SPEC §2.13): each attempt comes from the waiting queue
 /// with the lowest turn among those the claim serves (the key's tenants and
 /// classes), whose turn then advances by [`TURN`] / weight (a value queue:
 /// [`TURN`]). A queue found without a ready task goes to the back of its

@@ -16,7 +16,7 @@ pub struct CreateApiKey {
     pub role: Role,
     /// Operation limit (`None` = all classes).
     pub operations: Option<Vec<String>>,
-    /// The tenants a pool executor key serves (`None`: its own; SPEC §2.12).
+    /// The tenants a pool executor key serves (`None`: its own; SPEC §2.13).
     pub serves: Option<Serves>,
 }
 

@@ -397,7 +397,7 @@ pub(crate) async fn persist<T: Tx>(
     tx.update_task(task, loaded.0, loaded.1).await?;
     if crate::flow::waits(task) {
         // Its claim queues may have been parked while it was leased or
-        // ended (SPEC §2.12).
+        // ended (SPEC §2.13).
         tx.open_queues(task).await?;
     }
     if !j.events.is_empty() {

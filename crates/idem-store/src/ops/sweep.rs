@@ -16,7 +16,7 @@ pub struct SweepStats {
     pub woken: usize,
     /// Idempotency keys removed after retention.
     pub keys_released: usize,
-    /// Claim queues unparked (SPEC §2.12).
+    /// Claim queues unparked (SPEC §2.13).
     pub unparked: usize,
 }
 
@@ -79,7 +79,7 @@ impl Operation for Sweep {
             stats.keys_released += 1;
         }
         // Queues a claim parked while a task of theirs was being written
-        // (SPEC §2.12) go back into the turn order.
+        // (SPEC §2.13) go back into the turn order.
         stats.unparked = tx.unpark_waiting(limit).await?;
         Ok(Ending {
             reply: stats,
