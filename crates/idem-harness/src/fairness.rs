@@ -102,7 +102,11 @@ pub async fn run(o: &FairnessOptions) -> Result<FairnessReport> {
 fn flow(values: bool) -> ClaimFlow {
     ClaimFlow {
         serves: Some(Serves::All(AllTenants::All)),
-        fair_classes: if values { vec![CLASS.to_owned()] } else { Vec::new() },
+        fair_classes: if values {
+            vec![CLASS.to_owned()]
+        } else {
+            Vec::new()
+        },
         weights: Default::default(),
     }
 }
@@ -159,27 +163,33 @@ async fn fill(
     Ok(())
 }
 
+/// The watched task of a round: its idempotency key, the lease count at its
+/// submit, and the leases before its own once it is leased.
+type Watch = Arc<std::sync::Mutex<Option<(String, u64, Option<u64>)>>>;
+
 /// Claim loops until `stop`: each claims one attempt for the pool and
 /// reports it; `leased` counts leases, and a lease of `watch`'s task
 /// records the count in `seen`.
 fn claim_loops(
     stores: &[Store],
     claimers: usize,
+    tenant: &str,
     flow: &ClaimFlow,
     stop: Arc<AtomicBool>,
     leased: Arc<AtomicU64>,
-    watch: Arc<std::sync::Mutex<Option<(String, u64, Option<u64>)>>>,
+    watch: Watch,
 ) -> Vec<tokio::task::JoinHandle<Result<()>>> {
     (0..claimers)
         .map(|i| {
             let store = stores[i % stores.len()].clone();
             let (stop, leased, watch) = (stop.clone(), leased.clone(), watch.clone());
             let flow = flow.clone();
+            let tenant = tenant.to_owned();
             tokio::spawn(async move {
                 while !stop.load(Ordering::Relaxed) {
                     let got = store
                         .claim(ClaimRequest {
-                            tenant: "pool".into(),
+                            tenant: tenant.clone(),
                             operations: vec![CLASS.into()],
                             executor_id: format!("fair-{i}"),
                             max: 1,
@@ -245,6 +255,7 @@ async fn starvation(
     let loops = claim_loops(
         stores,
         o.claimers.max(1),
+        "pool",
         &flow(o.values),
         stop.clone(),
         leased.clone(),
@@ -256,7 +267,11 @@ async fn starvation(
         // Watched from before the submit: a claim may lease it before the
         // submit's answer is back.
         if let Ok(mut w) = watch.lock() {
-            *w = Some((s.idempotency_key.clone(), leased.load(Ordering::SeqCst), None));
+            *w = Some((
+                s.idempotency_key.clone(),
+                leased.load(Ordering::SeqCst),
+                None,
+            ));
         }
         if !matches!(store.submit(s).await?, SubmitOutcome::Created(_)) {
             bail!("the single task was not created");
@@ -295,15 +310,21 @@ async fn pairs_per_second(
     let run = Uuid::new_v4().simple().to_string();
     // Enough work that no tenant runs dry during the run; the pool serves
     // this run's tenants only (what earlier runs left is not theirs).
+    // 0 tenants: one tenant claimed by its own (ordinary) key, no turns.
     let per = (o.cost_tasks / tenants.max(1)).max(20);
     let mut list = Vec::new();
-    for t in 0..tenants {
+    for t in 0..tenants.max(1) {
         let key = client(store, &format!("cost-{}-{t}", &run[..8])).await?;
         fill(store, &key, contract, per, None).await?;
         list.push(key.tenant);
     }
+    let claimer = if tenants == 0 {
+        list[0].clone()
+    } else {
+        "pool".to_owned()
+    };
     let served = ClaimFlow {
-        serves: Some(Serves::Tenants(list)),
+        serves: (tenants > 0).then_some(Serves::Tenants(list)),
         fair_classes: Vec::new(),
         weights: Default::default(),
     };
@@ -313,6 +334,7 @@ async fn pairs_per_second(
     let loops = claim_loops(
         stores,
         o.claimers.max(1),
+        &claimer,
         &served,
         stop.clone(),
         leased.clone(),

@@ -99,7 +99,8 @@ enum Command {
         /// Two fairness key values of one tenant instead of two tenants.
         #[arg(long)]
         values: bool,
-        /// Tenant counts of the cost runs, comma-separated (none: no cost run).
+        /// Tenant counts of the cost runs, comma-separated (none: no cost run;
+        /// 0: one tenant claimed by its own key, which keeps no turns).
         #[arg(long, value_delimiter = ',')]
         tenants: Vec<usize>,
         /// Seconds per cost run.
@@ -565,7 +566,9 @@ async fn run() -> Result<()> {
                 report.leases_before
             ))?;
             for (n, rate) in &report.cost {
-                say(format_args!("{n} tenants with work: {rate:.0} claim+report pairs/s"))?;
+                say(format_args!(
+                    "{n} tenants with work: {rate:.0} claim+report pairs/s"
+                ))?;
             }
             Ok(())
         }
