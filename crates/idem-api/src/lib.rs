@@ -53,6 +53,13 @@ pub struct SubmitBody {
     /// Request params (a JSON object); the class's material fields are fingerprinted.
     #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub params: Value,
+    /// Claim priority, 1 (least urgent) to 5 (most urgent), within the
+    /// class's `flow.priorities`; 3 when absent (raised or lowered into the
+    /// class's range). Not part of the fingerprint: a retry with another
+    /// priority replays the task as accepted (SPEC §2.13).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 5))]
+    pub priority: Option<i64>,
 }
 
 /// Submit response metadata.

@@ -359,6 +359,7 @@ impl Client {
             .json(&SubmitBody {
                 operation: operation.to_owned(),
                 params: params.clone(),
+                priority: None,
             });
         if let Some(tp) = traceparent {
             let value = reqwest::header::HeaderValue::from_str(tp).map_err(|_| {

@@ -223,6 +223,10 @@ pub struct NewTask {
     pub grant: Option<Vec<String>>,
     /// The submit's W3C `traceparent`, if it carried one.
     pub traceparent: Option<crate::trace::TraceParent>,
+    /// Claim priority 1–5 (SPEC §4).
+    pub priority: i64,
+    /// The class's fairness key value for these params (SPEC §2.13).
+    pub fairness_key: Option<String>,
 }
 
 /// Accepts a new task: state `queued`, generation 0, event `task_submitted`
@@ -246,6 +250,7 @@ pub fn accept(new: NewTask, now: Timestamp) -> (Task, Journal) {
         created_at: now,
         updated_at: now,
         traceparent: new.traceparent,
+        priority: new.priority,
         control: TaskControl {
             tenant: new.tenant,
             api_key_id: new.api_key_id,
@@ -263,6 +268,7 @@ pub fn accept(new: NewTask, now: Timestamp) -> (Task, Journal) {
             effect_reports: Vec::new(),
             effect_report_count: 0,
             concurrency_key: None,
+            fairness_key: new.fairness_key,
         },
         second_effects: Vec::new(),
     };

@@ -558,9 +558,21 @@ pub struct TaskControl {
     /// above 0 (second effects come only from effect reports).
     pub effect_report_count: i64,
     /// The concurrency key read from `params` at submit under the class's
-    /// `flow.concurrency_key` pointer (SPEC §5 "Concurrency caps"); with
+    /// `flow.concurrency_key` pointer (SPEC §8.2 "Concurrency caps"); with
     /// the tenant and operation it names the key's cap scope. `None`: no key.
     pub concurrency_key: Option<String>,
+    /// The value at the class's `fairness_key` pointer in the params at
+    /// acceptance (a string as is, other JSON as its canonical text), `None`
+    /// when the class names no pointer or the params have no value there:
+    /// claims serve the values of one tenant and class in turn (SPEC §2.13).
+    pub fairness_key: Option<String>,
+}
+
+/// The priority of a task whose submit named none (SPEC §4).
+pub const DEFAULT_PRIORITY: i64 = 3;
+
+fn default_priority() -> i64 {
+    DEFAULT_PRIORITY
 }
 
 /// A task: the one durable logical operation a scope maps to (SPEC §4 TASK).
@@ -604,6 +616,12 @@ pub struct Task {
     /// of the fingerprint: it never changes after acceptance.
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, pattern = "^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$"))]
     pub traceparent: Option<crate::trace::TraceParent>,
+    /// Claim priority, 1 (least urgent) to 5 (most urgent), 3 unless the
+    /// submit named one (SPEC §4 `POST /v1/tasks`). Not part of the
+    /// fingerprint: it never changes after acceptance.
+    #[serde(default = "default_priority")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 5))]
+    pub priority: i64,
     /// The suspected second effects (SPEC §2 "Second effects"): one per
     /// distinct `external_txn_id` the evidence shows besides the delivered
     /// one, oldest first, each with its acknowledgment once an operator gave one.
@@ -847,13 +865,78 @@ pub struct ApiKey {
     pub role: Role,
     /// Operation classes the key is limited to; `None` means all.
     pub operations: Option<Vec<String>>,
+    /// The tenants an executor key of a shared pool claims for (SPEC §2.13);
+    /// `None`: its own tenant only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serves: Option<Serves>,
     /// When it was created.
     pub created_at: Timestamp,
     /// When it was revoked, if it was.
     pub revoked_at: Option<Timestamp>,
 }
 
+/// The tenants a pool executor key serves (SPEC §2.13).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(untagged)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub enum Serves {
+    /// Every tenant (`"all"`).
+    #[cfg_attr(feature = "openapi", schema(value_type = String, example = "all"))]
+    All(AllTenants),
+    /// These tenants (the key's own tenant only when listed).
+    Tenants(Vec<String>),
+}
+
+/// The word `all` of [`Serves::All`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub enum AllTenants {
+    /// Every tenant.
+    All,
+}
+
+impl Serves {
+    /// Whether `tenant` is served.
+    pub fn serves(&self, tenant: &str) -> bool {
+        match self {
+            Serves::All(_) => true,
+            Serves::Tenants(list) => list.iter().any(|t| t == tenant),
+        }
+    }
+
+    /// Parses the CLI's and the store's text: `all`, or tenants separated by
+    /// commas (none empty).
+    pub fn parse(text: &str) -> Option<Serves> {
+        if text == "all" {
+            return Some(Serves::All(AllTenants::All));
+        }
+        let list: Vec<String> = text.split(',').map(|t| t.trim().to_owned()).collect();
+        if list.iter().any(String::is_empty) {
+            return None;
+        }
+        Some(Serves::Tenants(list))
+    }
+
+    /// The text [`Serves::parse`] reads.
+    pub fn text(&self) -> String {
+        match self {
+            Serves::All(_) => "all".to_owned(),
+            Serves::Tenants(list) => list.join(","),
+        }
+    }
+}
+
 impl ApiKey {
+    /// Whether the key claims for `tenant`: its own tenant, or one its
+    /// pool serves (SPEC §2.13).
+    pub fn serves_tenant(&self, tenant: &str) -> bool {
+        match &self.serves {
+            None => self.tenant == tenant,
+            Some(s) => s.serves(tenant),
+        }
+    }
+
     /// Whether the key is active and granted `operation` (SPEC §2.8).
     pub fn grants(&self, operation: &str) -> bool {
         self.revoked_at.is_none()
@@ -989,6 +1072,7 @@ mod tests {
             operations: Some(vec!["payment.release".into()]),
             created_at: Timestamp(0),
             revoked_at: None,
+            serves: None,
         };
         assert!(k.grants("payment.release"));
         assert!(!k.grants("generation.dispatch"));

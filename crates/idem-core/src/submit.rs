@@ -30,6 +30,25 @@ pub struct PreparedSubmit {
     /// The canonical request of the class's material fields and its
     /// fingerprint (SPEC §1).
     pub canonical: CanonicalRequest,
+    /// The body's `priority`, if it named one (SPEC §2.13; checked against
+    /// the class's range by [`priority_of`]).
+    pub priority: Option<i64>,
+}
+
+/// The priority of a submit naming `asked` (if any) to a class whose
+/// allowed range is `[lo, hi]`: `asked` when within it; with none, 3
+/// raised or lowered into the range (SPEC §2.13).
+///
+/// # Errors
+/// The message of the 400 `INVALID_REQUEST` for a priority outside it.
+pub fn priority_of(asked: Option<i64>, [lo, hi]: [i64; 2]) -> Result<i64, String> {
+    match asked {
+        None => Ok(crate::model::DEFAULT_PRIORITY.clamp(lo, hi)),
+        Some(p) if (lo..=hi).contains(&p) => Ok(p),
+        Some(p) => Err(format!(
+            "`priority` {p} is outside this class's range {lo}–{hi}; nothing was created"
+        )),
+    }
 }
 
 /// Why a submit body was refused by [`prepare_submit`]. Every variant is a
@@ -76,6 +95,8 @@ pub enum SubmitBodyError {
 struct SubmitBody {
     operation: String,
     params: Value,
+    #[serde(default)]
+    priority: Option<i64>,
 }
 
 /// Reads `bytes` as a submit body for `config` and fingerprints it: every
@@ -134,6 +155,7 @@ pub fn read_submit(config: &Config, bytes: &[u8]) -> Result<PreparedSubmit, Subm
         operation: body.operation,
         params,
         canonical,
+        priority: body.priority,
     })
 }
 

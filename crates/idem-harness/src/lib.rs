@@ -19,6 +19,7 @@ pub mod bench;
 pub mod chaos;
 pub mod console_bench;
 pub mod demo;
+pub mod fairness;
 pub mod fault_proxy;
 pub mod rate_bench;
 pub mod server;

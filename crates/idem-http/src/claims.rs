@@ -36,7 +36,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use idem_core::model::EventKind;
+use idem_core::model::{EventKind, Serves};
 use idem_store::{Notice, Store};
 use tokio::sync::Notify;
 
@@ -63,10 +63,13 @@ pub const DUE_MARGIN: Duration = Duration::from_millis(5);
 /// leased event costs one claim query that finds nothing.
 pub const REMOTE_DEFER: Duration = Duration::from_millis(50);
 
-/// A group: the claims of one tenant for one set of classes.
+/// A group: the claims of one tenant, or of one pool's tenants (SPEC
+/// §2.13), for one set of classes.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct GroupKey {
     tenant: String,
+    /// The tenants a pool key serves; `None`: `tenant` only.
+    serves: Option<Serves>,
     /// Sorted, without duplicates.
     operations: Vec<String>,
 }
@@ -74,7 +77,11 @@ struct GroupKey {
 impl GroupKey {
     /// Whether work of `operation` of `tenant` is this group's.
     fn matches(&self, tenant: &str, operation: &str) -> bool {
-        self.tenant == tenant
+        let served = match &self.serves {
+            None => self.tenant == tenant,
+            Some(s) => s.serves(tenant),
+        };
+        served
             && self
                 .operations
                 .binary_search_by(|o| o.as_str().cmp(operation))
@@ -151,10 +158,11 @@ impl ClaimHub {
         self: &Arc<Self>,
         store: &Store,
         tenant: &str,
+        serves: Option<&Serves>,
         operations: &[String],
     ) -> Seat {
         self.start(store);
-        self.seat(tenant, operations)
+        self.seat_for(tenant, serves, operations)
     }
 
     /// Starts listening on `store`'s changes, if not yet (a server does at
@@ -168,12 +176,25 @@ impl ClaimHub {
     }
 
     /// A seat in the group of `tenant` and `operations` (see [`ClaimHub::join`]).
+    #[cfg(test)]
     fn seat(self: &Arc<Self>, tenant: &str, operations: &[String]) -> Seat {
+        self.seat_for(tenant, None, operations)
+    }
+
+    /// A seat in the group of `tenant` (or the pool serving `serves`) and
+    /// `operations` (see [`ClaimHub::join`]).
+    fn seat_for(
+        self: &Arc<Self>,
+        tenant: &str,
+        serves: Option<&Serves>,
+        operations: &[String],
+    ) -> Seat {
         let mut operations = operations.to_vec();
         operations.sort_unstable();
         operations.dedup();
         let key = GroupKey {
             tenant: tenant.to_owned(),
+            serves: serves.cloned(),
             operations,
         };
         let wake = Arc::new(Notify::new());

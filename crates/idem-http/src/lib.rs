@@ -130,6 +130,55 @@ impl AppState {
         }
     }
 
+    /// What a claim by `key` of `operations` brings of the configuration
+    /// (SPEC §8): the tenants its pool serves, the classes among
+    /// `operations` with a fairness key, the tenants' weights, the caps of
+    /// tenants and classes and the classes' attempt-start limits.
+    pub fn claim_flow(
+        &self,
+        key: &idem_core::model::ApiKey,
+        operations: &[String],
+    ) -> idem_store::flow::ClaimFlow {
+        idem_store::flow::ClaimFlow {
+            serves: key.serves.clone(),
+            fair_classes: operations
+                .iter()
+                .filter(|op| {
+                    self.config
+                        .operations
+                        .get(op.as_str())
+                        .is_some_and(|c| c.flow.fairness_key.is_some())
+                })
+                .cloned()
+                .collect(),
+            weights: self
+                .config
+                .tenants
+                .iter()
+                .map(|(t, s)| (t.clone(), s.weight))
+                .collect(),
+            tenant_caps: self
+                .config
+                .tenants
+                .iter()
+                .filter_map(|(t, s)| Some((t.clone(), s.cap?)))
+                .collect(),
+            classes: operations
+                .iter()
+                .filter_map(|op| {
+                    let f = &self.config.operations.get(op)?.flow;
+                    let caps = idem_store::caps::ClassCaps {
+                        cap: f.cap,
+                        tenant_cap: f.tenant_cap,
+                        concurrency_key_cap: f.concurrency_key_cap,
+                    };
+                    (caps != idem_store::caps::ClassCaps::default()).then(|| (op.clone(), caps))
+                })
+                .collect(),
+            starts_per_s: self.config.start_limits(),
+        }
+    }
+
     /// Makes `/readyz` and submits answer 503 `NO_SYNC_STANDBY` (with
     /// `Retry-After`, nothing written) while `gate` gives a reason (SPEC §5,
     /// `IDEM_REQUIRE_SYNC_STANDBY`). `gate` is called on every submit: it

@@ -49,6 +49,8 @@ pub struct PreparedBody {
     pub fingerprint: String,
     /// RFC 8785 canonical request.
     pub canonical_request: String,
+    /// The body's `priority`, if it named one.
+    pub priority: Option<i64>,
 }
 
 impl PreparedBody {
@@ -183,6 +185,7 @@ mod tests {
             params,
             fingerprint: "sha256:00".to_owned(),
             canonical_request: "{}".to_owned(),
+            priority: None,
         })
     }
 

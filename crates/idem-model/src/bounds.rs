@@ -65,7 +65,7 @@ pub struct Bounds {
     pub tenants: u8,
     /// Report answers lost in all (the executor sends the same report again).
     pub lost: u8,
-    /// Concurrency key cap (SPEC §5 "Concurrency caps"): every task carries
+    /// Concurrency key cap (SPEC §8.2 "Concurrency caps"): every task carries
     /// the same concurrency key and claims enforce at most this many leased
     /// at once; 0 = no cap (tasks carry no key).
     pub cap: u8,

@@ -438,7 +438,7 @@ impl Tx for MemTx<'_> {
     ) -> Result<Vec<Uuid>> {
         let classes: HashSet<&str> = operations.iter().map(String::as_str).collect();
         let bound = self.claim_bound;
-        let mut found: Vec<(Timestamp, Uuid)> = self
+        let mut found: Vec<(i64, Uuid)> = self
             .state
             .tasks
             .iter()
@@ -454,7 +454,7 @@ impl Tx for MemTx<'_> {
                     && t.control.ready_at <= now
                     && bound.is_none_or(|b| t.attempt_count < b)
             })
-            .map(|t| (t.control.ready_at, t.id))
+            .map(|t| (idem_store::claim_rank(t), t.id))
             .collect();
         found.sort_unstable();
         found.truncate(usize::try_from(limit).unwrap_or(0));

@@ -53,7 +53,6 @@ impl IdemModel {
             ..idem_store::caps::ClassCaps::default()
         };
         idem_store::caps::ClaimFlow {
-            tenant_cap: None,
             classes: [UNSAFE_CLASS, SAFE_CLASS]
                 .into_iter()
                 .map(|c| (c.to_owned(), caps))
@@ -202,6 +201,8 @@ impl IdemModel {
                     traceparent: None,
                     rate_limits: Vec::new(),
                     concurrency_key: (self.bounds.cap > 0).then(|| CONCURRENCY_KEY.to_owned()),
+                    priority: 3,
+                    fairness_key: None,
                 };
                 let outcome = match self.run(n, None, &Submit(submission)) {
                     Ok(o) => o,

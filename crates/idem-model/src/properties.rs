@@ -37,7 +37,7 @@ pub const USAGE_KEPT: &str = "usage is kept: never lost, never lowered (SPEC §2
 /// Liveness.
 pub const EVERY_TASK_ENDS: &str =
     "every task ends terminal once faults stop (liveness, drained runs)";
-/// SPEC §5 "Concurrency caps".
+/// SPEC §8.2 "Concurrency caps".
 pub const CAP_HOLDS: &str =
     "never more attempts leased at once per concurrency key than its cap (SPEC §5)";
 /// Witness.

@@ -214,6 +214,7 @@ impl Setup {
                 operations: None,
                 created_at: Timestamp(0),
                 revoked_at: None,
+                serves: None,
             })
             .collect();
         let reason =

@@ -215,7 +215,7 @@ pub struct Scope {
     pub task_id: Uuid,
 }
 
-/// A row of the store's `lease_slots` (SPEC §5 "Concurrency caps"):
+/// A row of the store's `lease_slots` (SPEC §8.2 "Concurrency caps"):
 /// slot `slot` of cap scope `scope`, held by the lease of `attempt_id` of
 /// `task_id` (hashed by the task's index and the attempt's number).
 #[derive(Debug, Clone, PartialEq, Eq)]

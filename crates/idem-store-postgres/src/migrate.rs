@@ -38,6 +38,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration::expand(16, include_str!("../migrations/0016_second_effects.sql")),
     Migration::expand(17, include_str!("../migrations/0017_rate_limits.sql")),
     Migration::expand(18, include_str!("../migrations/0018_concurrency_caps.sql")),
+    Migration::expand(19, include_str!("../migrations/0019_fair_claims.sql")),
 ];
 
 /// How long a migration statement waits for a table lock, ms, before the

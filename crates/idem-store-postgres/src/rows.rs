@@ -147,7 +147,7 @@ pub(crate) fn opt_to_json<T: Serialize>(what: &str, v: Option<&T>) -> Result<Opt
 
 // ---------------------------------------------------------------- api keys
 
-pub(crate) const KEY_COLS: &str = "id, tenant, role, operations, created_at, revoked_at";
+pub(crate) const KEY_COLS: &str = "id, tenant, role, operations, created_at, revoked_at, serves";
 
 pub(crate) fn api_key_from_row(row: &Row) -> Result<ApiKey> {
     Ok(ApiKey {
@@ -157,6 +157,7 @@ pub(crate) fn api_key_from_row(row: &Row) -> Result<ApiKey> {
         operations: opt_json(row, "operations")?,
         created_at: ts(row, "created_at")?,
         revoked_at: opt_ts(row, "revoked_at")?,
+        serves: opt_json(row, "serves")?,
     })
 }
 
@@ -233,6 +234,8 @@ task_columns! {
     traceparent: "text",
     effect_report_count: "bigint",
     concurrency_key: "text",
+    priority: "bigint",
+    fairness_key: "text",
 }
 
 pub(crate) const VERSION_INDEX: usize = 9;
@@ -293,6 +296,8 @@ pub(crate) struct TaskArrays<'v> {
     traceparents: Vec<Option<&'v str>>,
     effect_report_counts: Vec<i64>,
     concurrency_keys: Vec<Option<&'v str>>,
+    priorities: Vec<i64>,
+    fairness_keys: Vec<Option<&'v str>>,
 }
 
 impl<'v> TaskArrays<'v> {
@@ -331,6 +336,8 @@ impl<'v> TaskArrays<'v> {
             }),
             effect_report_counts: column(values, |v| v.task.control.effect_report_count),
             concurrency_keys: column(values, |v| v.task.control.concurrency_key.as_deref()),
+            priorities: column(values, |v| v.task.priority),
+            fairness_keys: column(values, |v| v.task.control.fairness_key.as_deref()),
         }
     }
 
@@ -367,6 +374,8 @@ impl<'v> TaskArrays<'v> {
             &self.traceparents,
             &self.effect_report_counts,
             &self.concurrency_keys,
+            &self.priorities,
+            &self.fairness_keys,
         ]
     }
 }
@@ -439,7 +448,8 @@ pub(crate) const CONTRACT_INSERT: &str =
 /// tenant and class from $2 and $3; `txid` and `position` by default: a new
 /// task has no earlier event) and the contract rows they name that may be
 /// absent ($n+6 ids, $n+7 texts; written first, each unless stored already)
-/// in one statement.
+/// and the claim queues of the tasks (inserted or unparked, SPEC §2.13;
+/// `fairness_key` is the last task column, $n) in one statement.
 pub(crate) static TASKS_WITH_EVENTS_INSERT: LazyLock<String> = LazyLock::new(|| {
     let arrays: Vec<String> = TASK_COLUMN_TYPES
         .iter()
@@ -451,7 +461,8 @@ pub(crate) static TASKS_WITH_EVENTS_INSERT: LazyLock<String> = LazyLock::new(|| 
     format!(
         "WITH c AS (INSERT INTO contracts (id, contract) \
          SELECT * FROM unnest(${}::bytea[], ${}::text[]) ON CONFLICT DO NOTHING), \
-         t AS (INSERT INTO tasks ({}) SELECT * FROM unnest({})) \
+         t AS (INSERT INTO tasks ({}) SELECT * FROM unnest({})), \
+         q AS ({}) \
          INSERT INTO events (task_id, seq, type, at, data, tenant, operation) \
          SELECT e.task_id, e.seq, e.type, e.at, e.data, n.tenant, n.operation \
          FROM unnest(${}::uuid[], ${}::bigint[], ${}::text[], ${}::bigint[], ${}::text[]) \
@@ -462,6 +473,7 @@ pub(crate) static TASKS_WITH_EVENTS_INSERT: LazyLock<String> = LazyLock::new(|| 
         at(7),
         TASK_COLUMNS.join(", "),
         arrays.join(", "),
+        crate::tx::open_queues_sql("$2", "$3", &format!("${n}")),
         at(1),
         at(2),
         at(3),
@@ -578,6 +590,8 @@ impl<'t> TaskValues<'t> {
             &self.traceparent,
             &c.effect_report_count,
             &c.concurrency_key,
+            &t.priority,
+            &c.fairness_key,
         ]
     }
 }
@@ -601,6 +615,7 @@ pub(crate) fn task_from_row(row: &Row, c: &TaskCols) -> Result<Task> {
         created_at: ts(row, c.created_at)?,
         updated_at: ts(row, c.updated_at)?,
         traceparent: opt_word::<TraceParent>(row, c.traceparent)?,
+        priority: get(row, c.priority)?,
         // Read with the task by the operations that need them, when
         // `effect_report_count` is above 0 (`effects`, `second_effects_of`).
         second_effects: Vec::new(),
@@ -621,6 +636,7 @@ pub(crate) fn task_from_row(row: &Row, c: &TaskCols) -> Result<Task> {
             effect_reports: Vec::new(),
             effect_report_count: get(row, c.effect_report_count)?,
             concurrency_key: get(row, c.concurrency_key)?,
+            fairness_key: get(row, c.fairness_key)?,
         },
     })
 }
@@ -718,10 +734,11 @@ pub(crate) fn evidence_from_row(row: &Row) -> Result<Evidence> {
     })
 }
 
-/// The claimable tasks of tenant `$1` in classes `$2` ready at `$3` (ms), oldest
-/// first (`ready_at`, then `id`), at most `$4`, locked `FOR UPDATE SKIP LOCKED`.
+/// The claimable tasks of tenant `$1` in classes `$2` ready at `$3` (ms), lowest
+/// claim rank first (`ready_at - priority * 10000`, SPEC §2.13, then `id`), at
+/// most `$4`, locked `FOR UPDATE SKIP LOCKED`.
 ///
-/// Candidates: one ordered walk of the partial index `tasks_claim_order` per
+/// Candidates: one ordered walk of the partial index `tasks_claim_rank` per
 /// distinct class (the WHERE repeats the index predicate), each stopping after
 /// `$4 + 64` rows, merged oldest first; a claim's cost follows its
 /// limit, not the backlog (migration 3). Then each candidate, in that order,
@@ -730,21 +747,21 @@ pub(crate) fn evidence_from_row(row: &Row) -> Result<Evidence> {
 /// it returns, and rows other claimers hold are skipped (up to 64 of them per
 /// class before a claim comes back short).
 pub(crate) const CLAIMABLE: &str = "SELECT t.id FROM ( \
-       SELECT c.id, c.ready_at \
+       SELECT c.id, c.rank \
        FROM (SELECT DISTINCT op FROM unnest($2::text[]) AS u(op)) AS o CROSS JOIN LATERAL ( \
-         SELECT id, ready_at FROM tasks \
+         SELECT id, (ready_at - priority * 10000) AS rank FROM tasks \
          WHERE tenant = $1 AND operation = o.op AND ready_at <= $3 \
            AND active_attempt_id IS NULL AND state IN ('queued', 'retry_wait', 'reconciling') \
            AND next_kind IS NOT NULL \
-         ORDER BY ready_at, id LIMIT $4::bigint + 64) AS c \
-       ORDER BY c.ready_at, c.id) AS candidate \
+         ORDER BY (ready_at - priority * 10000), id LIMIT $4::bigint + 64) AS c \
+       ORDER BY c.rank, c.id) AS candidate \
      CROSS JOIN LATERAL ( \
        SELECT id FROM tasks \
        WHERE id = candidate.id AND ready_at <= $3 \
          AND active_attempt_id IS NULL AND state IN ('queued', 'retry_wait', 'reconciling') \
          AND next_kind IS NOT NULL \
        FOR UPDATE SKIP LOCKED) AS t \
-     ORDER BY candidate.ready_at, candidate.id LIMIT $4";
+     ORDER BY candidate.rank, candidate.id LIMIT $4";
 
 // ---------------------------------------------------------------- submit batches
 

@@ -21,9 +21,11 @@ pub(crate) use crate::rows::CLAIMABLE;
 use crate::rows::*;
 
 mod console;
+mod fair;
 mod pipeline;
 pub(crate) mod search;
 
+pub(crate) use fair::open_queues_sql;
 pub(crate) use pipeline::Pipelined;
 
 /// Where statements go: an open READ COMMITTED transaction (every writing
@@ -235,9 +237,10 @@ impl Tx for PgTx<'_> {
         let role = key.role.as_str();
         let created_at = key.created_at.ms();
         let revoked_at = key.revoked_at.map(Timestamp::ms);
+        let serves = opt_to_json("serves", key.serves.as_ref())?;
         self.exec(
-            "INSERT INTO api_keys (id, tenant, role, operations, key_hash, created_at, revoked_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            "INSERT INTO api_keys (id, tenant, role, operations, key_hash, created_at, revoked_at, serves) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
             &[
                 &key.id,
                 &key.tenant,
@@ -246,6 +249,7 @@ impl Tx for PgTx<'_> {
                 &hash,
                 &created_at,
                 &revoked_at,
+                &serves,
             ],
         )
         .await?;
@@ -788,6 +792,61 @@ impl Tx for PgTx<'_> {
             .iter()
             .map(|r| get(r, "id"))
             .collect()
+    }
+
+    async fn claim_queues(
+        &mut self,
+        tenants: Option<&[String]>,
+        operations: &[String],
+        limit: i64,
+        locked: bool,
+    ) -> Result<Vec<idem_store::flow::ClaimQueue>> {
+        self.fair_claim_queues(tenants, operations, limit, locked)
+            .await
+    }
+
+    async fn value_queues(
+        &mut self,
+        tenant: &str,
+        operation: &str,
+        limit: i64,
+        locked: bool,
+    ) -> Result<Vec<idem_store::flow::ClaimQueue>> {
+        self.fair_value_queues(tenant, operation, limit, locked)
+            .await
+    }
+
+    async fn claimable_with_value(
+        &mut self,
+        queue: &idem_store::flow::ClaimQueue,
+        now: Timestamp,
+        limit: i64,
+    ) -> Result<Vec<Uuid>> {
+        self.fair_claimable_with_value(queue, now, limit).await
+    }
+
+    async fn queue_waits(&mut self, queue: &idem_store::flow::ClaimQueue) -> Result<bool> {
+        self.fair_queue_waits(queue).await
+    }
+
+    async fn set_turn(
+        &mut self,
+        queue: &idem_store::flow::ClaimQueue,
+        turn: Option<i64>,
+    ) -> Result<()> {
+        self.fair_set_turn(queue, turn).await
+    }
+
+    async fn last_turn(&mut self, queue: &idem_store::flow::ClaimQueue) -> Result<i64> {
+        self.fair_last_turn(queue).await
+    }
+
+    async fn open_queues(&mut self, task: &Task) -> Result<()> {
+        self.fair_open_queues(task).await
+    }
+
+    async fn unpark_waiting(&mut self, limit: i64) -> Result<usize> {
+        self.fair_unpark_waiting(limit).await
     }
 
     async fn expired_leases(&mut self, now: Timestamp, limit: i64) -> Result<Vec<(Uuid, Uuid)>> {

@@ -34,6 +34,8 @@ fn submission(key: &str, api_key_id: Uuid) -> Submission {
         traceparent: None,
         rate_limits: Vec::new(),
         concurrency_key: None,
+        priority: 3,
+        fairness_key: None,
     }
 }
 

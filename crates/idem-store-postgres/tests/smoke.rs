@@ -65,6 +65,8 @@ fn submission(tenant: &str, key: &str, api_key_id: Uuid, fp: char) -> Submission
         traceparent: None,
         rate_limits: Vec::new(),
         concurrency_key: None,
+        priority: 3,
+        fairness_key: None,
     }
 }
 
@@ -881,7 +883,7 @@ async fn a_batch_that_fails_after_its_inserts_commits_nothing() {
     }
 }
 
-/// A claim walks `tasks_claim_order` once per class and stops at its limit: no
+/// A claim walks `tasks_claim_rank` once per class and stops at its limit: no
 /// sort of the tenant's backlog, whatever the backlog (migration 3). Checked on
 /// the generic plan idem's sessions use, with a backlog of 2,000 tasks in two
 /// classes, plus the answer: the oldest across both classes, a class listed
@@ -937,7 +939,7 @@ async fn claims_walk_the_claim_index_instead_of_sorting_the_backlog() {
     let plan = plan.join("\n");
     let walks: Vec<u64> = plan
         .lines()
-        .skip_while(|l| !l.contains("Index Scan using tasks_claim_order"))
+        .skip_while(|l| !l.contains("Index Scan using tasks_claim_rank"))
         .take(1)
         .filter_map(|l| {
             l.split("rows=")
@@ -948,7 +950,7 @@ async fn claims_walk_the_claim_index_instead_of_sorting_the_backlog() {
                 .ok()
         })
         .collect();
-    assert_eq!(walks.len(), 1, "the claim walks tasks_claim_order: {plan}");
+    assert_eq!(walks.len(), 1, "the claim walks tasks_claim_rank: {plan}");
     assert!(walks[0] <= 4 + 64, "a walk read {} rows: {plan}", walks[0]);
     assert!(
         plan.contains("row locks 4"),

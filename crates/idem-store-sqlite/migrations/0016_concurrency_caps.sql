@@ -1,4 +1,4 @@
--- idem schema v16 (SQLite): concurrency caps (SPEC §5 "Concurrency caps").
+-- idem schema v16 (SQLite): concurrency caps (SPEC §8.2 "Concurrency caps").
 --
 --   * tasks.concurrency_key: the value read from params at submit under the
 --     class's `flow.concurrency_key` pointer (a string as it is, other JSON

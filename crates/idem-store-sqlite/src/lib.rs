@@ -82,6 +82,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration::expand(14, include_str!("../migrations/0014_second_effects.sql")),
     Migration::expand(15, include_str!("../migrations/0015_rate_limits.sql")),
     Migration::expand(16, include_str!("../migrations/0016_concurrency_caps.sql")),
+    Migration::expand(17, include_str!("../migrations/0017_fair_claims.sql")),
 ];
 
 /// The schema of the database on `conn`: `PRAGMA user_version` and the

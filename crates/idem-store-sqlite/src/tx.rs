@@ -95,7 +95,7 @@ fn applied_report(s: Option<String>) -> rusqlite::Result<Option<AppliedReport>> 
 /// [`task_row`] reads and [`task_values`] fills) is generated from it.
 macro_rules! with_task_columns {
     ($then:ident!($($args:tt)*)) => {
-        $then! { $($args)*; id, tenant, operation, idempotency_key, fingerprint, canonical_request, params, state, generation, version, event_seq, attempt_count, execute_count, usage, contract_id, cancellation, delivery, failure, api_key_id, next_kind, active_attempt_id, ready_at, deadline_at, terminal_at, key_expires_at, created_at, updated_at, attempts_granted, traceparent, effect_report_count, concurrency_key }
+        $then! { $($args)*; id, tenant, operation, idempotency_key, fingerprint, canonical_request, params, state, generation, version, event_seq, attempt_count, execute_count, usage, contract_id, cancellation, delivery, failure, api_key_id, next_kind, active_attempt_id, ready_at, deadline_at, terminal_at, key_expires_at, created_at, updated_at, attempts_granted, traceparent, effect_report_count, concurrency_key, priority, fairness_key }
     };
 }
 
@@ -277,11 +277,13 @@ fn task_row(r: &Row<'_>) -> rusqlite::Result<Task> {
             .as_deref()
             .map(word::<TraceParent>)
             .transpose()?,
+        priority: r.get(C::priority.at())?,
         // Read with the task by the operations that need them, when
         // `effect_report_count` is above 0 (`effects`, `second_effects_of`).
         second_effects: Vec::new(),
         control: TaskControl {
             tenant: r.get(C::tenant.at())?,
+            fairness_key: r.get(C::fairness_key.at())?,
             canonical_request: r.get(C::canonical_request.at())?,
             version: r.get(C::version.at())?,
             event_seq: r.get(C::event_seq.at())?,
@@ -330,13 +332,14 @@ impl SqliteTx<'_> {
     }
 }
 
-/// The claimable tasks of tenant `?1` in class `?2` ready at `?3` (ms), oldest
-/// first (`ready_at`, then `id`), at most `?4`: an ordered walk of the partial
-/// index `tasks_claim_order`, whose predicate it repeats word for word.
-pub const CLAIMABLE_IN_CLASS: &str = "SELECT id, ready_at FROM tasks WHERE tenant = ?1 AND operation = ?2 \
+/// The claimable tasks of tenant `?1` in class `?2` ready at `?3` (ms), lowest
+/// claim rank first (`ready_at - priority * 10000`, SPEC §2.13, then `id`), at
+/// most `?4`: an ordered walk of the partial index `tasks_claim_rank`, whose
+/// predicate and expression it repeats word for word.
+pub const CLAIMABLE_IN_CLASS: &str = "SELECT id, ready_at - priority * 10000 FROM tasks WHERE tenant = ?1 AND operation = ?2 \
      AND active_attempt_id IS NULL AND (state = 'queued' OR state = 'retry_wait' OR state = 'reconciling') \
      AND ready_at <= ?3 \
-     ORDER BY ready_at, id LIMIT ?4";
+     ORDER BY ready_at - priority * 10000, id LIMIT ?4";
 
 impl Tx for SqliteTx<'_> {
     async fn now(&mut self) -> Result<Timestamp, StoreError> {
@@ -364,8 +367,9 @@ impl Tx for SqliteTx<'_> {
 
     async fn insert_api_key(&mut self, key: &ApiKey, hash: &str) -> Result<(), StoreError> {
         let ops = key.operations.as_ref().map(to_json).transpose()?;
+        let serves = key.serves.as_ref().map(to_json).transpose()?;
         self.conn
-            .prepare_cached("INSERT INTO api_keys (id, tenant, role, operations, key_hash, created_at, revoked_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)")
+            .prepare_cached("INSERT INTO api_keys (id, tenant, role, operations, key_hash, created_at, revoked_at, serves) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)")
             .and_then(|mut s| {
                 s.execute(params![
                     key.id.to_string(),
@@ -374,7 +378,8 @@ impl Tx for SqliteTx<'_> {
                     ops,
                     hash,
                     key.created_at.0,
-                    key.revoked_at.map(|t| t.0)
+                    key.revoked_at.map(|t| t.0),
+                    serves
                 ])
             })
             .map_err(db)?;
@@ -981,6 +986,62 @@ impl Tx for SqliteTx<'_> {
             .collect()
     }
 
+    async fn claim_queues(
+        &mut self,
+        tenants: Option<&[String]>,
+        operations: &[String],
+        limit: i64,
+        _locked: bool,
+    ) -> Result<Vec<idem_store::flow::ClaimQueue>, StoreError> {
+        self.fair_claim_queues(tenants, operations, limit)
+    }
+
+    async fn value_queues(
+        &mut self,
+        tenant: &str,
+        operation: &str,
+        limit: i64,
+        _locked: bool,
+    ) -> Result<Vec<idem_store::flow::ClaimQueue>, StoreError> {
+        self.fair_value_queues(tenant, operation, limit)
+    }
+
+    async fn claimable_with_value(
+        &mut self,
+        queue: &idem_store::flow::ClaimQueue,
+        now: Timestamp,
+        limit: i64,
+    ) -> Result<Vec<Uuid>, StoreError> {
+        self.fair_claimable_with_value(queue, now, limit)
+    }
+
+    async fn queue_waits(
+        &mut self,
+        queue: &idem_store::flow::ClaimQueue,
+    ) -> Result<bool, StoreError> {
+        self.fair_queue_waits(queue)
+    }
+
+    async fn set_turn(
+        &mut self,
+        queue: &idem_store::flow::ClaimQueue,
+        turn: Option<i64>,
+    ) -> Result<(), StoreError> {
+        self.fair_set_turn(queue, turn)
+    }
+
+    async fn last_turn(&mut self, queue: &idem_store::flow::ClaimQueue) -> Result<i64, StoreError> {
+        self.fair_last_turn(queue)
+    }
+
+    async fn open_queues(&mut self, task: &Task) -> Result<(), StoreError> {
+        self.fair_open_queues(task)
+    }
+
+    async fn unpark_waiting(&mut self, limit: i64) -> Result<usize, StoreError> {
+        self.fair_unpark_waiting(limit)
+    }
+
     async fn expired_leases(
         &mut self,
         now: Timestamp,
@@ -1112,6 +1173,7 @@ impl Tx for SqliteTx<'_> {
 }
 
 mod console;
+mod fair;
 mod feed;
 mod rows;
 pub(crate) mod search;

@@ -238,7 +238,7 @@ async fn older_file_migrates_to_latest(version: usize) {
             |r| r.get(3),
         )
         .unwrap();
-    assert!(plan.contains("tasks_claim_order"), "claim plan: {plan}");
+    assert!(plan.contains("tasks_claim_rank"), "claim plan: {plan}");
     // A claim walks the index in claim order: no sort of the backlog.
     let mut stmt = conn
         .prepare(&format!(
@@ -253,7 +253,7 @@ async fn older_file_migrates_to_latest(version: usize) {
         .unwrap();
     let claim_plan = claim_plan.join("\n");
     assert!(
-        claim_plan.contains("tasks_claim_order") && !claim_plan.contains("TEMP B-TREE"),
+        claim_plan.contains("tasks_claim_rank") && !claim_plan.contains("TEMP B-TREE"),
         "claim plan: {claim_plan}"
     );
     let orphans: i64 = conn

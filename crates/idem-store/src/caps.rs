@@ -1,4 +1,4 @@
-//! Concurrency caps (SPEC §5 "Concurrency caps"): how many attempts may
+//! Concurrency caps (SPEC §8.2 "Concurrency caps"): how many attempts may
 //! hold a lease at once per class, per tenant, per (tenant, class) and per
 //! concurrency key.
 //!
@@ -16,8 +16,6 @@
 //!
 //! The store holds no configuration: the caps travel in the claim
 //! ([`ClaimFlow`], built by the HTTP layer from the configuration).
-
-use std::collections::BTreeMap;
 
 use idem_core::model::Task;
 
@@ -64,19 +62,7 @@ pub struct ClassCaps {
     pub concurrency_key_cap: Option<i64>,
 }
 
-/// The flow control a claim enforces (SPEC §8). The default enforces
-/// nothing.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct ClaimFlow {
-    /// The claiming tenant's cap over all classes (`[tenants."T"] cap`).
-    pub tenant_cap: Option<i64>,
-    /// Each class's caps, by class name; a class not named has none.
-    pub classes: BTreeMap<String, ClassCaps>,
-    /// Attempt starts per class (`flow.attempt_starts_per_s`, SPEC §8.1):
-    /// each lease takes a token of the class's `starts:<class>` bucket;
-    /// without one the claim leases no more of that class.
-    pub starts_per_s: BTreeMap<String, idem_core::flow::RateLimit>,
-}
+pub use crate::flow::ClaimFlow;
 
 /// One slot to take: the cap scope, its cap and which cap it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -108,7 +94,11 @@ impl ClaimFlow {
                 });
             }
         };
-        add(CapKind::Tenant, self.tenant_cap, &["tenant", tenant]);
+        add(
+            CapKind::Tenant,
+            self.tenant_caps.get(tenant).copied(),
+            &["tenant", tenant],
+        );
         add(CapKind::Class, caps.cap, &["class", class]);
         add(
             CapKind::TenantClass,

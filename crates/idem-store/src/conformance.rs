@@ -173,6 +173,10 @@ macro_rules! store_conformance {
             attempt_starts_are_throttled_per_class,
             concurrency_key_cap_holds_under_concurrent_claims,
             capped_tasks_wait_without_using_attempts,
+            pool_keys_claim_only_the_tenants_they_serve,
+            pool_claims_serve_tenants_in_weighted_turns,
+            fairness_key_values_are_served_in_turn,
+            priorities_order_claims_and_age,
         );
     };
     (@cases $make:expr; $($case:ident),+ $(,)?) => {
@@ -195,6 +199,7 @@ mod console;
 mod corpus;
 mod effects;
 mod failures;
+mod fairness;
 mod feed;
 mod operator;
 mod rates;
@@ -214,6 +219,7 @@ pub use console::*;
 pub use corpus::*;
 pub use effects::*;
 pub use failures::*;
+pub use fairness::*;
 pub use feed::*;
 pub use operator::*;
 pub use rates::*;
@@ -314,6 +320,8 @@ pub fn submission(
         traceparent: None,
         rate_limits: Vec::new(),
         concurrency_key: None,
+        priority: 3,
+        fairness_key: None,
     }
 }
 

@@ -55,6 +55,7 @@ pub mod clock;
 pub mod conformance;
 pub mod contracts;
 pub mod feed;
+pub mod flow;
 mod guarded;
 pub mod identity;
 pub mod ops;
@@ -68,6 +69,7 @@ pub mod tx;
 
 pub use changes::{Change, Changes, Notice, Watch};
 pub use clock::Clock;
+pub use flow::claim_rank;
 pub use guarded::Guarded;
 pub use ops::Op;
 pub use retries::ScopeHints;

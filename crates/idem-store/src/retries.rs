@@ -198,6 +198,8 @@ mod tests {
             traceparent: None,
             rate_limits: Vec::new(),
             concurrency_key: None,
+            priority: 3,
+            fairness_key: None,
         }
     }
 
@@ -214,6 +216,8 @@ mod tests {
             api_key_id: s.api_key_id,
             grant: s.grant,
             traceparent: s.traceparent,
+            priority: s.priority,
+            fairness_key: s.fairness_key,
         };
         idem_core::machine::accept(new, idem_core::model::Timestamp(0)).0
     }

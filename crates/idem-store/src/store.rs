@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use idem_core::machine::{HeartbeatAck, Report};
-use idem_core::model::{ApiKey, Attempt, Cancellation, Event, Role, Task};
+use idem_core::model::{ApiKey, Attempt, Cancellation, Event, Role, Serves, Task};
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -153,10 +153,26 @@ impl Store {
         role: Role,
         operations: Option<Vec<String>>,
     ) -> Result<(ApiKey, String)> {
+        self.create_pool_key(tenant, role, operations, None).await
+    }
+
+    /// Creates an API key that serves `serves` (a shared executor pool,
+    /// SPEC §2.13; `None`: its own tenant); returns the record and the plain key.
+    ///
+    /// # Errors
+    /// Storage failures ([`StoreError`]).
+    pub async fn create_pool_key(
+        &self,
+        tenant: &str,
+        role: Role,
+        operations: Option<Vec<String>>,
+        serves: Option<Serves>,
+    ) -> Result<(ApiKey, String)> {
         self.call(ops::CreateApiKey {
             tenant: tenant.to_owned(),
             role,
             operations,
+            serves,
         })
         .await
     }
@@ -409,6 +425,15 @@ impl Store {
     /// Storage failures ([`StoreError`]).
     pub async fn claim_as(&self, key: Uuid, req: ClaimRequest) -> Result<Option<Vec<Claimed>>> {
         self.call(ops::ClaimAs { key, req }).await
+    }
+
+    /// The tenant of an attempt's task; `None` when there is no such attempt
+    /// (SPEC §2.13: what a pool key checks against the tenants it serves).
+    ///
+    /// # Errors
+    /// Storage failures ([`StoreError`]).
+    pub async fn attempt_tenant(&self, attempt_id: Uuid) -> Result<Option<String>> {
+        self.call(ops::AttemptTenant { attempt_id }).await
     }
 
     /// Extends a lease.

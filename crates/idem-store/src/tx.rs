@@ -14,6 +14,7 @@ use idem_core::trace::TraceParent;
 use serde_json::Value;
 use uuid::Uuid;
 
+use crate::flow::ClaimQueue;
 use crate::{ExistingScope, Result, ScopeRow, feed, identity};
 use console::ConsoleTx;
 use search::TaskSearch;
@@ -50,9 +51,14 @@ pub struct Submission {
     /// conflict takes none.
     pub rate_limits: Vec<(String, idem_core::flow::RateLimit)>,
     /// The concurrency key read from `params` under the class's
-    /// `flow.concurrency_key` pointer (SPEC §5 "Concurrency caps"), kept
+    /// `flow.concurrency_key` pointer (SPEC §8.2 "Concurrency caps"), kept
     /// on a new task; `None`: no key.
     pub concurrency_key: Option<String>,
+    /// Claim priority 1–5, within the class's range (SPEC §4; checked by
+    /// the HTTP layer).
+    pub priority: i64,
+    /// The class's fairness key value for these params (SPEC §2.13).
+    pub fairness_key: Option<String>,
 }
 
 impl Submission {
@@ -196,6 +202,7 @@ pub trait Tx: Send + TaskSearch + ConsoleTx {
             for (task, events) in tasks.iter().zip(events) {
                 self.insert_task(task).await?;
                 self.insert_events(task.id, events).await?;
+                self.open_queues(task).await?;
             }
             Ok(())
         }
@@ -357,7 +364,7 @@ pub trait Tx: Send + TaskSearch + ConsoleTx {
     ) -> impl Future<Output = Result<feed::FeedRead>> + Send;
 
     /// Takes, for the lease of `attempt_id` of `task_id`, one free slot
-    /// `0..cap` of each of `slots` (SPEC §5 "Concurrency caps",
+    /// `0..cap` of each of `slots` (SPEC §8.2 "Concurrency caps",
     /// [`crate::caps`]): first removes the scope's slots whose attempt no
     /// longer holds its task's lease (left by a binary that did not free
     /// them), then inserts the lowest free slot (`INSERT … ON CONFLICT DO
@@ -389,6 +396,83 @@ pub trait Tx: Send + TaskSearch + ConsoleTx {
         now: Timestamp,
         limit: i64,
     ) -> impl Future<Output = Result<Vec<Uuid>>> + Send;
+    /// Fair claims (SPEC §2.13): up to `limit` unparked tenant queues of
+    /// `operations` whose tenant `tenants` lists (`None`: every tenant), lowest
+    /// turn first (then tenant, class). `locked`: each locked for this
+    /// transaction, skipping queues other claims hold (`FOR UPDATE SKIP
+    /// LOCKED`); otherwise read without a lock. The default (a store without
+    /// fair claims) has none.
+    fn claim_queues(
+        &mut self,
+        tenants: Option<&[String]>,
+        operations: &[String],
+        limit: i64,
+        locked: bool,
+    ) -> impl Future<Output = Result<Vec<ClaimQueue>>> + Send {
+        let _ = (tenants, operations, limit, locked);
+        async { Ok(Vec::new()) }
+    }
+    /// Up to `limit` unparked fairness key value queues of `tenant` and
+    /// `operation`, lowest turn first, locked as [`Tx::claim_queues`] says.
+    fn value_queues(
+        &mut self,
+        tenant: &str,
+        operation: &str,
+        limit: i64,
+        locked: bool,
+    ) -> impl Future<Output = Result<Vec<ClaimQueue>>> + Send {
+        let _ = (tenant, operation, limit, locked);
+        async { Ok(Vec::new()) }
+    }
+    /// Up to `limit` claimable task ids of the value queue `queue` (tasks of
+    /// its tenant and class with its fairness key value), lowest claim rank
+    /// first, locked (`FOR UPDATE SKIP LOCKED`) as [`Tx::claimable`].
+    fn claimable_with_value(
+        &mut self,
+        queue: &ClaimQueue,
+        now: Timestamp,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<Uuid>>> + Send {
+        let _ = (queue, now, limit);
+        async { Ok(Vec::new()) }
+    }
+    /// Whether `queue` has a task waiting to be claimed, ready or not (a task
+    /// in backoff keeps its queue in the turn order).
+    fn queue_waits(&mut self, queue: &ClaimQueue) -> impl Future<Output = Result<bool>> + Send {
+        let _ = queue;
+        async { Ok(false) }
+    }
+    /// Sets the turn of `queue` (a row this transaction locked); `None` parks
+    /// it (out of the turn order until a task of it waits again).
+    fn set_turn(
+        &mut self,
+        queue: &ClaimQueue,
+        turn: Option<i64>,
+    ) -> impl Future<Output = Result<()>> + Send {
+        let _ = (queue, turn);
+        async { Ok(()) }
+    }
+    /// The highest turn of `queue`'s level (the tenant queues of its class,
+    /// or the value queues of its tenant and class), unparked; `queue`'s own
+    /// when it is the only one.
+    fn last_turn(&mut self, queue: &ClaimQueue) -> impl Future<Output = Result<i64>> + Send {
+        async { Ok(queue.turn) }
+    }
+    /// Opens the queues of `task`, which waits to be claimed: its tenant's
+    /// queue of its class and, with a fairness key, its value's; each
+    /// inserted, or unparked, at the lowest unparked turn of its level. A
+    /// queue in the turn order is left as it is (nothing written).
+    fn open_queues(&mut self, task: &Task) -> impl Future<Output = Result<()>> + Send {
+        let _ = task;
+        async { Ok(()) }
+    }
+    /// Unparks up to `limit` parked queues that have a task waiting (those
+    /// whose task was written while a claim parked the queue); how many.
+    fn unpark_waiting(&mut self, limit: i64) -> impl Future<Output = Result<usize>> + Send {
+        let _ = limit;
+        async { Ok(0) }
+    }
+
     /// Up to `limit` `(task, attempt)` pairs whose active lease ended before `now`
     /// (locked, skipping locked rows).
     fn expired_leases(

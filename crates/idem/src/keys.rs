@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Result, bail};
-use idem_core::model::Role;
+use idem_core::model::{Role, Serves};
 
 use crate::config::read_config;
 use idem_server::output::tell;
@@ -66,5 +66,28 @@ fn warn_unknown_classes(ops: &[String], path: Option<&PathBuf>) {
         tell(format_args!(
             "warning: `{op}` is not an operation class of {source}; this key cannot submit it until the server's configuration defines it"
         ));
+    }
+}
+
+/// The `--serves` of `keys create`: `None` without one; an executor key's
+/// tenant set (SPEC §2.13).
+///
+/// # Errors
+/// A `--serves` on a key whose role is not `executor`, or one with an empty
+/// tenant name.
+pub(crate) fn pool_of(role: &str, serves: Option<&str>) -> anyhow::Result<Option<Serves>> {
+    let Some(text) = serves else {
+        return Ok(None);
+    };
+    if role != "executor" {
+        anyhow::bail!(
+            "--serves is for executor keys (a shared executor pool); this key's role is {role}"
+        );
+    }
+    match Serves::parse(text) {
+        Some(s) => Ok(Some(s)),
+        None => {
+            anyhow::bail!("--serves takes `all` or a comma-separated list of tenants, none empty")
+        }
     }
 }

@@ -26,7 +26,7 @@ mod task_text;
 mod telemetry;
 
 use idem_server::output::{say, say_strict, tell};
-use keys::key_to_create;
+use keys::{key_to_create, pool_of};
 use serve::{ServeArgs, serve};
 use store::{is_postgres, log_store_location, open_existing_store, open_store};
 use task::TaskCommand;
@@ -187,6 +187,11 @@ enum KeysCommand {
         /// Comma-separated operation classes the key is limited to (default: all).
         #[arg(long, value_delimiter = ',')]
         operations: Option<Vec<String>>,
+        /// An executor key of a shared pool: `all` tenants, or a
+        /// comma-separated list of tenants it claims for (SPEC §2.13);
+        /// default: its own tenant only.
+        #[arg(long)]
+        serves: Option<String>,
         /// TOML configuration `--operations` is checked against, as `serve`
         /// takes it; default: the bundled one.
         #[arg(long, env = "IDEM_CONFIG")]
@@ -264,13 +269,12 @@ async fn run_command(cli: Cli, telemetry: telemetry::Telemetry) -> Result<()> {
                     tenant,
                     role,
                     operations,
+                    serves,
                     config,
-                } => Some(key_to_create(
-                    tenant,
-                    role,
-                    operations.as_deref(),
-                    config.as_ref(),
-                )?),
+                } => Some((
+                    key_to_create(tenant, role, operations.as_deref(), config.as_ref())?,
+                    pool_of(role, serves.as_deref())?,
+                )),
                 _ => None,
             };
             let store = match command {
@@ -282,10 +286,12 @@ async fn run_command(cli: Cli, telemetry: telemetry::Telemetry) -> Result<()> {
             };
             match command {
                 KeysCommand::Create { .. } => {
-                    let Some((tenant, role, operations)) = create else {
+                    let Some(((tenant, role, operations), serves)) = create else {
                         bail!("no key to create");
                     };
-                    let (key, plain) = store.create_api_key(&tenant, role, operations).await?;
+                    let (key, plain) = store
+                        .create_pool_key(&tenant, role, operations, serves)
+                        .await?;
                     tell(format_args!(
                         "created API key {} for tenant {} (role {}); the plain key is shown once",
                         key.id, key.tenant, key.role
@@ -310,14 +316,19 @@ async fn run_command(cli: Cli, telemetry: telemetry::Telemetry) -> Result<()> {
                         let revoked = k
                             .revoked_at
                             .map_or_else(|| "-".to_owned(), |t| t.to_rfc3339());
+                        // A pool key adds the tenants it serves.
+                        let serves = k
+                            .serves
+                            .map_or_else(String::new, |s| format!("\tserves={}", s.text()));
                         say(format_args!(
-                            "{}\t{}\t{}\t{}\t{}\t{}",
+                            "{}\t{}\t{}\t{}\t{}\t{}{}",
                             k.id,
                             k.tenant,
                             k.role,
                             ops,
                             k.created_at.to_rfc3339(),
-                            revoked
+                            revoked,
+                            serves
                         ))?;
                     }
                 }

@@ -246,6 +246,7 @@ mod tests {
             created_at: Timestamp(0),
             updated_at: Timestamp(1),
             traceparent: None,
+            priority: 3,
             second_effects: Vec::new(),
             control: Default::default(),
         }

@@ -82,6 +82,8 @@ impl Ctx {
             traceparent: None,
             rate_limits: Vec::new(),
             concurrency_key: None,
+            priority: 3,
+            fairness_key: None,
         };
         match self.store.submit(s).await.expect("submit") {
             SubmitOutcome::Created(t) => t,

@@ -33,6 +33,8 @@ fn new_task(class: &str) -> (Task, Journal) {
             api_key_id: Uuid::from_u128(9),
             grant: None,
             traceparent: None,
+            priority: 3,
+            fairness_key: None,
         },
         T0,
     )

@@ -117,6 +117,8 @@ impl Sim {
                 api_key_id: Uuid::from_u128(9),
                 grant: None,
                 traceparent: None,
+                priority: 3,
+                fairness_key: None,
             },
             T0,
         );

@@ -109,21 +109,26 @@ async fn claim_inner(
             "`wait_ms` must be 0–{MAX_WAIT_MS}"
         )));
     }
-    let flow = claim_flow(&st.config, &caller.0.tenant, &operations);
     let req = ClaimRequest {
         tenant: caller.0.tenant.clone(),
-        operations,
+        operations: operations.clone(),
         executor_id: body.executor_id,
         max,
         lease_ms: body.lease_ms,
-        flow,
+        flow: st.claim_flow(&caller.0, &operations),
     };
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
     // A claim that may wait takes a seat among this instance's waiting claims
     // (`crate::claims`): it queries only when woken or when its group is not
     // known to be empty.
-    let seat = (wait_ms > 0 && !req.operations.is_empty())
-        .then(|| st.claims.join(&st.store, &req.tenant, &req.operations));
+    let seat = (wait_ms > 0 && !req.operations.is_empty()).then(|| {
+        st.claims.join(
+            &st.store,
+            &req.tenant,
+            req.flow.serves.as_ref(),
+            &req.operations,
+        )
+    });
     // Whether the claim has found nothing once and waits (logged once).
     let mut waiting = false;
     // Whether the key must be asked of the database before the next claim
@@ -251,9 +256,10 @@ pub async fn heartbeat(
     if body.usage.is_some_and(|u| u < 0) {
         return Err(Problem::invalid("usage must not be negative"));
     }
+    let tenant = acting_tenant(&st, &caller.0, attempt_id).await?;
     let ack = caller
         .store(&st)
-        .heartbeat(&caller.0.tenant, attempt_id, body.generation, body.usage)
+        .heartbeat(&tenant, attempt_id, body.generation, body.usage)
         .await?
         .map_err(|r| Problem::refused(r, no_attempt(attempt_id)))?;
     Ok(Json(HeartbeatResponse {
@@ -275,9 +281,10 @@ pub async fn acknowledge(
     caller.require(Role::Executor)?;
     let attempt_id = id;
     let (raw, body): (Value, AckBody) = strict_body(body)?;
+    let tenant = acting_tenant(&st, &caller.0, attempt_id).await?;
     let task = caller
         .store(&st)
-        .acknowledge(&caller.0.tenant, attempt_id, body.generation, raw)
+        .acknowledge(&tenant, attempt_id, body.generation, raw)
         .await?
         .map_err(|r| Problem::refused(r, no_attempt(attempt_id)))?;
     Ok(Json(TaskEnvelope { task }))
@@ -333,18 +340,19 @@ async fn report_inner(
         external_txn_id: body.external_txn_id,
         body: raw,
     };
+    let tenant = acting_tenant(st, &caller.0, attempt_id).await?;
     // A key from the cache is checked in the report's own transaction.
     let store = caller.store(st);
     let res = if cached.is_cached() {
         match store
-            .report_as(caller.0.id, &caller.0.tenant, attempt_id, report)
+            .report_as(caller.0.id, &tenant, attempt_id, report)
             .await?
         {
             Some(res) => res,
             None => return Err(cached.revoked(st)),
         }
     } else {
-        store.report(&caller.0.tenant, attempt_id, report).await?
+        store.report(&tenant, attempt_id, report).await?
     };
     let label = match &res {
         Ok(_) => "applied",
@@ -373,37 +381,29 @@ pub async fn release(
     caller.require(Role::Executor)?;
     let attempt_id = id;
     let body: ReleaseBody = strict_typed(body)?;
+    let tenant = acting_tenant(&st, &caller.0, attempt_id).await?;
     let task = caller
         .store(&st)
-        .release(&caller.0.tenant, attempt_id, body.generation)
+        .release(&tenant, attempt_id, body.generation)
         .await?
         .map_err(|r| Problem::refused(r, no_attempt(attempt_id)))?;
     Ok(Json(TaskEnvelope { task }))
 }
 
-/// The flow control a claim of `tenant` from `operations` enforces (SPEC §8),
-/// from the configuration: the tenant's `cap`, each class's `flow` caps and
-/// the attempt-start limits; none configured gives the default (none).
-fn claim_flow(
-    config: &idem_core::config::Config,
-    tenant: &str,
-    operations: &[String],
-) -> idem_store::caps::ClaimFlow {
-    let classes = operations
-        .iter()
-        .filter_map(|op| {
-            let f = &config.operations.get(op)?.flow;
-            let caps = idem_store::caps::ClassCaps {
-                cap: f.cap,
-                tenant_cap: f.tenant_cap,
-                concurrency_key_cap: f.concurrency_key_cap,
-            };
-            (caps != idem_store::caps::ClassCaps::default()).then(|| (op.clone(), caps))
-        })
-        .collect();
-    idem_store::caps::ClaimFlow {
-        tenant_cap: config.tenants.get(tenant).and_then(|t| t.cap),
-        classes,
-        starts_per_s: config.start_limits(),
+/// The tenant an executor key acts for on `attempt_id` (SPEC §2.13): its
+/// own; for a pool key, the attempt's tenant when the pool serves it. Another
+/// tenant's attempt gets the key's own tenant, whose scoped operation
+/// answers 404 as for any attempt of another tenant.
+async fn acting_tenant(
+    st: &crate::AppState,
+    key: &idem_core::model::ApiKey,
+    attempt_id: uuid::Uuid,
+) -> AppResult<String> {
+    if key.serves.is_none() {
+        return Ok(key.tenant.clone());
     }
+    Ok(match st.store.attempt_tenant(attempt_id).await? {
+        Some(t) if key.serves_tenant(&t) => t,
+        _ => key.tenant.clone(),
+    })
 }

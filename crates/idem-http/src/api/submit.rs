@@ -275,6 +275,15 @@ fn prepare_submission(
         .get(&prepared.operation)
         .cloned()
         .ok_or_else(|| unknown_operation(st, &prepared.operation))?;
+    let flow = st
+        .config
+        .operations
+        .get(&prepared.operation)
+        .map(|c| &c.flow)
+        .ok_or_else(|| unknown_operation(st, &prepared.operation))?;
+    let priority = idem_core::submit::priority_of(prepared.priority, flow.priority_range())
+        .map_err(Problem::invalid)?;
+    let fairness_key = flow.fairness_value(&prepared.params);
     let submission = Submission {
         tenant: caller.0.tenant.clone(),
         operation: prepared.operation.clone(),
@@ -289,13 +298,15 @@ fn prepare_submission(
         rate_limits: st
             .config
             .submit_limits(&caller.0.tenant, &prepared.operation),
-        // SPEC §5 "Concurrency caps": read at submit, kept on the task.
+        // SPEC §8.2 "Concurrency caps": read at submit, kept on the task.
         concurrency_key: st
             .config
             .operations
             .get(&prepared.operation)
             .and_then(|c| c.flow.concurrency_key.as_ref())
             .and_then(|p| idem_core::flow::concurrency_key(p, &prepared.params)),
+        priority,
+        fairness_key,
     };
     Ok((submission, schema_refusal))
 }
@@ -328,6 +339,7 @@ fn prepare_body(
         params: prepared.params,
         fingerprint: prepared.canonical.fingerprint.to_string(),
         canonical_request: prepared.canonical.canonical,
+        priority: prepared.priority,
     };
     Ok((body, schema_refusal))
 }

@@ -96,7 +96,7 @@ impl ConsoleTx for PgTx<'_> {
     ) -> Result<Option<(ConsoleSession, ApiKey)>> {
         let now = now.ms();
         self.query_opt(
-            "SELECT k.id, k.tenant, k.role, k.operations, k.created_at, k.revoked_at, \
+            "SELECT k.id, k.tenant, k.role, k.operations, k.created_at, k.revoked_at, k.serves, \
                     s.tenant AS s_tenant, s.role AS s_role, s.created_at AS s_created_at, \
                     s.expires_at AS s_expires_at, s.ended_at AS s_ended_at \
              FROM console_sessions s JOIN api_keys k ON k.id = s.api_key_id \

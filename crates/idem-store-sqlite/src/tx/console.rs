@@ -106,7 +106,7 @@ impl ConsoleTx for SqliteTx<'_> {
     ) -> Result<Option<(ConsoleSession, ApiKey)>, StoreError> {
         self.conn
             .prepare_cached(
-                "SELECT k.id, k.tenant, k.role, k.operations, k.created_at, k.revoked_at, \
+                "SELECT k.id, k.tenant, k.role, k.operations, k.created_at, k.revoked_at, k.serves, \
                         s.tenant, s.role, s.created_at, s.expires_at, s.ended_at \
                  FROM console_sessions s JOIN api_keys k ON k.id = s.api_key_id \
                  WHERE s.token_hash = ?1 AND s.ended_at IS NULL AND s.expires_at > ?2 \
@@ -116,12 +116,12 @@ impl ConsoleTx for SqliteTx<'_> {
                 st.query_row(params![token_hash, now.0], |r| {
                     let key = api_key_row(r)?;
                     let session = ConsoleSession {
-                        tenant: r.get(6)?,
+                        tenant: r.get(7)?,
                         api_key_id: key.id,
-                        role: word::<Role>(&r.get::<_, String>(7)?)?,
-                        created_at: Timestamp(r.get(8)?),
-                        expires_at: Timestamp(r.get(9)?),
-                        ended_at: r.get::<_, Option<i64>>(10)?.map(Timestamp),
+                        role: word::<Role>(&r.get::<_, String>(8)?)?,
+                        created_at: Timestamp(r.get(9)?),
+                        expires_at: Timestamp(r.get(10)?),
+                        ended_at: r.get::<_, Option<i64>>(11)?.map(Timestamp),
                     };
                     Ok((session, key))
                 })

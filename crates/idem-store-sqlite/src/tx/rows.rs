@@ -4,7 +4,8 @@
 
 use super::*;
 
-pub(super) const API_KEY_COLUMNS: &str = "id, tenant, role, operations, created_at, revoked_at";
+pub(super) const API_KEY_COLUMNS: &str =
+    "id, tenant, role, operations, created_at, revoked_at, serves";
 
 pub(super) fn api_key_row(r: &Row<'_>) -> rusqlite::Result<ApiKey> {
     Ok(ApiKey {
@@ -14,6 +15,7 @@ pub(super) fn api_key_row(r: &Row<'_>) -> rusqlite::Result<ApiKey> {
         operations: opt_json(r.get(3)?)?,
         created_at: Timestamp(r.get(4)?),
         revoked_at: r.get::<_, Option<i64>>(5)?.map(Timestamp),
+        serves: opt_json(r.get(6)?)?,
     })
 }
 
@@ -99,6 +101,8 @@ pub(super) fn task_values(t: &Task) -> Result<Vec<rusqlite::types::Value>, Store
             opt_text(t.traceparent.as_ref().map(|tp| tp.as_str().to_owned())),
         ),
         (Col::concurrency_key, opt_text(c.concurrency_key.clone())),
+        (Col::priority, V::Integer(t.priority)),
+        (Col::fairness_key, opt_text(c.fairness_key.clone())),
     ];
     let mut values = vec![V::Null; TASK_COLUMN_COUNT];
     for (col, value) in columns {

@@ -33,7 +33,7 @@ fn the_column_list_is_the_task_table() {
         *TASK_UPDATE
     );
     assert!(
-        TASK_UPDATE.ends_with("?32 AND generation = ?33"),
+        TASK_UPDATE.ends_with("?34 AND generation = ?35"),
         "{}",
         *TASK_UPDATE
     );

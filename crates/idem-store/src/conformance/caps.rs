@@ -1,4 +1,4 @@
-//! Concurrency caps (SPEC §5 "Concurrency caps"): a claim never leases
+//! Concurrency caps (SPEC §8.2 "Concurrency caps"): a claim never leases
 //! more attempts at once than a cap allows, whatever the concurrency, and a
 //! task held back by a cap waits without using an attempt.
 
@@ -23,7 +23,6 @@ const LEASE_ENDS: &[EventKind] = &[
 /// A flow with `caps` for `op`.
 fn flow(op: &str, caps: ClassCaps) -> ClaimFlow {
     ClaimFlow {
-        tenant_cap: None,
         classes: [(op.to_owned(), caps)].into(),
         ..ClaimFlow::default()
     }
@@ -292,7 +291,6 @@ pub async fn capped_tasks_wait_without_using_attempts(store: Store) {
     // A full class cap takes the class out of the scan: the other class's
     // younger task is leased.
     let class_one = ClaimFlow {
-        tenant_cap: None,
         classes: [(
             SAFE.to_owned(),
             ClassCaps {
@@ -314,12 +312,12 @@ pub async fn capped_tasks_wait_without_using_attempts(store: Store) {
     // The tenant's cap counts every class; lowered to 1 while 2 are leased
     // it grants nothing until both have ended.
     let tenant_two = ClaimFlow {
-        tenant_cap: Some(2),
+        tenant_caps: [("acme-capped".to_owned(), 2)].into(),
         classes: BTreeMap::new(),
         ..ClaimFlow::default()
     };
     let tenant_one = ClaimFlow {
-        tenant_cap: Some(1),
+        tenant_caps: [("acme-capped".to_owned(), 1)].into(),
         classes: BTreeMap::new(),
         ..ClaimFlow::default()
     };

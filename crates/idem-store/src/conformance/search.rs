@@ -45,6 +45,8 @@ fn submission_of(tenant: &str, class: &str, key: &str, n: usize, api_key: Uuid) 
         traceparent: None,
         rate_limits: Vec::new(),
         concurrency_key: None,
+        priority: 3,
+        fairness_key: None,
     }
 }
 

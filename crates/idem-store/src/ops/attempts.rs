@@ -173,3 +173,27 @@ async fn on_attempt<T: Tx, R>(
     persist(tx, &task, loaded, &j).await?;
     Ok(res.map(|r| (task, r)).map_err(Refusal::from))
 }
+
+/// The tenant of attempt `attempt_id`'s task (`None`: no such attempt): what
+/// a pool executor key's heartbeat, acknowledge, report and release check
+/// against the tenants it serves before the tenant-scoped operation (SPEC
+/// §2.13). An attempt's tenant never changes.
+#[derive(Debug, Clone)]
+pub struct AttemptTenant {
+    /// Attempt.
+    pub attempt_id: Uuid,
+}
+
+impl Operation for AttemptTenant {
+    type Reply = Option<String>;
+    const WRITES: bool = false;
+    async fn run<T: Tx>(&self, tx: &mut T) -> Result<Option<String>> {
+        let Some(attempt) = tx.attempt(self.attempt_id).await? else {
+            return Ok(None);
+        };
+        Ok(tx
+            .task(attempt.task_id, false)
+            .await?
+            .map(|t| t.control.tenant))
+    }
+}

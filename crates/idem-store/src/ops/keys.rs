@@ -1,6 +1,6 @@
 //! API keys: create, revoke, list, authenticate (SPEC §4 Auth).
 
-use idem_core::model::{ApiKey, Role};
+use idem_core::model::{ApiKey, Role, Serves};
 use uuid::Uuid;
 
 use super::Operation;
@@ -16,6 +16,8 @@ pub struct CreateApiKey {
     pub role: Role,
     /// Operation limit (`None` = all classes).
     pub operations: Option<Vec<String>>,
+    /// The tenants a pool executor key serves (`None`: its own; SPEC §2.13).
+    pub serves: Option<Serves>,
 }
 
 impl Operation for CreateApiKey {
@@ -29,6 +31,7 @@ impl Operation for CreateApiKey {
             tenant: self.tenant.clone(),
             role: self.role,
             operations: self.operations.clone(),
+            serves: self.serves.clone(),
             created_at: now,
             revoked_at: None,
         };

@@ -48,7 +48,7 @@ pub mod submit;
 pub mod sweep;
 pub mod tasks;
 
-pub use attempts::{Acknowledge, Heartbeat, Release, Report};
+pub use attempts::{Acknowledge, AttemptTenant, Heartbeat, Release, Report};
 pub use claim::{Claim, ClaimFlow, ClaimRequest, Claimed};
 pub use console::{
     AllQueueDepths, ConsoleSession, ConsoleSessionLookup, CreateConsoleSession, EndConsoleSession,
@@ -251,6 +251,8 @@ operations! {
     Claim,
     /// [`ClaimAs`].
     ClaimAs,
+    /// [`AttemptTenant`].
+    AttemptTenant,
     /// [`Heartbeat`].
     Heartbeat,
     /// [`Acknowledge`].
@@ -398,10 +400,15 @@ pub(crate) async fn persist<T: Tx>(
     j: &Journal,
 ) -> Result<()> {
     tx.update_task(task, loaded.0, loaded.1).await?;
-    // A lease's cap slots go with it (SPEC §5 "Concurrency caps"): every
+    // A lease's cap slots go with it (SPEC §8.2 "Concurrency caps"): every
     // transition that ends an attempt's lease writes the task here.
     tx.free_slots(task.id, task.control.active_attempt_id)
         .await?;
+    if crate::flow::waits(task) {
+        // Its claim queues may have been parked while it was leased or
+        // ended (SPEC §2.13).
+        tx.open_queues(task).await?;
+    }
     if !j.events.is_empty() {
         tx.insert_events(task.id, &j.events).await?;
     }

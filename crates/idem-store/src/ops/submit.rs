@@ -311,6 +311,8 @@ impl<'s> SubmitPlan<'s> {
                         api_key_id: s.api_key_id,
                         grant: s.grant.clone(),
                         traceparent: s.traceparent.clone(),
+                        priority: s.priority,
+                        fairness_key: s.fairness_key.clone(),
                     },
                     now,
                 );

@@ -16,6 +16,8 @@ pub struct SweepStats {
     pub woken: usize,
     /// Idempotency keys removed after retention.
     pub keys_released: usize,
+    /// Claim queues unparked (SPEC §2.13).
+    pub unparked: usize,
 }
 
 /// Expire leases, wake backoffs, remove keys past retention (at most `limit` each).
@@ -76,6 +78,9 @@ impl Operation for Sweep {
             persist(tx, &task, loaded, &j).await?;
             stats.keys_released += 1;
         }
+        // Queues a claim parked while a task of theirs was being written
+        // (SPEC §2.13) go back into the turn order.
+        stats.unparked = tx.unpark_waiting(limit).await?;
         Ok(Ending {
             reply: stats,
             ended,

@@ -19,6 +19,7 @@ mod multi_pg;
 mod operator;
 mod overload;
 mod pg_start;
+mod pools;
 mod queues;
 mod rates;
 mod release;

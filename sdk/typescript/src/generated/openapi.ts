@@ -1107,6 +1107,14 @@ export interface components {
             operation: string;
             /** @description Request params (a JSON object); the class's material fields are fingerprinted. */
             params: Record<string, unknown>;
+            /**
+             * Format: int64
+             * @description Claim priority, 1 (least urgent) to 5 (most urgent), within the
+             *     class's `flow.priorities`; 3 when absent (raised or lowered into the
+             *     class's range). Not part of the fingerprint: a retry with another
+             *     priority replays the task as accepted (SPEC §2.13).
+             */
+            priority?: number | null;
         };
         /** @description Submit response. */
         SubmitResponse: {
@@ -1147,6 +1155,13 @@ export interface components {
             operation: string;
             /** @description The request params as submitted. */
             params: unknown;
+            /**
+             * Format: int64
+             * @description Claim priority, 1 (least urgent) to 5 (most urgent), 3 unless the
+             *     submit named one (SPEC §4 `POST /v1/tasks`). Not part of the
+             *     fingerprint: it never changes after acceptance.
+             */
+            priority?: number;
             /**
              * @description The suspected second effects (SPEC §2 "Second effects"): one per
              *     distinct `external_txn_id` the evidence shows besides the delivered

@@ -663,6 +663,7 @@ mod tests {
             created_at: at,
             updated_at: at,
             traceparent: None,
+            priority: 3,
             second_effects: Vec::new(),
             control: TaskControl {
                 execute_count: 1,

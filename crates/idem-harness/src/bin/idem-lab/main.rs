@@ -76,6 +76,40 @@ enum Command {
     /// an operator within the bounds, over the real state machine, and check the
     /// invariants of SPEC §2 (exit 1 with a step-by-step trace on a counterexample).
     Verify(verify::VerifyArgs),
+    /// Fair claims (SPEC §2.13): leases between a tenant's single task and its
+    /// lease while another tenant's flood drains, per round, for a pool
+    /// serving every tenant; then claim+report pairs per second by number of
+    /// tenants with work (docs/benchmarks.md, "Fair claims").
+    Fairness {
+        /// Store: a PostgreSQL URL, `sqlite://path`; default a temporary SQLite file.
+        #[arg(long)]
+        store: Option<String>,
+        /// Connection pools on the one PostgreSQL database, each standing for one `idem serve`.
+        #[arg(long, default_value_t = 2)]
+        instances: usize,
+        /// Claim loops (one attempt per claim, reported `succeeded`), spread over the instances.
+        #[arg(long, default_value_t = 8)]
+        claimers: usize,
+        /// Tasks of the flooding tenant (or value).
+        #[arg(long, default_value_t = 50_000)]
+        flood: usize,
+        /// Rounds of the single task.
+        #[arg(long, default_value_t = 50)]
+        rounds: usize,
+        /// Two fairness key values of one tenant instead of two tenants.
+        #[arg(long)]
+        values: bool,
+        /// Tenant counts of the cost runs, comma-separated (none: no cost run;
+        /// 0: one tenant claimed by its own key, which keeps no turns).
+        #[arg(long, value_delimiter = ',')]
+        tenants: Vec<usize>,
+        /// Seconds per cost run.
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        /// Tasks queued for each cost run, spread over its tenants (at least 20 each).
+        #[arg(long, default_value_t = 20_000)]
+        cost_tasks: usize,
+    },
     /// The payment-release scenario end to end over HTTP against a simulated payout provider, as a readable report (exit 1 if a check fails).
     Demo {
         /// A running idem; default: an in-process server on a temporary SQLite store.
@@ -550,5 +584,44 @@ async fn run() -> Result<()> {
             idem_harness::chaos::verdict(&report)
         }
         Command::Verify(args) => verify::verify(args).await,
+        Command::Fairness {
+            store,
+            instances,
+            claimers,
+            flood,
+            rounds,
+            values,
+            tenants,
+            seconds,
+            cost_tasks,
+        } => {
+            let report = idem_harness::fairness::run(&idem_harness::fairness::FairnessOptions {
+                store,
+                instances,
+                claimers,
+                flood,
+                rounds,
+                values,
+                tenants,
+                seconds,
+                cost_tasks,
+            })
+            .await?;
+            let mut sorted = report.leases_before.clone();
+            sorted.sort_unstable();
+            let max = sorted.last().copied().unwrap_or(0);
+            let median = sorted.get(sorted.len() / 2).copied().unwrap_or(0);
+            say(format_args!(
+                "leases between the single task's submit and its lease over {} rounds: median {median}, max {max}; each: {:?}",
+                sorted.len(),
+                report.leases_before
+            ))?;
+            for (n, rate) in &report.cost {
+                say(format_args!(
+                    "{n} tenants with work: {rate:.0} claim+report pairs/s"
+                ))?;
+            }
+            Ok(())
+        }
     }
 }

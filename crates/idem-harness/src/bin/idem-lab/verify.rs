@@ -47,7 +47,7 @@ pub(crate) struct VerifyArgs {
     /// Report answers lost in all (the executor sends the same report again).
     #[arg(long)]
     lost: Option<u8>,
-    /// Concurrency key cap (SPEC §5 "Concurrency caps"): every task carries
+    /// Concurrency key cap (SPEC §8.2 "Concurrency caps"): every task carries
     /// one concurrency key and claims lease at most this many of its tasks
     /// at once; 0 (the default): no cap.
     #[arg(long, value_parser = clap::value_parser!(u8).range(0..=8))]

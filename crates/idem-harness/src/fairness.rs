@@ -1,0 +1,355 @@
+//! `idem-lab fairness`: starvation and cost of fair claims (SPEC §2.12,
+//! docs/benchmarks.md "Fair claims").
+//!
+//! On one store (a temporary SQLite file, or a PostgreSQL database reached
+//! through `--instances` connection pools, each standing for one `idem
+//! serve` on that database), straight through the store's operations:
+//!
+//! * starvation: tenant `a` queues `--flood` tasks, then, `--rounds` times,
+//!   tenant `b` submits one task while `--claimers` claim loops (spread over
+//!   the instances, each claiming one attempt at a time for a pool serving
+//!   every tenant, and reporting it `succeeded`) drain `a`; each round
+//!   records how many attempts were leased between `b`'s submit and the
+//!   lease of `b`'s task. With `--values`, one tenant and two fairness key
+//!   values instead of two tenants.
+//! * cost (`--tenants 1,10,1000`): claim+report pairs per second of the
+//!   claim loops for a pool whose tenants all have work.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use idem_core::config::Config;
+use idem_core::contract::FrozenContract;
+use idem_core::fingerprint::canonical_request;
+use idem_core::machine::Report;
+use idem_core::model::{AllTenants, ApiKey, Outcome, Role, Serves};
+use idem_store::Store;
+use idem_store::flow::ClaimFlow;
+use idem_store::ops::{ClaimRequest, Submission, SubmitOutcome};
+use serde_json::json;
+use uuid::Uuid;
+
+/// The class the runs use (the bundled configuration's safe class).
+const CLASS: &str = "generation.dispatch";
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct FairnessOptions {
+    /// `None`: a temporary SQLite store; `sqlite://path`; or a PostgreSQL URL.
+    pub store: Option<String>,
+    /// Connection pools on the one database (PostgreSQL only).
+    pub instances: usize,
+    /// Claim loops, spread over the instances.
+    pub claimers: usize,
+    /// Tasks of the flooding tenant (or value).
+    pub flood: usize,
+    /// Rounds of the single task.
+    pub rounds: usize,
+    /// Two fairness key values of one tenant instead of two tenants.
+    pub values: bool,
+    /// Tenant counts of the cost runs (empty: none).
+    pub tenants: Vec<usize>,
+    /// Seconds per cost run.
+    pub seconds: u64,
+    /// Tasks queued for a cost run, spread over its tenants (at least 20 each).
+    pub cost_tasks: usize,
+}
+
+/// The figures.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct FairnessReport {
+    /// Leases between the single task's submit and its lease, per round.
+    pub leases_before: Vec<u64>,
+    /// Claim+report pairs per second by number of tenants with work.
+    pub cost: Vec<(usize, f64)>,
+}
+
+/// Runs the starvation rounds, then the cost runs.
+///
+/// # Errors
+/// Store failures; a round whose task is not leased within 10 s.
+pub async fn run(o: &FairnessOptions) -> Result<FairnessReport> {
+    let (first, _dir, _path) = crate::server::open_store(o.store.as_deref()).await?;
+    let mut stores = vec![first.clone()];
+    if let Some(url) = o.store.as_deref().filter(|u| !u.starts_with("sqlite://")) {
+        for _ in 1..o.instances.max(1) {
+            stores.push(
+                idem_store_postgres::connect(url, idem_store_postgres::PgOptions::default())
+                    .await
+                    .context("connecting to PostgreSQL")?,
+            );
+        }
+    }
+    let config = Config::bundled()?;
+    let contract = FrozenContract::new(
+        config
+            .contract(CLASS)
+            .context("the bundled configuration has no generation.dispatch")?,
+    )?;
+    let leases_before = starvation(&stores, &contract, o).await?;
+    let mut cost = Vec::new();
+    for &n in &o.tenants {
+        cost.push((n, pairs_per_second(&stores, &contract, n, o).await?));
+    }
+    Ok(FairnessReport {
+        leases_before,
+        cost,
+    })
+}
+
+fn flow(values: bool) -> ClaimFlow {
+    ClaimFlow {
+        serves: Some(Serves::All(AllTenants::All)),
+        fair_classes: if values {
+            vec![CLASS.to_owned()]
+        } else {
+            Vec::new()
+        },
+        ..ClaimFlow::default()
+    }
+}
+
+async fn client(store: &Store, tenant: &str) -> Result<ApiKey> {
+    Ok(store.create_api_key(tenant, Role::Client, None).await?.0)
+}
+
+fn submission(
+    key: &ApiKey,
+    contract: &FrozenContract,
+    n: u64,
+    value: Option<&str>,
+) -> Result<Submission> {
+    let params = json!({"prompt": format!("fair {n}"), "steps": n});
+    let canonical = canonical_request(CLASS, &params, &[])?;
+    Ok(Submission {
+        tenant: key.tenant.clone(),
+        operation: CLASS.to_owned(),
+        idempotency_key: format!("fair-{}", Uuid::new_v4()),
+        fingerprint: canonical.fingerprint.to_string(),
+        canonical_request: canonical.canonical,
+        params,
+        contract: contract.clone(),
+        api_key_id: key.id,
+        grant: None,
+        traceparent: None,
+        priority: 3,
+        fairness_key: value.map(str::to_owned),
+        rate_limits: Vec::new(),
+        concurrency_key: None,
+    })
+}
+
+/// Queues `n` tasks of `key` (with fairness key `value`) in batches.
+async fn fill(
+    store: &Store,
+    key: &ApiKey,
+    contract: &FrozenContract,
+    n: usize,
+    value: Option<&str>,
+) -> Result<()> {
+    let mut left = n;
+    let mut i = 0u64;
+    while left > 0 {
+        let batch = left.min(500);
+        let subs = (0..batch)
+            .map(|_| {
+                i += 1;
+                submission(key, contract, i, value)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        store.submit_batch(subs).await?;
+        left -= batch;
+    }
+    Ok(())
+}
+
+/// The watched task of a round: its idempotency key, the lease count at its
+/// submit, and the leases before its own once it is leased.
+type Watch = Arc<std::sync::Mutex<Option<(String, u64, Option<u64>)>>>;
+
+/// Claim loops until `stop`: each claims one attempt for the pool and
+/// reports it; `leased` counts leases, and a lease of `watch`'s task
+/// records the count in `seen`.
+fn claim_loops(
+    stores: &[Store],
+    claimers: usize,
+    tenant: &str,
+    flow: &ClaimFlow,
+    stop: Arc<AtomicBool>,
+    leased: Arc<AtomicU64>,
+    watch: Watch,
+) -> Vec<tokio::task::JoinHandle<Result<()>>> {
+    (0..claimers)
+        .map(|i| {
+            let store = stores[i % stores.len()].clone();
+            let (stop, leased, watch) = (stop.clone(), leased.clone(), watch.clone());
+            let flow = flow.clone();
+            let tenant = tenant.to_owned();
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let got = store
+                        .claim(ClaimRequest {
+                            tenant: tenant.clone(),
+                            operations: vec![CLASS.into()],
+                            executor_id: format!("fair-{i}"),
+                            max: 1,
+                            lease_ms: Some(60_000),
+                            flow: flow.clone(),
+                        })
+                        .await?;
+                    if got.is_empty() {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                        continue;
+                    }
+                    for c in got {
+                        let count = leased.fetch_add(1, Ordering::SeqCst) + 1;
+                        if let Ok(mut w) = watch.lock()
+                            && let Some((key, at, found)) = w.as_mut()
+                            && *key == c.task.idempotency_key
+                        {
+                            *found = Some(count - *at - 1);
+                        }
+                        let report = Report {
+                            generation: c.attempt.generation,
+                            outcome: Outcome::Succeeded,
+                            result: None,
+                            failure_class: None,
+                            message: None,
+                            usage: None,
+                            external_txn_id: None,
+                            body: json!({"generation": c.attempt.generation, "outcome": "succeeded"}),
+                        };
+                        let _ = store
+                            .report(&c.task.control.tenant, c.attempt.id, report)
+                            .await?;
+                    }
+                }
+                Ok(())
+            })
+        })
+        .collect()
+}
+
+async fn starvation(
+    stores: &[Store],
+    contract: &FrozenContract,
+    o: &FairnessOptions,
+) -> Result<Vec<u64>> {
+    let store = &stores[0];
+    let run = Uuid::new_v4().simple().to_string();
+    let a = client(store, &format!("a-{}", &run[..8])).await?;
+    let b = if o.values {
+        a.clone()
+    } else {
+        client(store, &format!("b-{}", &run[..8])).await?
+    };
+    let (va, vb) = if o.values {
+        (Some("value-a"), Some("value-b"))
+    } else {
+        (None, None)
+    };
+    fill(store, &a, contract, o.flood, va).await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let leased = Arc::new(AtomicU64::new(0));
+    let watch = Arc::new(std::sync::Mutex::new(None));
+    let loops = claim_loops(
+        stores,
+        o.claimers.max(1),
+        "pool",
+        &flow(o.values),
+        stop.clone(),
+        leased.clone(),
+        watch.clone(),
+    );
+    let mut out = Vec::new();
+    for round in 0..o.rounds {
+        let s = submission(&b, contract, 1_000_000 + round as u64, vb)?;
+        // Watched from before the submit: a claim may lease it before the
+        // submit's answer is back.
+        if let Ok(mut w) = watch.lock() {
+            *w = Some((
+                s.idempotency_key.clone(),
+                leased.load(Ordering::SeqCst),
+                None,
+            ));
+        }
+        if !matches!(store.submit(s).await?, SubmitOutcome::Created(_)) {
+            bail!("the single task was not created");
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let found = watch
+                .lock()
+                .ok()
+                .and_then(|w| w.as_ref().and_then(|(_, _, f)| *f));
+            if let Some(n) = found {
+                out.push(n);
+                break;
+            }
+            if Instant::now() > deadline {
+                stop.store(true, Ordering::SeqCst);
+                bail!("round {round}: the single task was not leased within 10 s");
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    for l in loops {
+        l.await??;
+    }
+    Ok(out)
+}
+
+async fn pairs_per_second(
+    stores: &[Store],
+    contract: &FrozenContract,
+    tenants: usize,
+    o: &FairnessOptions,
+) -> Result<f64> {
+    let store = &stores[0];
+    let run = Uuid::new_v4().simple().to_string();
+    // Enough work that no tenant runs dry during the run; the pool serves
+    // this run's tenants only (what earlier runs left is not theirs).
+    // 0 tenants: one tenant claimed by its own (ordinary) key, no turns.
+    let per = (o.cost_tasks / tenants.max(1)).max(20);
+    let mut list = Vec::new();
+    for t in 0..tenants.max(1) {
+        let key = client(store, &format!("cost-{}-{t}", &run[..8])).await?;
+        fill(store, &key, contract, per, None).await?;
+        list.push(key.tenant);
+    }
+    let claimer = if tenants == 0 {
+        list[0].clone()
+    } else {
+        "pool".to_owned()
+    };
+    let served = ClaimFlow {
+        serves: (tenants > 0).then_some(Serves::Tenants(list)),
+        ..ClaimFlow::default()
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let leased = Arc::new(AtomicU64::new(0));
+    let watch = Arc::new(std::sync::Mutex::new(None));
+    let loops = claim_loops(
+        stores,
+        o.claimers.max(1),
+        &claimer,
+        &served,
+        stop.clone(),
+        leased.clone(),
+        watch,
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let from = leased.load(Ordering::SeqCst);
+    let start = Instant::now();
+    tokio::time::sleep(Duration::from_secs(o.seconds.max(1))).await;
+    let done = leased.load(Ordering::SeqCst) - from;
+    let rate = done as f64 / start.elapsed().as_secs_f64();
+    stop.store(true, Ordering::SeqCst);
+    for l in loops {
+        l.await??;
+    }
+    Ok(rate)
+}

@@ -1,0 +1,245 @@
+//! Fair claims on PostgreSQL ([`idem_store::flow`], SPEC §2.13): the claim
+//! queues (`claim_turns`) and the claimable tasks of a fairness key value.
+//! Parallel claimers lock the queues they serve `FOR UPDATE SKIP LOCKED`, so
+//! they serve different queues; a claimer that finds every waiting queue
+//! held reads them without a lock and leases without moving their turns.
+
+use idem_core::model::{Task, Timestamp};
+use idem_store::Result;
+use idem_store::flow::ClaimQueue;
+use tokio_postgres::Row;
+use uuid::Uuid;
+
+use super::PgTx;
+use crate::rows::{Param, get};
+
+/// Unparked tenant queues of the classes `$1` whose tenant is in `$2` (NULL:
+/// all), lowest turn first, at most `$3`: one ordered walk of
+/// `claim_turns_tenants` per class; `{lock}` is the locking clause.
+fn tenant_queues(lock: &str) -> String {
+    format!(
+        "SELECT q.tenant, q.operation, q.fairness_key, q.turn \
+         FROM (SELECT DISTINCT op FROM unnest($1::text[]) AS u(op)) AS o CROSS JOIN LATERAL ( \
+           SELECT tenant, operation, fairness_key, turn FROM claim_turns \
+           WHERE operation = o.op AND fairness_key = '' AND NOT parked \
+             AND ($2::text[] IS NULL OR tenant = ANY($2::text[])) \
+           ORDER BY turn, tenant LIMIT $3 {lock}) AS q \
+         ORDER BY q.turn, q.tenant, q.operation LIMIT $3"
+    )
+}
+
+/// Unparked value queues of tenant `$1` and class `$2`, lowest turn first, at most `$3`.
+fn value_queues(lock: &str) -> String {
+    format!(
+        "SELECT tenant, operation, fairness_key, turn FROM claim_turns \
+         WHERE tenant = $1 AND operation = $2 AND fairness_key <> '' AND NOT parked \
+         ORDER BY turn, fairness_key LIMIT $3 {lock}"
+    )
+}
+
+/// Claimable tasks of tenant `$1`, class `$2`, fairness key value `$3`,
+/// ready at `$4`, lowest claim rank first, at most `$5`, locked `FOR UPDATE
+/// SKIP LOCKED` as `CLAIMABLE` does (one walk of `tasks_claim_fair`).
+const CLAIMABLE_WITH_VALUE: &str = "SELECT t.id FROM ( \
+       SELECT id, (ready_at - priority * 10000) AS rank FROM tasks \
+       WHERE tenant = $1 AND operation = $2 AND fairness_key = $3 AND ready_at <= $4 \
+         AND active_attempt_id IS NULL AND state IN ('queued', 'retry_wait', 'reconciling') \
+         AND next_kind IS NOT NULL \
+       ORDER BY (ready_at - priority * 10000), id LIMIT $5::bigint + 64) AS candidate \
+     CROSS JOIN LATERAL ( \
+       SELECT id FROM tasks \
+       WHERE id = candidate.id AND ready_at <= $4 \
+         AND active_attempt_id IS NULL AND state IN ('queued', 'retry_wait', 'reconciling') \
+         AND next_kind IS NOT NULL \
+       FOR UPDATE SKIP LOCKED) AS t \
+     ORDER BY candidate.rank, candidate.id LIMIT $5";
+
+const TENANT_WAITS: &str = "SELECT EXISTS (SELECT 1 FROM tasks WHERE tenant = $1 AND operation = $2 \
+     AND active_attempt_id IS NULL AND state IN ('queued', 'retry_wait', 'reconciling') \
+     AND next_kind IS NOT NULL) AS e";
+
+const VALUE_WAITS: &str = "SELECT EXISTS (SELECT 1 FROM tasks WHERE tenant = $1 AND operation = $2 \
+     AND fairness_key = $3 \
+     AND active_attempt_id IS NULL AND state IN ('queued', 'retry_wait', 'reconciling') \
+     AND next_kind IS NOT NULL) AS e";
+
+/// Inserts or unparks the queues of `(tenants[i], operations[i], values[i])`
+/// (the tenant's queue, and the value's when `values[i]` is not NULL), each
+/// at the lowest unparked turn of its level; a queue in the turn order is
+/// not written. The conflict locks the queue row (in tenant, class, key
+/// order) even then: a claim that holds the row and parks it (it saw none of
+/// this transaction's tasks) commits first, and this statement then sees the
+/// row parked and unparks it, so no waiting task is left in a parked queue.
+/// Also the `q` CTE of the task insert (`TASKS_WITH_EVENTS_INSERT`).
+pub(crate) fn open_queues_sql(tenants: &str, operations: &str, values: &str) -> String {
+    format!(
+        "INSERT INTO claim_turns (tenant, operation, fairness_key, turn) \
+         SELECT n.tenant, n.operation, n.k, coalesce(CASE WHEN n.k = '' \
+             THEN (SELECT min(m.turn) FROM claim_turns m WHERE m.operation = n.operation AND m.fairness_key = '' AND NOT m.parked) \
+             ELSE (SELECT min(m.turn) FROM claim_turns m WHERE m.tenant = n.tenant AND m.operation = n.operation AND m.fairness_key <> '' AND NOT m.parked) \
+           END, 0) \
+         FROM (SELECT DISTINCT u.tenant, u.operation, k.k \
+               FROM unnest({tenants}::text[], {operations}::text[], {values}::text[]) AS u(tenant, operation, fk) \
+               CROSS JOIN LATERAL unnest(ARRAY['', '=' || u.fk]) AS k(k) WHERE k.k IS NOT NULL) AS n \
+         ORDER BY n.tenant, n.operation, n.k \
+         ON CONFLICT (tenant, operation, fairness_key) DO UPDATE SET parked = false, turn = EXCLUDED.turn \
+         WHERE claim_turns.parked"
+    )
+}
+
+fn queue(row: &Row) -> Result<ClaimQueue> {
+    Ok(ClaimQueue {
+        tenant: get(row, "tenant")?,
+        operation: get(row, "operation")?,
+        key: get(row, "fairness_key")?,
+        turn: get(row, "turn")?,
+    })
+}
+
+impl PgTx<'_> {
+    pub(super) async fn fair_claim_queues(
+        &self,
+        tenants: Option<&[String]>,
+        operations: &[String],
+        limit: i64,
+        locked: bool,
+    ) -> Result<Vec<ClaimQueue>> {
+        if operations.is_empty() || limit <= 0 {
+            return Ok(Vec::new());
+        }
+        let sql = tenant_queues(if locked { "FOR UPDATE SKIP LOCKED" } else { "" });
+        let tenants: Option<Vec<&str>> = tenants.map(|t| t.iter().map(String::as_str).collect());
+        let params: [Param<'_>; 3] = [&operations, &tenants, &limit];
+        self.query(&sql, &params).await?.iter().map(queue).collect()
+    }
+
+    pub(super) async fn fair_value_queues(
+        &self,
+        tenant: &str,
+        operation: &str,
+        limit: i64,
+        locked: bool,
+    ) -> Result<Vec<ClaimQueue>> {
+        let sql = value_queues(if locked { "FOR UPDATE SKIP LOCKED" } else { "" });
+        self.query(&sql, &[&tenant, &operation, &limit])
+            .await?
+            .iter()
+            .map(queue)
+            .collect()
+    }
+
+    pub(super) async fn fair_claimable_with_value(
+        &self,
+        q: &ClaimQueue,
+        now: Timestamp,
+        limit: i64,
+    ) -> Result<Vec<Uuid>> {
+        let Some(value) = q.fairness_value() else {
+            return Ok(Vec::new());
+        };
+        let now = now.ms();
+        self.query(
+            CLAIMABLE_WITH_VALUE,
+            &[&q.tenant, &q.operation, &value, &now, &limit],
+        )
+        .await?
+        .iter()
+        .map(|r| get(r, "id"))
+        .collect()
+    }
+
+    pub(super) async fn fair_queue_waits(&self, q: &ClaimQueue) -> Result<bool> {
+        let row = match q.fairness_value() {
+            None => {
+                self.query_opt(TENANT_WAITS, &[&q.tenant, &q.operation])
+                    .await?
+            }
+            Some(v) => {
+                self.query_opt(VALUE_WAITS, &[&q.tenant, &q.operation, &v])
+                    .await?
+            }
+        };
+        Ok(match row {
+            Some(r) => get(&r, "e")?,
+            None => false,
+        })
+    }
+
+    pub(super) async fn fair_set_turn(&self, q: &ClaimQueue, turn: Option<i64>) -> Result<()> {
+        self.exec(
+            "UPDATE claim_turns SET turn = coalesce($4, turn), parked = ($4::bigint IS NULL) \
+             WHERE tenant = $1 AND operation = $2 AND fairness_key = $3",
+            &[&q.tenant, &q.operation, &q.key, &turn],
+        )
+        .await?;
+        Ok(())
+    }
+
+    pub(super) async fn fair_last_turn(&self, q: &ClaimQueue) -> Result<i64> {
+        let row = if q.key.is_empty() {
+            self.query_opt(
+                "SELECT max(turn) AS turn FROM claim_turns WHERE operation = $1 AND fairness_key = '' AND NOT parked",
+                &[&q.operation],
+            )
+            .await?
+        } else {
+            self.query_opt(
+                "SELECT max(turn) AS turn FROM claim_turns WHERE tenant = $1 AND operation = $2 \
+                 AND fairness_key <> '' AND NOT parked",
+                &[&q.tenant, &q.operation],
+            )
+            .await?
+        };
+        let last: Option<i64> = match row {
+            Some(r) => get(&r, "turn")?,
+            None => None,
+        };
+        Ok(last.unwrap_or(q.turn).max(q.turn))
+    }
+
+    pub(super) async fn fair_open_queues(&self, task: &Task) -> Result<()> {
+        let c = &task.control;
+        if !idem_store::flow::waits(task) {
+            return Ok(());
+        }
+        let tenants = vec![c.tenant.as_str()];
+        let operations = vec![task.operation.as_str()];
+        let values = vec![c.fairness_key.as_deref()];
+        self.exec(
+            &open_queues_sql("$1", "$2", "$3"),
+            &[&tenants, &operations, &values],
+        )
+        .await?;
+        Ok(())
+    }
+
+    pub(super) async fn fair_unpark_waiting(&self, limit: i64) -> Result<usize> {
+        let parked: Vec<ClaimQueue> = self
+            .query(
+                "SELECT tenant, operation, fairness_key, turn FROM claim_turns WHERE parked \
+                 LIMIT $1 FOR UPDATE SKIP LOCKED",
+                &[&limit],
+            )
+            .await?
+            .iter()
+            .map(queue)
+            .collect::<Result<_>>()?;
+        let mut opened = 0;
+        for q in parked {
+            if !self.fair_queue_waits(&q).await? {
+                continue;
+            }
+            let tenants = vec![q.tenant.as_str()];
+            let operations = vec![q.operation.as_str()];
+            let values = vec![q.fairness_value()];
+            // The tenant level row is `q` itself when `q` has no value.
+            self.exec(
+                &open_queues_sql("$1", "$2", "$3"),
+                &[&tenants, &operations, &values],
+            )
+            .await?;
+            opened += 1;
+        }
+        Ok(opened)
+    }
+}

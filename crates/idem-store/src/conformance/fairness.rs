@@ -1,0 +1,316 @@
+//! SPEC §2.13: shared executor pools, fair claims and priorities.
+
+use std::collections::BTreeMap;
+
+use idem_core::model::{AllTenants, Serves};
+
+use super::*;
+use crate::flow::{AGING_MS, ClaimFlow};
+
+/// A claim of `SAFE` by the executor key `pool` of tenant `pool` with `flow`.
+async fn claim_with(store: &Store, flow: &ClaimFlow, max: i64) -> Vec<Claimed> {
+    let req = ClaimRequest {
+        tenant: "pool".to_owned(),
+        operations: vec![SAFE.to_owned()],
+        executor_id: "pool-executor".to_owned(),
+        max,
+        lease_ms: Some(LONG_LEASE),
+        flow: flow.clone(),
+    };
+    must(store.claim(req).await, "claim")
+}
+
+/// A pool's flow: the tenants it serves, the weights, `SAFE` with a fairness
+/// key when `fair`.
+fn pool(serves: Serves, weights: &[(&str, i64)], fair: bool) -> ClaimFlow {
+    ClaimFlow {
+        serves: Some(serves),
+        fair_classes: if fair {
+            vec![SAFE.to_owned()]
+        } else {
+            Vec::new()
+        },
+        weights: weights
+            .iter()
+            .map(|(t, w)| ((*t).to_owned(), *w))
+            .collect::<BTreeMap<_, _>>(),
+        ..ClaimFlow::default()
+    }
+}
+
+/// Submits `n` `SAFE` tasks of `c` with `priority` and `value` as their
+/// fairness key.
+async fn flood(c: &Ctx, n: usize, priority: i64, value: Option<&str>) -> Vec<Task> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        let mut s = c.submission(
+            SAFE,
+            &format!("key-{}", Uuid::new_v4()),
+            params(SAFE, i as u64),
+            &contract(SAFE),
+        );
+        s.priority = priority;
+        s.fairness_key = value.map(str::to_owned);
+        match c.submit(s).await {
+            SubmitOutcome::Created(t) => out.push(t),
+            other => panic!("a fresh key creates a task, got {other:?}"),
+        }
+    }
+    out
+}
+
+/// Claims one attempt at a time `n` times, reporting each `succeeded`;
+/// the tenant and task of each.
+async fn claim_one_by_one(store: &Store, flow: &ClaimFlow, n: usize) -> Vec<(String, Task)> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let got = claim_with(store, flow, 1).await;
+        let Some(c) = got.into_iter().next() else {
+            break;
+        };
+        let tenant = c.task.control.tenant.clone();
+        let done = ok2(
+            store
+                .report(&tenant, c.attempt.id, succeeded(c.attempt.generation))
+                .await,
+            "report",
+        );
+        assert_eq!(done.state, TaskState::Succeeded);
+        out.push((tenant, c.task));
+    }
+    out
+}
+
+/// A pool key's claims lease the tasks of the tenants it serves and of no
+/// other; each task keeps its tenant; a tenant's task that turns claimable
+/// again after the pool found that tenant without work (a release) is
+/// claimed again; the attempt's tenant is what a pool key's heartbeat,
+/// acknowledge, report and release are scoped by, and another tenant's
+/// attempt is not found under any other tenant.
+pub async fn pool_keys_claim_only_the_tenants_they_serve(store: Store) {
+    let acme = Ctx::new(&store, "acme").await;
+    let globex = Ctx::new(&store, "globex").await;
+    let initech = Ctx::new(&store, "initech").await;
+    let (key, _) = must(
+        store
+            .create_pool_key(
+                "pool",
+                Role::Executor,
+                None,
+                Some(Serves::Tenants(vec!["acme".into(), "globex".into()])),
+            )
+            .await,
+        "create_pool_key",
+    );
+    let listed = must(store.list_api_keys().await, "list_api_keys");
+    let kept = listed.iter().find(|k| k.id == key.id).map(|k| &k.serves);
+    assert_eq!(kept, Some(&key.serves), "the key's tenants read back");
+    let flow = pool(
+        key.serves.clone().unwrap_or(Serves::Tenants(vec![])),
+        &[],
+        false,
+    );
+    let a = flood(&acme, 1, 3, None).await;
+    let g = flood(&globex, 1, 3, None).await;
+    let i = flood(&initech, 1, 3, None).await;
+    let got = claim_with(&store, &flow, 10).await;
+    let mut tenants: Vec<&str> = got.iter().map(|c| c.task.control.tenant.as_str()).collect();
+    tenants.sort_unstable();
+    assert_eq!(
+        tenants,
+        ["acme", "globex"],
+        "the served tenants' tasks only"
+    );
+    assert!(claim_with(&store, &flow, 10).await.is_empty());
+    for c in &got {
+        let tenant = must(store.attempt_tenant(c.attempt.id).await, "attempt_tenant");
+        assert_eq!(tenant.as_deref(), Some(c.task.control.tenant.as_str()));
+        let other = if tenant.as_deref() == Some("acme") {
+            "globex"
+        } else {
+            "acme"
+        };
+        assert_not_found(
+            store
+                .heartbeat(other, c.attempt.id, c.attempt.generation, None)
+                .await,
+            "heartbeat under another tenant",
+        );
+        assert_not_found(
+            store
+                .release("pool", c.attempt.id, c.attempt.generation)
+                .await,
+            "release under the pool's own tenant",
+        );
+    }
+    // Released, the acme task waits again: the pool claims it again.
+    let acme_claim = got
+        .iter()
+        .find(|c| c.task.control.tenant == "acme")
+        .unwrap_or_else(|| panic!("acme's task was claimed"));
+    ok2(
+        store
+            .release("acme", acme_claim.attempt.id, acme_claim.attempt.generation)
+            .await,
+        "release",
+    );
+    let again = claim_with(&store, &flow, 10).await;
+    assert_eq!(
+        again.iter().map(|c| c.task.id).collect::<Vec<_>>(),
+        vec![a[0].id]
+    );
+    // A new task of a tenant the pool found without work is claimed too.
+    let g2 = flood(&globex, 1, 3, None).await;
+    let next = claim_with(&store, &flow, 10).await;
+    assert_eq!(
+        next.iter().map(|c| c.task.id).collect::<Vec<_>>(),
+        vec![g2[0].id]
+    );
+    let unserved = must(
+        store.attempt_tenant(Uuid::new_v4()).await,
+        "attempt_tenant of nothing",
+    );
+    assert_eq!(unserved, None);
+    assert_eq!(initech.task(i[0].id).await.state, TaskState::Queued);
+    for t in [&a[0], &g[0], &i[0], &g2[0]] {
+        assert_history(&store, t.id).await;
+    }
+}
+
+/// A pool serving every tenant takes them in turn: a tenant that submits
+/// one task after another tenant's flood has it claimed within one turn of
+/// the tenants with work; two tenants with work share claims one for one,
+/// or by their weights.
+pub async fn pool_claims_serve_tenants_in_weighted_turns(store: Store) {
+    let acme = Ctx::new(&store, "acme").await;
+    let globex = Ctx::new(&store, "globex").await;
+    let all = pool(Serves::All(AllTenants::All), &[], false);
+    flood(&acme, 12, 3, None).await;
+    let late = flood(&globex, 1, 3, None).await;
+    let order = claim_one_by_one(&store, &all, 2).await;
+    assert!(
+        order.iter().any(|(_, t)| t.id == late[0].id),
+        "globex's task within one turn: {:?}",
+        order.iter().map(|(t, _)| t).collect::<Vec<_>>()
+    );
+    // acme: 11 left; globex: 11 more. One for one.
+    flood(&globex, 11, 3, None).await;
+    let order = claim_one_by_one(&store, &all, 10).await;
+    let count = |o: &[(String, Task)], t: &str| o.iter().filter(|(x, _)| x == t).count();
+    assert_eq!((count(&order, "acme"), count(&order, "globex")), (5, 5));
+    // Weights 3 : 1 (acme has 6 left; globex 6).
+    let weighted = pool(Serves::All(AllTenants::All), &[("acme", 3)], false);
+    let order = claim_one_by_one(&store, &weighted, 8).await;
+    let acme_n = count(&order, "acme");
+    assert!(
+        (5..=6).contains(&acme_n),
+        "acme 3 of 4 claims: {acme_n} of 8"
+    );
+}
+
+/// Inside one tenant, a class with a fairness key serves its values in
+/// turn: a value with one task after another value's flood is claimed
+/// within one turn of the values with work.
+pub async fn fairness_key_values_are_served_in_turn(store: Store) {
+    let acme = Ctx::new(&store, "acme").await;
+    let own = ClaimFlow {
+        serves: None,
+        fair_classes: vec![SAFE.to_owned()],
+        ..ClaimFlow::default()
+    };
+    flood(&acme, 12, 3, Some("workspace-a")).await;
+    let late = flood(&acme, 1, 3, Some("workspace-b")).await;
+    let req = |max| ClaimRequest {
+        tenant: "acme".to_owned(),
+        operations: vec![SAFE.to_owned()],
+        executor_id: "acme-executor".to_owned(),
+        max,
+        lease_ms: Some(LONG_LEASE),
+        flow: own.clone(),
+    };
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let got = must(store.claim(req(1)).await, "claim");
+        seen.extend(got.into_iter().map(|c| c.task));
+    }
+    assert!(
+        seen.iter().any(|t| t.id == late[0].id),
+        "workspace-b within one turn: {:?}",
+        seen.iter()
+            .map(|t| t.control.fairness_key.clone())
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        acme.task(late[0].id).await.control.fairness_key.as_deref(),
+        Some("workspace-b"),
+        "the fairness key is kept on the task"
+    );
+    // The rest drains: every task of the value's flood is claimed.
+    let rest = must(store.claim(req(20)).await, "claim");
+    assert_eq!(rest.len() + seen.len(), 13);
+}
+
+/// Claims take higher priorities first among tasks ready at once, and a
+/// task's priority rises with its time in queue: a priority-1 task ready
+/// more than 4 × AGING_MS before a priority-5 task goes first.
+pub async fn priorities_order_claims_and_age(store: Store) {
+    let acme = Ctx::new(&store, "acme").await;
+    let low = flood(&acme, 1, 1, None).await;
+    let high = flood(&acme, 1, 5, None).await;
+    let mid = flood(&acme, 1, 3, None).await;
+    assert_eq!(acme.task(high[0].id).await.priority, 5, "kept on the task");
+    assert_eq!(api(&acme.task(mid[0].id).await)["priority"], json!(3));
+    let order: Vec<Uuid> = {
+        let mut out = Vec::new();
+        for _ in 0..3 {
+            let a = acme.claim(&[SAFE], Some(LONG_LEASE), 1).await;
+            out.extend(a.iter().map(|c| c.task.id));
+        }
+        out
+    };
+    assert_eq!(order, vec![high[0].id, mid[0].id, low[0].id]);
+    // Aging: a priority-1 task that waited longer than 4 levels goes first …
+    let old = flood(&acme, 1, 1, None).await;
+    store.clock().advance(Duration::from_millis(
+        u64::try_from(4 * AGING_MS + 1_000).unwrap_or(0),
+    ));
+    let urgent = flood(&acme, 1, 5, None).await;
+    let first = acme.claim(&[SAFE], Some(LONG_LEASE), 1).await;
+    assert_eq!(
+        first.iter().map(|c| c.task.id).collect::<Vec<_>>(),
+        vec![old[0].id]
+    );
+    let second = acme.claim(&[SAFE], Some(LONG_LEASE), 1).await;
+    assert_eq!(
+        second.iter().map(|c| c.task.id).collect::<Vec<_>>(),
+        vec![urgent[0].id]
+    );
+    // … and one that waited less does not.
+    let young = flood(&acme, 1, 1, None).await;
+    store.clock().advance(Duration::from_millis(
+        u64::try_from(4 * AGING_MS - 1_000).unwrap_or(0),
+    ));
+    let urgent = flood(&acme, 1, 5, None).await;
+    let first = acme.claim(&[SAFE], Some(LONG_LEASE), 1).await;
+    assert_eq!(
+        first.iter().map(|c| c.task.id).collect::<Vec<_>>(),
+        vec![urgent[0].id]
+    );
+    let second = acme.claim(&[SAFE], Some(LONG_LEASE), 1).await;
+    assert_eq!(
+        second.iter().map(|c| c.task.id).collect::<Vec<_>>(),
+        vec![young[0].id]
+    );
+    // A pool's claims order each tenant's tasks the same way.
+    let p1 = flood(&acme, 1, 1, None).await;
+    let p5 = flood(&acme, 1, 5, None).await;
+    let all = pool(Serves::All(AllTenants::All), &[], false);
+    let order = claim_one_by_one(&store, &all, 2).await;
+    assert_eq!(
+        order.iter().map(|(_, t)| t.id).collect::<Vec<_>>(),
+        vec![p5[0].id, p1[0].id]
+    );
+    for t in [&low[0], &high[0], &mid[0], &old[0], &young[0]] {
+        assert_history(&store, t.id).await;
+    }
+}
