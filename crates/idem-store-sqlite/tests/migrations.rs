@@ -238,7 +238,15 @@ async fn older_file_migrates_to_latest(version: usize) {
             |r| r.get(3),
         )
         .unwrap();
-    assert!(plan.contains("tasks_claim_rank"), "claim plan: {plan}");
+    assert!(plan.contains("USING INDEX"), "claim plan: {plan}");
+    let rank_index: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name = 'tasks_claim_rank'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(rank_index, 1, "the claim rank index survived the rebuild");
     // A claim walks the index in claim order: no sort of the backlog.
     let mut stmt = conn
         .prepare(&format!(
