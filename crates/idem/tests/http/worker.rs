@@ -63,6 +63,16 @@ impl Handler for Scripted {
     }
 }
 
+/// Waits until `h`'s handler holds an attempt: a task turns `running` when
+/// the claim is granted, before the claim's answer reaches the worker.
+async fn handler_started(h: &Scripted) {
+    let asked = std::time::Instant::now();
+    while h.kinds().is_empty() {
+        assert!(asked.elapsed() < Duration::from_secs(30), "never started");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// Runs `worker` until the returned sender is set.
 fn spawn(
     worker: Worker,
@@ -243,8 +253,7 @@ async fn a_lost_lease_is_told_and_the_late_result_is_evidence_only() {
         .new_task("wk-4", "generation.dispatch", generation("x"))
         .await;
     let id = s(&t["id"]);
-    srv.wait_task(&id, "running", |t| t["state"] == json!("running"))
-        .await;
+    handler_started(&h).await;
     stop.send_replace(true);
     srv.advance(MOVED_MS + 1_000);
     tokio::time::timeout(Duration::from_secs(20), told.wait_for(|t| *t))
@@ -326,13 +335,7 @@ async fn shutdown_claims_nothing_more_and_returns_within_the_grace() {
         .new_task("wk-6", "generation.dispatch", generation("x"))
         .await;
     let id = s(&t["id"]);
-    // The handler has the attempt (the task turns `running` when the claim
-    // is granted, before its answer reaches the worker).
-    let asked = std::time::Instant::now();
-    while h.kinds().is_empty() {
-        assert!(asked.elapsed() < Duration::from_secs(30), "never started");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    handler_started(&h).await;
     let started = std::time::Instant::now();
     stop.send_replace(true);
     run.await.unwrap().unwrap();
