@@ -260,41 +260,6 @@ pub(crate) fn check_tenants(
     Ok(())
 }
 
-impl crate::config::Config {
-    /// The buckets a new submit of `operation` by `tenant` takes a token
-    /// from, as `(scope, limit)`: the tenant's (`submits_per_s`,
-    /// `submits_burst`) and the class's (`flow.submits_per_s`), when set.
-    pub fn submit_limits(&self, tenant: &str, operation: &str) -> Vec<(String, RateLimit)> {
-        let mut out = Vec::new();
-        if let Some(t) = self.tenants.get(tenant)
-            && let Some(per_s) = t.submits_per_s
-        {
-            out.push((tenant_scope(tenant), RateLimit::new(per_s, t.submits_burst)));
-        }
-        if let Some(per_s) = self
-            .operations
-            .get(operation)
-            .and_then(|c| c.flow.submits_per_s)
-        {
-            out.push((class_scope(operation), RateLimit::new(per_s, None)));
-        }
-        out
-    }
-
-    /// The attempt-start limit of each class that has one
-    /// (`flow.attempt_starts_per_s`), by class.
-    pub fn start_limits(&self) -> BTreeMap<String, RateLimit> {
-        self.operations
-            .iter()
-            .filter_map(|(name, c)| {
-                c.flow
-                    .attempt_starts_per_s
-                    .map(|r| (name.clone(), RateLimit::new(r, None)))
-            })
-            .collect()
-    }
-}
-
 /// The bucket scope of a tenant's new submits (`tenant:<tenant>`).
 pub fn tenant_scope(tenant: &str) -> String {
     format!("tenant:{tenant}")
@@ -377,68 +342,6 @@ mod tests {
         assert_eq!(l.take(t2, now), Err(20_000));
         assert_eq!(l.take(t2, now + 19_999), Err(1));
         assert!(l.take(t2, now + 20_000).is_ok());
-    }
-
-    /// Tenant and class limits parse, apply to their tenant and class, and
-    /// out-of-range values are refused.
-    #[test]
-    fn limits_from_config() {
-        let base = crate::config::DEFAULT_TOML;
-        let class = crate::config::Config::from_toml(base)
-            .unwrap()
-            .operations
-            .keys()
-            .next()
-            .unwrap()
-            .clone();
-        let text = format!(
-            "{base}\n[tenants.acme]\nsubmits_per_s = 50\nsubmits_burst = 5\n[operations.\"{class}\".flow]\nsubmits_per_s = 2.5\nattempt_starts_per_s = 10\n"
-        );
-        let c = crate::config::Config::from_toml(&text).unwrap();
-        assert_eq!(
-            c.submit_limits("acme", &class),
-            vec![
-                ("tenant:acme".into(), RateLimit::new(50.0, Some(5))),
-                (format!("class:{class}"), RateLimit::new(2.5, None)),
-            ]
-        );
-        assert_eq!(c.submit_limits("other", "nope"), vec![]);
-        assert_eq!(
-            c.start_limits().get(&class),
-            Some(&RateLimit::new(10.0, None))
-        );
-        for bad in [
-            "[tenants.acme]\nsubmits_per_s = 0",
-            "[tenants.acme]\nsubmits_per_s = 5\nsubmits_burst = 0",
-            "[tenants.acme]\nsubmits_burst = 5",
-            "[tenants.acme]\nsubmits_per_s = -1",
-        ] {
-            assert!(
-                crate::config::Config::from_toml(&format!("{base}\n{bad}\n")).is_err(),
-                "{bad}"
-            );
-        }
-        let bad_class =
-            format!("{base}\n[operations.\"{class}\".flow]\nattempt_starts_per_s = 0\n");
-        assert!(crate::config::Config::from_toml(&bad_class).is_err());
-        let env = crate::config::Config::from_toml_with_env(
-            base,
-            [(
-                format!(
-                    "IDEM_OPERATIONS__{}__FLOW__ATTEMPT_STARTS_PER_S",
-                    class.to_ascii_uppercase().replace(['.', '-'], "_")
-                ),
-                "7".to_owned(),
-            )],
-        )
-        .unwrap();
-        assert_eq!(
-            env.start_limits().get(&class),
-            Some(&RateLimit::new(7.0, None))
-        );
-        // Without flow settings the configuration version is unchanged.
-        let plain = crate::config::Config::from_toml(base).unwrap();
-        assert!(!plain.to_toml().unwrap().contains("flow"));
     }
 
     /// The default burst is the rate rounded up, at least 1.

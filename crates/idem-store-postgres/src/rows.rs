@@ -473,7 +473,7 @@ pub(crate) static TASKS_WITH_EVENTS_INSERT: LazyLock<String> = LazyLock::new(|| 
         at(7),
         TASK_COLUMNS.join(", "),
         arrays.join(", "),
-        crate::tx::open_queues_sql("$2", "$3", &format!("${n}")),
+        open_queues_sql("$2", "$3", &format!("${n}")),
         at(1),
         at(2),
         at(3),
@@ -955,3 +955,27 @@ pub(crate) const IDENTITY_IS_CURRENT: &str = "SELECT NOT EXISTS (SELECT 1 FROM s
         OR system_identifier IS DISTINCT FROM (SELECT system_identifier::text FROM pg_control_system()) \
         OR timeline IS DISTINCT FROM \
            ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint) AS current";
+
+/// Inserts or unparks the queues of `(tenants[i], operations[i], values[i])`
+/// (the tenant's queue, and the value's when `values[i]` is not NULL), each
+/// at the lowest unparked turn of its level; a queue in the turn order is
+/// not written. The conflict locks the queue row (in tenant, class, key
+/// order) even then: a claim that holds the row and parks it (it saw none of
+/// this transaction's tasks) commits first, and this statement then sees the
+/// row parked and unparks it, so no waiting task is left in a parked queue.
+/// Also the `q` CTE of the task insert (`TASKS_WITH_EVENTS_INSERT`).
+pub(crate) fn open_queues_sql(tenants: &str, operations: &str, values: &str) -> String {
+    format!(
+        "INSERT INTO claim_turns (tenant, operation, fairness_key, turn) \
+         SELECT n.tenant, n.operation, n.k, coalesce(CASE WHEN n.k = '' \
+             THEN (SELECT min(m.turn) FROM claim_turns m WHERE m.operation = n.operation AND m.fairness_key = '' AND NOT m.parked) \
+             ELSE (SELECT min(m.turn) FROM claim_turns m WHERE m.tenant = n.tenant AND m.operation = n.operation AND m.fairness_key <> '' AND NOT m.parked) \
+           END, 0) \
+         FROM (SELECT DISTINCT u.tenant, u.operation, k.k \
+               FROM unnest({tenants}::text[], {operations}::text[], {values}::text[]) AS u(tenant, operation, fk) \
+               CROSS JOIN LATERAL unnest(ARRAY['', '=' || u.fk]) AS k(k) WHERE k.k IS NOT NULL) AS n \
+         ORDER BY n.tenant, n.operation, n.k \
+         ON CONFLICT (tenant, operation, fairness_key) DO UPDATE SET parked = false, turn = EXCLUDED.turn \
+         WHERE claim_turns.parked"
+    )
+}

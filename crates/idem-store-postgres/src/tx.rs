@@ -25,7 +25,6 @@ mod fair;
 mod pipeline;
 pub(crate) mod search;
 
-pub(crate) use fair::open_queues_sql;
 pub(crate) use pipeline::Pipelined;
 
 /// Where statements go: an open READ COMMITTED transaction (every writing

@@ -50,19 +50,7 @@ impl CapKind {
     }
 }
 
-/// The caps of one class (`[operations.X.flow]`); `None` = no cap.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ClassCaps {
-    /// Leased attempts of the class, all tenants.
-    pub cap: Option<i64>,
-    /// Leased attempts of the class per tenant.
-    pub tenant_cap: Option<i64>,
-    /// Leased attempts per concurrency key value (tasks without a key are
-    /// not limited by it).
-    pub concurrency_key_cap: Option<i64>,
-}
-
-pub use crate::flow::ClaimFlow;
+pub use crate::flow::{ClaimFlow, ClassCaps};
 
 /// One slot to take: the cap scope, its cap and which cap it is.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -69,6 +69,18 @@ pub fn value_key(value: &str) -> String {
     format!("={value}")
 }
 
+/// The caps of one class (`[operations.X.flow]`); `None` = no cap.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClassCaps {
+    /// Leased attempts of the class, all tenants.
+    pub cap: Option<i64>,
+    /// Leased attempts of the class per tenant.
+    pub tenant_cap: Option<i64>,
+    /// Leased attempts per concurrency key value (tasks without a key are
+    /// not limited by it).
+    pub concurrency_key_cap: Option<i64>,
+}
+
 /// What a claim brings of the configuration (the store holds none).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ClaimFlow {
@@ -83,7 +95,7 @@ pub struct ClaimFlow {
     /// "Concurrency caps"); a tenant not named has none.
     pub tenant_caps: BTreeMap<String, i64>,
     /// Each class's caps, by class name; a class not named has none.
-    pub classes: BTreeMap<String, crate::caps::ClassCaps>,
+    pub classes: BTreeMap<String, ClassCaps>,
     /// Attempt starts per class (`flow.attempt_starts_per_s`, SPEC §8.1):
     /// each lease takes a token of the class's `starts:<class>` bucket;
     /// without one the claim leases no more of that class.

@@ -11,7 +11,7 @@ use tokio_postgres::Row;
 use uuid::Uuid;
 
 use super::PgTx;
-use crate::rows::{Param, get};
+use crate::rows::{Param, get, open_queues_sql};
 
 /// Unparked tenant queues of the classes `$1` whose tenant is in `$2` (NULL:
 /// all), lowest turn first, at most `$3`: one ordered walk of
@@ -62,30 +62,6 @@ const VALUE_WAITS: &str = "SELECT EXISTS (SELECT 1 FROM tasks WHERE tenant = $1 
      AND fairness_key = $3 \
      AND active_attempt_id IS NULL AND state IN ('queued', 'retry_wait', 'reconciling') \
      AND next_kind IS NOT NULL) AS e";
-
-/// Inserts or unparks the queues of `(tenants[i], operations[i], values[i])`
-/// (the tenant's queue, and the value's when `values[i]` is not NULL), each
-/// at the lowest unparked turn of its level; a queue in the turn order is
-/// not written. The conflict locks the queue row (in tenant, class, key
-/// order) even then: a claim that holds the row and parks it (it saw none of
-/// this transaction's tasks) commits first, and this statement then sees the
-/// row parked and unparks it, so no waiting task is left in a parked queue.
-/// Also the `q` CTE of the task insert (`TASKS_WITH_EVENTS_INSERT`).
-pub(crate) fn open_queues_sql(tenants: &str, operations: &str, values: &str) -> String {
-    format!(
-        "INSERT INTO claim_turns (tenant, operation, fairness_key, turn) \
-         SELECT n.tenant, n.operation, n.k, coalesce(CASE WHEN n.k = '' \
-             THEN (SELECT min(m.turn) FROM claim_turns m WHERE m.operation = n.operation AND m.fairness_key = '' AND NOT m.parked) \
-             ELSE (SELECT min(m.turn) FROM claim_turns m WHERE m.tenant = n.tenant AND m.operation = n.operation AND m.fairness_key <> '' AND NOT m.parked) \
-           END, 0) \
-         FROM (SELECT DISTINCT u.tenant, u.operation, k.k \
-               FROM unnest({tenants}::text[], {operations}::text[], {values}::text[]) AS u(tenant, operation, fk) \
-               CROSS JOIN LATERAL unnest(ARRAY['', '=' || u.fk]) AS k(k) WHERE k.k IS NOT NULL) AS n \
-         ORDER BY n.tenant, n.operation, n.k \
-         ON CONFLICT (tenant, operation, fairness_key) DO UPDATE SET parked = false, turn = EXCLUDED.turn \
-         WHERE claim_turns.parked"
-    )
-}
 
 fn queue(row: &Row) -> Result<ClaimQueue> {
     Ok(ClaimQueue {
