@@ -14,6 +14,12 @@
 //!   values instead of two tenants.
 //! * cost (`--tenants 1,10,1000`): claim+report pairs per second of the
 //!   claim loops for a pool whose tenants all have work.
+//! * aging (`--aging-backlog N`): one tenant, the claim loops at full
+//!   capacity on priority-5 tasks whose backlog is kept at `N` (one new
+//!   priority-5 task per lease); then one priority-1 task: how long it
+//!   waited, beside the queue's own delay (how long the priority-5 task
+//!   submitted with it waited). SPEC §2.13 bounds the difference by
+//!   4 × AGING_MS.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -55,6 +61,8 @@ pub struct FairnessOptions {
     pub seconds: u64,
     /// Tasks queued for a cost run, spread over its tenants (at least 20 each).
     pub cost_tasks: usize,
+    /// Priority-5 backlog of the aging run (0: no aging run).
+    pub aging_backlog: usize,
 }
 
 /// The figures.
@@ -64,6 +72,9 @@ pub struct FairnessReport {
     pub leases_before: Vec<u64>,
     /// Claim+report pairs per second by number of tenants with work.
     pub cost: Vec<(usize, f64)>,
+    /// The aging run: (ms the priority-1 task waited, ms the priority-5
+    /// task submitted with it waited).
+    pub aging: Option<(u64, u64)>,
 }
 
 /// Runs the starvation rounds, then the cost runs.
@@ -88,14 +99,24 @@ pub async fn run(o: &FairnessOptions) -> Result<FairnessReport> {
             .contract(CLASS)
             .context("the bundled configuration has no generation.dispatch")?,
     )?;
-    let leases_before = starvation(&stores, &contract, o).await?;
+    let leases_before = if o.rounds > 0 {
+        starvation(&stores, &contract, o).await?
+    } else {
+        Vec::new()
+    };
     let mut cost = Vec::new();
     for &n in &o.tenants {
         cost.push((n, pairs_per_second(&stores, &contract, n, o).await?));
     }
+    let aging = if o.aging_backlog > 0 {
+        Some(aging(&stores, &contract, o).await?)
+    } else {
+        None
+    };
     Ok(FairnessReport {
         leases_before,
         cost,
+        aging,
     })
 }
 
@@ -121,6 +142,16 @@ fn submission(
     n: u64,
     value: Option<&str>,
 ) -> Result<Submission> {
+    prioritised(key, contract, n, value, 3)
+}
+
+fn prioritised(
+    key: &ApiKey,
+    contract: &FrozenContract,
+    n: u64,
+    value: Option<&str>,
+    priority: i64,
+) -> Result<Submission> {
     let params = json!({"prompt": format!("fair {n}"), "steps": n});
     let canonical = canonical_request(CLASS, &params, &[])?;
     Ok(Submission {
@@ -134,7 +165,7 @@ fn submission(
         api_key_id: key.id,
         grant: None,
         traceparent: None,
-        priority: 3,
+        priority,
         fairness_key: value.map(str::to_owned),
         rate_limits: Vec::new(),
         concurrency_key: None,
@@ -352,4 +383,82 @@ async fn pairs_per_second(
         l.await??;
     }
     Ok(rate)
+}
+
+/// The aging run (see the module doc): the priority-1 task's wait and the
+/// wait of the priority-5 task submitted with it, ms.
+async fn aging(stores: &[Store], contract: &FrozenContract, o: &FairnessOptions) -> Result<(u64, u64)> {
+    let store = &stores[0];
+    let run = Uuid::new_v4().simple().to_string();
+    let key = client(store, &format!("aging-{}", &run[..8])).await?;
+    let mut n = 0u64;
+    let mut p5 = Vec::with_capacity(o.aging_backlog);
+    for _ in 0..o.aging_backlog {
+        n += 1;
+        p5.push(prioritised(&key, contract, n, None, 5)?);
+    }
+    store.submit_batch(p5).await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let leased = Arc::new(AtomicU64::new(0));
+    let watch: Watch = Arc::new(std::sync::Mutex::new(None));
+    let loops = claim_loops(
+        stores,
+        o.claimers.max(1),
+        &key.tenant,
+        &ClaimFlow::default(),
+        stop.clone(),
+        leased.clone(),
+        watch.clone(),
+    );
+    // Full capacity: one new priority-5 task per lease keeps the backlog.
+    let mut topped = 0u64;
+    let top_up = async |n: &mut u64, topped: &mut u64| -> Result<()> {
+        let now = leased.load(Ordering::SeqCst);
+        let batch: Vec<Submission> = (*topped..now)
+            .map(|_| {
+                *n += 1;
+                prioritised(&key, contract, *n, None, 5)
+            })
+            .collect::<Result<_>>()?;
+        *topped = now;
+        if !batch.is_empty() {
+            store.submit_batch(batch).await?;
+        }
+        Ok(())
+    };
+    let warm = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < warm {
+        top_up(&mut n, &mut topped).await?;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The priority-1 task and a priority-5 task, submitted together.
+    let low = prioritised(&key, contract, 9_000_001, None, 1)?;
+    let high = prioritised(&key, contract, 9_000_002, None, 5)?;
+    let (low_key, high_key) = (low.idempotency_key.clone(), high.idempotency_key.clone());
+    let sent = Instant::now();
+    store.submit_batch(vec![low, high]).await?;
+    let (mut low_at, mut high_at) = (None, None);
+    let deadline = sent + Duration::from_secs(600);
+    while low_at.is_none() || high_at.is_none() {
+        if Instant::now() > deadline {
+            stop.store(true, Ordering::SeqCst);
+            bail!("the priority-1 task was not leased within 600 s");
+        }
+        top_up(&mut n, &mut topped).await?;
+        for (k, at) in [(&low_key, &mut low_at), (&high_key, &mut high_at)] {
+            if at.is_none()
+                && let Ok(t) = store.find_task(&key.tenant, CLASS, k).await?
+                && t.attempt_count > 0
+            {
+                *at = Some(sent.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    for l in loops {
+        l.await??;
+    }
+    let ms = |d: Option<Duration>| d.map_or(0, |d| d.as_millis() as u64);
+    Ok((ms(low_at), ms(high_at)))
 }

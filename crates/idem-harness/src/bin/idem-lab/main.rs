@@ -109,6 +109,9 @@ enum Command {
         /// Tasks queued for each cost run, spread over its tenants (at least 20 each).
         #[arg(long, default_value_t = 20_000)]
         cost_tasks: usize,
+        /// Priority-5 backlog of the aging run, kept full (0: no aging run).
+        #[arg(long, default_value_t = 0)]
+        aging_backlog: usize,
     },
     /// The payment-release scenario end to end over HTTP against a simulated payout provider, as a readable report (exit 1 if a check fails).
     Demo {
@@ -594,6 +597,7 @@ async fn run() -> Result<()> {
             tenants,
             seconds,
             cost_tasks,
+            aging_backlog,
         } => {
             let report = idem_harness::fairness::run(&idem_harness::fairness::FairnessOptions {
                 store,
@@ -605,6 +609,7 @@ async fn run() -> Result<()> {
                 tenants,
                 seconds,
                 cost_tasks,
+                aging_backlog,
             })
             .await?;
             let mut sorted = report.leases_before.clone();
@@ -619,6 +624,11 @@ async fn run() -> Result<()> {
             for (n, rate) in &report.cost {
                 say(format_args!(
                     "{n} tenants with work: {rate:.0} claim+report pairs/s"
+                ))?;
+            }
+            if let Some((low, high)) = report.aging {
+                say(format_args!(
+                    "aging: the priority-1 task waited {low} ms, the priority-5 task submitted with it {high} ms (bound: {high} + 40000 ms)"
                 ))?;
             }
             Ok(())
