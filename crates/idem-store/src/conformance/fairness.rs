@@ -314,3 +314,41 @@ pub async fn priorities_order_claims_and_age(store: Store) {
         assert_history(&store, t.id).await;
     }
 }
+
+/// Tasks a class's claims find by turns after the class declared a fairness
+/// key (tasks submitted before it, or by a binary of an earlier schema,
+/// carry none and have no value queue) are still claimed: by the key's own
+/// tenant and by a pool key, all of them.
+pub async fn tasks_without_a_fairness_value_are_claimed_by_turns(store: Store) {
+    let acme = Ctx::new(&store, "acme").await;
+    let before = flood(&acme, 3, 3, None).await;
+    let own = ClaimFlow {
+        serves: None,
+        fair_classes: vec![SAFE.to_owned()],
+        ..ClaimFlow::default()
+    };
+    let req = ClaimRequest {
+        tenant: "acme".to_owned(),
+        operations: vec![SAFE.to_owned()],
+        executor_id: "acme-executor".to_owned(),
+        max: 1,
+        lease_ms: Some(LONG_LEASE),
+        flow: own,
+    };
+    let got = must(store.claim(req).await, "claim");
+    assert_eq!(
+        got.len(),
+        1,
+        "the key's own tenant claims a task without a value"
+    );
+    let by_pool = claim_with(
+        &store,
+        &pool(Serves::Tenants(vec!["acme".into()]), &[], true),
+        10,
+    )
+    .await;
+    assert_eq!(by_pool.len(), 2, "a pool key claims the rest");
+    for t in &before {
+        assert_eq!(acme.task(t.id).await.state, TaskState::Running);
+    }
+}

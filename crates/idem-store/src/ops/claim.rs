@@ -365,17 +365,21 @@ async fn pick<T: Tx>(
                         settle(tx, &v).await?;
                     }
                 }
-            } else {
-                let ids = tx
-                    .claimable(&q.tenant, std::slice::from_ref(&q.operation), now, want)
-                    .await?;
-                if let Some(id) = ids.into_iter().find(|id| !skipped.contains(id)) {
-                    return Ok(Some(Pick {
-                        id,
-                        queues: vec![q],
-                        advance: locked,
-                    }));
-                }
+            }
+            // The tenant queue's tasks in claim rank order: a class without
+            // a fairness key, or, when none of its value queues read had a
+            // ready task, the tasks no value queue holds (submitted before
+            // the class declared its fairness key, or by a binary of an
+            // earlier schema: no fairness value, no value queue).
+            let ids = tx
+                .claimable(&q.tenant, std::slice::from_ref(&q.operation), now, want)
+                .await?;
+            if let Some(id) = ids.into_iter().find(|id| !skipped.contains(id)) {
+                return Ok(Some(Pick {
+                    id,
+                    queues: vec![q],
+                    advance: locked,
+                }));
             }
             if locked {
                 settle(tx, &q).await?;
