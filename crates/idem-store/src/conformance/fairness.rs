@@ -352,3 +352,33 @@ pub async fn tasks_without_a_fairness_value_are_claimed_by_turns(store: Store) {
         assert_eq!(acme.task(t.id).await.state, TaskState::Running);
     }
 }
+
+/// A pool's claim passes over a tenant whose cap is full, however long its
+/// backlog and however low its turn: the other tenants' tasks are leased in
+/// the same claim, and the capped tenant's wait with no attempt used.
+pub async fn a_capped_tenant_does_not_hide_the_other_tenants_of_a_pool(store: Store) {
+    let acme = Ctx::new(&store, "acme").await;
+    let globex = Ctx::new(&store, "globex").await;
+    let backlog = flood(&acme, 80, 3, None).await;
+    let g = flood(&globex, 2, 3, None).await;
+    let mut flow = pool(Serves::All(AllTenants::All), &[], false);
+    flow.tenant_caps = [("acme".to_owned(), 1)].into();
+    // acme (turn 0, first by name), then globex: each turn 1,000,000.
+    let first = claim_with(&store, &flow, 1).await;
+    let second = claim_with(&store, &flow, 1).await;
+    let tenants: Vec<&str> = first
+        .iter()
+        .chain(&second)
+        .map(|c| c.task.control.tenant.as_str())
+        .collect();
+    assert_eq!(tenants, ["acme", "globex"]);
+    // acme's turn is the lowest again (a tie, first by name) and its cap is
+    // full: globex's second task is what the claim leases.
+    let third = claim_with(&store, &flow, 5).await;
+    let ids: Vec<Uuid> = third.iter().map(|c| c.task.id).collect();
+    assert_eq!(ids, [g[1].id], "globex's task, past acme's full cap");
+    let waiting = backlog.iter().skip(1).take(5);
+    for t in waiting {
+        assert_eq!(acme.task(t.id).await.attempt_count, 0);
+    }
+}
