@@ -177,6 +177,8 @@ macro_rules! store_conformance {
             pool_claims_serve_tenants_in_weighted_turns,
             fairness_key_values_are_served_in_turn,
             priorities_order_claims_and_age,
+            tasks_without_a_fairness_value_are_claimed_by_turns,
+            a_capped_tenant_does_not_hide_the_other_tenants_of_a_pool,
         );
     };
     (@cases $make:expr; $($case:ident),+ $(,)?) => {

@@ -391,9 +391,12 @@ pub async fn release(
 }
 
 /// The tenant an executor key acts for on `attempt_id` (SPEC §2.13): its
-/// own; for a pool key, the attempt's tenant when the pool serves it. Another
-/// tenant's attempt gets the key's own tenant, whose scoped operation
-/// answers 404 as for any attempt of another tenant.
+/// own; for a pool key, the attempt's tenant when the pool serves it.
+///
+/// # Errors
+/// 404 `NOT_FOUND` for a pool key and an attempt of a tenant the pool does
+/// not serve, its key's own tenant included (the pool claims none of its
+/// tasks), or no attempt at all; a store failure as its problem.
 async fn acting_tenant(
     st: &crate::AppState,
     key: &idem_core::model::ApiKey,
@@ -402,8 +405,8 @@ async fn acting_tenant(
     if key.serves.is_none() {
         return Ok(key.tenant.clone());
     }
-    Ok(match st.store.attempt_tenant(attempt_id).await? {
-        Some(t) if key.serves_tenant(&t) => t,
-        _ => key.tenant.clone(),
-    })
+    match st.store.attempt_tenant(attempt_id).await? {
+        Some(t) if key.serves_tenant(&t) => Ok(t),
+        _ => Err(Problem::not_found(no_attempt(attempt_id)())),
+    }
 }

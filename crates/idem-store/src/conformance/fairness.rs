@@ -314,3 +314,71 @@ pub async fn priorities_order_claims_and_age(store: Store) {
         assert_history(&store, t.id).await;
     }
 }
+
+/// Tasks a class's claims find by turns after the class declared a fairness
+/// key (tasks submitted before it, or by a binary of an earlier schema,
+/// carry none and have no value queue) are still claimed: by the key's own
+/// tenant and by a pool key, all of them.
+pub async fn tasks_without_a_fairness_value_are_claimed_by_turns(store: Store) {
+    let acme = Ctx::new(&store, "acme").await;
+    let before = flood(&acme, 3, 3, None).await;
+    let own = ClaimFlow {
+        serves: None,
+        fair_classes: vec![SAFE.to_owned()],
+        ..ClaimFlow::default()
+    };
+    let req = ClaimRequest {
+        tenant: "acme".to_owned(),
+        operations: vec![SAFE.to_owned()],
+        executor_id: "acme-executor".to_owned(),
+        max: 1,
+        lease_ms: Some(LONG_LEASE),
+        flow: own,
+    };
+    let got = must(store.claim(req).await, "claim");
+    assert_eq!(
+        got.len(),
+        1,
+        "the key's own tenant claims a task without a value"
+    );
+    let by_pool = claim_with(
+        &store,
+        &pool(Serves::Tenants(vec!["acme".into()]), &[], true),
+        10,
+    )
+    .await;
+    assert_eq!(by_pool.len(), 2, "a pool key claims the rest");
+    for t in &before {
+        assert_eq!(acme.task(t.id).await.state, TaskState::Running);
+    }
+}
+
+/// A pool's claim passes over a tenant whose cap is full, however long its
+/// backlog and however low its turn: the other tenants' tasks are leased in
+/// the same claim, and the capped tenant's wait with no attempt used.
+pub async fn a_capped_tenant_does_not_hide_the_other_tenants_of_a_pool(store: Store) {
+    let acme = Ctx::new(&store, "acme").await;
+    let globex = Ctx::new(&store, "globex").await;
+    let backlog = flood(&acme, 80, 3, None).await;
+    let g = flood(&globex, 2, 3, None).await;
+    let mut flow = pool(Serves::All(AllTenants::All), &[], false);
+    flow.tenant_caps = [("acme".to_owned(), 1)].into();
+    // acme (turn 0, first by name), then globex: each turn 1,000,000.
+    let first = claim_with(&store, &flow, 1).await;
+    let second = claim_with(&store, &flow, 1).await;
+    let tenants: Vec<&str> = first
+        .iter()
+        .chain(&second)
+        .map(|c| c.task.control.tenant.as_str())
+        .collect();
+    assert_eq!(tenants, ["acme", "globex"]);
+    // acme's turn is the lowest again (a tie, first by name) and its cap is
+    // full: globex's second task is what the claim leases.
+    let third = claim_with(&store, &flow, 5).await;
+    let ids: Vec<Uuid> = third.iter().map(|c| c.task.id).collect();
+    assert_eq!(ids, [g[1].id], "globex's task, past acme's full cap");
+    let waiting = backlog.iter().skip(1).take(5);
+    for t in waiting {
+        assert_eq!(acme.task(t.id).await.attempt_count, 0);
+    }
+}

@@ -99,6 +99,18 @@ impl Held {
                 .capped_tenant_classes
                 .contains(&(task.control.tenant.clone(), task.operation.clone()))
     }
+
+    /// Whether every task of the claim queue `q` (a tenant and class) is
+    /// held back: its tenant's cap, its class's cap, its (tenant, class)
+    /// cap is full or its class's bucket is dry.
+    fn holds_queue(&self, q: &ClaimQueue) -> bool {
+        self.throttled.contains(&q.operation)
+            || self.capped_classes.contains(&q.operation)
+            || self.capped_tenants.contains(&q.tenant)
+            || self
+                .capped_tenant_classes
+                .contains(&(q.tenant.clone(), q.operation.clone()))
+    }
 }
 
 /// Leases an attempt of task `id` (locked by the candidate query), or ends
@@ -303,7 +315,7 @@ async fn claim_by_turns<T: Tx>(
         if out.len() as i64 >= max {
             break;
         }
-        let Some(pick) = pick(tx, req, tenants.as_deref(), now, &skipped).await? else {
+        let Some(pick) = pick(tx, req, tenants.as_deref(), now, &skipped, &held).await? else {
             break;
         };
         match lease(tx, req, pick.id, now, &mut held).await? {
@@ -334,20 +346,41 @@ async fn claim_by_turns<T: Tx>(
 /// The next candidate of a claim by turns: first among the queues no other
 /// claim holds (locked, turns kept), then, when none of those has a ready
 /// task, among the queues others hold (read, turns left to their holders:
-/// one tenant with work keeps the throughput of parallel claims).
+/// one tenant with work keeps the throughput of parallel claims). A queue
+/// whose tasks this claim found all held back (a full cap of its tenant,
+/// class or both, a dry bucket of its class) is passed over with its turn
+/// kept, so its backlog does not hide the other queues' tasks.
 async fn pick<T: Tx>(
     tx: &mut T,
     req: &ClaimRequest,
     tenants: Option<&[String]>,
     now: Timestamp,
     skipped: &HashSet<Uuid>,
+    held: &Held,
 ) -> Result<Option<Pick>> {
     let want = 1 + skipped.len() as i64;
+    // Classes held back as a whole are not read; the queues held back one by
+    // one widen the read, so they hide no other queue.
+    let operations: Vec<String> = req
+        .operations
+        .iter()
+        .filter(|o| !held.throttled.contains(*o) && !held.capped_classes.contains(*o))
+        .cloned()
+        .collect();
+    if operations.is_empty() {
+        return Ok(None);
+    }
+    let per_pick = QUEUES_PER_PICK
+        .saturating_add(held.capped_tenants.len() as i64)
+        .saturating_add(held.capped_tenant_classes.len() as i64);
     for locked in [true, false] {
         let queues = tx
-            .claim_queues(tenants, &req.operations, QUEUES_PER_PICK, locked)
+            .claim_queues(tenants, &operations, per_pick, locked)
             .await?;
         for q in queues {
+            if held.holds_queue(&q) {
+                continue;
+            }
             if req.flow.is_fair(&q.operation) {
                 let values = tx
                     .value_queues(&q.tenant, &q.operation, QUEUES_PER_PICK, locked)
@@ -365,17 +398,21 @@ async fn pick<T: Tx>(
                         settle(tx, &v).await?;
                     }
                 }
-            } else {
-                let ids = tx
-                    .claimable(&q.tenant, std::slice::from_ref(&q.operation), now, want)
-                    .await?;
-                if let Some(id) = ids.into_iter().find(|id| !skipped.contains(id)) {
-                    return Ok(Some(Pick {
-                        id,
-                        queues: vec![q],
-                        advance: locked,
-                    }));
-                }
+            }
+            // The tenant queue's tasks in claim rank order: a class without
+            // a fairness key, or, when none of its value queues read had a
+            // ready task, the tasks no value queue holds (submitted before
+            // the class declared its fairness key, or by a binary of an
+            // earlier schema: no fairness value, no value queue).
+            let ids = tx
+                .claimable(&q.tenant, std::slice::from_ref(&q.operation), now, want)
+                .await?;
+            if let Some(id) = ids.into_iter().find(|id| !skipped.contains(id)) {
+                return Ok(Some(Pick {
+                    id,
+                    queues: vec![q],
+                    advance: locked,
+                }));
             }
             if locked {
                 settle(tx, &q).await?;

@@ -73,6 +73,23 @@ async fn a_pool_key_acts_for_the_tenants_it_serves_only() {
             .await
             .assert_problem(404, "NOT_FOUND");
     }
+    // A pool key of tenant other serving acme: other's attempt is not one
+    // it serves either (its pool claims none of other's tasks).
+    let (ok, out, err) = srv.cli(&[
+        "keys", "create", "--tenant", "other", "--role", "executor", "--serves", "acme",
+    ]);
+    assert!(ok, "keys create --serves: {err}");
+    let other_pool = out.trim().to_owned();
+    for (action, body) in [
+        ("heartbeat", json!({"generation": 1})),
+        ("ack", json!({"generation": 1})),
+        ("release", json!({"generation": 1})),
+        ("report", json!({"generation": 1, "outcome": "succeeded"})),
+    ] {
+        srv.post(&format!("/v1/attempts/{o_id}/{action}"), &other_pool, body)
+            .await
+            .assert_problem(404, "NOT_FOUND");
+    }
     let done = srv
         .post(
             &format!("/v1/attempts/{a_id}/report"),
