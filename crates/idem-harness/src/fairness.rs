@@ -387,7 +387,11 @@ async fn pairs_per_second(
 
 /// The aging run (see the module doc): the priority-1 task's wait and the
 /// wait of the priority-5 task submitted with it, ms.
-async fn aging(stores: &[Store], contract: &FrozenContract, o: &FairnessOptions) -> Result<(u64, u64)> {
+async fn aging(
+    stores: &[Store],
+    contract: &FrozenContract,
+    o: &FairnessOptions,
+) -> Result<(u64, u64)> {
     let store = &stores[0];
     let run = Uuid::new_v4().simple().to_string();
     let key = client(store, &format!("aging-{}", &run[..8])).await?;
