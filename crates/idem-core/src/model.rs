@@ -908,6 +908,7 @@ impl Serves {
     /// Parses the CLI's and the store's text: `all`, or tenants separated by
     /// commas (none empty).
     pub fn parse(text: &str) -> Option<Serves> {
+        let text = text.trim();
         if text == "all" {
             return Some(Serves::All(AllTenants::All));
         }
@@ -957,6 +958,19 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    /// `all` (spaces around it or not) is every tenant; a list is trimmed
+    /// per name and refuses an empty one.
+    #[test]
+    fn serves_reads_all_and_lists() {
+        assert_eq!(Serves::parse(" all "), Some(Serves::All(AllTenants::All)));
+        assert_eq!(
+            Serves::parse("acme, globex"),
+            Some(Serves::Tenants(vec!["acme".into(), "globex".into()]))
+        );
+        assert_eq!(Serves::parse("acme,,globex"), None);
+        assert_eq!(Serves::parse(""), None);
+    }
 
     proptest! {
         /// The direct rendering is the format description's text, byte for
