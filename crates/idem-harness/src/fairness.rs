@@ -1,9 +1,11 @@
-//! `idem-lab fairness`: starvation and cost of fair claims (SPEC §2.12,
+//! `idem-lab fairness`: starvation and cost of fair claims (SPEC §2.13,
 //! docs/benchmarks.md "Fair claims").
 //!
 //! On one store (a temporary SQLite file, or a PostgreSQL database reached
 //! through `--instances` connection pools, each standing for one `idem
-//! serve` on that database), straight through the store's operations:
+//! serve` on that database), straight through the store's operations, or,
+//! with `--http`, the starvation rounds alone over HTTP against real `idem
+//! serve` processes ([`http`]):
 //!
 //! * starvation: tenant `a` queues `--flood` tasks, then, `--rounds` times,
 //!   tenant `b` submits one task while `--claimers` claim loops (spread over
@@ -21,6 +23,7 @@
 //!   submitted with it waited). SPEC §2.13 bounds the difference by
 //!   4 × AGING_MS.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -36,6 +39,8 @@ use idem_store::flow::ClaimFlow;
 use idem_store::ops::{ClaimRequest, Submission, SubmitOutcome};
 use serde_json::json;
 use uuid::Uuid;
+
+pub mod http;
 
 /// The class the runs use (the bundled configuration's safe class).
 const CLASS: &str = "generation.dispatch";
@@ -63,6 +68,11 @@ pub struct FairnessOptions {
     pub cost_tasks: usize,
     /// Priority-5 backlog of the aging run (0: no aging run).
     pub aging_backlog: usize,
+    /// `Some`: the starvation rounds over HTTP against `idem serve`
+    /// processes of this `idem` binary, one per instance (one on SQLite),
+    /// instead of the store's operations in this process; no cost or aging
+    /// run.
+    pub idem_bin: Option<PathBuf>,
 }
 
 /// The figures.
@@ -80,8 +90,23 @@ pub struct FairnessReport {
 /// Runs the starvation rounds, then the cost runs.
 ///
 /// # Errors
-/// Store failures; a round whose task is not leased within 10 s.
-pub async fn run(o: &FairnessOptions) -> Result<FairnessReport> {
+/// Store failures; a round whose task is not leased within [`ROUND_LIMIT`];
+/// with [`FairnessOptions::idem_bin`], a cost or aging run asked for, or
+/// what [`http::starvation`] returns.
+pub async fn run(o: FairnessOptions) -> Result<FairnessReport> {
+    let o = &o;
+    if let Some(bin) = &o.idem_bin {
+        if !o.tenants.is_empty() || o.aging_backlog > 0 {
+            bail!(
+                "--http runs the starvation rounds only; --tenants and --aging-backlog run without it"
+            );
+        }
+        return Ok(FairnessReport {
+            leases_before: http::starvation(o, bin).await?,
+            cost: Vec::new(),
+            aging: None,
+        });
+    }
     let (first, _dir, _path) = crate::server::open_store(o.store.as_deref()).await?;
     let mut stores = vec![first.clone()];
     if let Some(url) = o.store.as_deref().filter(|u| !u.starts_with("sqlite://")) {
@@ -118,6 +143,29 @@ pub async fn run(o: &FairnessOptions) -> Result<FairnessReport> {
         cost,
         aging,
     })
+}
+
+/// The report as lines of text: the rounds (median, max, each), the cost
+/// runs, the aging run.
+pub fn render(r: &FairnessReport) -> String {
+    let mut sorted = r.leases_before.clone();
+    sorted.sort_unstable();
+    let max = sorted.last().copied().unwrap_or(0);
+    let median = sorted.get(sorted.len() / 2).copied().unwrap_or(0);
+    let mut out = format!(
+        "leases between the single task's submit and its lease over {} rounds: median {median}, max {max}; each: {:?}\n",
+        sorted.len(),
+        r.leases_before
+    );
+    for (n, rate) in &r.cost {
+        out += &format!("{n} tenants with work: {rate:.0} claim+report pairs/s\n");
+    }
+    if let Some((low, high)) = r.aging {
+        out += &format!(
+            "aging: the priority-1 task waited {low} ms, the priority-5 task submitted with it {high} ms (bound: {high} + 40000 ms)\n"
+        );
+    }
+    out
 }
 
 fn flow(values: bool) -> ClaimFlow {
@@ -196,26 +244,119 @@ async fn fill(
     Ok(())
 }
 
-/// The watched task of a round: its idempotency key, the lease count at its
-/// submit, and the leases before its own once it is leased.
-type Watch = Arc<std::sync::Mutex<Option<(String, u64, Option<u64>)>>>;
+/// How long a round waits for the single task's lease before the run fails.
+const ROUND_LIMIT: Duration = Duration::from_secs(10);
+
+/// What the claim loops count: leases, and the watched task of the round
+/// under way (shared by the in-process and the HTTP runs).
+#[derive(Debug, Default)]
+struct Tally {
+    /// Leases so far, counted as the claim answers arrive.
+    leased: AtomicU64,
+    /// The round's single task, once it is submitted.
+    watched: std::sync::Mutex<Option<Watched>>,
+}
+
+/// The watched task of a round.
+#[derive(Debug)]
+struct Watched {
+    /// Its idempotency key.
+    key: String,
+    /// [`Tally::leased`] when it was submitted.
+    at: u64,
+    /// Leases between its submit and its own lease, once leased.
+    before: Option<u64>,
+}
+
+impl Tally {
+    /// Leases counted so far.
+    fn leased(&self) -> u64 {
+        self.leased.load(Ordering::SeqCst)
+    }
+
+    /// Counts one lease, of the task whose idempotency key is `key`.
+    fn lease(&self, key: &str) {
+        let count = self.leased.fetch_add(1, Ordering::SeqCst) + 1;
+        if let Some(w) = self.watched().as_mut()
+            && w.key == key
+            && w.before.is_none()
+        {
+            w.before = Some(count - w.at - 1);
+        }
+    }
+
+    fn watched(&self) -> std::sync::MutexGuard<'_, Option<Watched>> {
+        self.watched
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Watches `key` from the current lease count.
+    fn watch(&self, key: String) {
+        *self.watched() = Some(Watched {
+            key,
+            at: self.leased(),
+            before: None,
+        });
+    }
+
+    /// Leases before the watched task's own, once it is leased.
+    fn before(&self) -> Option<u64> {
+        self.watched().as_ref().and_then(|w| w.before)
+    }
+}
+
+/// The starvation rounds, while claim loops count leases in `tally`:
+/// `rounds` times, a new idempotency key is watched, `submit(round, key)`
+/// submits the single task under it, and the round waits for its lease.
+/// Returns the leases before it, per round.
+///
+/// # Errors
+/// What `submit` returns; a task not leased within [`ROUND_LIMIT`].
+async fn rounds(
+    tally: &Tally,
+    rounds: usize,
+    mut submit: impl AsyncFnMut(usize, &str) -> Result<()>,
+) -> Result<Vec<u64>> {
+    let mut out = Vec::with_capacity(rounds);
+    for round in 0..rounds {
+        let key = format!("fair-single-{}", Uuid::new_v4());
+        // Watched from before the submit: a claim may lease it before the
+        // submit's answer is back.
+        tally.watch(key.clone());
+        submit(round, &key).await?;
+        let deadline = Instant::now() + ROUND_LIMIT;
+        loop {
+            if let Some(n) = tally.before() {
+                out.push(n);
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "round {round}: the single task was not leased within {} s",
+                    ROUND_LIMIT.as_secs()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    Ok(out)
+}
 
 /// Claim loops until `stop`: each claims one attempt for the pool and
-/// reports it; `leased` counts leases, and a lease of `watch`'s task
-/// records the count in `seen`.
+/// reports it, counting each lease in `tally`.
 fn claim_loops(
     stores: &[Store],
     claimers: usize,
     tenant: &str,
     flow: &ClaimFlow,
     stop: Arc<AtomicBool>,
-    leased: Arc<AtomicU64>,
-    watch: Watch,
+    tally: Arc<Tally>,
 ) -> Vec<tokio::task::JoinHandle<Result<()>>> {
     (0..claimers)
         .map(|i| {
             let store = stores[i % stores.len()].clone();
-            let (stop, leased, watch) = (stop.clone(), leased.clone(), watch.clone());
+            let (stop, tally) = (stop.clone(), tally.clone());
             let flow = flow.clone();
             let tenant = tenant.to_owned();
             tokio::spawn(async move {
@@ -235,13 +376,7 @@ fn claim_loops(
                         continue;
                     }
                     for c in got {
-                        let count = leased.fetch_add(1, Ordering::SeqCst) + 1;
-                        if let Ok(mut w) = watch.lock()
-                            && let Some((key, at, found)) = w.as_mut()
-                            && *key == c.task.idempotency_key
-                        {
-                            *found = Some(count - *at - 1);
-                        }
+                        tally.lease(&c.task.idempotency_key);
                         let report = Report {
                             generation: c.attempt.generation,
                             outcome: Outcome::Succeeded,
@@ -261,6 +396,19 @@ fn claim_loops(
             })
         })
         .collect()
+}
+
+/// Stops `loops` and waits for them: the first loop's error, else `out`.
+async fn stopped<T>(
+    stop: &AtomicBool,
+    loops: Vec<tokio::task::JoinHandle<Result<()>>>,
+    out: Result<T>,
+) -> Result<T> {
+    stop.store(true, Ordering::SeqCst);
+    for l in loops {
+        l.await??;
+    }
+    out
 }
 
 async fn starvation(
@@ -283,54 +431,25 @@ async fn starvation(
     };
     fill(store, &a, contract, o.flood, va).await?;
     let stop = Arc::new(AtomicBool::new(false));
-    let leased = Arc::new(AtomicU64::new(0));
-    let watch = Arc::new(std::sync::Mutex::new(None));
+    let tally = Arc::new(Tally::default());
     let loops = claim_loops(
         stores,
         o.claimers.max(1),
         "pool",
         &flow(o.values),
         stop.clone(),
-        leased.clone(),
-        watch.clone(),
+        tally.clone(),
     );
-    let mut out = Vec::new();
-    for round in 0..o.rounds {
-        let s = submission(&b, contract, 1_000_000 + round as u64, vb)?;
-        // Watched from before the submit: a claim may lease it before the
-        // submit's answer is back.
-        if let Ok(mut w) = watch.lock() {
-            *w = Some((
-                s.idempotency_key.clone(),
-                leased.load(Ordering::SeqCst),
-                None,
-            ));
-        }
+    let out = rounds(&tally, o.rounds, async |round, key| {
+        let mut s = submission(&b, contract, 1_000_000 + round as u64, vb)?;
+        s.idempotency_key = key.to_owned();
         if !matches!(store.submit(s).await?, SubmitOutcome::Created(_)) {
             bail!("the single task was not created");
         }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let found = watch
-                .lock()
-                .ok()
-                .and_then(|w| w.as_ref().and_then(|(_, _, f)| *f));
-            if let Some(n) = found {
-                out.push(n);
-                break;
-            }
-            if Instant::now() > deadline {
-                stop.store(true, Ordering::SeqCst);
-                bail!("round {round}: the single task was not leased within 10 s");
-            }
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-    }
-    stop.store(true, Ordering::SeqCst);
-    for l in loops {
-        l.await??;
-    }
-    Ok(out)
+        Ok(())
+    })
+    .await;
+    stopped(&stop, loops, out).await
 }
 
 async fn pairs_per_second(
@@ -361,28 +480,22 @@ async fn pairs_per_second(
         ..ClaimFlow::default()
     };
     let stop = Arc::new(AtomicBool::new(false));
-    let leased = Arc::new(AtomicU64::new(0));
-    let watch = Arc::new(std::sync::Mutex::new(None));
+    let tally = Arc::new(Tally::default());
     let loops = claim_loops(
         stores,
         o.claimers.max(1),
         &claimer,
         &served,
         stop.clone(),
-        leased.clone(),
-        watch,
+        tally.clone(),
     );
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let from = leased.load(Ordering::SeqCst);
+    let from = tally.leased();
     let start = Instant::now();
     tokio::time::sleep(Duration::from_secs(o.seconds.max(1))).await;
-    let done = leased.load(Ordering::SeqCst) - from;
+    let done = tally.leased() - from;
     let rate = done as f64 / start.elapsed().as_secs_f64();
-    stop.store(true, Ordering::SeqCst);
-    for l in loops {
-        l.await??;
-    }
-    Ok(rate)
+    stopped(&stop, loops, Ok(rate)).await
 }
 
 /// The aging run (see the module doc): the priority-1 task's wait and the
@@ -403,21 +516,19 @@ async fn aging(
     }
     store.submit_batch(p5).await?;
     let stop = Arc::new(AtomicBool::new(false));
-    let leased = Arc::new(AtomicU64::new(0));
-    let watch: Watch = Arc::new(std::sync::Mutex::new(None));
+    let tally = Arc::new(Tally::default());
     let loops = claim_loops(
         stores,
         o.claimers.max(1),
         &key.tenant,
         &ClaimFlow::default(),
         stop.clone(),
-        leased.clone(),
-        watch.clone(),
+        tally.clone(),
     );
     // Full capacity: one new priority-5 task per lease keeps the backlog.
     let mut topped = 0u64;
     let top_up = async |n: &mut u64, topped: &mut u64| -> Result<()> {
-        let now = leased.load(Ordering::SeqCst);
+        let now = tally.leased();
         let batch: Vec<Submission> = (*topped..now)
             .map(|_| {
                 *n += 1;
@@ -459,10 +570,6 @@ async fn aging(
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    stop.store(true, Ordering::SeqCst);
-    for l in loops {
-        l.await??;
-    }
     let ms = |d: Option<Duration>| d.map_or(0, |d| d.as_millis() as u64);
-    Ok((ms(low_at), ms(high_at)))
+    stopped(&stop, loops, Ok((ms(low_at), ms(high_at)))).await
 }

@@ -142,7 +142,7 @@ pub async fn run(opts: ChaosOptions) -> Result<ChaosReport> {
 }
 
 /// Waits for SIGINT or SIGTERM; never returns when neither can be watched.
-async fn interrupted() -> &'static str {
+pub(crate) async fn interrupted() -> &'static str {
     use tokio::signal::unix::{SignalKind, signal};
     match (
         signal(SignalKind::interrupt()),

@@ -3,7 +3,7 @@
 //! (docs/benchmarks.md, docs/chaos.md, docs/verification.md). They link the
 //! harness and the model checker, which the product binary does not.
 //!
-//! `bench-console`, `bench-waiters` and `chaos` start `idem serve` child
+//! `bench-console`, `bench-waiters`, `chaos` and `fairness --http` start `idem serve` child
 //! processes from the `idem` binary [`IdemBin`] names: `--idem-bin` or
 //! `IDEM_BIN`, else `idem` in this executable's directory (cargo builds both
 //! into `target/<profile>/`; an install puts both in one directory).
@@ -84,9 +84,18 @@ enum Command {
         /// Store: a PostgreSQL URL, `sqlite://path`; default a temporary SQLite file.
         #[arg(long)]
         store: Option<String>,
-        /// Connection pools on the one PostgreSQL database, each standing for one `idem serve`.
+        /// Connection pools on the one PostgreSQL database, each standing for one `idem serve`;
+        /// with --http, `idem serve` processes (SQLite: one).
         #[arg(long, default_value_t = 2)]
         instances: usize,
+        /// The starvation rounds over HTTP against `idem serve` child processes on the store
+        /// (submits, claims and reports through the API) instead of the store's operations in
+        /// this process; no cost or aging run.
+        #[arg(long)]
+        http: bool,
+        /// The figures as one JSON object on stdout.
+        #[arg(long)]
+        json: bool,
         /// Claim loops (one attempt per claim, reported `succeeded`), spread over the instances.
         #[arg(long, default_value_t = 8)]
         claimers: usize,
@@ -112,6 +121,8 @@ enum Command {
         /// Priority-5 backlog of the aging run, kept full (0: no aging run).
         #[arg(long, default_value_t = 0)]
         aging_backlog: usize,
+        #[command(flatten)]
+        idem: IdemBin,
     },
     /// The payment-release scenario end to end over HTTP against a simulated payout provider, as a readable report (exit 1 if a check fails).
     Demo {
@@ -590,6 +601,8 @@ async fn run() -> Result<()> {
         Command::Fairness {
             store,
             instances,
+            http,
+            json,
             claimers,
             flood,
             rounds,
@@ -598,8 +611,10 @@ async fn run() -> Result<()> {
             seconds,
             cost_tasks,
             aging_backlog,
+            idem,
         } => {
-            let report = idem_harness::fairness::run(&idem_harness::fairness::FairnessOptions {
+            let idem_bin = if http { Some(idem.path()?) } else { None };
+            let run = idem_harness::fairness::run(idem_harness::fairness::FairnessOptions {
                 store,
                 instances,
                 claimers,
@@ -610,27 +625,9 @@ async fn run() -> Result<()> {
                 seconds,
                 cost_tasks,
                 aging_backlog,
-            })
-            .await?;
-            let mut sorted = report.leases_before.clone();
-            sorted.sort_unstable();
-            let max = sorted.last().copied().unwrap_or(0);
-            let median = sorted.get(sorted.len() / 2).copied().unwrap_or(0);
-            say(format_args!(
-                "leases between the single task's submit and its lease over {} rounds: median {median}, max {max}; each: {:?}",
-                sorted.len(),
-                report.leases_before
-            ))?;
-            for (n, rate) in &report.cost {
-                say(format_args!(
-                    "{n} tenants with work: {rate:.0} claim+report pairs/s"
-                ))?;
-            }
-            if let Some((low, high)) = report.aging {
-                say(format_args!(
-                    "aging: the priority-1 task waited {low} ms, the priority-5 task submitted with it {high} ms (bound: {high} + 40000 ms)"
-                ))?;
-            }
+                idem_bin,
+            });
+            bench_report(run, json, idem_harness::fairness::render).await?;
             Ok(())
         }
     }
