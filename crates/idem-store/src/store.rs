@@ -628,4 +628,19 @@ impl Store {
     pub async fn sweep(&self, limit: i64) -> Result<SweepStats> {
         self.call_ending(ops::Sweep { limit }).await
     }
+
+    /// Deletes every claim queue of `tenant`'s class `operation`
+    /// ([`ops::ForgetQueues`]): the state a binary of a schema before the
+    /// claim queues leaves its tasks in. For the conformance suite.
+    ///
+    /// # Errors
+    /// Storage failures ([`StoreError`]).
+    #[cfg(feature = "conformance")]
+    pub async fn forget_queues(&self, tenant: &str, operation: &str) -> Result<usize> {
+        self.call(ops::ForgetQueues {
+            tenant: tenant.to_owned(),
+            operation: operation.to_owned(),
+        })
+        .await
+    }
 }

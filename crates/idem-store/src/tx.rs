@@ -472,6 +472,30 @@ pub trait Tx: Send + TaskSearch + ConsoleTx {
         let _ = limit;
         async { Ok(0) }
     }
+    /// Inserts the missing tenant queues: for up to `limit` (tenant, class)
+    /// pairs with a task waiting to be claimed but no tenant queue (tasks a
+    /// binary of a schema before the claim queues accepted or wrote: it
+    /// writes no queue rows), the tenant's queue of the class, at the lowest
+    /// unparked turn of its level ([`Tx::open_queues`]' rule); how many. A
+    /// value's queue is not needed to claim its tasks (a claim takes the
+    /// tasks no value queue holds from their tenant's queue). Cost without a
+    /// missing queue: one index probe per pair with a waiting task, whatever
+    /// the backlog.
+    fn open_missing_queues(&mut self, limit: i64) -> impl Future<Output = Result<usize>> + Send {
+        let _ = limit;
+        async { Ok(0) }
+    }
+    /// Deletes every claim queue of `tenant`'s class `operation` (its
+    /// tenant's and its values'): the state a binary of a schema before the
+    /// claim queues leaves behind. For the conformance suite; how many.
+    fn forget_queues(
+        &mut self,
+        tenant: &str,
+        operation: &str,
+    ) -> impl Future<Output = Result<usize>> + Send {
+        let _ = (tenant, operation);
+        async { Ok(0) }
+    }
 
     /// Up to `limit` `(task, attempt)` pairs whose active lease ended before `now`
     /// (locked, skipping locked rows).

@@ -63,6 +63,32 @@ const VALUE_WAITS: &str = "SELECT EXISTS (SELECT 1 FROM tasks WHERE tenant = $1 
      AND active_attempt_id IS NULL AND state IN ('queued', 'retry_wait', 'reconciling') \
      AND next_kind IS NOT NULL) AS e";
 
+/// Up to `$1` (tenant, class) pairs with a task waiting to be claimed and no
+/// tenant queue, in (tenant, operation) order. The pairs with a task in the
+/// claimable states come from a walk of `tasks_claim_rank` (whose predicate
+/// it repeats) that probes the index once per pair, whatever its backlog;
+/// each then costs a probe of the `claim_turns` key, and only a pair without
+/// a queue reads whether a task of it waits (`next_kind`).
+const MISSING_TENANT_QUEUES: &str = "WITH RECURSIVE pairs (tenant, operation) AS ( \
+       (SELECT tenant, operation FROM tasks \
+        WHERE active_attempt_id IS NULL AND state IN ('queued', 'retry_wait', 'reconciling') \
+        ORDER BY tenant, operation LIMIT 1) \
+       UNION ALL \
+       SELECT n.tenant, n.operation FROM pairs p CROSS JOIN LATERAL ( \
+         SELECT tenant, operation FROM tasks \
+         WHERE active_attempt_id IS NULL AND state IN ('queued', 'retry_wait', 'reconciling') \
+           AND (tenant, operation) > (p.tenant, p.operation) \
+         ORDER BY tenant, operation LIMIT 1) AS n), \
+     queueless AS MATERIALIZED ( \
+       SELECT p.tenant, p.operation FROM pairs p \
+       WHERE NOT EXISTS (SELECT 1 FROM claim_turns q \
+                         WHERE q.tenant = p.tenant AND q.operation = p.operation AND q.fairness_key = '')) \
+     SELECT m.tenant, m.operation FROM queueless m \
+     WHERE EXISTS (SELECT 1 FROM tasks t WHERE t.tenant = m.tenant AND t.operation = m.operation \
+                   AND t.active_attempt_id IS NULL AND t.state IN ('queued', 'retry_wait', 'reconciling') \
+                   AND t.next_kind IS NOT NULL) \
+     LIMIT $1";
+
 fn queue(row: &Row) -> Result<ClaimQueue> {
     Ok(ClaimQueue {
         tenant: get(row, "tenant")?,
@@ -217,5 +243,35 @@ impl PgTx<'_> {
             opened += 1;
         }
         Ok(opened)
+    }
+
+    pub(super) async fn fair_open_missing_queues(&self, limit: i64) -> Result<usize> {
+        let missing = self.query(MISSING_TENANT_QUEUES, &[&limit]).await?;
+        if missing.is_empty() {
+            return Ok(0);
+        }
+        let mut tenants: Vec<String> = Vec::with_capacity(missing.len());
+        let mut operations: Vec<String> = Vec::with_capacity(missing.len());
+        for row in &missing {
+            tenants.push(get(row, "tenant")?);
+            operations.push(get(row, "operation")?);
+        }
+        let values: Vec<Option<&str>> = vec![None; missing.len()];
+        self.exec(
+            &open_queues_sql("$1", "$2", "$3"),
+            &[&tenants, &operations, &values],
+        )
+        .await?;
+        Ok(missing.len())
+    }
+
+    pub(super) async fn fair_forget_queues(&self, tenant: &str, operation: &str) -> Result<usize> {
+        let n = self
+            .exec(
+                "DELETE FROM claim_turns WHERE tenant = $1 AND operation = $2",
+                &[&tenant, &operation],
+            )
+            .await?;
+        Ok(usize::try_from(n).unwrap_or(0))
     }
 }
