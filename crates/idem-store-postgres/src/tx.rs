@@ -848,8 +848,12 @@ impl Tx for PgTx<'_> {
         self.fair_unpark_waiting(limit).await
     }
 
-    async fn open_missing_queues(&mut self, limit: i64) -> Result<usize> {
-        self.fair_open_missing_queues(limit).await
+    async fn open_missing_queues(
+        &mut self,
+        after: Option<&idem_store::flow::QueuePair>,
+        limit: i64,
+    ) -> Result<(usize, Option<idem_store::flow::QueuePair>)> {
+        self.fair_open_missing_queues(after, limit).await
     }
 
     async fn forget_queues(&mut self, tenant: &str, operation: &str) -> Result<usize> {

@@ -6,7 +6,7 @@
 
 use idem_core::model::{Task, Timestamp};
 use idem_store::Result;
-use idem_store::flow::ClaimQueue;
+use idem_store::flow::{ClaimQueue, QueuePair};
 use tokio_postgres::Row;
 use uuid::Uuid;
 
@@ -63,31 +63,38 @@ const VALUE_WAITS: &str = "SELECT EXISTS (SELECT 1 FROM tasks WHERE tenant = $1 
      AND active_attempt_id IS NULL AND state IN ('queued', 'retry_wait', 'reconciling') \
      AND next_kind IS NOT NULL) AS e";
 
-/// Up to `$1` (tenant, class) pairs with a task waiting to be claimed and no
-/// tenant queue, in (tenant, operation) order. The pairs with a task in the
-/// claimable states come from a walk of `tasks_claim_rank` (whose predicate
-/// it repeats) that probes the index once per pair, whatever its backlog;
-/// each then costs a probe of the `claim_turns` key, and only a pair without
-/// a queue reads whether a task of it waits (`next_kind`).
-const MISSING_TENANT_QUEUES: &str = "WITH RECURSIVE pairs (tenant, operation) AS ( \
-       (SELECT tenant, operation FROM tasks \
+/// The walk for missing tenant queues: up to `$3` (tenant, class) pairs
+/// with a task in the claimable states, in (tenant, operation) order after
+/// `($1, $2)`, each probed from the last by one step of `tasks_claim_rank`
+/// (whose predicate it repeats), so its cost is per pair, whatever the
+/// backlog. Of those, the pairs without a tenant queue (one probe of the
+/// `claim_turns` key each) that have a task waiting to be claimed
+/// (`next_kind`, read only for those) answer `missing`; the `$3`-th pair
+/// answers too (where the walk stopped), missing or not. Both reads are
+/// lateral `LIMIT 1` subqueries, so the planner probes per pair and never
+/// hashes all of `claim_turns` (value queues included) instead.
+const MISSING_TENANT_QUEUES: &str = "WITH RECURSIVE pairs (n, tenant, operation) AS ( \
+       (SELECT 1::bigint, tenant, operation FROM tasks \
         WHERE active_attempt_id IS NULL AND state IN ('queued', 'retry_wait', 'reconciling') \
+          AND (tenant, operation) > ($1::text, $2::text) \
         ORDER BY tenant, operation LIMIT 1) \
        UNION ALL \
-       SELECT n.tenant, n.operation FROM pairs p CROSS JOIN LATERAL ( \
+       SELECT p.n + 1, x.tenant, x.operation FROM pairs p CROSS JOIN LATERAL ( \
          SELECT tenant, operation FROM tasks \
          WHERE active_attempt_id IS NULL AND state IN ('queued', 'retry_wait', 'reconciling') \
            AND (tenant, operation) > (p.tenant, p.operation) \
-         ORDER BY tenant, operation LIMIT 1) AS n), \
-     queueless AS MATERIALIZED ( \
-       SELECT p.tenant, p.operation FROM pairs p \
-       WHERE NOT EXISTS (SELECT 1 FROM claim_turns q \
-                         WHERE q.tenant = p.tenant AND q.operation = p.operation AND q.fairness_key = '')) \
-     SELECT m.tenant, m.operation FROM queueless m \
-     WHERE EXISTS (SELECT 1 FROM tasks t WHERE t.tenant = m.tenant AND t.operation = m.operation \
-                   AND t.active_attempt_id IS NULL AND t.state IN ('queued', 'retry_wait', 'reconciling') \
-                   AND t.next_kind IS NOT NULL) \
-     LIMIT $1";
+         ORDER BY tenant, operation LIMIT 1) AS x \
+       WHERE p.n < $3::bigint) \
+     SELECT p.n, p.tenant, p.operation, (w.waits IS NOT NULL) AS missing FROM pairs p \
+     LEFT JOIN LATERAL ( \
+       SELECT 1 AS present FROM claim_turns q \
+       WHERE q.tenant = p.tenant AND q.operation = p.operation AND q.fairness_key = '' LIMIT 1) AS q ON true \
+     LEFT JOIN LATERAL ( \
+       SELECT 1 AS waits FROM tasks t \
+       WHERE q.present IS NULL AND t.tenant = p.tenant AND t.operation = p.operation \
+         AND t.active_attempt_id IS NULL AND t.state IN ('queued', 'retry_wait', 'reconciling') \
+         AND t.next_kind IS NOT NULL LIMIT 1) AS w ON true \
+     WHERE w.waits IS NOT NULL OR p.n = $3::bigint";
 
 fn queue(row: &Row) -> Result<ClaimQueue> {
     Ok(ClaimQueue {
@@ -245,24 +252,47 @@ impl PgTx<'_> {
         Ok(opened)
     }
 
-    pub(super) async fn fair_open_missing_queues(&self, limit: i64) -> Result<usize> {
-        let missing = self.query(MISSING_TENANT_QUEUES, &[&limit]).await?;
-        if missing.is_empty() {
-            return Ok(0);
+    pub(super) async fn fair_open_missing_queues(
+        &self,
+        after: Option<&QueuePair>,
+        limit: i64,
+    ) -> Result<(usize, Option<QueuePair>)> {
+        if limit <= 0 {
+            return Ok((0, after.cloned()));
         }
-        let mut tenants: Vec<String> = Vec::with_capacity(missing.len());
-        let mut operations: Vec<String> = Vec::with_capacity(missing.len());
-        for row in &missing {
-            tenants.push(get(row, "tenant")?);
-            operations.push(get(row, "operation")?);
+        // From the start: ("", "") is below every pair (a class name is not
+        // empty).
+        let (tenant, operation) = after.map_or(("", ""), |p| (&p.tenant, &p.operation));
+        let rows = self
+            .query(MISSING_TENANT_QUEUES, &[&tenant, &operation, &limit])
+            .await?;
+        let mut tenants: Vec<String> = Vec::new();
+        let mut operations: Vec<String> = Vec::new();
+        let mut walked_to = None;
+        for row in &rows {
+            let n: i64 = get(row, "n")?;
+            let pair = QueuePair {
+                tenant: get(row, "tenant")?,
+                operation: get(row, "operation")?,
+            };
+            let missing: bool = get(row, "missing")?;
+            if missing {
+                tenants.push(pair.tenant.clone());
+                operations.push(pair.operation.clone());
+            }
+            if n == limit {
+                walked_to = Some(pair);
+            }
         }
-        let values: Vec<Option<&str>> = vec![None; missing.len()];
-        self.exec(
-            &open_queues_sql("$1", "$2", "$3"),
-            &[&tenants, &operations, &values],
-        )
-        .await?;
-        Ok(missing.len())
+        if !tenants.is_empty() {
+            let values: Vec<Option<&str>> = vec![None; tenants.len()];
+            self.exec(
+                &open_queues_sql("$1", "$2", "$3"),
+                &[&tenants, &operations, &values],
+            )
+            .await?;
+        }
+        Ok((tenants.len(), walked_to))
     }
 
     pub(super) async fn fair_forget_queues(&self, tenant: &str, operation: &str) -> Result<usize> {

@@ -5,7 +5,7 @@
 
 use idem_core::model::{Task, Timestamp};
 use idem_store::StoreError;
-use idem_store::flow::{ClaimQueue, value_key};
+use idem_store::flow::{ClaimQueue, QueuePair, value_key};
 use rusqlite::{OptionalExtension, params};
 use uuid::Uuid;
 
@@ -247,13 +247,20 @@ impl SqliteTx<'_> {
         Ok(opened)
     }
 
-    pub(super) fn fair_open_missing_queues(&self, limit: i64) -> Result<usize, StoreError> {
+    pub(super) fn fair_open_missing_queues(
+        &self,
+        after: Option<&QueuePair>,
+        limit: i64,
+    ) -> Result<(usize, Option<QueuePair>), StoreError> {
         let mut next = self.conn.prepare_cached(NEXT_WAITING_PAIR).map_err(db)?;
         let mut has = self.conn.prepare_cached(HAS_TENANT_QUEUE).map_err(db)?;
-        // Below every pair: a class name is not empty.
-        let (mut tenant, mut operation) = (String::new(), String::new());
+        // From the start: ("", "") is below every pair (a class name is not
+        // empty).
+        let (mut tenant, mut operation) = after
+            .map(|p| (p.tenant.clone(), p.operation.clone()))
+            .unwrap_or_default();
         let mut opened = 0;
-        while opened < limit {
+        for _ in 0..limit.max(0) {
             let Some(pair) = next
                 .query_row(params![tenant, operation], |r| {
                     Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
@@ -261,7 +268,7 @@ impl SqliteTx<'_> {
                 .optional()
                 .map_err(db)?
             else {
-                break;
+                return Ok((opened, None));
             };
             (tenant, operation) = pair;
             let present: bool = has
@@ -281,7 +288,7 @@ impl SqliteTx<'_> {
                 opened += 1;
             }
         }
-        Ok(usize::try_from(opened).unwrap_or(0))
+        Ok((opened, Some(QueuePair { tenant, operation })))
     }
 
     pub(super) fn fair_forget_queues(

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use idem_core::model::{AllTenants, Serves};
 
 use super::*;
-use crate::flow::{AGING_MS, ClaimFlow};
+use crate::flow::{AGING_MS, ClaimFlow, QueuePair};
 
 /// A claim of `SAFE` by the executor key `pool` of tenant `pool` with `flow`.
 async fn claim_with(store: &Store, flow: &ClaimFlow, max: i64) -> Vec<Claimed> {
@@ -385,9 +385,11 @@ pub async fn a_capped_tenant_does_not_hide_the_other_tenants_of_a_pool(store: St
 
 /// Waiting tasks without a tenant queue (accepted by a binary of a schema
 /// before the claim queues, which writes none) are invisible to a pool key
-/// and to a class with a fairness key until one sweep inserts their queues,
-/// each at the lowest unparked turn of its level, as a submit does; a sweep
-/// that finds every queue in place inserts nothing.
+/// and to a class with a fairness key until a sweep inserts their queues,
+/// each at the lowest unparked turn of its level, as a submit does. Each
+/// sweep walks at most its batch size of (tenant, class) pairs, from where
+/// the last one stopped; one that finds every queue in place inserts
+/// nothing.
 pub async fn a_sweep_restores_missing_claim_queues(store: Store) {
     let acme = Ctx::new(&store, "acme").await;
     let globex = Ctx::new(&store, "globex").await;
@@ -428,10 +430,33 @@ pub async fn a_sweep_restores_missing_claim_queues(store: Store) {
         must(store.claim(fair(10)).await, "claim").is_empty(),
         "globex's task has no queue: its fairness-key class does not see it"
     );
-    let swept = must(store.sweep(SWEEP).await, "sweep");
-    assert_eq!(swept.opened, 2, "acme's and globex's queues: {swept:?}");
+    // Sweeps of 1 walk one (tenant, class) pair each, each from where the
+    // last stopped: acme's (queue inserted), globex's (inserted),
+    // initech's (in place), then none left.
+    let pair = |tenant: &str| {
+        Some(QueuePair {
+            tenant: tenant.to_owned(),
+            operation: SAFE.to_owned(),
+        })
+    };
+    let mut after = None;
+    for (opened, walked_to) in [(1, "acme"), (1, "globex"), (0, "initech")] {
+        let swept = must(store.sweep_from(1, after.clone()).await, "sweep");
+        assert_eq!(
+            (swept.opened, &swept.queues_walked_to),
+            (opened, &pair(walked_to)),
+            "{swept:?}"
+        );
+        after = swept.queues_walked_to;
+    }
+    let last = must(store.sweep_from(1, after).await, "sweep");
+    assert_eq!((last.opened, last.queues_walked_to), (0, None));
     let again = must(store.sweep(SWEEP).await, "sweep");
-    assert_eq!(again.opened, 0, "nothing missing: {again:?}");
+    assert_eq!(
+        (again.opened, again.queues_walked_to),
+        (0, None),
+        "nothing missing"
+    );
     // acme's queue joins at initech's turn (2 leases: 2,000,000), not at 0:
     // the two alternate (ties go by tenant name).
     let after = claim_one_by_one(&store, &pooled, 4).await;

@@ -5,11 +5,12 @@
 use idem_core::machine::{self, Journal};
 
 use super::{Operation, persist};
+use crate::flow::QueuePair;
 use crate::spans::{EndedAttempt, Ending};
 use crate::{Result, Tx};
 
 /// What one sweep did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SweepStats {
     /// Leases expired.
     pub expired: usize,
@@ -22,14 +23,22 @@ pub struct SweepStats {
     /// Tenant claim queues inserted for waiting tasks that had none (SPEC
     /// §2.13: tasks a binary of a schema before the claim queues wrote).
     pub opened: usize,
+    /// Where the walk for missing queues stopped (it reads at most `limit`
+    /// pairs): the next sweep's [`Sweep::queues_after`]; `None` once it
+    /// reached the last pair.
+    pub queues_walked_to: Option<QueuePair>,
 }
 
 /// Expire leases, wake backoffs, remove keys past retention, unpark claim
 /// queues and insert missing ones (at most `limit` each).
 #[derive(Debug, Clone)]
 pub struct Sweep {
-    /// Batch size per kind.
+    /// Batch size per kind; the (tenant, class) pairs the walk for missing
+    /// queues reads.
     pub limit: i64,
+    /// The pair the walk for missing queues starts after (the previous
+    /// sweep's [`SweepStats::queues_walked_to`]); `None`: the first.
+    pub queues_after: Option<QueuePair>,
 }
 
 impl Operation for Sweep {
@@ -90,7 +99,9 @@ impl Operation for Sweep {
         // binary of a schema before the claim queues, which writes none)
         // get one: pool keys and fairness-key classes claim only through
         // the queues (SPEC §2.13).
-        stats.opened = tx.open_missing_queues(limit).await?;
+        (stats.opened, stats.queues_walked_to) = tx
+            .open_missing_queues(self.queues_after.as_ref(), limit)
+            .await?;
         Ok(Ending {
             reply: stats,
             ended,
