@@ -482,7 +482,14 @@ impl IdemModel {
                 };
                 Answer::Local("time passes")
             }
-            Action::Sweep => match self.run(n, None, &Sweep { limit: 100 }) {
+            Action::Sweep => match self.run(
+                n,
+                None,
+                &Sweep {
+                    limit: 100,
+                    queues_after: None,
+                },
+            ) {
                 Ok(e) => Answer::Swept {
                     expired: e.reply.expired,
                     woken: e.reply.woken,

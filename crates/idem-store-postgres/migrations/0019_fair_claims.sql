@@ -27,8 +27,8 @@
 -- An expand step: columns with defaults, a table and indexes binaries of the
 -- previous schema never read. Their claims order by ready_at without an index
 -- that gives that order (slower with a long backlog, the same answers), and
--- their submits write no claim_turns rows (pool keys find those tasks once
--- any later submit of the same tenant and class wrote its row).
+-- their submits write no claim_turns rows (the sweeper of a binary of this
+-- schema inserts the tenant queues their tasks lack, SPEC §2.13).
 
 LOCK TABLE tasks IN ACCESS EXCLUSIVE MODE;
 ALTER TABLE tasks ADD COLUMN priority bigint NOT NULL DEFAULT 3 CHECK (priority BETWEEN 1 AND 5);

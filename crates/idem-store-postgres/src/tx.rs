@@ -848,6 +848,18 @@ impl Tx for PgTx<'_> {
         self.fair_unpark_waiting(limit).await
     }
 
+    async fn open_missing_queues(
+        &mut self,
+        after: Option<&idem_store::flow::QueuePair>,
+        limit: i64,
+    ) -> Result<(usize, Option<idem_store::flow::QueuePair>)> {
+        self.fair_open_missing_queues(after, limit).await
+    }
+
+    async fn forget_queues(&mut self, tenant: &str, operation: &str) -> Result<usize> {
+        self.fair_forget_queues(tenant, operation).await
+    }
+
     async fn expired_leases(&mut self, now: Timestamp, limit: i64) -> Result<Vec<(Uuid, Uuid)>> {
         if limit <= 0 {
             return Ok(Vec::new());

@@ -1042,6 +1042,18 @@ impl Tx for SqliteTx<'_> {
         self.fair_unpark_waiting(limit)
     }
 
+    async fn open_missing_queues(
+        &mut self,
+        after: Option<&idem_store::flow::QueuePair>,
+        limit: i64,
+    ) -> Result<(usize, Option<idem_store::flow::QueuePair>), StoreError> {
+        self.fair_open_missing_queues(after, limit)
+    }
+
+    async fn forget_queues(&mut self, tenant: &str, operation: &str) -> Result<usize, StoreError> {
+        self.fair_forget_queues(tenant, operation)
+    }
+
     async fn expired_leases(
         &mut self,
         now: Timestamp,

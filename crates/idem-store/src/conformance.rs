@@ -179,6 +179,7 @@ macro_rules! store_conformance {
             priorities_order_claims_and_age,
             tasks_without_a_fairness_value_are_claimed_by_turns,
             a_capped_tenant_does_not_hide_the_other_tenants_of_a_pool,
+            a_sweep_restores_missing_claim_queues,
         );
     };
     (@cases $make:expr; $($case:ident),+ $(,)?) => {

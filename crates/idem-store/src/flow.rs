@@ -69,6 +69,17 @@ pub fn value_key(value: &str) -> String {
     format!("={value}")
 }
 
+/// A (tenant, class) pair: where a sweep's walk of the pairs with tasks in
+/// the claimable states stopped ([`crate::Tx::open_missing_queues`]); the
+/// next walk starts after it, in (tenant, operation) order.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct QueuePair {
+    /// Tenant.
+    pub tenant: String,
+    /// Operation class.
+    pub operation: String,
+}
+
 /// The caps of one class (`[operations.X.flow]`); `None` = no cap.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ClassCaps {

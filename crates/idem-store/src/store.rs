@@ -626,6 +626,39 @@ impl Store {
     /// # Errors
     /// Storage failures ([`StoreError`]).
     pub async fn sweep(&self, limit: i64) -> Result<SweepStats> {
-        self.call_ending(ops::Sweep { limit }).await
+        self.sweep_from(limit, None).await
+    }
+
+    /// [`Store::sweep`] whose walk for missing claim queues starts after
+    /// `queues_after` (the previous sweep's
+    /// [`SweepStats::queues_walked_to`]).
+    ///
+    /// # Errors
+    /// Storage failures ([`StoreError`]).
+    pub async fn sweep_from(
+        &self,
+        limit: i64,
+        queues_after: Option<crate::flow::QueuePair>,
+    ) -> Result<SweepStats> {
+        self.call_ending(ops::Sweep {
+            limit,
+            queues_after,
+        })
+        .await
+    }
+
+    /// Deletes every claim queue of `tenant`'s class `operation`
+    /// ([`ops::ForgetQueues`]): the state a binary of a schema before the
+    /// claim queues leaves its tasks in. For the conformance suite.
+    ///
+    /// # Errors
+    /// Storage failures ([`StoreError`]).
+    #[cfg(feature = "conformance")]
+    pub async fn forget_queues(&self, tenant: &str, operation: &str) -> Result<usize> {
+        self.call(ops::ForgetQueues {
+            tenant: tenant.to_owned(),
+            operation: operation.to_owned(),
+        })
+        .await
     }
 }

@@ -1,6 +1,6 @@
 //! The sweeper: one [`Store::check_identity`] (SPEC §2.11) and one
-//! [`Store::sweep`] (lease expiry, backoff wake-ups, retention; SPEC §2.3,
-//! §2.5, §2.9) every interval, for as long as a server
+//! [`Store::sweep`] (lease expiry, backoff wake-ups, retention, claim
+//! queues; SPEC §2.3, §2.5, §2.9, §2.13) every interval, for as long as a server
 //! runs. What it does is counted in Prometheus counters (through the
 //! `metrics` facade: the server's recorder exports them) and its failures are
 //! logged.
@@ -16,7 +16,10 @@ pub const TASKS_WOKEN: &str = "idem_tasks_woken_total";
 /// Idempotency keys removed after their retention (counter).
 pub const KEYS_RELEASED: &str = "idem_keys_released_total";
 
-/// Most tasks, attempts and keys one sweep handles of each kind.
+/// Most tasks, attempts, keys and claim queues one sweep handles of each
+/// kind, and the (tenant, class) pairs its walk for missing claim queues
+/// reads (SPEC §2.13: a missing queue is restored within ⌈pairs / 500⌉
+/// sweeps).
 const SWEEP_BATCH: i64 = 500;
 
 /// Runs one sweep (lease expiry, backoff wake-ups, retention) every `every` until
@@ -36,6 +39,9 @@ pub async fn run_sweeper(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(shutdown);
     let mut failing: Option<String> = None;
+    // Where the last sweep's walk for missing claim queues stopped: each
+    // sweep reads the next SWEEP_BATCH (tenant, class) pairs.
+    let mut queues_after = None;
     loop {
         tokio::select! {
             () = &mut shutdown => return,
@@ -45,7 +51,7 @@ pub async fn run_sweeper(
         // timeline while the server runs, and claims lease nothing until
         // the check has rewound what the new primary lost.
         let swept = match store.check_identity().await {
-            Ok(_) => store.sweep(SWEEP_BATCH).await,
+            Ok(_) => store.sweep_from(SWEEP_BATCH, queues_after.clone()).await,
             Err(e) => Err(e),
         };
         match swept {
@@ -53,6 +59,7 @@ pub async fn run_sweeper(
                 if failing.take().is_some() {
                     tracing::info!("sweeps work again");
                 }
+                queues_after = s.queues_walked_to;
                 // Only what happened: the series exist (at 0) from start-up
                 // (the server registers them), not from the first sweep.
                 for (name, n) in [

@@ -6,7 +6,7 @@
 
 use idem_core::model::{Task, Timestamp};
 use idem_store::Result;
-use idem_store::flow::ClaimQueue;
+use idem_store::flow::{ClaimQueue, QueuePair};
 use tokio_postgres::Row;
 use uuid::Uuid;
 
@@ -62,6 +62,39 @@ const VALUE_WAITS: &str = "SELECT EXISTS (SELECT 1 FROM tasks WHERE tenant = $1 
      AND fairness_key = $3 \
      AND active_attempt_id IS NULL AND state IN ('queued', 'retry_wait', 'reconciling') \
      AND next_kind IS NOT NULL) AS e";
+
+/// The walk for missing tenant queues: up to `$3` (tenant, class) pairs
+/// with a task in the claimable states, in (tenant, operation) order after
+/// `($1, $2)`, each probed from the last by one step of `tasks_claim_rank`
+/// (whose predicate it repeats), so its cost is per pair, whatever the
+/// backlog. Of those, the pairs without a tenant queue (one probe of the
+/// `claim_turns` key each) that have a task waiting to be claimed
+/// (`next_kind`, read only for those) answer `missing`; the `$3`-th pair
+/// answers too (where the walk stopped), missing or not. Both reads are
+/// lateral `LIMIT 1` subqueries, so the planner probes per pair and never
+/// hashes all of `claim_turns` (value queues included) instead.
+const MISSING_TENANT_QUEUES: &str = "WITH RECURSIVE pairs (n, tenant, operation) AS ( \
+       (SELECT 1::bigint, tenant, operation FROM tasks \
+        WHERE active_attempt_id IS NULL AND state IN ('queued', 'retry_wait', 'reconciling') \
+          AND (tenant, operation) > ($1::text, $2::text) \
+        ORDER BY tenant, operation LIMIT 1) \
+       UNION ALL \
+       SELECT p.n + 1, x.tenant, x.operation FROM pairs p CROSS JOIN LATERAL ( \
+         SELECT tenant, operation FROM tasks \
+         WHERE active_attempt_id IS NULL AND state IN ('queued', 'retry_wait', 'reconciling') \
+           AND (tenant, operation) > (p.tenant, p.operation) \
+         ORDER BY tenant, operation LIMIT 1) AS x \
+       WHERE p.n < $3::bigint) \
+     SELECT p.n, p.tenant, p.operation, (w.waits IS NOT NULL) AS missing FROM pairs p \
+     LEFT JOIN LATERAL ( \
+       SELECT 1 AS present FROM claim_turns q \
+       WHERE q.tenant = p.tenant AND q.operation = p.operation AND q.fairness_key = '' LIMIT 1) AS q ON true \
+     LEFT JOIN LATERAL ( \
+       SELECT 1 AS waits FROM tasks t \
+       WHERE q.present IS NULL AND t.tenant = p.tenant AND t.operation = p.operation \
+         AND t.active_attempt_id IS NULL AND t.state IN ('queued', 'retry_wait', 'reconciling') \
+         AND t.next_kind IS NOT NULL LIMIT 1) AS w ON true \
+     WHERE w.waits IS NOT NULL OR p.n = $3::bigint";
 
 fn queue(row: &Row) -> Result<ClaimQueue> {
     Ok(ClaimQueue {
@@ -217,5 +250,58 @@ impl PgTx<'_> {
             opened += 1;
         }
         Ok(opened)
+    }
+
+    pub(super) async fn fair_open_missing_queues(
+        &self,
+        after: Option<&QueuePair>,
+        limit: i64,
+    ) -> Result<(usize, Option<QueuePair>)> {
+        if limit <= 0 {
+            return Ok((0, after.cloned()));
+        }
+        // From the start: ("", "") is below every pair (a class name is not
+        // empty).
+        let (tenant, operation) = after.map_or(("", ""), |p| (&p.tenant, &p.operation));
+        let rows = self
+            .query(MISSING_TENANT_QUEUES, &[&tenant, &operation, &limit])
+            .await?;
+        let mut tenants: Vec<String> = Vec::new();
+        let mut operations: Vec<String> = Vec::new();
+        let mut walked_to = None;
+        for row in &rows {
+            let n: i64 = get(row, "n")?;
+            let pair = QueuePair {
+                tenant: get(row, "tenant")?,
+                operation: get(row, "operation")?,
+            };
+            let missing: bool = get(row, "missing")?;
+            if missing {
+                tenants.push(pair.tenant.clone());
+                operations.push(pair.operation.clone());
+            }
+            if n == limit {
+                walked_to = Some(pair);
+            }
+        }
+        if !tenants.is_empty() {
+            let values: Vec<Option<&str>> = vec![None; tenants.len()];
+            self.exec(
+                &open_queues_sql("$1", "$2", "$3"),
+                &[&tenants, &operations, &values],
+            )
+            .await?;
+        }
+        Ok((tenants.len(), walked_to))
+    }
+
+    pub(super) async fn fair_forget_queues(&self, tenant: &str, operation: &str) -> Result<usize> {
+        let n = self
+            .exec(
+                "DELETE FROM claim_turns WHERE tenant = $1 AND operation = $2",
+                &[&tenant, &operation],
+            )
+            .await?;
+        Ok(usize::try_from(n).unwrap_or(0))
     }
 }

@@ -5,7 +5,7 @@
 
 use idem_core::model::{Task, Timestamp};
 use idem_store::StoreError;
-use idem_store::flow::{ClaimQueue, value_key};
+use idem_store::flow::{ClaimQueue, QueuePair, value_key};
 use rusqlite::{OptionalExtension, params};
 use uuid::Uuid;
 
@@ -31,6 +31,19 @@ const CLAIMABLE_WITH_VALUE: &str = "SELECT id FROM tasks WHERE tenant = ?1 AND o
      AND active_attempt_id IS NULL AND (state = 'queued' OR state = 'retry_wait' OR state = 'reconciling') \
      AND ready_at <= ?4 AND next_kind IS NOT NULL \
      ORDER BY ready_at - priority * 10000, id LIMIT ?5";
+
+/// The first (tenant, class) pair after `(?1, ?2)` with a task in the
+/// claimable states, in (tenant, operation) order: one probe of
+/// `tasks_claim_rank`, whose predicate it repeats (a walk of these visits each
+/// pair once, whatever its backlog).
+const NEXT_WAITING_PAIR: &str = "SELECT tenant, operation FROM tasks \
+     WHERE active_attempt_id IS NULL AND (state = 'queued' OR state = 'retry_wait' OR state = 'reconciling') \
+       AND (tenant, operation) > (?1, ?2) \
+     ORDER BY tenant, operation LIMIT 1";
+
+/// Whether tenant `?1` has a queue of class `?2`.
+const HAS_TENANT_QUEUE: &str = "SELECT EXISTS (SELECT 1 FROM claim_turns \
+     WHERE tenant = ?1 AND operation = ?2 AND fairness_key = '')";
 
 impl SqliteTx<'_> {
     fn queues(
@@ -232,5 +245,60 @@ impl SqliteTx<'_> {
             }
         }
         Ok(opened)
+    }
+
+    pub(super) fn fair_open_missing_queues(
+        &self,
+        after: Option<&QueuePair>,
+        limit: i64,
+    ) -> Result<(usize, Option<QueuePair>), StoreError> {
+        let mut next = self.conn.prepare_cached(NEXT_WAITING_PAIR).map_err(db)?;
+        let mut has = self.conn.prepare_cached(HAS_TENANT_QUEUE).map_err(db)?;
+        // From the start: ("", "") is below every pair (a class name is not
+        // empty).
+        let (mut tenant, mut operation) = after
+            .map(|p| (p.tenant.clone(), p.operation.clone()))
+            .unwrap_or_default();
+        let mut opened = 0;
+        for _ in 0..limit.max(0) {
+            let Some(pair) = next
+                .query_row(params![tenant, operation], |r| {
+                    Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+                })
+                .optional()
+                .map_err(db)?
+            else {
+                return Ok((opened, None));
+            };
+            (tenant, operation) = pair;
+            let present: bool = has
+                .query_row(params![tenant, operation], |r| r.get(0))
+                .map_err(db)?;
+            if present {
+                continue;
+            }
+            let queue = ClaimQueue {
+                tenant: tenant.clone(),
+                operation: operation.clone(),
+                key: String::new(),
+                turn: 0,
+            };
+            if self.fair_queue_waits(&queue)? {
+                self.open_queue(&tenant, &operation, "")?;
+                opened += 1;
+            }
+        }
+        Ok((opened, Some(QueuePair { tenant, operation })))
+    }
+
+    pub(super) fn fair_forget_queues(
+        &self,
+        tenant: &str,
+        operation: &str,
+    ) -> Result<usize, StoreError> {
+        self.conn
+            .prepare_cached("DELETE FROM claim_turns WHERE tenant = ?1 AND operation = ?2")
+            .and_then(|mut s| s.execute(params![tenant, operation]))
+            .map_err(db)
     }
 }

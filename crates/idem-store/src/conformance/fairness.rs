@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use idem_core::model::{AllTenants, Serves};
 
 use super::*;
-use crate::flow::{AGING_MS, ClaimFlow};
+use crate::flow::{AGING_MS, ClaimFlow, QueuePair};
 
 /// A claim of `SAFE` by the executor key `pool` of tenant `pool` with `flow`.
 async fn claim_with(store: &Store, flow: &ClaimFlow, max: i64) -> Vec<Claimed> {
@@ -380,5 +380,95 @@ pub async fn a_capped_tenant_does_not_hide_the_other_tenants_of_a_pool(store: St
     let waiting = backlog.iter().skip(1).take(5);
     for t in waiting {
         assert_eq!(acme.task(t.id).await.attempt_count, 0);
+    }
+}
+
+/// Waiting tasks without a tenant queue (accepted by a binary of a schema
+/// before the claim queues, which writes none) are invisible to a pool key
+/// and to a class with a fairness key until a sweep inserts their queues,
+/// each at the lowest unparked turn of its level, as a submit does. Each
+/// sweep walks at most its batch size of (tenant, class) pairs, from where
+/// the last one stopped; one that finds every queue in place inserts
+/// nothing.
+pub async fn a_sweep_restores_missing_claim_queues(store: Store) {
+    let acme = Ctx::new(&store, "acme").await;
+    let globex = Ctx::new(&store, "globex").await;
+    let initech = Ctx::new(&store, "initech").await;
+    let a = flood(&acme, 3, 3, None).await;
+    let g = flood(&globex, 1, 3, Some("workspace-a")).await;
+    let i = flood(&initech, 4, 3, None).await;
+    for tenant in ["acme", "globex"] {
+        let gone = must(store.forget_queues(tenant, SAFE).await, "forget_queues");
+        assert!(gone > 0, "{tenant}'s queues were there to delete");
+    }
+    let pooled = pool(
+        Serves::Tenants(vec!["acme".into(), "initech".into()]),
+        &[],
+        false,
+    );
+    let before = claim_one_by_one(&store, &pooled, 2).await;
+    let tenants: Vec<&str> = before.iter().map(|(t, _)| t.as_str()).collect();
+    assert_eq!(
+        tenants,
+        ["initech", "initech"],
+        "acme's tasks have no queue: the pool does not see them"
+    );
+    let own = ClaimFlow {
+        serves: None,
+        fair_classes: vec![SAFE.to_owned()],
+        ..ClaimFlow::default()
+    };
+    let fair = |max| ClaimRequest {
+        tenant: "globex".to_owned(),
+        operations: vec![SAFE.to_owned()],
+        executor_id: "globex-executor".to_owned(),
+        max,
+        lease_ms: Some(LONG_LEASE),
+        flow: own.clone(),
+    };
+    assert!(
+        must(store.claim(fair(10)).await, "claim").is_empty(),
+        "globex's task has no queue: its fairness-key class does not see it"
+    );
+    // Sweeps of 1 walk one (tenant, class) pair each, each from where the
+    // last stopped: acme's (queue inserted), globex's (inserted),
+    // initech's (in place), then none left.
+    let pair = |tenant: &str| {
+        Some(QueuePair {
+            tenant: tenant.to_owned(),
+            operation: SAFE.to_owned(),
+        })
+    };
+    let mut after = None;
+    for (opened, walked_to) in [(1, "acme"), (1, "globex"), (0, "initech")] {
+        let swept = must(store.sweep_from(1, after.clone()).await, "sweep");
+        assert_eq!(
+            (swept.opened, &swept.queues_walked_to),
+            (opened, &pair(walked_to)),
+            "{swept:?}"
+        );
+        after = swept.queues_walked_to;
+    }
+    let last = must(store.sweep_from(1, after).await, "sweep");
+    assert_eq!((last.opened, last.queues_walked_to), (0, None));
+    let again = must(store.sweep(SWEEP).await, "sweep");
+    assert_eq!(
+        (again.opened, again.queues_walked_to),
+        (0, None),
+        "nothing missing"
+    );
+    // acme's queue joins at initech's turn (2 leases: 2,000,000), not at 0:
+    // the two alternate (ties go by tenant name).
+    let after = claim_one_by_one(&store, &pooled, 4).await;
+    let tenants: Vec<&str> = after.iter().map(|(t, _)| t.as_str()).collect();
+    assert_eq!(tenants, ["acme", "initech", "acme", "initech"]);
+    let got = must(store.claim(fair(10)).await, "claim");
+    assert_eq!(
+        got.iter().map(|c| c.task.id).collect::<Vec<_>>(),
+        vec![g[0].id],
+        "globex's fairness-key class claims its task"
+    );
+    for t in a.iter().chain(&g).chain(&i) {
+        assert_history(&store, t.id).await;
     }
 }

@@ -1,14 +1,16 @@
 //! The sweep: expire leases, wake backoffs, release keys past retention
-//! (SPEC §2.5, §2.9).
+//! (SPEC §2.5, §2.9), and put waiting tasks' claim queues back into the turn
+//! order (SPEC §2.13).
 
 use idem_core::machine::{self, Journal};
 
 use super::{Operation, persist};
+use crate::flow::QueuePair;
 use crate::spans::{EndedAttempt, Ending};
 use crate::{Result, Tx};
 
 /// What one sweep did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SweepStats {
     /// Leases expired.
     pub expired: usize,
@@ -18,13 +20,25 @@ pub struct SweepStats {
     pub keys_released: usize,
     /// Claim queues unparked (SPEC §2.13).
     pub unparked: usize,
+    /// Tenant claim queues inserted for waiting tasks that had none (SPEC
+    /// §2.13: tasks a binary of a schema before the claim queues wrote).
+    pub opened: usize,
+    /// Where the walk for missing queues stopped (it reads at most `limit`
+    /// pairs): the next sweep's [`Sweep::queues_after`]; `None` once it
+    /// reached the last pair.
+    pub queues_walked_to: Option<QueuePair>,
 }
 
-/// Expire leases, wake backoffs, remove keys past retention (at most `limit` each).
+/// Expire leases, wake backoffs, remove keys past retention, unpark claim
+/// queues and insert missing ones (at most `limit` each).
 #[derive(Debug, Clone)]
 pub struct Sweep {
-    /// Batch size per kind.
+    /// Batch size per kind; the (tenant, class) pairs the walk for missing
+    /// queues reads.
     pub limit: i64,
+    /// The pair the walk for missing queues starts after (the previous
+    /// sweep's [`SweepStats::queues_walked_to`]); `None`: the first.
+    pub queues_after: Option<QueuePair>,
 }
 
 impl Operation for Sweep {
@@ -81,9 +95,36 @@ impl Operation for Sweep {
         // Queues a claim parked while a task of theirs was being written
         // (SPEC §2.13) go back into the turn order.
         stats.unparked = tx.unpark_waiting(limit).await?;
+        // Waiting tasks without a tenant queue (accepted or written by a
+        // binary of a schema before the claim queues, which writes none)
+        // get one: pool keys and fairness-key classes claim only through
+        // the queues (SPEC §2.13).
+        (stats.opened, stats.queues_walked_to) = tx
+            .open_missing_queues(self.queues_after.as_ref(), limit)
+            .await?;
         Ok(Ending {
             reply: stats,
             ended,
         })
+    }
+}
+
+/// Deletes every claim queue of a tenant's class ([`Tx::forget_queues`]),
+/// as a binary of a schema before the claim queues leaves its tasks: for the
+/// conformance suite's case of the sweep that restores them. Answers how
+/// many queues it deleted.
+#[derive(Debug, Clone)]
+pub struct ForgetQueues {
+    /// Tenant.
+    pub tenant: String,
+    /// Operation class.
+    pub operation: String,
+}
+
+impl Operation for ForgetQueues {
+    type Reply = usize;
+    const WRITES: bool = true;
+    async fn run<T: Tx>(&self, tx: &mut T) -> Result<usize> {
+        tx.forget_queues(&self.tenant, &self.operation).await
     }
 }
