@@ -163,6 +163,7 @@ macro_rules! store_conformance {
             rewind_keeps_tenants_apart,
             stale_reports_of_other_ids_raise_one_second_effect_per_id,
             late_and_duplicate_reports_raise_second_effects,
+            stale_success_on_a_task_cancelled_before_start_is_raised,
             operator_resolve_delivers_its_id_and_raises_earlier_reports,
             second_effect_acknowledgment_is_audited_and_idempotent,
             second_effect_acknowledgment_races_a_report,

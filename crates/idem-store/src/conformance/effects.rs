@@ -219,6 +219,46 @@ pub async fn late_and_duplicate_reports_raise_second_effects(store: Store) {
     assert_history(&store, t.id).await;
 }
 
+/// A task cancelled before its next attempt started ended without delivery:
+/// a stale `succeeded` from the attempt whose lease ran out is an effect
+/// the provider may have made, raised once per distinct id (a repeat of the
+/// same id raises nothing more); search finds the task by each id.
+pub async fn stale_success_on_a_task_cancelled_before_start_is_raised(store: Store) {
+    let c = Ctx::new(&store, "acme").await;
+    let t = c.create(SAFE, &contract(SAFE)).await;
+    let a = c.claim_one(SAFE, SHORT_LEASE, t.id).await;
+    c.run_out_lease(t.id, "retry_wait", |t| t.state == TaskState::RetryWait)
+        .await;
+    let (cancelled, _) = c.cancel(t.id).await;
+    assert_eq!(cancelled.state, TaskState::Cancelled, "{cancelled:?}");
+    for (tag, txn) in [(1, "po-cancel-1"), (2, "po-cancel-1"), (3, "po-cancel-2")] {
+        assert_stale(
+            c.report(&a, effect(a.generation, Some(txn), tag)).await,
+            "stale success after the cancellation",
+        );
+    }
+    let t = c.task(t.id).await;
+    assert_eq!(t.state, TaskState::Cancelled);
+    assert_eq!(ids(&t), vec![Some("po-cancel-1"), Some("po-cancel-2")]);
+    assert!(
+        t.second_effects
+            .iter()
+            .all(|s| s.evidence == EffectEvidence::StaleReport && s.attempt_id == Some(a.id)),
+        "{:?}",
+        t.second_effects
+    );
+    assert_eq!(count(&c.events(t.id).await, "second_effect_suspected"), 2);
+    for txn in ["po-cancel-1", "po-cancel-2"] {
+        assert_eq!(found(&c, by_txn(txn)).await, vec![t.id], "{txn}");
+    }
+    assert!(
+        found(&c, by_effect(SecondEffectFilter::Suspected))
+            .await
+            .contains(&t.id)
+    );
+    assert_history(&store, t.id).await;
+}
+
 /// An operator's committed resolve is an effect report: it delivers its own
 /// id (nothing raised for it) and an earlier late report of another id is
 /// raised; search finds the task by the resolve's id.
