@@ -300,10 +300,11 @@ async fn claim_by_turns<T: Tx>(
     now: Timestamp,
     max: i64,
 ) -> Result<Vec<Claimed>> {
-    let tenants: Option<Vec<String>> = match &req.flow.serves {
-        None => Some(vec![req.tenant.clone()]),
+    let own = [req.tenant.clone()];
+    let tenants: Option<&[String]> = match &req.flow.serves {
+        None => Some(&own),
         Some(Serves::All(_)) => None,
-        Some(Serves::Tenants(list)) => Some(list.clone()),
+        Some(Serves::Tenants(list)) => Some(list),
     };
     let mut out = Vec::new();
     let mut skipped: HashSet<Uuid> = HashSet::new();
@@ -315,7 +316,7 @@ async fn claim_by_turns<T: Tx>(
         if out.len() as i64 >= max {
             break;
         }
-        let Some(pick) = pick(tx, req, tenants.as_deref(), now, &skipped, &held).await? else {
+        let Some(pick) = pick(tx, req, tenants, now, &skipped, &held).await? else {
             break;
         };
         match lease(tx, req, pick.id, now, &mut held).await? {
