@@ -66,6 +66,10 @@ pub struct FairnessOptions {
     pub seconds: u64,
     /// Tasks queued for a cost run, spread over its tenants (at least 20 each).
     pub cost_tasks: usize,
+    /// The cost runs' pool serves every tenant (`Serves::All`) rather than
+    /// the run's tenants by name; refused with more than one cost run, whose
+    /// tasks would then be served by the next.
+    pub pool_serves_all: bool,
     /// Priority-5 backlog of the aging run (0: no aging run).
     pub aging_backlog: usize,
     /// `Some`: the starvation rounds over HTTP against `idem serve`
@@ -95,6 +99,12 @@ pub struct FairnessReport {
 /// what [`http::starvation`] returns.
 pub async fn run(o: FairnessOptions) -> Result<FairnessReport> {
     let o = &o;
+    if o.pool_serves_all && o.tenants.len() > 1 {
+        bail!(
+            "--pool-serves-all takes one --tenants value: a pool serving every tenant would serve \
+             the tasks an earlier cost run left"
+        );
+    }
     if let Some(bin) = &o.idem_bin {
         if !o.tenants.is_empty() || o.aging_backlog > 0 {
             bail!(
@@ -476,7 +486,11 @@ async fn pairs_per_second(
         "pool".to_owned()
     };
     let served = ClaimFlow {
-        serves: (tenants > 0).then_some(Serves::Tenants(list)),
+        serves: (tenants > 0).then_some(if o.pool_serves_all {
+            Serves::All(AllTenants::All)
+        } else {
+            Serves::Tenants(list)
+        }),
         ..ClaimFlow::default()
     };
     let stop = Arc::new(AtomicBool::new(false));

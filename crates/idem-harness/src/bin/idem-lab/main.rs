@@ -118,6 +118,10 @@ enum Command {
         /// Tasks queued for each cost run, spread over its tenants (at least 20 each).
         #[arg(long, default_value_t = 20_000)]
         cost_tasks: usize,
+        /// The cost runs' pool serves every tenant (`--serves all`: one --tenants value, on a
+        /// database of its own) rather than the run's tenants by name.
+        #[arg(long)]
+        pool_serves_all: bool,
         /// Priority-5 backlog of the aging run, kept full (0: no aging run).
         #[arg(long, default_value_t = 0)]
         aging_backlog: usize,
@@ -610,6 +614,7 @@ async fn run() -> Result<()> {
             tenants,
             seconds,
             cost_tasks,
+            pool_serves_all,
             aging_backlog,
             idem,
         } => {
@@ -624,6 +629,7 @@ async fn run() -> Result<()> {
                 tenants,
                 seconds,
                 cost_tasks,
+                pool_serves_all,
                 aging_backlog,
                 idem_bin,
             });
