@@ -860,6 +860,10 @@ impl Tx for PgTx<'_> {
         self.fair_forget_queues(tenant, operation).await
     }
 
+    async fn park_queues(&mut self, tenant: &str, operation: &str) -> Result<usize> {
+        self.fair_park_queues(tenant, operation).await
+    }
+
     async fn expired_leases(&mut self, now: Timestamp, limit: i64) -> Result<Vec<(Uuid, Uuid)>> {
         if limit <= 0 {
             return Ok(Vec::new());

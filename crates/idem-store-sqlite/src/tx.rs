@@ -1054,6 +1054,10 @@ impl Tx for SqliteTx<'_> {
         self.fair_forget_queues(tenant, operation)
     }
 
+    async fn park_queues(&mut self, tenant: &str, operation: &str) -> Result<usize, StoreError> {
+        self.fair_park_queues(tenant, operation)
+    }
+
     async fn expired_leases(
         &mut self,
         now: Timestamp,

@@ -181,6 +181,7 @@ macro_rules! store_conformance {
             tasks_without_a_fairness_value_are_claimed_by_turns,
             a_capped_tenant_does_not_hide_the_other_tenants_of_a_pool,
             a_sweep_restores_missing_claim_queues,
+            a_sweep_unparks_waiting_queues_past_idle_ones,
         );
     };
     (@cases $make:expr; $($case:ident),+ $(,)?) => {

@@ -647,6 +647,21 @@ impl Store {
         .await
     }
 
+    /// Parks every claim queue of `tenant`'s class `operation`
+    /// ([`ops::ParkQueues`]), waiting tasks or not. For the conformance
+    /// suite.
+    ///
+    /// # Errors
+    /// Storage failures ([`StoreError`]).
+    #[cfg(feature = "conformance")]
+    pub async fn park_queues(&self, tenant: &str, operation: &str) -> Result<usize> {
+        self.call(ops::ParkQueues {
+            tenant: tenant.to_owned(),
+            operation: operation.to_owned(),
+        })
+        .await
+    }
+
     /// Deletes every claim queue of `tenant`'s class `operation`
     /// ([`ops::ForgetQueues`]): the state a binary of a schema before the
     /// claim queues leaves its tasks in. For the conformance suite.

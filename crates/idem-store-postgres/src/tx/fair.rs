@@ -63,6 +63,21 @@ const VALUE_WAITS: &str = "SELECT EXISTS (SELECT 1 FROM tasks WHERE tenant = $1 
      AND active_attempt_id IS NULL AND state IN ('queued', 'retry_wait', 'reconciling') \
      AND next_kind IS NOT NULL) AS e";
 
+/// Parked queues that have a task waiting to be claimed, at most `$1`,
+/// locked `FOR UPDATE SKIP LOCKED`: one statement, in which a parked queue
+/// with nothing waiting costs one index probe of `tasks` and is neither
+/// locked nor returned, however many idle queues stay parked.
+const PARKED_WAITING: &str = "SELECT q.tenant, q.operation, q.fairness_key, q.turn FROM claim_turns q \
+     WHERE q.parked AND CASE WHEN q.fairness_key = '' \
+       THEN EXISTS (SELECT 1 FROM tasks t WHERE t.tenant = q.tenant AND t.operation = q.operation \
+         AND t.active_attempt_id IS NULL AND t.state IN ('queued', 'retry_wait', 'reconciling') \
+         AND t.next_kind IS NOT NULL) \
+       ELSE EXISTS (SELECT 1 FROM tasks t WHERE t.tenant = q.tenant AND t.operation = q.operation \
+         AND t.fairness_key = substr(q.fairness_key, 2) \
+         AND t.active_attempt_id IS NULL AND t.state IN ('queued', 'retry_wait', 'reconciling') \
+         AND t.next_kind IS NOT NULL) END \
+     LIMIT $1 FOR UPDATE OF q SKIP LOCKED";
+
 /// The walk for missing tenant queues: up to `$3` (tenant, class) pairs
 /// with a task in the claimable states, in (tenant, operation) order after
 /// `($1, $2)`, each probed from the last by one step of `tasks_claim_rank`
@@ -224,32 +239,24 @@ impl PgTx<'_> {
 
     pub(super) async fn fair_unpark_waiting(&self, limit: i64) -> Result<usize> {
         let parked: Vec<ClaimQueue> = self
-            .query(
-                "SELECT tenant, operation, fairness_key, turn FROM claim_turns WHERE parked \
-                 LIMIT $1 FOR UPDATE SKIP LOCKED",
-                &[&limit],
-            )
+            .query(PARKED_WAITING, &[&limit])
             .await?
             .iter()
             .map(queue)
             .collect::<Result<_>>()?;
-        let mut opened = 0;
-        for q in parked {
-            if !self.fair_queue_waits(&q).await? {
-                continue;
-            }
-            let tenants = vec![q.tenant.as_str()];
-            let operations = vec![q.operation.as_str()];
-            let values = vec![q.fairness_value()];
-            // The tenant level row is `q` itself when `q` has no value.
-            self.exec(
-                &open_queues_sql("$1", "$2", "$3"),
-                &[&tenants, &operations, &values],
-            )
-            .await?;
-            opened += 1;
+        if parked.is_empty() {
+            return Ok(0);
         }
-        Ok(opened)
+        // The tenant level row is the queue itself when it has no value.
+        let tenants: Vec<&str> = parked.iter().map(|q| q.tenant.as_str()).collect();
+        let operations: Vec<&str> = parked.iter().map(|q| q.operation.as_str()).collect();
+        let values: Vec<Option<&str>> = parked.iter().map(ClaimQueue::fairness_value).collect();
+        self.exec(
+            &open_queues_sql("$1", "$2", "$3"),
+            &[&tenants, &operations, &values],
+        )
+        .await?;
+        Ok(parked.len())
     }
 
     pub(super) async fn fair_open_missing_queues(
@@ -293,6 +300,16 @@ impl PgTx<'_> {
             .await?;
         }
         Ok((tenants.len(), walked_to))
+    }
+
+    pub(super) async fn fair_park_queues(&self, tenant: &str, operation: &str) -> Result<usize> {
+        let n = self
+            .exec(
+                "UPDATE claim_turns SET parked = true WHERE tenant = $1 AND operation = $2",
+                &[&tenant, &operation],
+            )
+            .await?;
+        Ok(usize::try_from(n).unwrap_or(0))
     }
 
     pub(super) async fn fair_forget_queues(&self, tenant: &str, operation: &str) -> Result<usize> {

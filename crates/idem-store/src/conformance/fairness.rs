@@ -383,6 +383,45 @@ pub async fn a_capped_tenant_does_not_hide_the_other_tenants_of_a_pool(store: St
     }
 }
 
+/// A queue parked while a task of it was being written holds a waiting
+/// task a pool key does not see; the sweep unparks it, however many idle
+/// queues stay parked beside it: a sweep of at most 2 reads only parked
+/// queues that have a task waiting. Idle parked queues are not unparked.
+pub async fn a_sweep_unparks_waiting_queues_past_idle_ones(store: Store) {
+    let idle: Vec<String> = (0..6).map(|i| format!("idle-{i}")).collect();
+    for tenant in &idle {
+        let c = Ctx::new(&store, tenant).await;
+        flood(&c, 1, 3, None).await;
+    }
+    let everyone = pool(Serves::All(AllTenants::All), &[], false);
+    // Their tasks leased and done: each idle queue is then parked by a claim
+    // that finds it empty.
+    let done = claim_one_by_one(&store, &everyone, idle.len()).await;
+    assert_eq!(done.len(), idle.len());
+    assert!(claim_with(&store, &everyone, 1).await.is_empty());
+    for tenant in &idle {
+        must(store.park_queues(tenant, SAFE).await, "park_queues");
+    }
+    let acme = Ctx::new(&store, "acme").await;
+    let a = flood(&acme, 2, 3, None).await;
+    let parked = must(store.park_queues("acme", SAFE).await, "park_queues");
+    assert_eq!(parked, 1, "acme's queue");
+    assert!(
+        claim_with(&store, &everyone, 1).await.is_empty(),
+        "acme's queue is parked: the pool does not see its tasks"
+    );
+    let swept = must(store.sweep(2).await, "sweep");
+    assert_eq!(swept.unparked, 1, "{swept:?}");
+    let again = must(store.sweep(2).await, "sweep");
+    assert_eq!(again.unparked, 0, "idle queues stay parked: {again:?}");
+    let got = claim_one_by_one(&store, &everyone, 3).await;
+    let ids: Vec<Uuid> = got.iter().map(|(_, t)| t.id).collect();
+    assert_eq!(ids, [a[0].id, a[1].id], "acme's tasks, nothing else");
+    for t in &a {
+        assert_history(&store, t.id).await;
+    }
+}
+
 /// Waiting tasks without a tenant queue (accepted by a binary of a schema
 /// before the claim queues, which writes none) are invisible to a pool key
 /// and to a class with a fairness key until a sweep inserts their queues,

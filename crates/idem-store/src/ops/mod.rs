@@ -61,7 +61,7 @@ pub use keys::{Authenticate, CreateApiKey, ListApiKeys, RevokeApiKey};
 pub use operator::{AcknowledgeSecondEffect, OperatorCancel, Redrive, Resolve, RetryNow};
 pub use search::{CursorKey, SearchTasks, TaskCursor, TaskPage, TaskQuery};
 pub use submit::{Submission, Submit, SubmitBatch, SubmitOutcome, SubmitPlan, is_same_request};
-pub use sweep::{ForgetQueues, Sweep, SweepStats};
+pub use sweep::{ForgetQueues, ParkQueues, Sweep, SweepStats};
 pub use tasks::{
     AcknowledgeDelivery, Cancel, FindTask, GetTask, ListAttempts, ListEvents, ReadClock,
     SharedSecret,
@@ -271,6 +271,8 @@ operations! {
     Sweep,
     /// [`ForgetQueues`].
     ForgetQueues,
+    /// [`ParkQueues`].
+    ParkQueues,
     /// [`CheckIdentity`].
     CheckIdentity,
     /// [`MarkRestored`].

@@ -128,3 +128,23 @@ impl Operation for ForgetQueues {
         tx.forget_queues(&self.tenant, &self.operation).await
     }
 }
+
+/// Parks every claim queue of a tenant's class ([`Tx::park_queues`]), as a
+/// claim that parked a queue while a task of it was being written leaves
+/// it: for the conformance suite's case of the sweep that unparks them.
+/// Answers how many queues it parked.
+#[derive(Debug, Clone)]
+pub struct ParkQueues {
+    /// Tenant.
+    pub tenant: String,
+    /// Operation class.
+    pub operation: String,
+}
+
+impl Operation for ParkQueues {
+    type Reply = usize;
+    const WRITES: bool = true;
+    async fn run<T: Tx>(&self, tx: &mut T) -> Result<usize> {
+        tx.park_queues(&self.tenant, &self.operation).await
+    }
+}
