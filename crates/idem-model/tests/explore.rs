@@ -11,6 +11,13 @@ use idem_model::check::{Options, Report, Strategy, Verdict};
 use idem_model::{Bounds, Classes, properties};
 
 /// Explores `bounds` to the end (every property's verdict is final).
+#[cfg_attr(
+    feature = "broken-caps",
+    allow(
+        dead_code,
+        reason = "the broken-caps test explores the caps bound only"
+    )
+)]
 fn explore(bounds: Bounds) -> Report {
     let report = idem_model::run(&Options {
         bounds,
@@ -83,7 +90,14 @@ fn caps_report() -> &'static Report {
     REPORT.get_or_init(|| explore_caps(0))
 }
 
-/// Every invariant holds and the cap's witnesses are reached.
+/// Every invariant holds and the cap's witnesses are reached (the checks
+/// of the sound build: none with a seeded defect).
+#[cfg(not(any(
+    feature = "broken-fencing",
+    feature = "broken-reconcile",
+    feature = "broken-same-request",
+    feature = "broken-caps"
+)))]
 fn assert_caps_sound(report: &Report) {
     assert!(!report.stopped_early);
     for p in &report.properties {
