@@ -517,7 +517,8 @@ pub async fn a_sweep_restores_missing_claim_queues(store: Store) {
 /// submitter per tenant (fairness values none, `a`, `b`), two pool claimers
 /// and one claimer of acme's own fair key that succeed, fail (a retry
 /// waits), release or abandon (the lease runs out) what they lease, two
-/// sweepers and a clock that moves. No store call fails, no (task,
+/// sweepers, queues parked or deleted behind their writers' backs, and a
+/// clock that moves. No store call fails, no (task,
 /// generation) is leased twice, and once the writers stop, two sweeps let
 /// the pool lease every task still waiting: none is left in a parked or
 /// missing queue.
@@ -625,6 +626,25 @@ pub async fn pool_claims_strand_no_task_under_concurrent_writes_and_sweeps(store
                 while writing.load(Ordering::SeqCst) > 0 {
                     must(store.sweep(2).await, "sweep");
                     store.clock().advance(Duration::from_millis(700));
+                    tokio::task::yield_now().await;
+                }
+            }));
+        }
+        // Queues parked under a write that leaves a task waiting (a race
+        // the sweep repairs) and deleted (as a binary of a schema before
+        // the claim queues leaves its tasks).
+        {
+            let (store, writing) = (store.clone(), writing.clone());
+            sweepers.push(tokio::spawn(async move {
+                let mut k = round;
+                while writing.load(Ordering::SeqCst) > 0 {
+                    k += 1;
+                    let tenant = TENANTS[k % TENANTS.len()];
+                    if k % 2 == 0 {
+                        must(store.park_queues(tenant, SAFE).await, "park_queues");
+                    } else {
+                        must(store.forget_queues(tenant, SAFE).await, "forget_queues");
+                    }
                     tokio::task::yield_now().await;
                 }
             }));
