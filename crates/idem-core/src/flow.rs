@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::fingerprint::{JsonPointer, canonical_json};
+use crate::fingerprint::{Fingerprint, JsonPointer, canonical_json};
 
 /// Settings of one tenant (`[tenants."<tenant>"]`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -170,11 +170,28 @@ impl ClassFlow {
     /// nothing there (those tasks share one queue).
     pub fn fairness_value(&self, params: &Value) -> Option<String> {
         let pointer = self.fairness_key.as_ref()?;
-        Some(match params.pointer(pointer.as_str()) {
+        Some(bounded_key_value(match params.pointer(pointer.as_str()) {
             None | Some(Value::Null) => String::new(),
             Some(Value::String(s)) => s.clone(),
             Some(v) => canonical_json(v).unwrap_or_else(|_| v.to_string()),
-        })
+        }))
+    }
+}
+
+/// Longest fairness or concurrency key value kept as it is, in bytes
+/// (SPEC §2.13, §8): the stores index these values, and a PostgreSQL btree
+/// entry holds at most 2,704 bytes with the tenant and class beside them.
+pub const MAX_KEY_VALUE_BYTES: usize = 256;
+
+/// A fairness or concurrency key value as the stores keep it: `value` when
+/// at most [`MAX_KEY_VALUE_BYTES`] long, else `sha256:` and the hex SHA-256
+/// of its bytes, so tasks with one long value still share one queue and
+/// one cap.
+pub fn bounded_key_value(value: String) -> String {
+    if value.len() <= MAX_KEY_VALUE_BYTES {
+        value
+    } else {
+        Fingerprint::digest(value.as_bytes()).to_string()
     }
 }
 
@@ -183,8 +200,8 @@ impl ClassFlow {
 /// canonical text; `None` when the pointer names nothing.
 pub fn concurrency_key(pointer: &JsonPointer, params: &Value) -> Option<String> {
     match params.pointer(pointer.as_str())? {
-        Value::String(s) => Some(s.clone()),
-        other => canonical_json(other).ok(),
+        Value::String(s) => Some(bounded_key_value(s.clone())),
+        other => canonical_json(other).ok().map(bounded_key_value),
     }
 }
 
@@ -369,6 +386,22 @@ mod tests {
         );
         assert_eq!(flow.fairness_value(&json!({"ws": 7})).as_deref(), Some("7"));
         assert_eq!(flow.fairness_value(&json!({})).as_deref(), Some(""));
+        let long = "w".repeat(MAX_KEY_VALUE_BYTES + 1);
+        let digest = Fingerprint::digest(long.as_bytes()).to_string();
+        assert_eq!(
+            flow.fairness_value(&json!({ "ws": long })).as_deref(),
+            Some(digest.as_str()),
+            "a long value is kept as its digest"
+        );
+        assert_eq!(
+            concurrency_key(&pointer("/ws"), &json!({ "ws": long })).as_deref(),
+            Some(digest.as_str())
+        );
+        let most = "w".repeat(MAX_KEY_VALUE_BYTES);
+        assert_eq!(
+            flow.fairness_value(&json!({ "ws": most })).as_deref(),
+            Some(most.as_str())
+        );
         assert_eq!(
             ClassFlow::default().fairness_value(&json!({"ws": "a"})),
             None

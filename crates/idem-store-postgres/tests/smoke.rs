@@ -2041,3 +2041,51 @@ async fn the_events_trigger_notifies_unless_the_session_turns_it_off() {
     assert_eq!(got.len(), 1, "{got:?}");
     assert!(got[0].1.contains("\"cancel_requested\""), "{got:?}");
 }
+
+/// The sweep unparks only the claim queues it holds (SPEC §2.13): a parked
+/// value queue with a waiting task whose tenant queue is in the turn order
+/// is unparked while another transaction holds that tenant queue's row (as
+/// a submit of that value does, between its two queue rows), instead of
+/// waiting for it (a submit then waiting for the value row the sweep holds
+/// would deadlock with it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sweep_unparks_a_value_queue_while_its_tenant_queue_is_held() {
+    let (url, store, key) = seeded(&[] as &[&str], 'a').await;
+    let mut s = submission("acme", "valued", key.id, 'a');
+    s.fairness_key = Some("x".into());
+    assert!(matches!(
+        store.submit(s).await.unwrap(),
+        SubmitOutcome::Created(_)
+    ));
+    let (client, conn) = tokio_postgres::connect(url.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    client
+        .batch_execute(
+            "UPDATE claim_turns SET parked = true WHERE tenant = 'acme' AND fairness_key = '=x'",
+        )
+        .await
+        .unwrap();
+    client
+        .batch_execute(
+            "BEGIN; SELECT 1 FROM claim_turns WHERE tenant = 'acme' AND fairness_key = '' FOR UPDATE",
+        )
+        .await
+        .unwrap();
+    let swept = tokio::time::timeout(std::time::Duration::from_secs(10), store.sweep(100))
+        .await
+        .expect("the sweep waits for no row lock of a queue it does not unpark")
+        .unwrap();
+    assert_eq!(swept.unparked, 1, "{swept:?}");
+    client.batch_execute("COMMIT").await.unwrap();
+    let parked: bool = client
+        .query_one(
+            "SELECT parked FROM claim_turns WHERE tenant = 'acme' AND fairness_key = '=x'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!parked);
+}

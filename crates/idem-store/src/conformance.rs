@@ -182,6 +182,8 @@ macro_rules! store_conformance {
             a_capped_tenant_does_not_hide_the_other_tenants_of_a_pool,
             a_sweep_restores_missing_claim_queues,
             a_sweep_unparks_waiting_queues_past_idle_ones,
+            pool_claims_strand_no_task_under_concurrent_writes_and_sweeps,
+            a_long_fairness_value_is_queued_and_claimed,
         );
     };
     (@cases $make:expr; $($case:ident),+ $(,)?) => {

@@ -78,6 +78,16 @@ const PARKED_WAITING: &str = "SELECT q.tenant, q.operation, q.fairness_key, q.tu
          AND t.next_kind IS NOT NULL) END \
      LIMIT $1 FOR UPDATE OF q SKIP LOCKED";
 
+/// Unparks the queues `($1[i], $2[i], $3[i])` (held by the sweep), each at
+/// the lowest unparked turn of its level (0 when it has none), as
+/// `open_queues_sql` does.
+const UNPARK: &str = "UPDATE claim_turns c SET parked = false, turn = coalesce(CASE WHEN c.fairness_key = '' \
+       THEN (SELECT min(m.turn) FROM claim_turns m WHERE m.operation = c.operation AND m.fairness_key = '' AND NOT m.parked) \
+       ELSE (SELECT min(m.turn) FROM claim_turns m WHERE m.tenant = c.tenant AND m.operation = c.operation \
+         AND m.fairness_key <> '' AND NOT m.parked) END, 0) \
+     FROM unnest($1::text[], $2::text[], $3::text[]) AS u(tenant, operation, k) \
+     WHERE c.tenant = u.tenant AND c.operation = u.operation AND c.fairness_key = u.k AND c.parked";
+
 /// The walk for missing tenant queues: up to `$3` (tenant, class) pairs
 /// with a task in the claimable states, in (tenant, operation) order after
 /// `($1, $2)`, each probed from the last by one step of `tasks_claim_rank`
@@ -247,15 +257,14 @@ impl PgTx<'_> {
         if parked.is_empty() {
             return Ok(0);
         }
-        // The tenant level row is the queue itself when it has no value.
+        // Only the rows this sweep holds: a value queue's tenant row is
+        // unparked as a row of its own (it has the same waiting task), so
+        // the sweep waits for no row lock a submit may hold while it waits
+        // for one of these.
         let tenants: Vec<&str> = parked.iter().map(|q| q.tenant.as_str()).collect();
         let operations: Vec<&str> = parked.iter().map(|q| q.operation.as_str()).collect();
-        let values: Vec<Option<&str>> = parked.iter().map(ClaimQueue::fairness_value).collect();
-        self.exec(
-            &open_queues_sql("$1", "$2", "$3"),
-            &[&tenants, &operations, &values],
-        )
-        .await?;
+        let keys: Vec<&str> = parked.iter().map(|q| q.key.as_str()).collect();
+        self.exec(UNPARK, &[&tenants, &operations, &keys]).await?;
         Ok(parked.len())
     }
 

@@ -511,3 +511,250 @@ pub async fn a_sweep_restores_missing_claim_queues(store: Store) {
         assert_history(&store, t.id).await;
     }
 }
+
+/// Rounds of concurrent writers, claimers and sweepers on the claim queues
+/// of a pool and a fairness-key class (SPEC §2.13): per round, one
+/// submitter per tenant (fairness values none, `a`, `b`), two pool claimers
+/// and one claimer of acme's own fair key that succeed, fail (a retry
+/// waits), release or abandon (the lease runs out) what they lease, two
+/// sweepers, queues parked or deleted behind their writers' backs, and a
+/// clock that moves. No store call fails, no (task,
+/// generation) is leased twice, and once the writers stop, two sweeps let
+/// the pool lease every task still waiting: none is left in a parked or
+/// missing queue.
+pub async fn pool_claims_strand_no_task_under_concurrent_writes_and_sweeps(store: Store) {
+    const TENANTS: [&str; 3] = ["acme", "globex", "initech"];
+    const VALUES: [Option<&str>; 3] = [None, Some("a"), Some("b")];
+    const ROUNDS: usize = 8;
+    const PER_TENANT: usize = 6;
+    let flow = pool(Serves::All(AllTenants::All), &[], true);
+    let own = ClaimFlow {
+        serves: None,
+        fair_classes: vec![SAFE.to_owned()],
+        ..ClaimFlow::default()
+    };
+    let request = |tenant: &str, flow: &ClaimFlow, max: i64| ClaimRequest {
+        tenant: tenant.to_owned(),
+        operations: vec![SAFE.to_owned()],
+        executor_id: format!("{tenant}-executor"),
+        max,
+        lease_ms: Some(SHORT_LEASE),
+        flow: flow.clone(),
+    };
+    let mut ctxs = Vec::new();
+    for t in TENANTS {
+        ctxs.push(Ctx::new(&store, t).await);
+    }
+    let mut leased: HashSet<(Uuid, i64)> = HashSet::new();
+    let mut all: Vec<Uuid> = Vec::new();
+    for round in 0..ROUNDS {
+        let writing = Arc::new(AtomicUsize::new(TENANTS.len()));
+        let mut writers = Vec::new();
+        for (i, c) in ctxs.iter().enumerate() {
+            let (c, writing) = (c.clone(), writing.clone());
+            writers.push(tokio::spawn(async move {
+                let mut ids = Vec::new();
+                for n in 0..PER_TENANT {
+                    let value = VALUES[(n + i + round) % VALUES.len()];
+                    ids.extend(flood(&c, 1, 3, value).await.iter().map(|t| t.id));
+                    tokio::task::yield_now().await;
+                }
+                writing.fetch_sub(1, Ordering::SeqCst);
+                ids
+            }));
+        }
+        let mut claimers = Vec::new();
+        for w in 0..3 {
+            let (store, writing) = (store.clone(), writing.clone());
+            let req = if w < 2 {
+                request("pool", &flow, 2)
+            } else {
+                request("acme", &own, 2)
+            };
+            claimers.push(tokio::spawn(async move {
+                let mut seen = Vec::new();
+                let mut k = w;
+                let mut idle = 0;
+                while writing.load(Ordering::SeqCst) > 0 || idle < 20 {
+                    let got = must(store.claim(req.clone()).await, "claim");
+                    if got.is_empty() {
+                        idle += 1;
+                        tokio::task::yield_now().await;
+                        continue;
+                    }
+                    for c in got {
+                        let a = c.attempt;
+                        let tenant = c.task.control.tenant.clone();
+                        seen.push((a.task_id, a.generation));
+                        k += 1;
+                        match k % 4 {
+                            0 => {
+                                let _ = must(
+                                    store.report(&tenant, a.id, succeeded(a.generation)).await,
+                                    "report",
+                                );
+                            }
+                            1 => {
+                                let _ = must(
+                                    store
+                                        .report(
+                                            &tenant,
+                                            a.id,
+                                            failed(a.generation, FailureClass::Transient),
+                                        )
+                                        .await,
+                                    "report",
+                                );
+                            }
+                            2 => {
+                                let _ = must(
+                                    store.release(&tenant, a.id, a.generation).await,
+                                    "release",
+                                );
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+                seen
+            }));
+        }
+        let mut sweepers = Vec::new();
+        for _ in 0..2 {
+            let (store, writing) = (store.clone(), writing.clone());
+            sweepers.push(tokio::spawn(async move {
+                while writing.load(Ordering::SeqCst) > 0 {
+                    must(store.sweep(2).await, "sweep");
+                    store.clock().advance(Duration::from_millis(700));
+                    tokio::task::yield_now().await;
+                }
+            }));
+        }
+        // Queues parked under a write that leaves a task waiting (a race
+        // the sweep repairs) and deleted (as a binary of a schema before
+        // the claim queues leaves its tasks).
+        {
+            let (store, writing) = (store.clone(), writing.clone());
+            sweepers.push(tokio::spawn(async move {
+                let mut k = round;
+                while writing.load(Ordering::SeqCst) > 0 {
+                    k += 1;
+                    let tenant = TENANTS[k % TENANTS.len()];
+                    if k % 2 == 0 {
+                        must(store.park_queues(tenant, SAFE).await, "park_queues");
+                    } else {
+                        must(store.forget_queues(tenant, SAFE).await, "forget_queues");
+                    }
+                    tokio::task::yield_now().await;
+                }
+            }));
+        }
+        for h in writers {
+            all.extend(joined(h.await));
+        }
+        for h in sweepers {
+            joined(h.await);
+        }
+        for h in claimers {
+            for pair in joined(h.await) {
+                assert!(
+                    leased.insert(pair),
+                    "round {round}: (task, generation) {pair:?} leased twice"
+                );
+            }
+        }
+        // Quiet: leases run out (a sweep expires them), backoffs end; two
+        // sweeps, then the pool leases every task still waiting.
+        store
+            .clock()
+            .advance(Duration::from_millis(SHORT_LEASE as u64));
+        must(store.sweep(SWEEP).await, "sweep");
+        store
+            .clock()
+            .advance(Duration::from_millis(LONGEST_BACKOFF as u64));
+        for _ in 0..2 {
+            must(store.sweep(SWEEP).await, "sweep");
+        }
+        loop {
+            let got = must(store.claim(request("pool", &flow, 10)).await, "claim");
+            if got.is_empty() {
+                break;
+            }
+            for c in got {
+                let a = c.attempt;
+                assert!(
+                    leased.insert((a.task_id, a.generation)),
+                    "round {round}: leased twice"
+                );
+                let _ = must(
+                    store
+                        .report(&c.task.control.tenant, a.id, succeeded(a.generation))
+                        .await,
+                    "report",
+                );
+            }
+        }
+        for id in &all {
+            let t = ok2(store.get_task(None, *id).await, "get_task");
+            assert!(
+                !crate::flow::waits(&t),
+                "round {round}: task {id} of {} (fairness key {:?}) waits in {:?} but the pool \
+                 leases nothing after two sweeps",
+                t.control.tenant,
+                t.control.fairness_key,
+                t.state
+            );
+        }
+    }
+    assert_eq!(all.len(), ROUNDS * TENANTS.len() * PER_TENANT);
+    for id in &all {
+        assert_history(&store, *id).await;
+    }
+}
+
+/// A fairness key value is what the params hold at the class's pointer
+/// (SPEC §2.13), of any length: tasks whose value is long and does not
+/// compress (8,000 characters) are accepted under its digest
+/// ([`idem_core::flow::bounded_key_value`]), share one value queue and are
+/// leased by a claim of their fairness-key class, as with a short value.
+pub async fn a_long_fairness_value_is_queued_and_claimed(store: Store) {
+    let c = Ctx::new(&store, "acme").await;
+    let mut long = String::new();
+    while long.len() < 8_000 {
+        long.push_str(&Uuid::new_v4().simple().to_string());
+    }
+    let class = idem_core::flow::ClassFlow {
+        fairness_key: Some(must(
+            idem_core::fingerprint::JsonPointer::parse("/ws"),
+            "pointer",
+        )),
+        ..idem_core::flow::ClassFlow::default()
+    };
+    let Some(value) = class.fairness_value(&json!({ "ws": long })) else {
+        panic!("the class has a fairness key");
+    };
+    assert!(value.len() <= idem_core::flow::MAX_KEY_VALUE_BYTES);
+    let t = flood(&c, 2, 3, Some(&value)).await;
+    let own = ClaimFlow {
+        serves: None,
+        fair_classes: vec![SAFE.to_owned()],
+        ..ClaimFlow::default()
+    };
+    let req = ClaimRequest {
+        tenant: "acme".to_owned(),
+        operations: vec![SAFE.to_owned()],
+        executor_id: "acme-executor".to_owned(),
+        max: 2,
+        lease_ms: Some(LONG_LEASE),
+        flow: own,
+    };
+    let got = must(store.claim(req).await, "claim");
+    assert_eq!(
+        got.iter().map(|c| c.task.id).collect::<Vec<_>>(),
+        t.iter().map(|t| t.id).collect::<Vec<_>>()
+    );
+    for c in &got {
+        assert_eq!(c.task.control.fairness_key.as_deref(), Some(value.as_str()));
+        assert_history(&store, c.task.id).await;
+    }
+}
