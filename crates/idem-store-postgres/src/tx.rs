@@ -10,6 +10,7 @@ use idem_core::model::{
     ApiKey, Attempt, EffectReport, Event, Evidence, SecondEffect, Task, Timestamp,
 };
 use idem_store::contracts::StoredContracts;
+use idem_store::flow::QueueTamper;
 use idem_store::ops::Submission;
 use idem_store::{Change, Clock, ExistingScope, Result, ScopeRow, StoreError, Tx};
 use tokio_postgres::Row;
@@ -856,12 +857,13 @@ impl Tx for PgTx<'_> {
         self.fair_open_missing_queues(after, limit).await
     }
 
-    async fn forget_queues(&mut self, tenant: &str, operation: &str) -> Result<usize> {
-        self.fair_forget_queues(tenant, operation).await
-    }
-
-    async fn park_queues(&mut self, tenant: &str, operation: &str) -> Result<usize> {
-        self.fair_park_queues(tenant, operation).await
+    async fn tamper_queues(
+        &mut self,
+        tenant: &str,
+        operation: &str,
+        how: QueueTamper,
+    ) -> Result<usize> {
+        self.fair_tamper_queues(tenant, operation, how).await
     }
 
     async fn expired_leases(&mut self, now: Timestamp, limit: i64) -> Result<Vec<(Uuid, Uuid)>> {

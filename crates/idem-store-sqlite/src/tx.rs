@@ -10,6 +10,7 @@ use idem_core::model::{
     TaskControl, TaskState, Timestamp,
 };
 use idem_core::trace::TraceParent;
+use idem_store::flow::QueueTamper;
 use idem_store::{ExistingScope, ScopeRow, StoreError, Tx};
 use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde::Serialize;
@@ -1050,12 +1051,13 @@ impl Tx for SqliteTx<'_> {
         self.fair_open_missing_queues(after, limit)
     }
 
-    async fn forget_queues(&mut self, tenant: &str, operation: &str) -> Result<usize, StoreError> {
-        self.fair_forget_queues(tenant, operation)
-    }
-
-    async fn park_queues(&mut self, tenant: &str, operation: &str) -> Result<usize, StoreError> {
-        self.fair_park_queues(tenant, operation)
+    async fn tamper_queues(
+        &mut self,
+        tenant: &str,
+        operation: &str,
+        how: QueueTamper,
+    ) -> Result<usize, StoreError> {
+        self.fair_tamper_queues(tenant, operation, how)
     }
 
     async fn expired_leases(

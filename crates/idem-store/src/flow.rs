@@ -136,3 +136,15 @@ impl ClaimFlow {
             .clamp(1, TURN)
     }
 }
+
+/// What the conformance suite does to a tenant class's claim queues to stand
+/// for states other writers leave ([`crate::Tx::tamper_queues`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueTamper {
+    /// Parked, waiting tasks or not: as a claim that parked a queue while a
+    /// task of it was being written leaves it.
+    Park,
+    /// Deleted (the tenant's row and its values'): as a binary of a schema
+    /// before the claim queues leaves its tasks.
+    Forget,
+}

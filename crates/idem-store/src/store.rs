@@ -648,31 +648,33 @@ impl Store {
     }
 
     /// Parks every claim queue of `tenant`'s class `operation`
-    /// ([`ops::ParkQueues`]), waiting tasks or not. For the conformance
+    /// ([`ops::TamperQueues`]), waiting tasks or not. For the conformance
     /// suite.
     ///
     /// # Errors
     /// Storage failures ([`StoreError`]).
     #[cfg(feature = "conformance")]
     pub async fn park_queues(&self, tenant: &str, operation: &str) -> Result<usize> {
-        self.call(ops::ParkQueues {
+        self.call(ops::TamperQueues {
             tenant: tenant.to_owned(),
             operation: operation.to_owned(),
+            how: crate::flow::QueueTamper::Park,
         })
         .await
     }
 
     /// Deletes every claim queue of `tenant`'s class `operation`
-    /// ([`ops::ForgetQueues`]): the state a binary of a schema before the
+    /// ([`ops::TamperQueues`]): the state a binary of a schema before the
     /// claim queues leaves its tasks in. For the conformance suite.
     ///
     /// # Errors
     /// Storage failures ([`StoreError`]).
     #[cfg(feature = "conformance")]
     pub async fn forget_queues(&self, tenant: &str, operation: &str) -> Result<usize> {
-        self.call(ops::ForgetQueues {
+        self.call(ops::TamperQueues {
             tenant: tenant.to_owned(),
             operation: operation.to_owned(),
+            how: crate::flow::QueueTamper::Forget,
         })
         .await
     }

@@ -493,28 +493,16 @@ pub trait Tx: Send + TaskSearch + ConsoleTx {
         let _ = (after, limit);
         async { Ok((0, None)) }
     }
-    /// Deletes every claim queue of `tenant`'s class `operation` (its
-    /// tenant's and its values'): the state a binary of a schema before the
-    /// claim queues leaves behind. For the conformance suite; how many.
-    fn forget_queues(
+    /// Parks or deletes every claim queue of `tenant`'s class `operation`
+    /// (its tenant's and its values'), as `how` says. For the conformance
+    /// suite; how many queues it changed.
+    fn tamper_queues(
         &mut self,
         tenant: &str,
         operation: &str,
+        how: crate::flow::QueueTamper,
     ) -> impl Future<Output = Result<usize>> + Send {
-        let _ = (tenant, operation);
-        async { Ok(0) }
-    }
-
-    /// Parks every claim queue of `tenant`'s class `operation`, waiting
-    /// tasks or not: the state a claim that parked a queue while a task of
-    /// it was being written leaves behind. For the conformance suite; how
-    /// many.
-    fn park_queues(
-        &mut self,
-        tenant: &str,
-        operation: &str,
-    ) -> impl Future<Output = Result<usize>> + Send {
-        let _ = (tenant, operation);
+        let _ = (tenant, operation, how);
         async { Ok(0) }
     }
 

@@ -6,7 +6,7 @@
 
 use idem_core::model::{Task, Timestamp};
 use idem_store::Result;
-use idem_store::flow::{ClaimQueue, QueuePair};
+use idem_store::flow::{ClaimQueue, QueuePair, QueueTamper};
 use tokio_postgres::Row;
 use uuid::Uuid;
 
@@ -311,23 +311,19 @@ impl PgTx<'_> {
         Ok((tenants.len(), walked_to))
     }
 
-    pub(super) async fn fair_park_queues(&self, tenant: &str, operation: &str) -> Result<usize> {
-        let n = self
-            .exec(
-                "UPDATE claim_turns SET parked = true WHERE tenant = $1 AND operation = $2",
-                &[&tenant, &operation],
-            )
-            .await?;
-        Ok(usize::try_from(n).unwrap_or(0))
-    }
-
-    pub(super) async fn fair_forget_queues(&self, tenant: &str, operation: &str) -> Result<usize> {
-        let n = self
-            .exec(
-                "DELETE FROM claim_turns WHERE tenant = $1 AND operation = $2",
-                &[&tenant, &operation],
-            )
-            .await?;
+    pub(super) async fn fair_tamper_queues(
+        &self,
+        tenant: &str,
+        operation: &str,
+        how: QueueTamper,
+    ) -> Result<usize> {
+        let sql = match how {
+            QueueTamper::Park => {
+                "UPDATE claim_turns SET parked = true WHERE tenant = $1 AND operation = $2"
+            }
+            QueueTamper::Forget => "DELETE FROM claim_turns WHERE tenant = $1 AND operation = $2",
+        };
+        let n = self.exec(sql, &[&tenant, &operation]).await?;
         Ok(usize::try_from(n).unwrap_or(0))
     }
 }

@@ -5,7 +5,7 @@
 
 use idem_core::model::{Task, Timestamp};
 use idem_store::StoreError;
-use idem_store::flow::{ClaimQueue, QueuePair, value_key};
+use idem_store::flow::{ClaimQueue, QueuePair, QueueTamper, value_key};
 use rusqlite::{OptionalExtension, params};
 use uuid::Uuid;
 
@@ -301,26 +301,20 @@ impl SqliteTx<'_> {
         Ok((opened, Some(QueuePair { tenant, operation })))
     }
 
-    pub(super) fn fair_park_queues(
+    pub(super) fn fair_tamper_queues(
         &self,
         tenant: &str,
         operation: &str,
+        how: QueueTamper,
     ) -> Result<usize, StoreError> {
+        let sql = match how {
+            QueueTamper::Park => {
+                "UPDATE claim_turns SET parked = 1 WHERE tenant = ?1 AND operation = ?2"
+            }
+            QueueTamper::Forget => "DELETE FROM claim_turns WHERE tenant = ?1 AND operation = ?2",
+        };
         self.conn
-            .prepare_cached(
-                "UPDATE claim_turns SET parked = 1 WHERE tenant = ?1 AND operation = ?2",
-            )
-            .and_then(|mut s| s.execute(params![tenant, operation]))
-            .map_err(db)
-    }
-
-    pub(super) fn fair_forget_queues(
-        &self,
-        tenant: &str,
-        operation: &str,
-    ) -> Result<usize, StoreError> {
-        self.conn
-            .prepare_cached("DELETE FROM claim_turns WHERE tenant = ?1 AND operation = ?2")
+            .prepare_cached(sql)
             .and_then(|mut s| s.execute(params![tenant, operation]))
             .map_err(db)
     }

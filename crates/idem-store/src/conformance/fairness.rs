@@ -22,6 +22,23 @@ async fn claim_with(store: &Store, flow: &ClaimFlow, max: i64) -> Vec<Claimed> {
 
 /// A pool's flow: the tenants it serves, the weights, `SAFE` with a fairness
 /// key when `fair`.
+/// A claim by `tenant`'s own executor key (no pool) of at most `max`
+/// attempts, serving the class's fairness key values in turn.
+fn own_fair_claim(tenant: &str, max: i64) -> ClaimRequest {
+    ClaimRequest {
+        tenant: tenant.to_owned(),
+        operations: vec![SAFE.to_owned()],
+        executor_id: format!("{tenant}-executor"),
+        max,
+        lease_ms: Some(LONG_LEASE),
+        flow: ClaimFlow {
+            serves: None,
+            fair_classes: vec![SAFE.to_owned()],
+            ..ClaimFlow::default()
+        },
+    }
+}
+
 fn pool(serves: Serves, weights: &[(&str, i64)], fair: bool) -> ClaimFlow {
     ClaimFlow {
         serves: Some(serves),
@@ -213,21 +230,9 @@ pub async fn pool_claims_serve_tenants_in_weighted_turns(store: Store) {
 /// within one turn of the values with work.
 pub async fn fairness_key_values_are_served_in_turn(store: Store) {
     let acme = Ctx::new(&store, "acme").await;
-    let own = ClaimFlow {
-        serves: None,
-        fair_classes: vec![SAFE.to_owned()],
-        ..ClaimFlow::default()
-    };
     flood(&acme, 12, 3, Some("workspace-a")).await;
     let late = flood(&acme, 1, 3, Some("workspace-b")).await;
-    let req = |max| ClaimRequest {
-        tenant: "acme".to_owned(),
-        operations: vec![SAFE.to_owned()],
-        executor_id: "acme-executor".to_owned(),
-        max,
-        lease_ms: Some(LONG_LEASE),
-        flow: own.clone(),
-    };
+    let req = |max| own_fair_claim("acme", max);
     let mut seen = Vec::new();
     for _ in 0..2 {
         let got = must(store.claim(req(1)).await, "claim");
@@ -322,19 +327,7 @@ pub async fn priorities_order_claims_and_age(store: Store) {
 pub async fn tasks_without_a_fairness_value_are_claimed_by_turns(store: Store) {
     let acme = Ctx::new(&store, "acme").await;
     let before = flood(&acme, 3, 3, None).await;
-    let own = ClaimFlow {
-        serves: None,
-        fair_classes: vec![SAFE.to_owned()],
-        ..ClaimFlow::default()
-    };
-    let req = ClaimRequest {
-        tenant: "acme".to_owned(),
-        operations: vec![SAFE.to_owned()],
-        executor_id: "acme-executor".to_owned(),
-        max: 1,
-        lease_ms: Some(LONG_LEASE),
-        flow: own,
-    };
+    let req = own_fair_claim("acme", 1);
     let got = must(store.claim(req).await, "claim");
     assert_eq!(
         got.len(),
@@ -452,19 +445,7 @@ pub async fn a_sweep_restores_missing_claim_queues(store: Store) {
         ["initech", "initech"],
         "acme's tasks have no queue: the pool does not see them"
     );
-    let own = ClaimFlow {
-        serves: None,
-        fair_classes: vec![SAFE.to_owned()],
-        ..ClaimFlow::default()
-    };
-    let fair = |max| ClaimRequest {
-        tenant: "globex".to_owned(),
-        operations: vec![SAFE.to_owned()],
-        executor_id: "globex-executor".to_owned(),
-        max,
-        lease_ms: Some(LONG_LEASE),
-        flow: own.clone(),
-    };
+    let fair = |max| own_fair_claim("globex", max);
     assert!(
         must(store.claim(fair(10)).await, "claim").is_empty(),
         "globex's task has no queue: its fairness-key class does not see it"
@@ -735,19 +716,7 @@ pub async fn a_long_fairness_value_is_queued_and_claimed(store: Store) {
     };
     assert!(value.len() <= idem_core::flow::MAX_KEY_VALUE_BYTES);
     let t = flood(&c, 2, 3, Some(&value)).await;
-    let own = ClaimFlow {
-        serves: None,
-        fair_classes: vec![SAFE.to_owned()],
-        ..ClaimFlow::default()
-    };
-    let req = ClaimRequest {
-        tenant: "acme".to_owned(),
-        operations: vec![SAFE.to_owned()],
-        executor_id: "acme-executor".to_owned(),
-        max: 2,
-        lease_ms: Some(LONG_LEASE),
-        flow: own,
-    };
+    let req = own_fair_claim("acme", 2);
     let got = must(store.claim(req).await, "claim");
     assert_eq!(
         got.iter().map(|c| c.task.id).collect::<Vec<_>>(),

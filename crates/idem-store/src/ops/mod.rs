@@ -61,7 +61,7 @@ pub use keys::{Authenticate, CreateApiKey, ListApiKeys, RevokeApiKey};
 pub use operator::{AcknowledgeSecondEffect, OperatorCancel, Redrive, Resolve, RetryNow};
 pub use search::{CursorKey, SearchTasks, TaskCursor, TaskPage, TaskQuery};
 pub use submit::{Submission, Submit, SubmitBatch, SubmitOutcome, SubmitPlan, is_same_request};
-pub use sweep::{ForgetQueues, ParkQueues, Sweep, SweepStats};
+pub use sweep::{Sweep, SweepStats, TamperQueues};
 pub use tasks::{
     AcknowledgeDelivery, Cancel, FindTask, GetTask, ListAttempts, ListEvents, ReadClock,
     SharedSecret,
@@ -269,10 +269,8 @@ operations! {
     AcknowledgeDelivery,
     /// [`Sweep`].
     Sweep,
-    /// [`ForgetQueues`].
-    ForgetQueues,
-    /// [`ParkQueues`].
-    ParkQueues,
+    /// [`TamperQueues`].
+    TamperQueues,
     /// [`CheckIdentity`].
     CheckIdentity,
     /// [`MarkRestored`].

@@ -5,7 +5,7 @@
 use idem_core::machine::{self, Journal};
 
 use super::{Operation, persist};
-use crate::flow::QueuePair;
+use crate::flow::{QueuePair, QueueTamper};
 use crate::spans::{EndedAttempt, Ending};
 use crate::{Result, Tx};
 
@@ -109,42 +109,24 @@ impl Operation for Sweep {
     }
 }
 
-/// Deletes every claim queue of a tenant's class ([`Tx::forget_queues`]),
-/// as a binary of a schema before the claim queues leaves its tasks: for the
-/// conformance suite's case of the sweep that restores them. Answers how
-/// many queues it deleted.
+/// Parks or deletes every claim queue of a tenant's class
+/// ([`Tx::tamper_queues`]): for the conformance suite's cases of the sweep
+/// that unparks and restores them. Answers how many queues it changed.
 #[derive(Debug, Clone)]
-pub struct ForgetQueues {
+pub struct TamperQueues {
     /// Tenant.
     pub tenant: String,
     /// Operation class.
     pub operation: String,
+    /// Parked or deleted.
+    pub how: QueueTamper,
 }
 
-impl Operation for ForgetQueues {
+impl Operation for TamperQueues {
     type Reply = usize;
     const WRITES: bool = true;
     async fn run<T: Tx>(&self, tx: &mut T) -> Result<usize> {
-        tx.forget_queues(&self.tenant, &self.operation).await
-    }
-}
-
-/// Parks every claim queue of a tenant's class ([`Tx::park_queues`]), as a
-/// claim that parked a queue while a task of it was being written leaves
-/// it: for the conformance suite's case of the sweep that unparks them.
-/// Answers how many queues it parked.
-#[derive(Debug, Clone)]
-pub struct ParkQueues {
-    /// Tenant.
-    pub tenant: String,
-    /// Operation class.
-    pub operation: String,
-}
-
-impl Operation for ParkQueues {
-    type Reply = usize;
-    const WRITES: bool = true;
-    async fn run<T: Tx>(&self, tx: &mut T) -> Result<usize> {
-        tx.park_queues(&self.tenant, &self.operation).await
+        tx.tamper_queues(&self.tenant, &self.operation, self.how)
+            .await
     }
 }
