@@ -226,9 +226,12 @@ impl Operation for Claim {
         // stays short. Each round that ended candidates reads twice as many
         // (up to CLAIM_SCAN_MAX), so a backlog of dead tasks is cleared in one
         // claim instead of starving the due tasks behind it, while a claim
-        // that finds work at once still reads (and, on PostgreSQL, locks)
-        // only 2 × max candidates.
-        let mut limit = max.saturating_mul(2);
+        // that finds work at once reads (and, on PostgreSQL, locks) only the
+        // `max` candidates it leases: a claimable task locked by a claim that
+        // does not lease it would be skipped by the claims running beside it
+        // (`FOR UPDATE SKIP LOCKED`), and a waiting claim that found nothing
+        // takes its group's work for accounted for (idem-http `claims`).
+        let mut limit = max;
         // What the caps and buckets held back in this claim. Classes whose
         // class or (tenant, class) cap is full, or whose bucket ran dry,
         // leave the scan, so their waiting tasks do not hide the other
