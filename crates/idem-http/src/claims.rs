@@ -14,15 +14,18 @@
 //!   heard it from another ([`idem_store::Change::remote`]) waits
 //!   [`REMOTE_DEFER`] longer and wakes nobody if by then it heard that the
 //!   task was leased or ended (another instance's waiter took it).
-//! - Waiters of a group share what their claims learnt: a claim that found
-//!   less than it asked for, with no matching change since it began, marks
-//!   the group empty, and a claim that joins an empty group waits without
-//!   querying. From then on, while every matching change wakes a waiter of
-//!   the group, the group counts the tasks announced and not yet claimed:
-//!   a claim that got all it asked for and leaves none of them marks the
-//!   group empty again. Otherwise (a new group, a re-check, a change that
-//!   found no waiter free) a claim that got as many attempts as it asked for
-//!   wakes the next waiter (there may be more work).
+//! - Waiters of a group share what their claims learnt. A claim that found
+//!   less than it asked for took all the group's claimable work but what
+//!   was announced after it began; when each of those announcements woke a
+//!   waiter of the group, every task the group may claim has a woken waiter
+//!   on its way, and the group's work is *accounted for*. While it is, only
+//!   woken waiters query: a claim that joins the group, or that got all it
+//!   asked for, waits without a query (a steady stream of tasks costs one
+//!   claim query per task however often the executors come back). A
+//!   re-check, or a change that found no waiter of the group free, ends the
+//!   accounting until a claim finds less than it asked for again; till then
+//!   a joining claim queries at once, and one that got as many attempts as
+//!   it asked for wakes the next waiter (there may be more work).
 //! - Against lost notifications, each group's oldest waiter is woken every
 //!   [`CLAIM_RECHECK`] (one query per group, whatever its size), and every
 //!   group on [`Notice::Resync`].
@@ -30,6 +33,12 @@
 //! The groups are an in-process registry of who waits; what is claimed is
 //! decided by the claim transaction in the database (`FOR UPDATE SKIP
 //! LOCKED`), so a wake-up that finds nothing costs one query and nothing else.
+//! A claim that finds less than it asked for accounts for its group's work
+//! because a claim locks only the tasks it leases (`idem_store::ops::Claim`):
+//! a claimable task it skipped is being leased by another claim. A task
+//! another transaction locks for a moment without leasing it (a stale report
+//! recording its evidence) can be skipped all the same; the re-check finds
+//! it.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -93,17 +102,16 @@ impl GroupKey {
 struct Group {
     /// Oldest first.
     waiters: VecDeque<Waiter>,
-    /// Bumped by every change that may make work of this group claimable.
+    /// Bumped by every change that may make work of this group claimable,
+    /// and by every re-check.
     epoch: u64,
-    /// A claim found no more work and no matching change came since.
-    empty: bool,
-    /// Since a claim last found the group empty, every matching change woke
-    /// a waiter of this group, and no re-check came: all claimable work of
-    /// the group is the `owed` tasks announced.
+    /// Every task the group may claim has a woken waiter on its way: a claim
+    /// found less than it asked for, and since it began every matching
+    /// change woke a waiter of this group and no re-check came.
     accounted: bool,
-    /// Tasks announced since the group was last found empty and not claimed
-    /// by its claims since (meaningful while `accounted`).
-    owed: u64,
+    /// `epoch` at the latest re-check or matching change that woke no waiter
+    /// of this group: a claim begun before it cannot account for the work.
+    unaccounted_at: u64,
 }
 
 #[derive(Debug)]
@@ -219,10 +227,9 @@ impl ClaimHub {
         }
     }
 
-    /// Applies `change` to the groups of its tenant: each group whose classes
-    /// include its class is no longer empty, and one waiter among them wakes.
-    /// The group whose waiter woke owes one more task; the others cannot
-    /// count their work any more.
+    /// Applies `change` to the groups of its tenant whose classes include
+    /// its class: one waiter among them wakes; the other groups' work is no
+    /// longer accounted for.
     fn changed(&self, tenant: &str, operation: &str) {
         let mut groups = lock(&self.groups);
         let mut woke = false;
@@ -231,12 +238,11 @@ impl ClaimHub {
                 continue;
             }
             group.epoch += 1;
-            group.empty = false;
-            group.owed += 1;
             let this_woke = !woke && group.wake_one();
             woke |= this_woke;
             if !this_woke {
                 group.accounted = false;
+                group.unaccounted_at = group.epoch;
             }
         }
     }
@@ -277,13 +283,13 @@ impl ClaimHub {
         }
     }
 
-    /// Every group: not known empty, its oldest waiter woken.
+    /// Every group: its work no longer accounted for, its oldest waiter woken.
     fn recheck_all(&self) {
         let mut groups = lock(&self.groups);
         for group in groups.by_key.values_mut() {
             group.epoch += 1;
-            group.empty = false;
             group.accounted = false;
+            group.unaccounted_at = group.epoch;
             group.wake_one();
         }
     }
@@ -378,8 +384,8 @@ pub(crate) struct Turn {
 }
 
 impl Seat {
-    /// Whether to run a claim query now: yes unless the group is known empty
-    /// and this waiter was not woken.
+    /// Whether to run a claim query now: yes when this waiter was woken or
+    /// the group's work is not accounted for.
     pub(crate) fn begin(&self) -> Turn {
         let mut groups = lock(&self.hub.groups);
         let Some(group) = groups.by_key.get_mut(&self.key) else {
@@ -394,33 +400,26 @@ impl Seat {
             .find(|w| w.id == self.id)
             .is_some_and(|w| std::mem::replace(&mut w.woken, false));
         Turn {
-            claim: woken || !group.empty,
+            claim: woken || !group.accounted,
             epoch: group.epoch,
         }
     }
 
     /// Records what a claim begun at `turn` got: `got` attempts of `asked`.
-    /// Fewer with no change since marks the group empty (and its work
-    /// counted from now on); all it asked for marks it empty when it took
-    /// the last task counted, else wakes the next waiter.
+    /// Fewer, with no re-check and no change that woke nobody of the group
+    /// since it began, accounts for the group's work; all it asked for,
+    /// while the work is not accounted for, wakes the next waiter.
     pub(crate) fn end(&self, turn: Turn, got: usize, asked: usize) {
         let mut groups = lock(&self.hub.groups);
         let Some(group) = groups.by_key.get_mut(&self.key) else {
             return;
         };
         if got < asked {
-            if group.epoch == turn.epoch {
-                group.empty = true;
+            if group.unaccounted_at <= turn.epoch {
                 group.accounted = true;
-                group.owed = 0;
             }
-        } else {
-            group.owed = group.owed.saturating_sub(got as u64);
-            if group.accounted && group.owed == 0 {
-                group.empty = true;
-            } else {
-                group.wake_one_but(self.id);
-            }
+        } else if !group.accounted {
+            group.wake_one_but(self.id);
         }
     }
 
@@ -489,7 +488,7 @@ mod tests {
     }
 
     #[test]
-    fn a_change_during_a_claim_keeps_the_group_open() {
+    fn a_change_during_a_claim_wakes_a_waiter_for_its_task() {
         let hub = Arc::new(ClaimHub::default());
         let a = hub.seat("t", &ops(&["pay"]));
         let b = hub.seat("t", &ops(&["pay"]));
@@ -497,9 +496,11 @@ mod tests {
         hub.changed("t", "pay");
         a.end(turn, 0, 1);
         assert!(
-            b.begin().claim,
-            "the change came after the claim's snapshot"
+            was_woken(&a) && a.begin().claim,
+            "the change may have come after the claim's snapshot: the oldest waiter, \
+             the claim that found nothing, claims again"
         );
+        assert!(!b.begin().claim, "one claim query for one task");
     }
 
     #[test]
@@ -549,16 +550,57 @@ mod tests {
             !seats[0].begin().claim,
             "the group is known empty again: a claim sent again waits without a query"
         );
-        // Two tasks: two waiters, and the group is empty once both took theirs.
+        // Two tasks: two waiters, and nobody else.
         hub.changed("t", "pay");
         hub.changed("t", "pay");
         let woken: Vec<bool> = seats.iter().map(was_woken).collect();
         assert_eq!(woken, [true, true, false]);
         let (t0, t1) = (seats[0].begin(), seats[1].begin());
         seats[0].end(t0, 1, 1);
-        assert!(seats[2].begin().claim, "one announced task is left");
+        assert!(
+            !was_woken(&seats[2]) && !seats[2].begin().claim,
+            "the task left has the waiter it woke on its way"
+        );
         seats[1].end(t1, 1, 1);
         assert!(!seats[2].begin().claim);
+    }
+
+    #[test]
+    fn after_a_recheck_a_claim_that_finds_nothing_accounts_for_the_work_again() {
+        let hub = Arc::new(ClaimHub::default());
+        let seats: Vec<Seat> = (0..3).map(|_| hub.seat("t", &ops(&["pay"]))).collect();
+        let turn = seats[0].begin();
+        seats[0].end(turn, 0, 1);
+        hub.recheck_all();
+        // The re-check's claim finds work; a task is announced meanwhile (its
+        // change wakes the oldest waiter, the one claiming).
+        let t0 = seats[0].begin();
+        assert!(t0.claim);
+        hub.changed("t", "pay");
+        seats[0].end(t0, 1, 1);
+        let t0 = seats[0].begin();
+        assert!(t0.claim, "woken by the change");
+        let t1 = seats[1].begin();
+        assert!(t1.claim, "not accounted for: the full claim woke the next");
+        // Another task is announced while both claim: the group's work
+        // changes during every claim from now on.
+        hub.changed("t", "pay");
+        seats[1].end(t1, 0, 1);
+        seats[0].end(t0, 1, 1);
+        let joiner = hub.seat("t", &ops(&["pay"]));
+        assert!(
+            !joiner.begin().claim,
+            "a claim found nothing after the re-check, and every change since woke a waiter: \
+             a claim sent again waits without a query"
+        );
+        assert!(
+            !seats[2].begin().claim,
+            "a full claim of accounted-for work wakes nobody"
+        );
+        let t0 = seats[0].begin();
+        assert!(t0.claim, "woken by the second change");
+        seats[0].end(t0, 1, 1);
+        assert!(!seats[1].begin().claim && !seats[2].begin().claim);
     }
 
     #[test]
@@ -583,10 +625,127 @@ mod tests {
         hub.changed("t", "pay");
         a.end(ta, 1, 1);
         b.end(tb, 1, 1);
+        let c = hub.seat("t", &ops(&["pay"]));
         assert!(
-            a.begin().claim,
-            "three tasks, two taken: the group is not known empty"
+            c.begin().claim,
+            "three tasks, two waiters woken: the group's work is not accounted for"
         );
+    }
+
+    /// A random interleaving of submits and of waiters claiming, answering
+    /// and coming back (each claim query takes the oldest task left at its
+    /// snapshot), from `seed`. Once the submits stop and every woken waiter
+    /// has claimed, no task may be left: a wake-up lost is a task that waits
+    /// for the next re-check.
+    fn interleaving_leaves_no_task_behind(seed: u64) {
+        enum State {
+            Waiting,
+            Claiming {
+                turn: Turn,
+                deadline: bool,
+            },
+            Queried {
+                turn: Turn,
+                got: usize,
+                deadline: bool,
+            },
+        }
+        let mut rng = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        let mut next = move |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % n
+        };
+        let hub = Arc::new(ClaimHub::default());
+        let pay = ops(&["pay"]);
+        // A waiter that (re)joins: its claim sent, it queries at once or waits.
+        let join = |hub: &Arc<ClaimHub>| {
+            let seat = hub.seat("t", &pay);
+            let turn = seat.begin();
+            let state = if turn.claim {
+                State::Claiming {
+                    turn,
+                    deadline: false,
+                }
+            } else {
+                State::Waiting
+            };
+            (seat, state)
+        };
+        let mut waiters: Vec<(Seat, State)> = (0..(2 + seed % 12)).map(|_| join(&hub)).collect();
+        let mut tasks = std::collections::BTreeSet::new();
+        let mut submitted = 0u64;
+        let mut steps = 0;
+        loop {
+            steps += 1;
+            assert!(steps < 100_000, "seed {seed}: no quiescence");
+            let submitting = submitted < 40;
+            let busy = waiters.iter().any(|(s, st)| {
+                !matches!(st, State::Waiting)
+                    || futures::FutureExt::now_or_never(s.wake.notified()).is_some() && {
+                        // A permit taken to look is given back.
+                        s.wake.notify_one();
+                        true
+                    }
+            });
+            if !submitting && !busy {
+                break;
+            }
+            if submitting && next(2 + seed % 7) == 0 {
+                submitted += 1;
+                tasks.insert(submitted);
+                hub.changed("t", "pay");
+                continue;
+            }
+            let i = next(waiters.len() as u64) as usize;
+            let (seat, state) = &mut waiters[i];
+            match std::mem::replace(state, State::Waiting) {
+                State::Waiting => {
+                    let woken = was_woken(seat);
+                    // Without a wake-up, now and then the claim's deadline.
+                    let deadline = !woken && submitting && next(8) == 0;
+                    if woken || deadline {
+                        let turn = seat.begin();
+                        if turn.claim {
+                            *state = State::Claiming { turn, deadline };
+                        } else if deadline {
+                            waiters[i] = join(&hub);
+                        }
+                    }
+                }
+                State::Claiming { turn, deadline } => {
+                    let got = tasks.pop_first().map_or(0, |_| 1);
+                    *state = State::Queried {
+                        turn,
+                        got,
+                        deadline,
+                    };
+                }
+                State::Queried {
+                    turn,
+                    got,
+                    deadline,
+                } => {
+                    seat.end(turn, got, 1);
+                    if got > 0 || deadline {
+                        // Answered: the executor reports and claims again.
+                        waiters[i] = join(&hub);
+                    }
+                }
+            }
+        }
+        assert!(
+            tasks.is_empty(),
+            "seed {seed}: tasks {tasks:?} left with every waiter waiting"
+        );
+    }
+
+    #[test]
+    fn no_interleaving_leaves_a_task_without_a_woken_waiter() {
+        for seed in 1..2_000 {
+            interleaving_leaves_no_task_behind(seed);
+        }
     }
 
     #[test]
