@@ -28,8 +28,8 @@
 //! uses. PostgreSQL publishes a session's counts when the session goes idle,
 //! at most once a second and at the latest after 10 s idle, so every phase
 //! starts [`STATS_SETTLE`] after the work before it ended. The servers'
-//! listening sessions are the exception: their counts are published only
-//! when they end, so they are read once at the end ([`Listeners`]). SQLite
+//! listening sessions publish theirs at their round trip every 5 s; what
+//! they left unpublished is read once at the end ([`Listeners`]). SQLite
 //! stores have no such counts (`tx_per_s` is absent).
 
 use std::collections::HashMap;
@@ -163,21 +163,23 @@ pub struct SubmitPhase {
 }
 
 /// What the servers' listening sessions (`LISTEN idem_changes`, one per
-/// instance, whose last statement is that or their round trip
-/// `idem_store_postgres::notify::PING_SQL`) cost over the whole run. Each runs a transaction of its own for
-/// every batch of notifications it is woken for, and PostgreSQL 15 publishes
-/// those counts only when the session ends (the idle-session flush timer is
-/// armed only after a command, and a listening session gets none), so the
-/// phases' `tx_per_s` and `tx_per_submit` leave them out. They are read once,
-/// at the end, by ending the listening sessions (`pg_terminate_backend`).
+/// instance) left unpublished at the end of the run. Each runs a transaction
+/// of its own for every batch of notifications it is woken for; PostgreSQL
+/// 15 publishes a session's counts when it goes idle after a command, and a
+/// listening session's only commands are its round trip
+/// (`idem_store_postgres::notify::PING_SQL`, every 5 s): so the phases'
+/// `tx_per_s` and `tx_per_submit` hold the listening sessions' transactions
+/// up to their last round trip (each announcement costs its sender one
+/// transaction and each listening session one), and what came after is read
+/// here, at the end, by ending the listening sessions (`pg_terminate_backend`).
 #[derive(Debug, Clone, Serialize)]
 pub struct Listeners {
     /// Events committed in the run (rows of `events`), each announced by one
     /// notification.
     pub events: i64,
-    /// The listening sessions' transactions over the run, less what the
-    /// rest ran meanwhile at the rate of the phase with waiters and no work
-    /// (an estimate within a few transactions).
+    /// The listening sessions' transactions since their last round trip,
+    /// less what the rest ran meanwhile at the rate of the phase with
+    /// waiters and no work (an estimate within a few transactions).
     pub tx: f64,
     /// `tx` ÷ (`events` × instances): 1 when every notification wakes a
     /// listener on its own, less when notifications arrive together.

@@ -49,7 +49,7 @@ pub fn render(r: &WaitersReport) -> String {
             p.p50_ms,
             p.p99_ms,
             p.max_ms,
-            opt(p.tx_per_submit, 1),
+            opt(p.tx_per_submit, 2),
             opt(c.map(|c| c.p50_ms), 2),
             opt(c.map(|c| c.p99_ms), 2),
             opt(c.map(|c| c.max_ms), 2),
@@ -75,7 +75,7 @@ pub fn render(r: &WaitersReport) -> String {
     ));
     if let Some(l) = &r.listeners {
         s.push_str(&format!(
-            "listening sessions over the run (not in tx/s, tx/sub): {:.0} tx for {} events × {} instance(s), {:.2} per event per instance\n",
+            "listening sessions since their last round trip (not in tx/s, tx/sub): {:.0} tx for {} events × {} instance(s), {:.2} per event per instance\n",
             l.tx, l.events, r.instances, l.tx_per_event_per_instance
         ));
     }
