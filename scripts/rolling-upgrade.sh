@@ -2,8 +2,7 @@
 # A rolling upgrade on one PostgreSQL under load (docs/operations.md, "Upgrading").
 #
 # Builds the previous release (the commit in ci/previous-release) in a git
-# worktree, in this checkout's target dir (the dependencies both share are
-# built once; the previous binary is copied out), and this checkout's idem. On a scratch
+# worktree with a target dir of its own, and this checkout's idem. On a scratch
 # database: two instances of the previous release serve a steady
 # submit/claim/report load (scripts/rolling-upgrade-load.py, every instance in
 # turn); then two instances of the new binary start on the same database (the
@@ -18,10 +17,10 @@
 # serves and /readyz says 200; once that row declares it incompatible, /readyz
 # turns 503 naming both versions, and a fresh start refuses (exit 1) naming both.
 #
-# Drops both databases, stops every instance and removes the worktree on any
-# exit. Usage: scripts/rolling-upgrade.sh [load seconds, default 40]
-# (IDEM_PREV_TARGET_DIR: build the previous release in a target dir of its
-# own instead).
+# Drops both databases, stops every instance and removes the worktree and its
+# build on any exit. Usage: scripts/rolling-upgrade.sh [load seconds, default 40]
+# (IDEM_PREV_TARGET_DIR: build the previous release there and keep it, to run
+# this again without rebuilding it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-40}"
@@ -47,19 +46,12 @@ trap cleanup EXIT
 fail() { echo "rolling upgrade: FAILED: $*" >&2; exit 1; }
 
 started=$(date +%s)
-mkdir -p "${CARGO_TARGET_DIR:-target}"
-target_dir="$(cd "${CARGO_TARGET_DIR:-target}" && pwd)"
-git worktree add --quiet --detach "$work/prev" "$prev"
-prev_target="${IDEM_PREV_TARGET_DIR:-$target_dir}"
-(cd "$work/prev" && CARGO_TARGET_DIR="$prev_target" cargo build -p idem --quiet)
-cp "$prev_target/debug/idem" "$work/idem-prev"
-old="$work/idem-prev"
-# After the previous release's build in the shared target dir, this build puts
-# this checkout's binary back at debug/idem (cargo links a fresh build's outputs
-# again); the check below makes sure it did.
 cargo build -p idem --quiet
-new="$target_dir/debug/idem"
-cmp -s "$old" "$new" && fail "debug/idem is still the previous release's binary"
+new="$(cd "${CARGO_TARGET_DIR:-target}/debug" && pwd)/idem"
+git worktree add --quiet --detach "$work/prev" "$prev"
+prev_target="${IDEM_PREV_TARGET_DIR:-$work/prev-target}"
+(cd "$work/prev" && CARGO_TARGET_DIR="$prev_target" cargo build -p idem --quiet)
+old="$(cd "$prev_target/debug" && pwd)/idem"
 built=$(date +%s)
 echo "built: previous release ${prev:0:10} and this checkout ($((built - started)) s)"
 
