@@ -359,13 +359,38 @@ async fn bench_report<R: serde::Serialize>(
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    match run().await {
+    // On SIGTERM or SIGINT the command is dropped, not the process cut
+    // short: its `idem serve` children (spawned `kill_on_drop`) and temp
+    // dirs go with it.
+    let outcome = tokio::select! {
+        res = run() => res,
+        signal = terminated() => Err(anyhow::anyhow!(
+            "stopped by {signal}; the servers and files it started are gone"
+        )),
+    };
+    match outcome {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             // One readable line (with its causes), whatever RUST_BACKTRACE says.
             tell(format_args!("error: {e:#}"));
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+/// The first of SIGTERM and SIGINT, by name; never, when neither handler
+/// can be installed.
+async fn terminated() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        },
+        _ => std::future::pending().await,
     }
 }
 
