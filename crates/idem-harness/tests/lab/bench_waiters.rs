@@ -183,3 +183,75 @@ fn a_missing_idem_binary_is_named() {
         );
     }
 }
+
+/// The `idem serve` processes the lab started, by pid: the children of
+/// process `pid` (Linux `/proc/PID/task/*/children`).
+fn children(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|s| {
+            s.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect()
+}
+
+/// Stopped with SIGTERM in the middle of a run, the lab stops the servers it
+/// started before it exits, and says why it stopped.
+#[test]
+fn bench_waiters_stopped_by_sigterm_leaves_no_server_running() {
+    use std::io::{BufRead, BufReader};
+    let mut child = lab_serving()
+        .args(["bench-waiters", "--waiters", "2", "--submits", "1"])
+        .args(["--seconds", "60", "--wait-ms", "1000"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run idem-lab bench-waiters");
+    let mut stderr = BufReader::new(child.stderr.take().expect("piped stderr"));
+    let mut said = String::new();
+    // The first quiet phase runs 60 s: the server is up by then.
+    loop {
+        let mut line = String::new();
+        if stderr.read_line(&mut line).expect("read the lab's stderr") == 0 {
+            panic!("the lab ended before its idle phase: {said}");
+        }
+        said.push_str(&line);
+        if line.contains("idle, no waiters") {
+            break;
+        }
+    }
+    let servers = children(child.id());
+    assert!(!servers.is_empty(), "an idem serve runs: {said}");
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(killed.success());
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut rest).expect("read the lab's stderr");
+    let status = child.wait().expect("wait for the lab");
+    assert_eq!(status.code(), Some(1), "{said}{rest}");
+    assert!(rest.contains("stopped by SIGTERM"), "{rest}");
+    // A server killed on the lab's way out is reaped by init once the lab is gone.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    for pid in servers {
+        while std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // A zombie (state Z) is no longer running.
+            if state.split_whitespace().nth(2) == Some("Z") {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "server {pid} still runs after the lab exited"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+}
