@@ -142,7 +142,7 @@ pub async fn run(opts: ChaosOptions) -> Result<ChaosReport> {
 }
 
 /// Waits for SIGINT or SIGTERM; never returns when neither can be watched.
-pub(crate) async fn interrupted() -> &'static str {
+pub async fn interrupted() -> &'static str {
     use tokio::signal::unix::{SignalKind, signal};
     match (
         signal(SignalKind::interrupt()),

@@ -364,7 +364,7 @@ async fn main() -> std::process::ExitCode {
     // dirs go with it.
     let outcome = tokio::select! {
         res = run() => res,
-        signal = terminated() => Err(anyhow::anyhow!(
+        signal = idem_harness::chaos::interrupted() => Err(anyhow::anyhow!(
             "stopped by {signal}; the servers and files it started are gone"
         )),
     };
@@ -375,22 +375,6 @@ async fn main() -> std::process::ExitCode {
             tell(format_args!("error: {e:#}"));
             std::process::ExitCode::FAILURE
         }
-    }
-}
-
-/// The first of SIGTERM and SIGINT, by name; never, when neither handler
-/// can be installed.
-async fn terminated() -> &'static str {
-    use tokio::signal::unix::{SignalKind, signal};
-    match (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) {
-        (Ok(mut term), Ok(mut int)) => tokio::select! {
-            _ = term.recv() => "SIGTERM",
-            _ = int.recv() => "SIGINT",
-        },
-        _ => std::future::pending().await,
     }
 }
 
