@@ -61,15 +61,15 @@ pub const DUE_MARGIN: Duration = Duration::from_millis(5);
 /// How much later than the instance that committed a change an instance that
 /// heard it from another wakes a waiter for it, unless it hears meanwhile
 /// that the task was leased or ended. The committing instance's waiter
-/// claims at once (one claim transaction, a few ms); its `attempt_leased`
-/// rides in the announcement of the task's `task_submitted` when it
-/// committed within `ANNOUNCE_QUIET` (20 ms, idem-store-postgres) of the
-/// submit, else it is announced at most that long after its own commit, as
-/// the submit was: 50 ms covers a claim that took up to 50 ms. It is also
-/// what a task waits longer when only other instances have waiters for it:
-/// with the announcement's own delay (20 ms after a lone change,
-/// `ANNOUNCE_WITHIN`, 50 ms, at most), 70–100 ms plus the claim. A late
-/// leased event costs one claim query that finds nothing.
+/// claims at once (one claim transaction, a few ms), and that instance's
+/// announcer holds the change until the lease can go out with it, up to
+/// `TAKEN_WITHIN` (30 ms, idem-store-postgres) after it: the others hear
+/// both at once and wake nobody. A change announced without its lease was
+/// not taken there within 30 ms; 50 ms more covers a claim slower still. It
+/// is also what a task waits longer when only other instances have waiters
+/// for it: with the announcement's own delay (30 ms after a lone change,
+/// `ANNOUNCE_WITHIN`, 50 ms, at most under a stream), 80–100 ms plus the
+/// claim. A late leased event costs one claim query that finds nothing.
 pub const REMOTE_DEFER: Duration = Duration::from_millis(50);
 
 /// A group: the claims of one tenant, or of one pool's tenants (SPEC

@@ -10,23 +10,34 @@
 //! `idem.notify = off`, migration 14); each transaction that wrote events
 //! hands them to [`Announcer::committed`] once its `COMMIT` succeeded, which
 //! publishes them in this process at once and queues them. One task per store
-//! gathers what is queued into a batch until no change has been queued for
-//! [`ANNOUNCE_QUIET`], or [`ANNOUNCE_WITHIN`] after the first change of the
-//! batch, whichever comes first, and sends it as ONE statement on a
-//! connection of its own ([`ANNOUNCE_SQL`]: one notification
-//! per change, in the payload form of the trigger, so binaries of the
-//! previous version read them; one [`RESYNC_PAYLOAD`] instead when more than
-//! [`ANNOUNCE_MAX`] changes are queued or one payload would exceed
-//! [`PAYLOAD_MAX`]). So one instance takes the notification lock at most
-//! once per [`ANNOUNCE_QUIET`], and under a steady stream of commits once
-//! per [`ANNOUNCE_WITHIN`], however many transactions it commits; and what
-//! one commit sets off on this instance shortly after it (the lease of the
-//! waiter it woke, that attempt's report) goes out with it: each
+//! gathers what is queued into a batch and sends it as ONE statement on a
+//! connection of its own ([`ANNOUNCE_SQL`]: one notification per change, in
+//! the payload form of the trigger, so binaries of the previous version read
+//! them; one [`RESYNC_PAYLOAD`] instead when more than [`ANNOUNCE_MAX`]
+//! changes are queued or one payload would exceed [`PAYLOAD_MAX`]). Each
 //! announcement costs the database one transaction of its own and one in
 //! every listening session (PostgreSQL reads the notification queue in a
-//! transaction), so a task submitted, claimed and reported with less than
-//! [`ANNOUNCE_QUIET`] between one commit and the next costs one
-//! announcement, not three.
+//! transaction), so a batch is sent:
+//!
+//! - once no change has been queued for [`ANNOUNCE_QUIET`] (a lone change,
+//!   and what it set off on this instance shortly after it: the lease of
+//!   the waiter it woke, that attempt's report, go out in one announcement);
+//! - under a steady stream of commits, [`ANNOUNCE_WITHIN`] after its first
+//!   change when one of its changes that may make a task claimable was not
+//!   taken here (leased or ended by a later change of the batch) within
+//!   [`TAKEN_WITHIN`]: the other instances' waiters may have to claim it;
+//! - else [`ANNOUNCE_TAKEN_WITHIN`] after its first change: this instance's
+//!   waiters keep up with the stream, and the others have nothing to claim.
+//!
+//! A batch that is due while one of its claimable changes is younger than
+//! [`TAKEN_WITHIN`] and none older waits for this instance's claims to take
+//! them, until the youngest is that old, so that each lease goes out with
+//! its change and no other instance's waiter runs a claim query for a task
+//! taken here. Claimable changes queued during that wait go to the next
+//! batch (with every later change of their tasks). So one instance takes the
+//! notification lock at most once per [`ANNOUNCE_QUIET`], and under a
+//! steady stream once per [`ANNOUNCE_WITHIN`] or [`ANNOUNCE_TAKEN_WITHIN`],
+//! however many transactions it commits.
 //!
 //! With `idem.notify=off` in the URL's options (a switch for benchmarks) the
 //! store publishes its changes in this process only and announces nothing:
@@ -43,16 +54,19 @@
 //! what was queued before it has been sent (or given up), for a process that
 //! exits right after writing (the CLI).
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
+use idem_core::model::EventKind;
 #[cfg(doc)]
 use idem_store::changes::CHANNEL;
 use idem_store::changes::{Change, Publisher, RESYNC_PAYLOAD};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_postgres_rustls::MakeRustlsConnect;
+use uuid::Uuid;
 
 /// How long the announcer waits for another change before it sends what it
 /// gathered: a batch is announced once no change has been queued for this
@@ -63,19 +77,43 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 /// A lone change is heard on the other instances this much after its commit;
 /// a local claim that commits within this of the submit it was woken by, and
 /// a report within this of the claim, ride in the submit's announcement
-/// (`REMOTE_DEFER` of idem-http counts on that). [`Announcer::flushed`] cuts
+/// (`REMOTE_DEFER` of idem-http counts on that; a claim up to
+/// [`TAKEN_WITHIN`] after the submit rides too). [`Announcer::flushed`] cuts
 /// the wait short.
 pub const ANNOUNCE_QUIET: Duration = Duration::from_millis(20);
 
-/// The longest a change waits in a batch: a batch is announced at the latest
-/// this long after its first change was queued, however steady the stream of
-/// commits. So also the most an instance delays what it tells the others
+/// How long after its first change a batch is announced at the latest when
+/// one of its changes that may make a task claimable was not taken here
+/// (its task leased or ended by a later change of the batch) within
+/// [`TAKEN_WITHIN`]: another instance's waiter may have to claim that task.
+/// So also the most an instance delays such a change under a steady stream
 /// (with `REMOTE_DEFER` of idem-http, 50 ms, the longest a task waits for a
 /// claim when only other instances have waiters: 100 ms, plus the claim;
 /// well within the 250 ms p99 of a held `Prefer: wait`, SPEC §4), and the
-/// least time between two announcements of one instance under load: at most
-/// 20 a second.
+/// least time between two such announcements of one instance: at most 20 a
+/// second.
 pub const ANNOUNCE_WITHIN: Duration = Duration::from_millis(50);
+
+/// How long after its first change a batch is announced at the latest when
+/// every change of it that may make a task claimable was taken here: its
+/// waiters took their tasks, so the other instances' waiters have nothing to
+/// claim, and what the others are told (a held `Prefer: wait`, an event
+/// stream, a lease that ends a deferred wake-up) may come later without
+/// costing a claim query. Under a steady stream of tasks its own waiters
+/// keep up with, an instance announces at most about 7 times a second (each
+/// announcement costs a transaction in every listening session); a held
+/// `Prefer: wait` on another instance hears a report at most this long (plus
+/// [`TAKEN_WITHIN`]) after it, within SPEC §4's 250 ms p99.
+pub const ANNOUNCE_TAKEN_WITHIN: Duration = Duration::from_millis(150);
+
+/// How long a batch that is due waits for this instance's claims to take
+/// its claimable changes (at most this long after the youngest was queued),
+/// so that each lease goes out with its change and no other instance runs
+/// a claim query for the task ([`ANNOUNCE_WITHIN`]). A local claim woken by
+/// a change commits a few ms after it; one that did not within this time
+/// may not come (no waiter of this instance was free), and the others hear
+/// the change.
+pub const TAKEN_WITHIN: Duration = Duration::from_millis(30);
 
 /// Most changes one announcement names: as many as a subscriber may fall
 /// behind by before it is told to resync anyway
@@ -238,46 +276,12 @@ struct Session {
 async fn announce(
     cfg: tokio_postgres::Config,
     tls: MakeRustlsConnect,
-    mut queued: mpsc::UnboundedReceiver<Queued>,
+    queued: mpsc::UnboundedReceiver<Queued>,
     own: OwnSession,
 ) {
     let mut session: Option<Session> = None;
-    while let Some(first) = queued.recv().await {
-        let mut changes = Vec::new();
-        let mut flushes = Vec::new();
-        let take = |q: Queued, changes: &mut Vec<Change>, flushes: &mut Vec<_>| match q {
-            Queued::Changes(c) => changes.extend(c),
-            Queued::Flush(done) => flushes.push(done),
-        };
-        let first_at = Instant::now();
-        let mut last_at = first_at;
-        take(first, &mut changes, &mut flushes);
-        // The batch gathers until `send_at`, unless a flush asks for it (or
-        // the store is gone).
-        loop {
-            let before = changes.len();
-            while let Ok(q) = queued.try_recv() {
-                take(q, &mut changes, &mut flushes);
-            }
-            if changes.len() > before {
-                last_at = Instant::now();
-            }
-            if !flushes.is_empty() || changes.is_empty() {
-                break;
-            }
-            tokio::select! {
-                q = queued.recv() => match q {
-                    Some(q) => {
-                        if matches!(q, Queued::Changes(_)) {
-                            last_at = Instant::now();
-                        }
-                        take(q, &mut changes, &mut flushes);
-                    }
-                    None => break,
-                },
-                () = tokio::time::sleep_until(send_at(first_at, last_at)) => break,
-            }
-        }
+    let mut gatherer = Gatherer::new(queued);
+    while let Some((changes, flushes)) = gatherer.next().await {
         if !changes.is_empty() {
             let payloads = payloads(&changes);
             if let Err(cause) = send(&cfg, &tls, &mut session, &own, &payloads).await {
@@ -291,11 +295,176 @@ async fn announce(
     }
 }
 
-/// When a batch whose first change was queued at `first` and its latest at
-/// `last` is announced: [`ANNOUNCE_QUIET`] after the latest, at most
-/// [`ANNOUNCE_WITHIN`] after the first.
-fn send_at(first: Instant, last: Instant) -> Instant {
-    (last + ANNOUNCE_QUIET).min(first + ANNOUNCE_WITHIN)
+/// Gathers what is queued into batches (see the module doc).
+struct Gatherer {
+    queued: mpsc::UnboundedReceiver<Queued>,
+    /// Transactions held back from the batch sent last
+    /// ([`holds_back`]): the next batch starts with them.
+    carried: VecDeque<(Instant, Vec<Change>)>,
+    /// Every sender is gone.
+    closed: bool,
+}
+
+impl Gatherer {
+    fn new(queued: mpsc::UnboundedReceiver<Queued>) -> Gatherer {
+        Gatherer {
+            queued,
+            carried: VecDeque::new(),
+            closed: false,
+        }
+    }
+
+    /// The next batch to send, once it is due, and the flushes answered
+    /// once it was sent; `None` when every sender is gone and all was
+    /// sent.
+    async fn next(&mut self) -> Option<(Vec<Change>, Vec<oneshot::Sender<()>>)> {
+        let mut batch = Batch::default();
+        let mut flushes = Vec::new();
+        let take = |q: Queued, batch: &mut Batch, flushes: &mut Vec<_>| match q {
+            Queued::Changes(c) => batch.add(c, Instant::now()),
+            Queued::Flush(done) => flushes.push(done),
+        };
+        if self.carried.is_empty() {
+            if self.closed {
+                return None;
+            }
+            take(self.queued.recv().await?, &mut batch, &mut flushes);
+        }
+        for (at, changes) in self.carried.drain(..) {
+            batch.add(changes, at);
+        }
+        // The batch gathers until it is due, unless a flush asks for it (or
+        // the store is gone).
+        while !self.closed {
+            while let Ok(q) = self.queued.try_recv() {
+                take(q, &mut batch, &mut flushes);
+            }
+            if !flushes.is_empty() || batch.changes.is_empty() {
+                break;
+            }
+            tokio::select! {
+                q = self.queued.recv() => match q {
+                    Some(q) => take(q, &mut batch, &mut flushes),
+                    None => self.closed = true,
+                },
+                () = tokio::time::sleep_until(batch.send_at()) => break,
+            }
+        }
+        // Due: held while this instance's claims may still take its
+        // claimable changes ([`Batch::hold_until`]). What is queued meanwhile
+        // joins it, but for what [`holds_back`] keeps for the next.
+        while flushes.is_empty() && !self.closed {
+            let Some(until) = batch.hold_until(Instant::now()) else {
+                break;
+            };
+            tokio::select! {
+                q = self.queued.recv() => match q {
+                    Some(Queued::Changes(c)) => {
+                        if holds_back(&c, &self.carried) {
+                            self.carried.push_back((Instant::now(), c));
+                        } else {
+                            batch.add(c, Instant::now());
+                        }
+                    }
+                    Some(Queued::Flush(done)) => flushes.push(done),
+                    None => self.closed = true,
+                },
+                () = tokio::time::sleep_until(until) => break,
+            }
+        }
+        // A flush answers for everything queued before it; so does the end.
+        if !flushes.is_empty() || self.closed {
+            for (at, changes) in self.carried.drain(..) {
+                batch.add(changes, at);
+            }
+        }
+        Some((batch.changes, flushes))
+    }
+}
+
+/// A batch being gathered (see the module doc).
+#[derive(Debug, Default)]
+struct Batch {
+    changes: Vec<Change>,
+    /// When its first and its latest transaction were queued (`None`: empty).
+    first: Option<Instant>,
+    last: Option<Instant>,
+    /// Its changes that may make a task claimable
+    /// ([`EventKind::may_make_claimable`]) and were not *taken here*: no
+    /// later change of the batch leased or ended their task. The task, and
+    /// when the change was queued. A change with a backoff
+    /// ([`Change::due_in_ms`]) is not taken in its batch.
+    untaken: Vec<(Uuid, Instant)>,
+}
+
+impl Batch {
+    /// Adds the changes of one transaction, queued at `at`.
+    fn add(&mut self, changes: Vec<Change>, at: Instant) {
+        if changes.is_empty() {
+            return;
+        }
+        for c in &changes {
+            if c.kind == EventKind::AttemptLeased || c.kind.ends_task() {
+                self.untaken.retain(|(task, _)| *task != c.task_id);
+            } else if c.kind.may_make_claimable() {
+                self.untaken.push((c.task_id, at));
+            }
+        }
+        self.first = Some(self.first.map_or(at, |f| f.min(at)));
+        self.last = Some(self.last.map_or(at, |l| l.max(at)));
+        self.changes.extend(changes);
+    }
+
+    /// When the batch is due: [`ANNOUNCE_QUIET`] after its latest change;
+    /// [`ANNOUNCE_WITHIN`] after its first once one of its claimable changes
+    /// was not taken here within [`TAKEN_WITHIN`] (the other instances'
+    /// waiters may have to claim it); [`ANNOUNCE_TAKEN_WITHIN`] after its
+    /// first; whichever comes first. An empty batch, and one that names
+    /// [`ANNOUNCE_MAX`] changes, is due at once.
+    fn send_at(&self) -> Instant {
+        let (Some(first), Some(last)) = (self.first, self.last) else {
+            return Instant::now();
+        };
+        if self.changes.len() >= ANNOUNCE_MAX {
+            return first;
+        }
+        let mut at = (last + ANNOUNCE_QUIET).min(first + ANNOUNCE_TAKEN_WITHIN);
+        if let Some(oldest) = self.untaken.iter().map(|(_, queued)| *queued).min() {
+            at = at.min((first + ANNOUNCE_WITHIN).max(oldest + TAKEN_WITHIN));
+        }
+        at
+    }
+
+    /// Once due at `now`: until when the batch waits for this instance's
+    /// claims to take its claimable changes, so that each lease goes out
+    /// with its change and no other instance's waiter runs a claim query
+    /// for the task. `None`, send now: every claimable change was taken, or
+    /// one was not taken within [`TAKEN_WITHIN`] (this instance may have no
+    /// waiter free for it: the others must hear it now). Else until the
+    /// youngest is [`TAKEN_WITHIN`] old.
+    fn hold_until(&self, now: Instant) -> Option<Instant> {
+        let queued = self.untaken.iter().map(|(_, queued)| *queued);
+        let oldest = queued.clone().min()?;
+        let youngest = queued.max()?;
+        if now >= oldest + TAKEN_WITHIN {
+            return None;
+        }
+        Some(youngest + TAKEN_WITHIN)
+    }
+}
+
+/// Whether the `changes` of a transaction queued while a batch is held go
+/// to the next batch instead: those that may make a task claimable (under a
+/// steady stream of them the hold would never end), and those of a task
+/// with changes `carried` there already (each task's changes are announced
+/// in the order they were committed).
+fn holds_back(changes: &[Change], carried: &VecDeque<(Instant, Vec<Change>)>) -> bool {
+    changes.iter().any(|c| {
+        c.kind.may_make_claimable()
+            || carried
+                .iter()
+                .any(|(_, k)| k.iter().any(|k| k.task_id == c.task_id))
+    })
 }
 
 /// The payloads announcing `changes`: one per change, or one
@@ -414,21 +583,257 @@ mod tests {
         assert!(ANNOUNCE_SQL.contains(&format!("'{}'", idem_store::changes::CHANNEL)));
     }
 
+    fn of(task: u128, kind: EventKind) -> Vec<Change> {
+        vec![Change {
+            task_id: Uuid::from_u128(task),
+            kind,
+            ..change("t")
+        }]
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
     #[test]
-    fn a_batch_goes_once_quiet_or_at_its_cap() {
-        let first = Instant::now();
-        let ms = Duration::from_millis;
-        // A lone change, and one that followed within the quiet time.
-        assert_eq!(send_at(first, first), first + ANNOUNCE_QUIET);
+    fn a_lone_change_goes_once_quiet() {
+        let t0 = Instant::now();
+        let mut batch = Batch::default();
+        batch.add(of(1, EventKind::TaskSubmitted), t0);
+        assert_eq!(batch.send_at(), t0 + ANNOUNCE_QUIET);
+        // The lease of the waiter it woke, within the quiet time: one
+        // announcement for both.
+        batch.add(of(1, EventKind::AttemptLeased), t0 + ms(8));
+        assert_eq!(batch.send_at(), t0 + ms(8) + ANNOUNCE_QUIET);
         assert_eq!(
-            send_at(first, first + ms(12)),
-            first + ms(12) + ANNOUNCE_QUIET
+            batch.hold_until(batch.send_at()),
+            None,
+            "the task was taken"
         );
-        // A steady stream: at the cap.
+    }
+
+    #[test]
+    fn a_stream_taken_here_goes_at_the_longer_cap() {
+        let t0 = Instant::now();
+        let mut batch = Batch::default();
+        for i in 0..20u64 {
+            let at = t0 + ms(i * 7);
+            batch.add(of(u128::from(i), EventKind::TaskSubmitted), at);
+            batch.add(of(u128::from(i), EventKind::AttemptLeased), at + ms(3));
+            batch.add(of(u128::from(i), EventKind::Delivered), at + ms(5));
+        }
+        assert_eq!(batch.send_at(), t0 + ANNOUNCE_TAKEN_WITHIN);
+        assert_eq!(batch.hold_until(t0 + ANNOUNCE_TAKEN_WITHIN), None);
+        // As many changes as one announcement names: due at once.
+        let mut batch = Batch::default();
+        batch.add(vec![change("t"); ANNOUNCE_MAX], t0);
+        assert_eq!(batch.send_at(), t0);
+    }
+
+    #[test]
+    fn a_claimable_change_not_taken_here_goes_within_the_short_cap() {
+        let t0 = Instant::now();
+        let mut batch = Batch::default();
+        // A stream of submits nobody here claims.
+        for i in 0..20u64 {
+            batch.add(of(u128::from(i), EventKind::TaskSubmitted), t0 + ms(i * 7));
+        }
+        assert_eq!(batch.send_at(), t0 + ANNOUNCE_WITHIN);
         assert_eq!(
-            send_at(first, first + ANNOUNCE_WITHIN - ms(5)),
-            first + ANNOUNCE_WITHIN
+            batch.hold_until(t0 + ANNOUNCE_WITHIN),
+            None,
+            "the oldest was not taken within TAKEN_WITHIN: no hold"
         );
+        // The first taken, the ones after it not.
+        let mut batch = Batch::default();
+        batch.add(of(1, EventKind::TaskSubmitted), t0);
+        batch.add(of(1, EventKind::AttemptLeased), t0 + ms(10));
+        for i in 2..20u64 {
+            batch.add(of(u128::from(i), EventKind::TaskSubmitted), t0 + ms(i * 5));
+        }
+        assert_eq!(batch.send_at(), t0 + ANNOUNCE_WITHIN);
+        // A change with a backoff is not taken in its batch.
+        let mut batch = Batch::default();
+        batch.add(
+            vec![Change {
+                due_in_ms: Some(250),
+                ..of(1, EventKind::RetryScheduled).remove(0)
+            }],
+            t0,
+        );
+        batch.add(of(9, EventKind::Delivered), t0 + ms(15));
+        batch.add(of(8, EventKind::Delivered), t0 + ms(30));
+        batch.add(of(7, EventKind::Delivered), t0 + ms(45));
+        assert_eq!(batch.send_at(), t0 + ANNOUNCE_WITHIN);
+    }
+
+    #[test]
+    fn a_due_batch_waits_for_the_claims_of_its_young_changes() {
+        let t0 = Instant::now();
+        let mut batch = Batch::default();
+        for i in 0..10u64 {
+            let at = t0 + ms(i * 15);
+            batch.add(of(u128::from(i), EventKind::TaskSubmitted), at);
+            batch.add(of(u128::from(i), EventKind::AttemptLeased), at + ms(4));
+        }
+        // The last submit, its claim on its way at the cap.
+        let last = t0 + ANNOUNCE_TAKEN_WITHIN - ms(2);
+        batch.add(of(99, EventKind::TaskSubmitted), last);
+        assert_eq!(batch.send_at(), t0 + ANNOUNCE_TAKEN_WITHIN);
+        assert_eq!(batch.hold_until(batch.send_at()), Some(last + TAKEN_WITHIN));
+        // Meanwhile: another submit goes to the next batch; the lease joins.
+        let carried = VecDeque::from([(last, of(100, EventKind::TaskSubmitted))]);
+        assert!(holds_back(
+            &of(100, EventKind::TaskSubmitted),
+            &VecDeque::new()
+        ));
+        assert!(
+            holds_back(&of(100, EventKind::AttemptLeased), &carried),
+            "a task's changes keep their order"
+        );
+        assert!(!holds_back(&of(99, EventKind::AttemptLeased), &carried));
+        batch.add(of(99, EventKind::AttemptLeased), last + ms(5));
+        assert_eq!(batch.hold_until(last + ms(5)), None, "taken: sent now");
+        // Not taken within TAKEN_WITHIN: sent then.
+        let mut batch = Batch::default();
+        batch.add(of(1, EventKind::TaskSubmitted), t0);
+        assert_eq!(
+            batch.hold_until(t0 + ANNOUNCE_QUIET),
+            Some(t0 + TAKEN_WITHIN)
+        );
+        assert_eq!(batch.hold_until(t0 + TAKEN_WITHIN), None);
+    }
+
+    /// `(task, kind)` of each change.
+    fn named(changes: &[Change]) -> Vec<(u128, EventKind)> {
+        changes
+            .iter()
+            .map(|c| (c.task_id.as_u128(), c.kind))
+            .collect()
+    }
+
+    /// Queues `changes` on `queue` `after` the start, on the paused clock.
+    fn queue_at(queue: &mpsc::UnboundedSender<Queued>, after: u64, changes: Vec<Change>) {
+        let queue = queue.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(ms(after)).await;
+            let _ = queue.send(Queued::Changes(changes));
+        });
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_held_batch_takes_the_lease_and_leaves_the_next_submit_for_the_next() {
+        let (queue, queued) = mpsc::unbounded_channel();
+        let mut gatherer = Gatherer::new(queued);
+        let t0 = Instant::now();
+        queue_at(&queue, 0, of(1, EventKind::TaskSubmitted));
+        // Due at 20 ms (quiet), held for the lease of task 1; task 2's
+        // submit comes first and waits for the next batch, and so does its
+        // lease (a task's changes keep their order).
+        queue_at(&queue, 22, of(2, EventKind::TaskSubmitted));
+        queue_at(&queue, 25, of(1, EventKind::AttemptLeased));
+        queue_at(&queue, 27, of(2, EventKind::AttemptLeased));
+        let Some((first, _)) = gatherer.next().await else {
+            panic!("a batch")
+        };
+        assert_eq!(
+            named(&first),
+            [(1, EventKind::TaskSubmitted), (1, EventKind::AttemptLeased)]
+        );
+        assert_eq!(t0.elapsed(), ms(25), "sent once the lease came");
+        let Some((second, _)) = gatherer.next().await else {
+            panic!("a batch")
+        };
+        assert_eq!(
+            named(&second),
+            [(2, EventKind::TaskSubmitted), (2, EventKind::AttemptLeased)]
+        );
+        assert_eq!(t0.elapsed(), ms(27) + ANNOUNCE_QUIET);
+        // A change nobody here takes: held TAKEN_WITHIN, then sent alone.
+        let t1 = Instant::now();
+        queue_at(&queue, 0, of(3, EventKind::TaskSubmitted));
+        let Some((third, _)) = gatherer.next().await else {
+            panic!("a batch")
+        };
+        assert_eq!(named(&third), [(3, EventKind::TaskSubmitted)]);
+        assert_eq!(t1.elapsed(), TAKEN_WITHIN);
+        drop(queue);
+        assert!(gatherer.next().await.is_none(), "every sender gone");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_taken_here_is_announced_at_the_longer_cap_and_one_not_taken_at_the_short() {
+        let (queue, queued) = mpsc::unbounded_channel();
+        let mut gatherer = Gatherer::new(queued);
+        // A submit every 7 ms, each leased 3 ms later, for 1 s.
+        for i in 0..143u64 {
+            queue_at(&queue, i * 7, of(u128::from(i), EventKind::TaskSubmitted));
+            queue_at(
+                &queue,
+                i * 7 + 3,
+                of(u128::from(i), EventKind::AttemptLeased),
+            );
+        }
+        let t0 = Instant::now();
+        let (mut sent, mut heard) = (Vec::new(), 0);
+        while heard < 286 {
+            let Some((changes, _)) = gatherer.next().await else {
+                panic!("a batch")
+            };
+            assert!(
+                named(&changes).chunks(2).all(|p| p.len() == 2
+                    && p[0].0 == p[1].0
+                    && p[1].1 == EventKind::AttemptLeased),
+                "each submit goes out with its lease"
+            );
+            heard += changes.len();
+            sent.push(t0.elapsed());
+        }
+        // ANNOUNCE_TAKEN_WITHIN after each batch's first submit; the last
+        // once quiet.
+        assert_eq!(sent, [150, 304, 458, 612, 766, 920, 1017].map(ms).to_vec());
+        // Submits nobody here claims: ANNOUNCE_WITHIN after each batch's first.
+        let t1 = Instant::now();
+        for i in 0..60u64 {
+            queue_at(
+                &queue,
+                i * 7,
+                of(1000 + u128::from(i), EventKind::TaskSubmitted),
+            );
+        }
+        let mut sent = Vec::new();
+        while sent.len() < 5 {
+            let Some(_) = gatherer.next().await else {
+                panic!("a batch")
+            };
+            sent.push(t1.elapsed());
+        }
+        assert_eq!(sent, [50, 106, 162, 218, 274].map(ms).to_vec());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flush_sends_what_was_held_back_too() {
+        let (queue, queued) = mpsc::unbounded_channel();
+        let mut gatherer = Gatherer::new(queued);
+        queue_at(&queue, 0, of(1, EventKind::TaskSubmitted));
+        queue_at(&queue, 21, of(2, EventKind::TaskSubmitted));
+        let (done, answered) = oneshot::channel();
+        let flush = queue.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(ms(23)).await;
+            let _ = flush.send(Queued::Flush(done));
+        });
+        let Some((changes, flushes)) = gatherer.next().await else {
+            panic!("a batch")
+        };
+        assert_eq!(
+            named(&changes),
+            [(1, EventKind::TaskSubmitted), (2, EventKind::TaskSubmitted)]
+        );
+        for f in flushes {
+            let _ = f.send(());
+        }
+        assert!(answered.await.is_ok());
     }
 
     #[test]

@@ -6,9 +6,13 @@
 //!   events here right after `COMMIT`, and queues them for its announcer,
 //!   which sends them to the other instances from a connection of its own,
 //!   outside every data transaction: one statement once no change was
-//!   queued for `ANNOUNCE_QUIET` (20 ms, idem-store-postgres), at most
-//!   `ANNOUNCE_WITHIN` (50 ms) after the first change it carries, carrying
-//!   all changes queued since the last, one `NOTIFY idem_changes` ([`CHANNEL`]) per change
+//!   queued for `ANNOUNCE_QUIET` (20 ms, idem-store-postgres), under a
+//!   steady stream at most `ANNOUNCE_WITHIN` (50 ms) after the first change
+//!   it carries when a task it announces was not leased there within
+//!   `TAKEN_WITHIN` (30 ms), else at most `ANNOUNCE_TAKEN_WITHIN` (150 ms)
+//!   after it, carrying all changes queued since the last (see
+//!   idem-store-postgres's `announce` for the wait for a local lease), one
+//!   `NOTIFY idem_changes` ([`CHANNEL`]) per change
 //!   (payload [`Change::to_payload`]), or one [`RESYNC_PAYLOAD`] for a burst
 //!   too large to name. Each instance keeps one listening connection,
 //!   republishes here what the others announced, and skips what its own
