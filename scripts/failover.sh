@@ -103,7 +103,7 @@ CONF
     # In postgresql.auto.conf, which the base backup copies: the standby inherits it.
     "${psql[@]}" -p "$p1" -c "ALTER SYSTEM SET synchronous_standby_names = '*'" -c "SELECT pg_reload_conf()" >/dev/null
   fi
-  "${as_pg[@]}" "$pg_bin/pg_basebackup" -h 127.0.0.1 -p "$p1" -U postgres -D "$run/s" -R -X stream --no-sync
+  "${as_pg[@]}" "$pg_bin/pg_basebackup" -h 127.0.0.1 -p "$p1" -U postgres -D "$run/s" -R -X stream --no-sync --checkpoint=fast
   printf "port = %s\n" "$p2" >> "$run/s/postgresql.conf"
   "${as_pg[@]}" "$pg_bin/pg_ctl" -D "$run/s" -l "$run/s.log" -w start >/dev/null
   want=$([ -z "$async" ] && echo sync || echo async)

@@ -462,7 +462,8 @@ impl StandbyPair {
         run(standby
             .pg_command("pg_basebackup")
             .args(["-h", "127.0.0.1", "-U", "postgres", "-R", "-X", "stream"])
-            .args(["--no-sync", "-p", &primary.port.to_string(), "-D"])
+            .args(["--no-sync", "--checkpoint=fast"])
+            .args(["-p", &primary.port.to_string(), "-D"])
             .arg(standby.dir.join("data")))?;
         // The later line wins: the standby's own port and socket directory.
         append(&standby.dir.join("data/postgresql.conf"), &conf(&standby))?;

@@ -158,6 +158,8 @@ impl Pair {
             "-R",
             "-X",
             "stream",
+            // At once: a spread checkpoint on the primary takes most of a minute.
+            "--checkpoint=fast",
             "-D",
         ])
         .arg(&data);
