@@ -27,7 +27,8 @@
 //! read's own transaction is subtracted. Run it on a database nothing else
 //! uses. PostgreSQL publishes a session's counts when the session goes idle,
 //! at most once a second and at the latest after 10 s idle, so every phase
-//! starts [`STATS_SETTLE`] after the work before it ended. The servers'
+//! starts [`STATS_SETTLE`] (or [`WaitersOptions::settle`]) after the work
+//! before it ended. The servers'
 //! listening sessions publish theirs at their round trip every 5 s; what
 //! they left unpublished is read once at the end ([`Listeners`]). SQLite
 //! stores have no such counts (`tx_per_s` is absent).
@@ -102,6 +103,10 @@ pub struct WaitersOptions {
     pub pause_ms: u64,
     /// `wait_ms` of a waiter's claims (its first claim waits a share of it), ms, 1–30 000.
     pub wait_ms: u64,
+    /// On PostgreSQL, how long after the work before it a measured phase
+    /// starts and a submit phase's count ends ([`STATS_SETTLE`] for figures
+    /// that hold every session's transactions).
+    pub settle: Duration,
     /// The `idem` binary to run as `idem serve`.
     pub idem_bin: PathBuf,
     /// Phase lines on stderr.
@@ -154,7 +159,7 @@ pub struct SubmitPhase {
     /// Slowest, ms.
     pub max_ms: f64,
     /// Database transactions per submit: those from the first submit until
-    /// [`STATS_SETTLE`] after the last task was claimed (or the last submit,
+    /// [`WaitersOptions::settle`] after the last task was claimed (or the last submit,
     /// without waiters), less the rate of the quiet phase before it over the
     /// same time (`None` on SQLite).
     pub tx_per_submit: Option<f64>,
@@ -351,7 +356,7 @@ pub async fn run(opts: WaitersOptions) -> Result<WaitersReport> {
     let salt = Uuid::new_v4().simple().to_string();
     let shared = Arc::new(Shared::default());
     let settle = if postgres {
-        STATS_SETTLE
+        opts.settle
     } else {
         Duration::from_secs(1)
     };
@@ -660,7 +665,7 @@ async fn submit_phase(
     };
     let tx_per_submit = match (stats, opened, quiet_tx_per_s) {
         (Some(s), Some(o), Some(quiet)) => {
-            tokio::time::sleep(STATS_SETTLE).await;
+            tokio::time::sleep(opts.settle).await;
             let tx = transactions_since(s, o).await?;
             let beyond = tx - quiet * started.elapsed().as_secs_f64();
             Some(beyond / opts.submits as f64)
@@ -759,6 +764,7 @@ mod tests {
             submits: 1,
             pause_ms: 0,
             wait_ms: 30_000,
+            settle: STATS_SETTLE,
             idem_bin: PathBuf::from("idem"),
             progress: false,
         }

@@ -23,11 +23,16 @@ pub fn lab_serving() -> Command {
     lab()
 }
 
-/// The `idem` binary: `IDEM_BIN` when set, else the one `cargo build -p idem`
-/// puts beside `idem-lab` (same target directory and profile), built once
-/// per test process so it is never older than the sources (cargo has
-/// released the target directory by the time tests run). Another package's
-/// binary has no `CARGO_BIN_EXE_` variable here.
+/// The `idem` binary: `IDEM_BIN` when set, else the one `cargo build
+/// --workspace --bins --examples` puts beside `idem-lab` (same target
+/// directory and profile), built once per test process so it is never older
+/// than the sources (cargo has released the target directory by the time
+/// tests run). Another package's binary has no `CARGO_BIN_EXE_` variable
+/// here. The whole workspace's bins and examples, not `-p idem`: a build of
+/// examples resolves features with every member's dev-dependencies, as
+/// `cargo test --workspace` does, so after that command this build has
+/// nothing to compile (`-p idem` would build `idem` and its dependencies
+/// again with other features).
 pub fn idem_bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
@@ -44,12 +49,13 @@ pub fn idem_bin() -> &'static Path {
         let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         let status = Command::new(env!("CARGO"))
             .current_dir(&workspace)
-            .args(["build", "--quiet", "-p", "idem", "--profile", profile])
+            .args(["build", "--quiet", "--workspace", "--bins", "--examples"])
+            .args(["--profile", profile])
             .arg("--target-dir")
             .arg(target_dir)
             .status()
-            .expect("run cargo build -p idem");
-        assert!(status.success(), "cargo build -p idem failed: {status}");
+            .expect("run cargo build --workspace --bins --examples");
+        assert!(status.success(), "cargo build of the bins failed: {status}");
         let bin = lab.with_file_name(format!("idem{}", std::env::consts::EXE_SUFFIX));
         assert!(bin.is_file(), "no idem binary at {}", bin.display());
         bin

@@ -253,6 +253,12 @@ enum Command {
         /// `wait_ms` of each waiter's claims, ms (1–30000).
         #[arg(long, default_value_t = 30_000)]
         wait_ms: u64,
+        /// On PostgreSQL, how long after the work before it each measured phase starts
+        /// (and a submit phase's count ends), ms: a session publishes its transaction
+        /// counts at the latest 10 s after it went idle, so a shorter wait gives counts
+        /// that may miss the latest work's.
+        #[arg(long, default_value_t = 12_000)]
+        settle_ms: u64,
         /// One JSON object on stdout.
         #[arg(long)]
         json: bool,
@@ -486,6 +492,7 @@ async fn run() -> Result<()> {
             submits,
             pause_ms,
             wait_ms,
+            settle_ms,
             json,
             idem,
         } => {
@@ -498,6 +505,7 @@ async fn run() -> Result<()> {
                 submits,
                 pause_ms,
                 wait_ms,
+                settle: Duration::from_millis(settle_ms),
                 idem_bin: idem.path()?,
                 progress: !json,
             });
