@@ -19,8 +19,10 @@
 #
 # Drops both databases, stops every instance and removes the worktree and its
 # build on any exit. Usage: scripts/rolling-upgrade.sh [load seconds, default 40]
-# (IDEM_PREV_TARGET_DIR: build the previous release there and keep it, to run
-# this again without rebuilding it).
+# (IDEM_BIN: this checkout's binary, else `cargo build -p idem`; IDEM_PREV_BIN:
+# the previous release's binary, built already; else IDEM_PREV_TARGET_DIR:
+# build the previous release there and keep it, to run this again without
+# rebuilding it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-40}"
@@ -46,12 +48,20 @@ trap cleanup EXIT
 fail() { echo "rolling upgrade: FAILED: $*" >&2; exit 1; }
 
 started=$(date +%s)
-cargo build -p idem --quiet
-new="$(cd "${CARGO_TARGET_DIR:-target}/debug" && pwd)/idem"
-git worktree add --quiet --detach "$work/prev" "$prev"
-prev_target="${IDEM_PREV_TARGET_DIR:-$work/prev-target}"
-(cd "$work/prev" && CARGO_TARGET_DIR="$prev_target" cargo build -p idem --quiet)
-old="$(cd "$prev_target/debug" && pwd)/idem"
+if [ -n "${IDEM_BIN:-}" ]; then
+  new="$IDEM_BIN"
+else
+  cargo build -p idem --quiet
+  new="$(cd "${CARGO_TARGET_DIR:-target}/debug" && pwd)/idem"
+fi
+if [ -n "${IDEM_PREV_BIN:-}" ]; then
+  old="$IDEM_PREV_BIN"
+else
+  git worktree add --quiet --detach "$work/prev" "$prev"
+  prev_target="${IDEM_PREV_TARGET_DIR:-$work/prev-target}"
+  (cd "$work/prev" && CARGO_TARGET_DIR="$prev_target" cargo build -p idem --quiet)
+  old="$(cd "$prev_target/debug" && pwd)/idem"
+fi
 built=$(date +%s)
 echo "built: previous release ${prev:0:10} and this checkout ($((built - started)) s)"
 

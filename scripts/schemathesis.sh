@@ -15,8 +15,11 @@ if ! python3 -c 'import openapi_spec_validator' >/dev/null 2>&1; then
   python3 -m pip install --quiet 'openapi-spec-validator>=0.7,<1'
 fi
 
-# IDEM_PROFILE=debug reuses the test build (CI); default: release.
-if [ "${IDEM_PROFILE:-release}" = debug ]; then
+# IDEM_BIN: that binary (CI: the test build's); IDEM_PROFILE=debug: a debug
+# build; default: a release build.
+if [ -n "${IDEM_BIN:-}" ]; then
+  bin="$IDEM_BIN"
+elif [ "${IDEM_PROFILE:-release}" = debug ]; then
   cargo build -p idem --quiet
   bin="${CARGO_TARGET_DIR:-./target}/debug/idem"
 else
