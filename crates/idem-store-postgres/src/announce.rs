@@ -392,13 +392,15 @@ struct Batch {
     /// Its changes that may make a task claimable
     /// ([`EventKind::may_make_claimable`]) and were not *taken here*: no
     /// later change of the batch leased or ended their task. The task, and
-    /// when the change was queued. A change with a backoff
+    /// when the change was queued, oldest first. A change with a backoff
     /// ([`Change::due_in_ms`]) is not taken in its batch.
     untaken: Vec<(Uuid, Instant)>,
 }
 
 impl Batch {
-    /// Adds the changes of one transaction, queued at `at`.
+    /// Adds the changes of one transaction, queued at `at`: no earlier than
+    /// any added before (the gatherer adds in the order it dequeued, held
+    /// back transactions first).
     fn add(&mut self, changes: Vec<Change>, at: Instant) {
         if changes.is_empty() {
             return;
@@ -410,8 +412,8 @@ impl Batch {
                 self.untaken.push((c.task_id, at));
             }
         }
-        self.first = Some(self.first.map_or(at, |f| f.min(at)));
-        self.last = Some(self.last.map_or(at, |l| l.max(at)));
+        self.first.get_or_insert(at);
+        self.last = Some(at);
         self.changes.extend(changes);
     }
 
@@ -429,7 +431,7 @@ impl Batch {
             return first;
         }
         let mut at = (last + ANNOUNCE_QUIET).min(first + ANNOUNCE_TAKEN_WITHIN);
-        if let Some(oldest) = self.untaken.iter().map(|(_, queued)| *queued).min() {
+        if let Some(&(_, oldest)) = self.untaken.first() {
             at = at.min((first + ANNOUNCE_WITHIN).max(oldest + TAKEN_WITHIN));
         }
         at
@@ -443,9 +445,7 @@ impl Batch {
     /// waiter free for it: the others must hear it now). Else until the
     /// youngest is [`TAKEN_WITHIN`] old.
     fn hold_until(&self, now: Instant) -> Option<Instant> {
-        let queued = self.untaken.iter().map(|(_, queued)| *queued);
-        let oldest = queued.clone().min()?;
-        let youngest = queued.max()?;
+        let (&(_, oldest), &(_, youngest)) = (self.untaken.first()?, self.untaken.last()?);
         if now >= oldest + TAKEN_WITHIN {
             return None;
         }
@@ -712,6 +712,14 @@ mod tests {
             .collect()
     }
 
+    /// The gatherer's next batch and its flushes; a batch must come.
+    async fn next_batch(gatherer: &mut Gatherer) -> (Vec<Change>, Vec<oneshot::Sender<()>>) {
+        match gatherer.next().await {
+            Some(batch) => batch,
+            None => panic!("a batch"),
+        }
+    }
+
     /// Queues `changes` on `queue` `after` the start, on the paused clock.
     fn queue_at(queue: &mpsc::UnboundedSender<Queued>, after: u64, changes: Vec<Change>) {
         let queue = queue.clone();
@@ -733,17 +741,13 @@ mod tests {
         queue_at(&queue, 22, of(2, EventKind::TaskSubmitted));
         queue_at(&queue, 25, of(1, EventKind::AttemptLeased));
         queue_at(&queue, 27, of(2, EventKind::AttemptLeased));
-        let Some((first, _)) = gatherer.next().await else {
-            panic!("a batch")
-        };
+        let (first, _) = next_batch(&mut gatherer).await;
         assert_eq!(
             named(&first),
             [(1, EventKind::TaskSubmitted), (1, EventKind::AttemptLeased)]
         );
         assert_eq!(t0.elapsed(), ms(25), "sent once the lease came");
-        let Some((second, _)) = gatherer.next().await else {
-            panic!("a batch")
-        };
+        let (second, _) = next_batch(&mut gatherer).await;
         assert_eq!(
             named(&second),
             [(2, EventKind::TaskSubmitted), (2, EventKind::AttemptLeased)]
@@ -752,9 +756,7 @@ mod tests {
         // A change nobody here takes: held TAKEN_WITHIN, then sent alone.
         let t1 = Instant::now();
         queue_at(&queue, 0, of(3, EventKind::TaskSubmitted));
-        let Some((third, _)) = gatherer.next().await else {
-            panic!("a batch")
-        };
+        let (third, _) = next_batch(&mut gatherer).await;
         assert_eq!(named(&third), [(3, EventKind::TaskSubmitted)]);
         assert_eq!(t1.elapsed(), TAKEN_WITHIN);
         drop(queue);
@@ -777,9 +779,7 @@ mod tests {
         let t0 = Instant::now();
         let (mut sent, mut heard) = (Vec::new(), 0);
         while heard < 286 {
-            let Some((changes, _)) = gatherer.next().await else {
-                panic!("a batch")
-            };
+            let (changes, _) = next_batch(&mut gatherer).await;
             assert!(
                 named(&changes).chunks(2).all(|p| p.len() == 2
                     && p[0].0 == p[1].0
@@ -803,9 +803,7 @@ mod tests {
         }
         let mut sent = Vec::new();
         while sent.len() < 5 {
-            let Some(_) = gatherer.next().await else {
-                panic!("a batch")
-            };
+            next_batch(&mut gatherer).await;
             sent.push(t1.elapsed());
         }
         assert_eq!(sent, [50, 106, 162, 218, 274].map(ms).to_vec());
@@ -823,9 +821,7 @@ mod tests {
             tokio::time::sleep(ms(23)).await;
             let _ = flush.send(Queued::Flush(done));
         });
-        let Some((changes, flushes)) = gatherer.next().await else {
-            panic!("a batch")
-        };
+        let (changes, flushes) = next_batch(&mut gatherer).await;
         assert_eq!(
             named(&changes),
             [(1, EventKind::TaskSubmitted), (2, EventKind::TaskSubmitted)]
